@@ -1,0 +1,12 @@
+//! cellbox: run untrusted code in a sandboxed worker process, one cell at a
+//! time, reaching the outside only through capabilities the supervisor checks.
+//!
+
+pub mod profiles;
+pub mod protocol;
+#[allow(unsafe_code)]
+pub mod sandbox;
+pub mod supervisor;
+pub mod worker;
+
+

@@ -1,0 +1,1 @@
+//! Sandbox profiles: operator-editable descriptions of what a cell may do.

@@ -1,0 +1,202 @@
+//! Length-prefixed JSON frames.
+
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::{Read, Write};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Size of the big-endian length prefix.
+pub const LEN_PREFIX: usize = 4;
+/// Default cap on one frame's body.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
+
+/// Everything that can be wrong with a frame. Each kind of malformation has
+/// its own variant so callers (and tests) can tell them apart.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("peer closed the channel")]
+    Closed,
+    #[error("frame truncated: expected {expected} bytes, got {got}")]
+    Truncated { expected: usize, got: usize },
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    Oversize { len: usize, max: usize },
+    #[error("frame is not valid UTF-8: {0}")]
+    InvalidUtf8(#[source] std::str::Utf8Error),
+    #[error("frame is not valid JSON: {0}")]
+    InvalidJson(#[source] serde_json::Error),
+    #[error("frame is not a JSON object with a string \"t\" tag")]
+    MissingTag,
+    #[error("unknown message tag {0:?}")]
+    UnknownTag(String),
+    #[error("malformed {tag:?} message: {source}")]
+    BadShape {
+        tag: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("failed to serialize a frame: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("failed to {op} the protocol channel: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A message type that knows its set of tags, so an unknown tag and a known
+/// tag with a bad body give different errors.
+pub trait Tagged: Serialize + DeserializeOwned {
+    const TAGS: &'static [&'static str];
+}
+
+/// Encode a message as one frame (prefix + body).
+pub fn encode_frame<M: Serialize>(msg: &M, max: usize) -> Result<Vec<u8>, FrameError> {
+    let body = serde_json::to_vec(msg).map_err(FrameError::Encode)?;
+    if body.len() > max {
+        return Err(FrameError::Oversize {
+            len: body.len(),
+            max,
+        });
+    }
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::Oversize {
+        len: body.len(),
+        max,
+    })?;
+    let mut out = Vec::with_capacity(LEN_PREFIX + body.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Parse a frame body strictly into `M`.
+pub fn decode_body<M: Tagged>(body: &[u8]) -> Result<M, FrameError> {
+    let text = std::str::from_utf8(body).map_err(FrameError::InvalidUtf8)?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(FrameError::InvalidJson)?;
+    let tag = match value.get("t").and_then(|t| t.as_str()) {
+        Some(t) if value.is_object() => t.to_owned(),
+        _ => return Err(FrameError::MissingTag),
+    };
+    if !M::TAGS.contains(&tag.as_str()) {
+        return Err(FrameError::UnknownTag(tag));
+    }
+    serde_json::from_value(value).map_err(|source| FrameError::BadShape { tag, source })
+}
+
+fn check_len(prefix: [u8; LEN_PREFIX], max: usize) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max {
+        return Err(FrameError::Oversize { len, max });
+    }
+    Ok(len)
+}
+
+/// Read exactly `buf.len()` bytes; `Ok(n)` with `n < len` means EOF after `n`.
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<usize, FrameError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(FrameError::Io { op: "read", source }),
+        }
+    }
+    Ok(got)
+}
+
+/// Read one frame from a blocking reader (worker side).
+pub fn read_frame_blocking<M: Tagged, R: Read>(r: &mut R, max: usize) -> Result<M, FrameError> {
+    let mut prefix = [0u8; LEN_PREFIX];
+    let got = read_full(r, &mut prefix)?;
+    if got == 0 {
+        return Err(FrameError::Closed);
+    }
+    if got < LEN_PREFIX {
+        return Err(FrameError::Truncated {
+            expected: LEN_PREFIX,
+            got,
+        });
+    }
+    let len = check_len(prefix, max)?;
+    let mut body = vec![0u8; len];
+    let got = read_full(r, &mut body)?;
+    if got < len {
+        return Err(FrameError::Truncated { expected: len, got });
+    }
+    decode_body(&body)
+}
+
+/// Write one frame to a blocking writer (worker side).
+pub fn write_frame_blocking<M: Serialize, W: Write>(
+    w: &mut W,
+    msg: &M,
+    max: usize,
+) -> Result<(), FrameError> {
+    let frame = encode_frame(msg, max)?;
+    w.write_all(&frame)
+        .and_then(|()| w.flush())
+        .map_err(|source| FrameError::Io {
+            op: "write",
+            source,
+        })
+}
+
+/// Read one frame from an async reader (supervisor side). The body buffer is
+/// only allocated once the length passed the cap.
+pub async fn read_frame_async<M: Tagged, R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<M, FrameError> {
+    let mut prefix = [0u8; LEN_PREFIX];
+    let mut got = 0;
+    while got < LEN_PREFIX {
+        let n = r
+            .read(&mut prefix[got..])
+            .await
+            .map_err(|source| FrameError::Io { op: "read", source })?;
+        if n == 0 {
+            return Err(if got == 0 {
+                FrameError::Closed
+            } else {
+                FrameError::Truncated {
+                    expected: LEN_PREFIX,
+                    got,
+                }
+            });
+        }
+        got += n;
+    }
+    let len = check_len(prefix, max)?;
+    let mut body = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = r
+            .read(&mut body[got..])
+            .await
+            .map_err(|source| FrameError::Io { op: "read", source })?;
+        if n == 0 {
+            return Err(FrameError::Truncated { expected: len, got });
+        }
+        got += n;
+    }
+    decode_body(&body)
+}
+
+/// Write one frame to an async writer (supervisor side).
+pub async fn write_frame_async<M: Serialize, W: AsyncWrite + Unpin>(
+    w: &mut W,
+    msg: &M,
+    max: usize,
+) -> Result<(), FrameError> {
+    let frame = encode_frame(msg, max)?;
+    w.write_all(&frame)
+        .await
+        .map_err(|source| FrameError::Io {
+            op: "write",
+            source,
+        })?;
+    w.flush().await.map_err(|source| FrameError::Io {
+        op: "write",
+        source,
+    })
+}

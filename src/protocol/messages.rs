@@ -1,0 +1,214 @@
+//! Message types. One enum per direction; every struct rejects unknown fields.
+
+use super::codec::Tagged;
+use crate::sandbox::{SandboxPlan, SandboxReport};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// What the worker runs once its sandbox is in place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Backend {
+    /// The Rhai engine, in the worker process itself.
+    Rhai,
+    /// `execve` of a Python interpreter running the runtime shim.
+    Python { interpreter: String },
+    /// `execve` of an arbitrary program (`cellbox exec`, shell cells).
+    Exec { argv: Vec<String> },
+}
+
+/// A capability as the worker sees it: a name and its parameter order, so a
+/// positional call (`run_cell("rhai", "1")`) can be turned into named args.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitySpec {
+    pub name: String,
+    pub params: Vec<String>,
+}
+
+/// Limits the backend enforces from the inside (a courtesy: the supervisor's
+/// wall clock and the OS limits are the guarantee).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptLimits {
+    /// Milliseconds from the start frame after which the script should stop.
+    pub timeout_ms: u64,
+    pub max_operations: u64,
+    pub max_call_levels: usize,
+    pub max_expr_depth: usize,
+    pub max_string_bytes: usize,
+    pub max_array_len: usize,
+    pub max_map_len: usize,
+}
+
+/// A definition (functions, classes, imports) carried in a session, as the
+/// source that recreates it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Definition {
+    /// The names this source defines.
+    pub names: Vec<String>,
+    pub source: String,
+}
+
+/// A variable that could not be carried to the next cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DroppedVar {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub reason: String,
+}
+
+/// An error raised by the script.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptError {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    #[serde(default)]
+    pub traceback: Option<String>,
+    #[serde(default)]
+    pub line: Option<u64>,
+    #[serde(default)]
+    pub column: Option<u64>,
+}
+
+/// supervisor → worker: how to sandbox itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Setup {
+    pub backend: Backend,
+    pub plan: SandboxPlan,
+}
+
+/// supervisor → worker: the cell to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Start {
+    pub language: String,
+    pub code: String,
+    #[serde(default)]
+    pub vars: Map<String, Value>,
+    #[serde(default)]
+    pub definitions: Vec<Definition>,
+    #[serde(default)]
+    pub capabilities: Vec<CapabilitySpec>,
+    pub limits: ScriptLimits,
+    pub max_frame_bytes: usize,
+}
+
+/// Why a capability call failed, as told to the script.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyError {
+    /// `unknown`, `denied`, `invalid_args`, `budget`, `failed`.
+    pub kind: String,
+    pub message: String,
+}
+
+/// supervisor → worker: the answer to one `call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reply {
+    pub id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ReplyError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ToWorker {
+    Setup(Setup),
+    Start(Start),
+    Reply(Reply),
+}
+
+impl Tagged for ToWorker {
+    const TAGS: &'static [&'static str] = &["setup", "start", "reply"];
+}
+
+/// worker → supervisor: the sandbox is in place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ready {
+    pub report: SandboxReport,
+}
+
+/// worker → supervisor: a mandatory layer could not be applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxFailure {
+    pub layer: String,
+    pub message: String,
+}
+
+/// worker → supervisor: a capability call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Call {
+    pub id: u64,
+    pub cap: String,
+    #[serde(default)]
+    pub args: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    pub level: String,
+    pub message: String,
+}
+
+/// How the script ended, as the worker saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DoneStatus {
+    Ok,
+    Error,
+    /// The backend's own limit stopped the script (operations, memory, …).
+    LimitExceeded,
+    /// The backend's own deadline fired before the supervisor's.
+    Timeout,
+}
+
+/// worker → supervisor: the cell is over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Done {
+    pub status: DoneStatus,
+    #[serde(default)]
+    pub value: Value,
+    /// The whole carried namespace after the cell (JSON values only).
+    #[serde(default)]
+    pub vars: Map<String, Value>,
+    #[serde(default)]
+    pub dropped: Vec<DroppedVar>,
+    /// Definitions made by this cell.
+    #[serde(default)]
+    pub definitions: Vec<Definition>,
+    #[serde(default)]
+    pub error: Option<ScriptError>,
+    /// Which limit, when `status` is `limit_exceeded`.
+    #[serde(default)]
+    pub limit: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FromWorker {
+    Ready(Ready),
+    SandboxError(SandboxFailure),
+    Call(Call),
+    Emit { event: Value },
+    Log(Log),
+    Done(Box<Done>),
+}
+
+impl Tagged for FromWorker {
+    const TAGS: &'static [&'static str] = &["ready", "sandbox_error", "call", "emit", "log", "done"];
+}
