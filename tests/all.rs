@@ -1,1 +1,3 @@
-
+//! One integration-test binary (keeps link time down); the tests live in
+//! tests/suite/.
+mod suite;
