@@ -150,3 +150,40 @@ impl ExitWatch {
         let _ = self.0.readable().await;
     }
 }
+
+/// Kills a worker's process group and reaps it if dropped while armed, so a
+/// cancelled cell (its future dropped) leaves nothing behind.
+#[derive(Debug)]
+pub struct KillOnDrop {
+    pid: i32,
+    armed: bool,
+}
+
+impl KillOnDrop {
+    pub fn new(pid: i32) -> Self {
+        KillOnDrop { pid, armed: true }
+    }
+
+    /// The worker was reaped normally; nothing left to do.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let pid = self.pid;
+        // The leader is unreaped, so its pgid cannot have been reused.
+        let _ = kill_group(pid);
+        let _ = kill_pid(pid);
+        // Reap off-thread: wait4 blocks until the kill lands.
+        let _ = std::thread::Builder::new()
+            .name("cellbox-reap".into())
+            .spawn(move || {
+                let _ = reap(pid);
+            });
+    }
+}

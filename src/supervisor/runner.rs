@@ -211,6 +211,7 @@ async fn run_worker(
     })?;
     drop(worker_fd);
     let pid = child.id() as i32;
+    let mut guard = process::KillOnDrop::new(pid);
     // From here on the child must be killed and reaped on every path.
     let exit_fd = process::ExitWatch::open(pid);
     let out_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
@@ -252,6 +253,9 @@ async fn run_worker(
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()));
+    if reaped.is_ok() {
+        guard.disarm();
+    }
     // Output pipes close once every process holding them is gone; give
     // stragglers a moment, then take what was captured.
     for p in pumps {

@@ -404,3 +404,33 @@ async fn repl_call_goes_through_the_policy() {
         .await;
     assert_eq!(r.status, Status::PolicyDenied);
 }
+
+#[tokio::test]
+async fn a_cancelled_cell_leaves_no_process() {
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 0;
+    cfg.limits.timeout_ms = 60_000;
+    let before: Vec<i32> = children().iter().map(|c| c.0).collect();
+    let fut = sup.run(CellRequest::new(Language::Rhai, "loop {}"), cfg);
+    // Let it start, then drop the future (as a cancelled request would).
+    let r = tokio::time::timeout(Duration::from_millis(500), fut).await;
+    assert!(r.is_err(), "the cell should still have been running");
+    let ours: Vec<i32> = children()
+        .into_iter()
+        .filter(|c| !before.contains(&c.0) && c.2.contains("__worker"))
+        .map(|c| c.0)
+        .collect();
+    // Every worker alive at the moment of the drop is gone soon after
+    // (other tests' workers end within their own short timeouts).
+    let mut left = ours.clone();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now: Vec<i32> = children().iter().map(|c| c.0).collect();
+        left.retain(|p| now.contains(p));
+        if left.is_empty() {
+            break;
+        }
+    }
+    assert!(left.is_empty(), "still running: {left:?}");
+}
