@@ -421,6 +421,7 @@ async fn a_cancelled_cell_leaves_no_process() {
         .filter(|c| !before.contains(&c.0) && c.2.contains("__worker"))
         .map(|c| c.0)
         .collect();
+    assert!(!ours.is_empty(), "the running worker was not found");
     // Every worker alive at the moment of the drop is gone soon after
     // (other tests' workers end within their own short timeouts).
     let mut left = ours.clone();
