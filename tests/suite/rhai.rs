@@ -412,15 +412,20 @@ async fn a_cancelled_cell_leaves_no_process() {
     cfg.limits.max_operations = 0;
     cfg.limits.timeout_ms = 60_000;
     let before: Vec<i32> = children().iter().map(|c| c.0).collect();
-    let fut = sup.run(CellRequest::new(Language::Rhai, "loop {}"), cfg);
-    // Let it start, then drop the future (as a cancelled request would).
-    let r = tokio::time::timeout(Duration::from_millis(500), fut).await;
-    assert!(r.is_err(), "the cell should still have been running");
+    let fut = Box::pin(sup.run(CellRequest::new(Language::Rhai, "loop {}"), cfg));
+    // Let it start, note its worker, then drop the future (as a cancelled
+    // request would).
+    let mut fut = fut;
+    tokio::select! {
+        _ = &mut fut => panic!("the cell should still have been running"),
+        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+    }
     let ours: Vec<i32> = children()
         .into_iter()
         .filter(|c| !before.contains(&c.0) && c.2.contains("__worker"))
         .map(|c| c.0)
         .collect();
+    drop(fut);
     assert!(!ours.is_empty(), "the running worker was not found");
     // Every worker alive at the moment of the drop is gone soon after
     // (other tests' workers end within their own short timeouts).
