@@ -88,6 +88,8 @@ enum Command {
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         argv: Vec<String>,
     },
+    /// Serve `execute_code` and session tools over MCP (stdio, or --http).
+    Serve(cellbox::serve::ServeArgs),
     /// Measure cell latency and throughput against a baseline.
     Bench {
         /// Cells per measurement.
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
             Command::Repl { opts } => cmd_repl(opts).await,
             Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
+            Command::Serve(args) => cellbox::serve::run(args).await,
         }
     })
 }

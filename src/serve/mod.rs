@@ -1,0 +1,272 @@
+//! `cellbox serve`: an MCP server exposing `execute_code` and session tools,
+//! over stdio (the default) or streamable HTTP.
+//!
+//! - [`config`]: the TOML file and flags, validated into [`Settings`].
+//! - [`handler`]: the tools; cancellation kills the call's cell.
+//! - [`sessions`]: named sessions with a cap and idle expiry.
+//! - [`gate`]: `max_concurrency` running cells, `max_queue` waiting calls.
+//! - [`describe`] and [`schema`]: tool descriptions generated from the
+//!   settings and the sandbox a probe cell actually got; input and output
+//!   schemas.
+//! - [`listener`]: the HTTP listener with its bearer-token check.
+//!
+//! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
+//! which kills their cells, and waits until the workers are reaped before
+//! returning.
+
+pub mod config;
+pub mod describe;
+pub mod gate;
+pub mod handler;
+pub mod listener;
+pub mod schema;
+pub mod sessions;
+
+pub use config::{ServeArgs, ServeConfig, Settings, Transport};
+pub use handler::CellboxServer;
+
+use crate::{EventSink, Supervisor};
+use rmcp::ServiceExt;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio_util::sync::CancellationToken;
+
+const EXIT_USAGE: u8 = 2;
+const EXIT_INTERNAL: u8 = 7;
+
+/// How long shutdown waits for calls in flight to let go of their cells.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Reads like its inner reader, and fires a token at end of input (or on a
+/// read error): for stdio, the client going away.
+struct EofSignal<R> {
+    inner: R,
+    eof: CancellationToken,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for EofSignal<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &r {
+            Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
+                self.eof.cancel()
+            }
+            Poll::Ready(Err(_)) => self.eof.cancel(),
+            _ => {}
+        }
+        r
+    }
+}
+
+/// Build the supervisor the settings describe.
+pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder();
+    for (lang, profile) in &settings.profiles {
+        b = b.profile(*lang, profile.clone());
+    }
+    if let Some(p) = &settings.python {
+        b = b.python(p);
+    }
+    if let Some(path) = &settings.events {
+        let sink = EventSink::to_file(path)
+            .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
+        b = b.events(sink);
+    }
+    let sup = b.build().map_err(|e| e.to_string())?;
+    let known: Vec<&str> = sup.capabilities().map(|c| c.name()).collect();
+    for name in &settings.session.policy.allow {
+        if !known.contains(&name.as_str()) {
+            return Err(format!(
+                "policy.allow (--allow): unknown capability {name:?}; known: {}",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(sup)
+}
+
+/// Pids of our direct children that still exist (zombies included).
+fn children() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // pid (comm) state ppid ...; comm may hold spaces.
+                    let rest = &stat[stat.rfind(')')? + 2..];
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(me)
+        })
+        .collect()
+}
+
+/// Wait until calls in flight are gone and their workers reaped.
+async fn drain(server: &CellboxServer) {
+    let deadline = Instant::now() + DRAIN;
+    while server.gate().admitted() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A dropped cell's worker is killed at once and reaped on a helper
+    // thread; do not exit before that thread is done.
+    while !children().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left = server.gate().admitted();
+    if left > 0 {
+        tracing::warn!("{left} calls were still in flight at exit");
+    }
+}
+
+fn watch_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
+        match signal(kind) {
+            Ok(mut s) => {
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    if s.recv().await.is_some() {
+                        tracing::info!("signal received; shutting down");
+                        shutdown.cancel();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("failed to watch a signal: {e}"),
+        }
+    }
+}
+
+fn spawn_sweeper(server: &CellboxServer, shutdown: CancellationToken) {
+    let sessions = server.sessions().clone();
+    let every = (sessions.idle_expiry() / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => { sessions.sweep(); }
+            }
+        }
+    });
+}
+
+async fn serve_stdio(server: CellboxServer, shutdown: CancellationToken) -> u8 {
+    let (reader, writer) = rmcp::transport::stdio_pipes();
+    let reader = EofSignal {
+        inner: reader,
+        eof: shutdown.clone(),
+    };
+    let running = match server.serve((reader, writer)).await {
+        Ok(r) => r,
+        Err(e) => {
+            // Also what happens when the client leaves before initializing.
+            tracing::warn!("the MCP session did not start: {e}");
+            return if shutdown.is_cancelled() {
+                0
+            } else {
+                EXIT_INTERNAL
+            };
+        }
+    };
+    let stop = running.cancellation_token();
+    let watcher = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            stop.cancel();
+        }
+    });
+    let code = match running.waiting().await {
+        Ok(reason) => {
+            tracing::info!(?reason, "MCP session ended");
+            0
+        }
+        Err(e) => {
+            tracing::error!("the MCP session failed: {e}");
+            EXIT_INTERNAL
+        }
+    };
+    watcher.abort();
+    code
+}
+
+async fn serve_http(server: CellboxServer, settings: &Settings, shutdown: CancellationToken) -> u8 {
+    let Transport::Http {
+        addr,
+        exposure,
+        token,
+    } = settings.transport.clone()
+    else {
+        return EXIT_INTERNAL;
+    };
+    // Room for the largest accepted script, JSON-escaped, plus the envelope.
+    let max_body = (settings.session.limits.max_script_bytes.saturating_mul(6))
+        .saturating_add(64 * 1024)
+        .max(4 * 1024 * 1024);
+    let http = match listener::HttpServer::bind(server, addr, exposure, token, max_body, &shutdown)
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("cellbox serve: failed to listen on {addr}: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    match http.local_addr() {
+        // Announce the real address (a port of 0 picks a free one).
+        Ok(a) => eprintln!("cellbox serve: MCP over streamable HTTP at http://{a}/"),
+        Err(e) => tracing::warn!("failed to read the bound address: {e}"),
+    }
+    http.serve(shutdown).await;
+    0
+}
+
+/// `cellbox serve`: run until the client leaves (stdio) or a signal.
+pub async fn run(args: ServeArgs) -> ExitCode {
+    let settings = match config::resolve(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cellbox serve: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let sup = match build_supervisor(&settings) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cellbox serve: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let server = CellboxServer::new(sup, settings.clone(), shutdown.clone());
+    // Probe the sandbox now so the first tools/list does not wait for it.
+    tokio::spawn({
+        let server = server.clone();
+        async move {
+            server.observations().await;
+        }
+    });
+    spawn_sweeper(&server, shutdown.clone());
+    watch_signals(shutdown.clone());
+    let code = match settings.transport {
+        Transport::Stdio => serve_stdio(server.clone(), shutdown.clone()).await,
+        Transport::Http { .. } => serve_http(server.clone(), &settings, shutdown.clone()).await,
+    };
+    shutdown.cancel();
+    server.sessions().close_all();
+    drain(&server).await;
+    ExitCode::from(code)
+}
