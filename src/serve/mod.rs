@@ -114,20 +114,26 @@ fn children() -> Vec<i32> {
         .collect()
 }
 
-/// Wait until calls in flight are gone and their workers reaped.
-async fn drain(server: &CellboxServer) {
+/// Wait until calls in flight are gone and every child process has exited
+/// and been reaped. By then the server has dropped its supervisor, so the
+/// supervisor's long-lived helpers (a fork server) exit too, taking any
+/// cell of theirs with them; a dropped cell's own worker is killed at once
+/// and reaped on a helper thread.
+async fn drain(gate: &gate::Gate) {
     let deadline = Instant::now() + DRAIN;
-    while server.gate().admitted() > 0 && Instant::now() < deadline {
+    while gate.admitted() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // A dropped cell's worker is killed at once and reaped on a helper
-    // thread; do not exit before that thread is done.
     while !children().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let left = server.gate().admitted();
+    let left = gate.admitted();
     if left > 0 {
         tracing::warn!("{left} calls were still in flight at exit");
+    }
+    let kids = children();
+    if !kids.is_empty() {
+        tracing::warn!("child processes {kids:?} were still running at exit");
     }
 }
 
@@ -255,8 +261,12 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     // Probe the sandbox now so the first tools/list does not wait for it.
     tokio::spawn({
         let server = server.clone();
+        let shutdown = shutdown.clone();
         async move {
-            server.observations().await;
+            tokio::select! {
+                _ = server.observations() => {}
+                _ = shutdown.cancelled() => {}
+            }
         }
     });
     spawn_sweeper(&server, shutdown.clone());
@@ -267,6 +277,9 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     };
     shutdown.cancel();
     server.sessions().close_all();
-    drain(&server).await;
+    let gate = server.gate().clone();
+    // Let go of the supervisor: calls in flight hold the last handles.
+    drop(server);
+    drain(&gate).await;
     ExitCode::from(code)
 }

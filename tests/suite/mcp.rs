@@ -164,15 +164,33 @@ fn descendants(root: i32) -> Vec<i32> {
     found
 }
 
+/// Stat line and command line of each pid, for failure messages.
+fn show(pids: &[i32]) -> String {
+    pids.iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            format!("{p}: {} | {cmd}", stat.trim())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn exists(pid: i32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Wait for the server to have a worker, and return its pids.
-async fn wait_for_workers(server_pid: i32) -> Vec<i32> {
+/// Wait for the server to have processes beyond `baseline` (its idle
+/// helpers, such as a fork server), and return those: the cell's worker.
+async fn wait_for_workers(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
     let t0 = Instant::now();
     loop {
-        let d = descendants(server_pid);
+        let d: Vec<i32> = descendants(server_pid)
+            .into_iter()
+            .filter(|p| !baseline.contains(p))
+            .collect();
         if !d.is_empty() {
             return d;
         }
@@ -182,6 +200,14 @@ async fn wait_for_workers(server_pid: i32) -> Vec<i32> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Processes below the server that are not among its idle helpers.
+fn extra(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
+    descendants(server_pid)
+        .into_iter()
+        .filter(|p| !baseline.contains(p))
+        .collect()
 }
 
 /// Wait until none of `pids` exists any more (killed and reaped).
@@ -505,7 +531,7 @@ async fn exceptions_and_timeouts_are_errors() {
     .await;
     assert!(e, "{r:#}");
     assert_eq!(r["status"], "timeout");
-    assert!(text.contains("500 ms"), "{text}");
+    assert!(text.contains("[status: timeout]"), "{text}");
     assert_conforms(&v, &r);
 
     let (r, e, _) = exec(
@@ -516,7 +542,8 @@ async fn exceptions_and_timeouts_are_errors() {
     assert!(e, "{r:#}");
     assert_eq!(r["status"], "timeout");
 
-    // A per-call timeout above the configured one is lowered, not honoured.
+    // A per-call timeout above the configured one is lowered, not honoured
+    // (were it honoured, this call would outlast `within`'s patience).
     let s2 = stdio_server(&["--timeout", "0.5", "--max-operations", "0"]).await;
     let (r, e, _) = exec(
         &s2.client,
@@ -525,10 +552,6 @@ async fn exceptions_and_timeouts_are_errors() {
     .await;
     assert!(e);
     assert_eq!(r["status"], "timeout");
-    assert!(
-        r["error"]["message"].as_str().unwrap().contains("500 ms"),
-        "{r:#}"
-    );
     s.client.cancel().await.unwrap();
     s2.client.cancel().await.unwrap();
 }
@@ -536,9 +559,10 @@ async fn exceptions_and_timeouts_are_errors() {
 /// Start a never-ending cell, cancel the request, and see the worker gone.
 async fn cancel_kills(language: &str, code: &str) {
     let s = stdio_server(&["--max-operations", "0"]).await;
-    // tools/list waits for the startup probe, so its cells are gone.
+    // tools/list waits for the startup probe, so its cells are gone; what
+    // is left are the supervisor's idle helpers.
     tools(&s.client).await;
-    assert!(descendants(s.pid).is_empty(), "{:?}", descendants(s.pid));
+    let baseline = descendants(s.pid);
     let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
         json!({"language": language, "code": code, "timeout_seconds": 600}),
     ));
@@ -551,10 +575,11 @@ async fn cancel_kills(language: &str, code: &str) {
     )
     .await
     .unwrap();
-    let workers = wait_for_workers(s.pid).await;
+    let workers = wait_for_workers(s.pid, &baseline).await;
     handle.cancel(Some("test".into())).await.unwrap();
     wait_gone(&workers, "after notifications/cancelled").await;
-    assert!(descendants(s.pid).is_empty(), "{:?}", descendants(s.pid));
+    let left = extra(s.pid, &baseline);
+    assert!(left.is_empty(), "{}", show(&left));
     // The server goes on serving.
     let (r, e, _) = exec(&s.client, json!({"language": "rhai", "code": "1 + 1"})).await;
     assert!(!e);
@@ -581,6 +606,7 @@ async fn cancelled_shell_cell_leaves_no_process() {
 async fn client_disconnect_kills_the_cell_and_the_server_exits() {
     let s = stdio_server(&["--max-operations", "0"]).await;
     tools(&s.client).await;
+    let baseline = descendants(s.pid);
     let peer = s.client.peer().clone();
     let pending = tokio::spawn(async move {
         peer.call_tool(
@@ -590,10 +616,12 @@ async fn client_disconnect_kills_the_cell_and_the_server_exits() {
         )
         .await
     });
-    let workers = wait_for_workers(s.pid).await;
+    let workers = wait_for_workers(s.pid, &baseline).await;
     // Closing the client closes the server's stdin.
     within("close", s.client.cancel()).await.unwrap();
     wait_gone(&workers, "after the client went away").await;
+    // The server and its helpers are gone too.
+    wait_gone(&baseline, "the server's helpers after its client went away").await;
     wait_gone(&[s.pid], "the server after its client went away").await;
     assert!(within("pending call", pending).await.unwrap().is_err());
 }
@@ -644,6 +672,7 @@ async fn calls_past_the_queue_limit_are_refused() {
     .await;
     let tools = tools(&s.client).await;
     let v = output_validator(&tools);
+    let baseline = descendants(s.pid);
     let mut handles = Vec::new();
     for _ in 0..2 {
         let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
@@ -662,7 +691,7 @@ async fn calls_past_the_queue_limit_are_refused() {
         );
     }
     // One runs, one waits; the third is refused.
-    let workers = wait_for_workers(s.pid).await;
+    let workers = wait_for_workers(s.pid, &baseline).await;
     let (r, e, text) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
     assert!(e, "{r:#}");
     assert_eq!(r["status"], "limit_exceeded");
@@ -951,7 +980,8 @@ async fn http_serves_cells_sessions_and_concurrent_calls() {
 }
 
 async fn tools_then_cancel(client: &Client, server_pid: i32) {
-    assert!(descendants(server_pid).is_empty());
+    tools(client).await;
+    let baseline = descendants(server_pid);
     let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
         json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
     ));
@@ -964,9 +994,11 @@ async fn tools_then_cancel(client: &Client, server_pid: i32) {
     )
     .await
     .unwrap();
-    let workers = wait_for_workers(server_pid).await;
+    let workers = wait_for_workers(server_pid, &baseline).await;
     handle.cancel(Some("test".into())).await.unwrap();
     wait_gone(&workers, "after notifications/cancelled over HTTP").await;
+    let left = extra(server_pid, &baseline);
+    assert!(left.is_empty(), "{}", show(&left));
 }
 
 #[tokio::test]
@@ -974,6 +1006,7 @@ async fn http_client_that_goes_away_gets_its_cell_killed() {
     let server = HttpServer::start(&["--max-operations", "0"]);
     let client = server.client(None).await.unwrap();
     tools(&client).await;
+    let baseline = descendants(server.pid());
     let peer = client.peer().clone();
     let pending = tokio::spawn(async move {
         peer.call_tool(
@@ -983,7 +1016,7 @@ async fn http_client_that_goes_away_gets_its_cell_killed() {
         )
         .await
     });
-    let workers = wait_for_workers(server.pid()).await;
+    let workers = wait_for_workers(server.pid(), &baseline).await;
     // Drop the whole client: its connections close mid-call.
     pending.abort();
     within("close", client.cancel()).await.unwrap();
