@@ -158,7 +158,10 @@ fn sandbox_lines(observed: Option<&Observed>) -> Vec<String> {
                 );
             }
             if r.namespaces.iter().any(|n| n == "pid") {
-                lines.push("processes: the cell sees only its own processes".into());
+                lines.push(
+                    "processes: the cell sees only its own processes, and none outlive the call"
+                        .into(),
+                );
             }
         }
     }
@@ -270,8 +273,8 @@ impl Facts<'_> {
              languages), and files written to the working directory stay there. Values without a \
              JSON form (open files, sockets, generators, ...) are not kept and are listed in \
              vars.dropped. A call that fails, times out or is killed changes nothing in the \
-             namespace. Processes never outlive a call. A session is closed after {} s without a \
-             call; at most {} sessions exist at once.",
+             namespace. A session is closed after {} s without a call; at most {} sessions exist \
+             at once.",
             self.settings.idle_expiry.as_secs(),
             self.settings.max_sessions,
         )
