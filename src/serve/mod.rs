@@ -27,6 +27,7 @@ pub use handler::CellboxServer;
 
 use crate::{EventSink, Supervisor};
 use rmcp::ServiceExt;
+use std::io::Read;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::task::{Context, Poll};
@@ -40,29 +41,88 @@ const EXIT_INTERNAL: u8 = 7;
 /// How long shutdown waits for calls in flight to let go of their cells.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Reads like its inner reader, and fires a token at end of input (or on a
-/// read error): for stdio, the client going away.
-struct EofSignal<R> {
-    inner: R,
+/// Standard input, read on a plain thread and handed over in chunks. A
+/// thread blocked in `read` does not hold up runtime shutdown (a read on
+/// tokio's blocking pool would, when stdin is a terminal), and it ends with
+/// the process. End of input (or a read error) fires `eof`: for stdio, the
+/// client going away.
+struct StdinReader {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    pos: usize,
+    done: bool,
     eof: CancellationToken,
 }
 
-impl<R: AsyncRead + Unpin> AsyncRead for EofSignal<R> {
+impl StdinReader {
+    fn spawn(eof: CancellationToken) -> std::io::Result<StdinReader> {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        std::thread::Builder::new()
+            .name("cellbox-stdin".into())
+            .spawn(move || {
+                let mut stdin = std::io::stdin().lock();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match stdin.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            if tx.blocking_send(Ok(buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            })?;
+        Ok(StdinReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+            done: false,
+            eof,
+        })
+    }
+}
+
+impl AsyncRead for StdinReader {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        match &r {
-            Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
-                self.eof.cancel()
+        loop {
+            if self.pos < self.chunk.len() {
+                let n = buf.remaining().min(self.chunk.len() - self.pos);
+                let start = self.pos;
+                buf.put_slice(&self.chunk[start..start + n]);
+                self.pos += n;
+                return Poll::Ready(Ok(()));
             }
-            Poll::Ready(Err(_)) => self.eof.cancel(),
-            _ => {}
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    self.chunk = chunk;
+                    self.pos = 0;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    self.eof.cancel();
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    self.eof.cancel();
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        r
     }
 }
 
@@ -170,12 +230,22 @@ fn spawn_sweeper(server: &CellboxServer, shutdown: CancellationToken) {
 }
 
 async fn serve_stdio(server: CellboxServer, shutdown: CancellationToken) -> u8 {
-    let (reader, writer) = rmcp::transport::stdio_pipes();
-    let reader = EofSignal {
-        inner: reader,
-        eof: shutdown.clone(),
+    // rmcp's writer half: non-blocking when stdout is a pipe.
+    let (_, writer) = rmcp::transport::stdio_pipes();
+    let reader = match StdinReader::spawn(shutdown.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cellbox serve: failed to start the stdin reader: {e}");
+            return EXIT_INTERNAL;
+        }
     };
-    let running = match server.serve((reader, writer)).await {
+    // The handshake waits for the client's `initialize`: a signal (or the
+    // client leaving) must end that wait too.
+    let started = tokio::select! {
+        r = server.serve((reader, writer)) => r,
+        _ = shutdown.cancelled() => return 0,
+    };
+    let running = match started {
         Ok(r) => r,
         Err(e) => {
             // Also what happens when the client leaves before initializing.

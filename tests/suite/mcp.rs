@@ -627,6 +627,54 @@ async fn client_disconnect_kills_the_cell_and_the_server_exits() {
 }
 
 #[tokio::test]
+async fn sigterm_kills_running_cells_and_exits() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let peer = s.client.peer().clone();
+    let pending = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("execute_code").with_arguments(obj(
+                json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+            )),
+        )
+        .await
+    });
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The call ends with an error instead of hanging.
+    let r = within("the pending call", pending).await.unwrap();
+    assert!(r.is_err(), "{r:?}");
+    wait_gone(&workers, "after SIGTERM").await;
+    wait_gone(&baseline, "the server's helpers after SIGTERM").await;
+    drop(s.client);
+    wait_gone(&[s.pid], "the server after SIGTERM").await;
+}
+
+#[test]
+fn a_client_that_leaves_before_initializing_ends_the_server() {
+    let t0 = Instant::now();
+    let mut child = std::process::Command::new(bin())
+        .arg("serve")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            break;
+        }
+        assert!(t0.elapsed() < PATIENCE, "the server outlived its stdin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
 async fn twenty_calls_run_concurrently() {
     let s = stdio_server(&["--max-concurrency", "4"]).await;
     let tools = tools(&s.client).await;
