@@ -2,12 +2,19 @@
 
     /usr/bin/python3 tests/python/bench_startup.py [runs]
 
-Times, over the same run, a bare `python3 -I -S -c pass`, the same with
-`-B -c <shim>` running a `pass` cell through the full protocol (start frame
-in, done frame out), and the imports the shim adds.
+Interleaves, in one run, the same spawn path (empty environment, fd 3 a
+socketpair) for:
+  bare         python3 -I -S -c pass
+  shim         python3 -I -S -B -c <shim>, a `pass` cell through the full
+               protocol (start frame in, done frame out)
+  precompiled  python3 -I -S -B -c <loader.py>, the shim's --precompile
+               output on fd 4 (a memfd): no shim source compiled per cell
+and prints p50/p99 and the ratios to bare.
 """
 
+import fcntl
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -16,50 +23,86 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
+PY = harness.PYTHON
+BLOB = harness.precompiled_blob()
 
-def timed(fn, runs):
-    samples = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1000)
-    samples.sort()
-    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+def spawn(argv, extra=None):
+    """Spawn with fd 3 = the child's end of a socketpair and, when `extra`
+    is given, fd 4 = a memfd holding it. Both are placed at 3/4 in this
+    process only around the spawn (moved up first so nothing collides)."""
+    parent, child = socket.socketpair()
+    wanted = [fcntl.fcntl(child.fileno(), fcntl.F_DUPFD_CLOEXEC, 100)]
+    child.close()
+    if extra is not None:
+        r = os.memfd_create("cellbox-shim", os.MFD_CLOEXEC)
+        os.write(r, extra)
+        os.lseek(r, 0, os.SEEK_SET)
+        wanted.append(fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 100))
+        os.close(r)
+    saved = {fd: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (3, 4)[: len(wanted)] if _fd_open(fd)}
+    try:
+        for target, fd in zip((3, 4), wanted):
+            os.dup2(fd, target)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={}, pass_fds=(3, 4)[: len(wanted)], cwd="/tmp")
+    finally:
+        for target, fd in zip((3, 4), wanted):
+            os.close(target)
+            os.close(fd)
+        for target, fd in saved.items():
+            os.dup2(fd, target, inheritable=False)
+            os.close(fd)
+    return proc, parent
+
+
+def _fd_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def bare():
-    subprocess.run([harness.PYTHON, "-I", "-S", "-c", "pass"], check=True, env={})
+    proc, sock = spawn([PY, "-I", "-S", "-c", "pass"])
+    proc.wait()
+    sock.close()
 
 
-def shim_cell():
-    r = harness.run_cell("pass", capabilities=harness.CAPABILITIES)
-    assert r.status == "ok", r
+def run_pass_cell(argv, extra=None):
+    proc, sock = spawn(argv, extra)
+    harness.write_frame(sock, harness.start_frame("pass"))
+    done = harness.read_frame(sock, harness.DEFAULT_MAX_FRAME)
+    assert done["t"] == "done" and done["status"] == "ok", done
+    proc.wait()
+    sock.close()
+
+
+def shim():
+    run_pass_cell([PY, "-I", "-S", "-B", "-c", harness.SHIM])
+
+
+def precompiled():
+    run_pass_cell([PY, "-I", "-S", "-B", "-c", harness.LOADER], BLOB)
 
 
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    for fn in (bare, shim_cell):
+    cases = [("bare -I -S -c pass", bare), ("shim, pass cell", shim), ("shim precompiled, pass cell", precompiled)]
+    samples = {name: [] for name, _ in cases}
+    for _, fn in cases:
         fn()
-    rows = []
-    # Interleave so drift on a shared machine hits both alike.
-    b, s = [], []
     for _ in range(runs):
-        b.append(timed(bare, 1)[0])
-        s.append(timed(shim_cell, 1)[0])
-    for name, xs in (("bare -I -S -c pass", b), ("shim, pass cell, full protocol", s)):
-        xs.sort()
-        rows.append((name, statistics.median(xs), xs[min(len(xs) - 1, int(len(xs) * 0.99))]))
-    for name, p50, p99 in rows:
-        print("%-34s p50 %6.2f ms   p99 %6.2f ms" % (name, p50, p99))
-    print("ratio p50: %.2fx" % (rows[1][1] / rows[0][1]))
-    out = subprocess.run(
-        [harness.PYTHON, "-I", "-S", "-X", "importtime", "-c", "import _json, _ast, _signal, _thread"],
-        capture_output=True, text=True, env={},
-    ).stderr
-    print("imports the shim adds (-X importtime, us):")
-    for line in out.splitlines():
-        if any(m in line for m in ("_json", "_ast", "_signal", "_thread")):
-            print("  " + line)
+        for name, fn in cases:
+            t = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - t) * 1000)
+    base = statistics.median(samples[cases[0][0]])
+    for name, _ in cases:
+        xs = sorted(samples[name])
+        p50 = statistics.median(xs)
+        p99 = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+        print("%-30s p50 %6.2f ms  p99 %6.2f ms  %.2fx bare" % (name, p50, p99, p50 / base))
 
 
 if __name__ == "__main__":

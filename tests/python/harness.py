@@ -19,11 +19,36 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIM_PATH = os.path.join(ROOT, "src", "worker", "python", "shim.py")
+LOADER_PATH = os.path.join(ROOT, "src", "worker", "python", "loader.py")
 PYTHON = "/usr/bin/python3"
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 
 with open(SHIM_PATH, encoding="utf-8") as _f:
     SHIM = _f.read()
+with open(LOADER_PATH, encoding="utf-8") as _f:
+    LOADER = _f.read()
+
+# "source": python3 -c <shim>; "precompiled": python3 -c <loader> with the
+# shim's --precompile output on fd 4. The test suite runs in both modes.
+MODE = os.environ.get("CELLBOX_SHIM_MODE", "source")
+_blob = None
+
+
+def precompiled_blob():
+    global _blob
+    if _blob is None:
+        _blob = subprocess.run(
+            [PYTHON, "-I", "-S", "-B", "-c", SHIM, "--precompile"], stdin=subprocess.DEVNULL, capture_output=True, env={}, check=True
+        ).stdout
+    return _blob
+
+
+def blob_fd():
+    """A memfd holding the precompiled shim, offset 0, for fd 4."""
+    fd = os.memfd_create("cellbox-shim", os.MFD_CLOEXEC)
+    os.write(fd, precompiled_blob())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 CAPABILITIES = [
     {"name": "answer", "params": ["value"]},
@@ -237,17 +262,24 @@ def spawn(cwd, address_space=None, nproc=None):
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
     child_fd = child.fileno()
+    blob = blob_fd() if MODE == "precompiled" else None
 
     def in_child():
-        os.dup2(child_fd, 3)
-        os.closerange(4, 1 << 16)
+        # Move both sources out of the way first: either may sit on 3 or 4.
+        sock_fd = os.dup(child_fd)
+        blob_src = os.dup(blob) if blob is not None else None
+        os.dup2(sock_fd, 3)
+        if blob_src is not None:
+            os.dup2(blob_src, 4)
+        os.closerange(5 if blob is not None else 4, 1 << 16)
         if address_space is not None:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         if nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
+    source = LOADER if MODE == "precompiled" else SHIM
     proc = subprocess.Popen(
-        [PYTHON, "-I", "-S", "-B", "-c", SHIM],
+        [PYTHON, "-I", "-S", "-B", "-c", source],
         stdin=subprocess.DEVNULL,
         stdout=out,
         stderr=err,
@@ -257,6 +289,8 @@ def spawn(cwd, address_space=None, nproc=None):
         preexec_fn=in_child,
     )
     child.close()
+    if blob is not None:
+        os.close(blob)
     return proc, parent, out, err
 
 

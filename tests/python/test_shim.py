@@ -4,8 +4,9 @@
 
 Each test spawns `/usr/bin/python3 -I -S -B -c <shim>` exactly as the worker
 does (empty environment, fd 3 = a socketpair) and plays the supervisor side
-of the protocol; see harness.py. `cargo test` runs this file too
-(tests/suite/python.rs).
+of the protocol; see harness.py. The suite runs twice: with the shim's source
+on the command line, and precompiled (loader.py + the --precompile output on
+fd 4). `cargo test` runs this file too (tests/suite/python.rs).
 """
 
 import os
@@ -476,6 +477,20 @@ class Limits(unittest.TestCase):
         r = run_cell("while True:\n    try:\n        sum(range(1000))\n    except Exception:\n        pass", timeout_ms=300, kill_after=10)
         self.assertEqual(r.status, "timeout", r)
 
+    def test_deadline_during_a_slow_reply_fires_after_it(self):
+        import time
+
+        def slow(call):
+            time.sleep(0.6)
+            return {"ok": 5}
+
+        r = run_cell("got = []\ngot.append(add(2, 3))\nwhile True:\n    pass", handler=slow, timeout_ms=200, kill_after=10)
+        self.assertEqual(r.status, "timeout", r)
+        # The reply was read whole (the channel stayed in sync for done) and
+        # the timeout surfaced in the cell right after the call returned.
+        self.assertEqual(r.error["line"], 2)
+        self.assertEqual(len(r.calls), 1)
+
     def test_timeout_during_definition_replay(self):
         defs = [{"names": ["slow"], "source": "import time\ntime.sleep(100)\ndef slow(): pass"}]
         r = run_cell("1", definitions=defs, timeout_ms=300, kill_after=10)
@@ -507,6 +522,62 @@ class Limits(unittest.TestCase):
         self.assertEqual(r.out, "")
 
 
+class Hostile(unittest.TestCase):
+    def test_rebinding_builtins_does_not_break_done(self):
+        code = (
+            "import builtins\n"
+            "for n in ('len', 'str', 'type', 'repr', 'isinstance', 'issubclass', 'id', 'dict', 'list', 'set', 'map', 'min', 'max', 'sum', 'sorted', 'enumerate', 'zip', 'getattr', 'memoryview', 'compile', 'exec', 'eval', 'open', 'any', 'tuple'):\n"
+            "    setattr(builtins, n, None)\n"
+            "x = 5\n"
+            "f = lambda: 1\n"
+            "x"
+        )
+        r = run_cell(code)
+        self.assertEqual(r.status, "ok", r)
+        self.assertEqual(r.value, 5)
+        self.assertEqual(r.vars, {"n": "tuple", "x": 5})
+        self.assertIn("f", r.dropped)
+
+    def test_hostile_objects_in_globals(self):
+        code = (
+            "class Evil(dict):\n"
+            "    def items(self):\n"
+            "        while True: pass\n"
+            "    def __eq__(self, o):\n"
+            "        raise RuntimeError\n"
+            "    __hash__ = None\n"
+            "class Meta(type):\n"
+            "    @property\n"
+            "    def __name__(cls):\n"
+            "        raise RuntimeError\n"
+            "class Odd(metaclass=Meta):\n"
+            "    @property\n"
+            "    def __class__(self):\n"
+            "        raise RuntimeError\n"
+            "e = Evil(a=1)\n"
+            "o = Odd()\n"
+            "class IntSub(int): pass\n"
+            "i = IntSub(3)\n"
+        )
+        r = run_cell(code, timeout_ms=2000, kill_after=10)
+        self.assertEqual(r.status, "ok", r)
+        self.assertEqual(r.vars, {})
+        self.assertEqual(r.dropped["e"]["type"], "Evil")
+        self.assertEqual(r.dropped["o"]["type"], "Odd")
+        self.assertEqual(r.dropped["i"]["type"], "IntSub")
+
+    def test_closing_the_protocol_fd_is_a_protocol_failure_not_a_hang(self):
+        r = run_cell("import os\nos.close(3)\n1", kill_after=10)
+        self.assertIsNone(r.done)
+        self.assertFalse(r.killed)
+        self.assertEqual(r.returncode, 70)
+
+    def test_stdout_closed_by_the_cell(self):
+        r = run_cell("import sys\nprint('a')\nsys.stdout.close()\n7")
+        self.assertEqual(r.status, "ok", r)
+        self.assertEqual(r.value, 7)
+
+
 class ImportSet(unittest.TestCase):
     def test_shim_imports_only_cheap_modules(self):
         r = run_cell("import sys\nsorted(sys.modules)")
@@ -514,6 +585,17 @@ class ImportSet(unittest.TestCase):
         self.assertEqual(sorted(set(r.value) & heavy), [])
         self.assertIn("_json", r.value)
 
+    def test_cold_part_is_ready_made_when_precompiled(self):
+        r = run_cell("type(add.__globals__.get('_COLD_CODE')).__name__")
+        self.assertEqual(r.value, "code" if harness.MODE == "precompiled" else "NoneType")
+
 
 if __name__ == "__main__":
-    unittest.main()
+    # Both ways a worker can start the shim, unless CELLBOX_SHIM_MODE picks one.
+    modes = [harness.MODE] if "CELLBOX_SHIM_MODE" in os.environ else ["source", "precompiled"]
+    ok = True
+    for mode in modes:
+        harness.MODE = mode
+        print("== shim started from %s" % mode, file=sys.stderr)
+        ok = unittest.main(exit=False).result.wasSuccessful() and ok
+    sys.exit(0 if ok else 1)

@@ -37,6 +37,8 @@ few user methods it must call (repr of the value, str of an exception,
 flushing the cell's own sys.stdout) run while the cell's deadline is armed.
 """
 
+from builtins import *  # noqa: F403 - the shim's own binding of every builtin,
+# so that a cell rebinding builtins.len or builtins.str cannot break `done`.
 import sys
 import posix
 import _signal
@@ -557,10 +559,12 @@ def _finish(out):
 
 
 def _cold(name):
-    """A function of the rarely needed part, compiled on first use."""
+    """A function of the rarely needed part, compiled on first use (or
+    taken ready-made from the loader, see loader.py)."""
     f = _G.get(name)
     if f is None:
-        exec(compile(_COLD, "<cellbox shim>", "exec", 0, True), _G)
+        code = _G.get("_COLD_CODE")
+        exec(code if code is not None else compile(_COLD, "<cellbox shim>", "exec", 0, True), _G)
         f = _G[name]
     return f
 
@@ -885,13 +889,23 @@ def _error_info(exc):
 _MAIN_THREAD = _thread.get_ident()
 _STDOUT = sys.stdout
 _STDERR = sys.stderr
-try:
-    _STDOUT.reconfigure(line_buffering=True)  # output up to a kill is not lost
-except Exception:
-    pass
-sys.argv = [_CELL]
-try:
-    sys.path.append(posix.getcwd())  # modules in the scratch dir, after the stdlib
-except OSError:
-    pass
-_main()
+
+if sys.argv[1:] == ["--precompile"] and "_COLD_CODE" not in _G:
+    # `python3 -I -S -B -c <shim> --precompile`, run once outside any
+    # sandbox by the same interpreter the cells use: print this module's
+    # code and the cold part's, marshalled, for loader.py.
+    import marshal
+
+    _STDOUT.buffer.write(marshal.dumps((sys._getframe().f_code, compile(_COLD, "<cellbox shim>", "exec", 0, True))))
+    _STDOUT.flush()
+else:
+    try:
+        _STDOUT.reconfigure(line_buffering=True)  # output up to a kill is not lost
+    except Exception:
+        pass
+    sys.argv = [_CELL]
+    try:
+        sys.path.append(posix.getcwd())  # modules in the scratch dir, after the stdlib
+    except OSError:
+        pass
+    _main()
