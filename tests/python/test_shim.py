@@ -227,7 +227,7 @@ class Capabilities(unittest.TestCase):
     def test_reply_with_wrong_id_is_a_protocol_error(self):
         r = run_cell("add(1, 2)", raw_reply=lambda call: {"t": "reply", "id": call["id"] + 7, "ok": 3})
         self.assertIsNone(r.done)
-        self.assertEqual(r.returncode, 70)
+        self.assertEqual(r.returncode, 7)
         self.assertIn("protocol error", r.err)
 
     def test_calls_from_threads_do_not_interleave(self):
@@ -356,6 +356,12 @@ class Namespace(unittest.TestCase):
         for name, (typ, reason) in expect.items():
             self.assertEqual(d[name]["type"], typ, name)
             self.assertIn(reason, d[name]["reason"], name)
+
+    def test_non_ascii_names_are_reported_not_lost(self):
+        r = run_cell("café = 1\nglobals()['a b'] = 2\nok = 3")
+        self.assertEqual(r.vars, {"ok": 3})
+        self.assertIn("ASCII", r.dropped["café"]["reason"])
+        self.assertIn("ASCII", r.dropped["a b"]["reason"])
 
     def test_instances_are_dropped_but_their_class_is_carried(self):
         s = Session()
@@ -570,7 +576,7 @@ class Hostile(unittest.TestCase):
         r = run_cell("import os\nos.close(3)\n1", kill_after=10)
         self.assertIsNone(r.done)
         self.assertFalse(r.killed)
-        self.assertEqual(r.returncode, 70)
+        self.assertEqual(r.returncode, 7)
 
     def test_stdout_closed_by_the_cell(self):
         r = run_cell("import sys\nprint('a')\nsys.stdout.close()\n7")

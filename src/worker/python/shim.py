@@ -52,7 +52,7 @@ except ImportError:  # an interpreter built without the accelerator
 
 _FD = 3
 _CELL = "<cell>"
-_EXIT_PROTOCOL = 70
+_EXIT_PROTOCOL = 7  # as the worker's own protocol failures
 _ONLY_AST = 0x400
 _AWAIT = 0x2000  # PyCF_ALLOW_TOP_LEVEL_AWAIT
 _FUTURE_MASK = 0x1FE0000  # the CO_FUTURE_* flags a code object records
@@ -490,7 +490,7 @@ def _carried_state(out):
                 dropped.append({"name": name, "type": _type_name(type(v)), "reason": "reserved name: the capability %s is restored in the next cell" % name})
             continue
         err = None
-        if name[:1] != "_":
+        if name[:1] != "_" and name.isascii() and name.isidentifier():
             try:
                 items.append((name, _to_json(v)))
                 continue
@@ -584,10 +584,12 @@ def _main():
     limits = start.get("limits")
     ms = limits.get("timeout_ms") if type(limits) is dict else None
     if type(ms) is int and ms > 0:
+        # Stop a little before the supervisor's own deadline (as the Rhai
+        # backend does), so a runaway cell still reports where it was.
         _st["ms"] = ms
         _signal.signal(_signal.SIGALRM, _on_alarm)
         _st["armed"] = True
-        _signal.setitimer(_signal.ITIMER_REAL, ms / 1000.0)
+        _signal.setitimer(_signal.ITIMER_REAL, (ms - min(ms // 10, 200)) / 1000.0)
     out = {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call"}, "earlier": ()}
     try:
         try:
@@ -684,6 +686,8 @@ def _dropped(name, v, err):
     t = type(v)
     if name[:1] == "_":
         reason = "names starting with '_' are private to the cell and not carried"
+    elif not (name.isascii() and name.isidentifier()):
+        reason = "only ASCII identifiers are carried as variable names"
     elif t is _FunctionType and v.__code__.co_name == "<lambda>":
         reason = "a lambda is not carried; define it with a top-level def to keep it"
     elif t is _FunctionType:
