@@ -7,8 +7,8 @@ socketpair) for:
   bare         python3 -I -S -c pass
   shim         python3 -I -S -B -c <shim>, a `pass` cell through the full
                protocol (start frame in, done frame out)
-  precompiled  python3 -I -S -B -c <loader.py>, the shim's --precompile
-               output on fd 4 (a memfd): no shim source compiled per cell
+  precompiled  python3 -I -S -B -c <loader.py> PATH, PATH holding the
+               shim's --precompile output: no shim source compiled per cell
 and prints p50/p99 and the ratios to bare.
 """
 
@@ -24,34 +24,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 PY = harness.PYTHON
-BLOB = harness.precompiled_blob()
-
-
-def spawn(argv, extra=None):
-    """Spawn with fd 3 = the child's end of a socketpair and, when `extra`
-    is given, fd 4 = a memfd holding it. Both are placed at 3/4 in this
-    process only around the spawn (moved up first so nothing collides)."""
+def spawn(argv):
+    """Spawn with fd 3 = the child's end of a socketpair, placed at 3 in
+    this process only around the spawn (moved up first so nothing collides)."""
     parent, child = socket.socketpair()
-    wanted = [fcntl.fcntl(child.fileno(), fcntl.F_DUPFD_CLOEXEC, 100)]
+    moved = fcntl.fcntl(child.fileno(), fcntl.F_DUPFD_CLOEXEC, 100)
     child.close()
-    if extra is not None:
-        r = os.memfd_create("cellbox-shim", os.MFD_CLOEXEC)
-        os.write(r, extra)
-        os.lseek(r, 0, os.SEEK_SET)
-        wanted.append(fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 100))
-        os.close(r)
-    saved = {fd: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (3, 4)[: len(wanted)] if _fd_open(fd)}
+    saved = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 100) if _fd_open(3) else None
     try:
-        for target, fd in zip((3, 4), wanted):
-            os.dup2(fd, target)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={}, pass_fds=(3, 4)[: len(wanted)], cwd="/tmp")
+        os.dup2(moved, 3)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={}, pass_fds=(3,), cwd="/tmp")
     finally:
-        for target, fd in zip((3, 4), wanted):
-            os.close(target)
-            os.close(fd)
-        for target, fd in saved.items():
-            os.dup2(fd, target, inheritable=False)
-            os.close(fd)
+        os.close(3)
+        os.close(moved)
+        if saved is not None:
+            os.dup2(saved, 3, inheritable=False)
+            os.close(saved)
     return proc, parent
 
 
@@ -69,8 +57,8 @@ def bare():
     sock.close()
 
 
-def run_pass_cell(argv, extra=None):
-    proc, sock = spawn(argv, extra)
+def run_pass_cell(argv):
+    proc, sock = spawn(argv)
     harness.write_frame(sock, harness.start_frame("pass"))
     done = harness.read_frame(sock, harness.DEFAULT_MAX_FRAME)
     assert done["t"] == "done" and done["status"] == "ok", done
@@ -83,7 +71,7 @@ def shim():
 
 
 def precompiled():
-    run_pass_cell([PY, "-I", "-S", "-B", "-c", harness.LOADER], BLOB)
+    run_pass_cell([PY, "-I", "-S", "-B", "-c", harness.LOADER, harness.blob_path()])
 
 
 def main():

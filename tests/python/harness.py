@@ -28,8 +28,8 @@ with open(SHIM_PATH, encoding="utf-8") as _f:
 with open(LOADER_PATH, encoding="utf-8") as _f:
     LOADER = _f.read()
 
-# "source": python3 -c <shim>; "precompiled": python3 -c <loader> with the
-# shim's --precompile output on fd 4. The test suite runs in both modes.
+# "source": python3 -c <shim>; "precompiled": python3 -c <loader> PATH, PATH
+# holding the shim's --precompile output. The test suite runs in both modes.
 MODE = os.environ.get("CELLBOX_SHIM_MODE", "source")
 _blob = None
 
@@ -43,12 +43,24 @@ def precompiled_blob():
     return _blob
 
 
-def blob_fd():
-    """A memfd holding the precompiled shim, offset 0, for fd 4."""
-    fd = os.memfd_create("cellbox-shim", os.MFD_CLOEXEC)
-    os.write(fd, precompiled_blob())
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+def blob_path():
+    """A file holding the precompiled shim (made once per test process)."""
+    global _blob_path
+    if _blob_path is None:
+        fd, _blob_path = tempfile.mkstemp(prefix="cellbox-shim-", suffix=".marshal")
+        os.write(fd, precompiled_blob())
+        os.close(fd)
+    return _blob_path
+
+
+_blob_path = None
+
+
+def shim_argv():
+    """The interpreter command line, as the worker would exec it."""
+    if MODE == "precompiled":
+        return [PYTHON, "-I", "-S", "-B", "-c", LOADER, blob_path()]
+    return [PYTHON, "-I", "-S", "-B", "-c", SHIM]
 
 CAPABILITIES = [
     {"name": "answer", "params": ["value"]},
@@ -262,24 +274,17 @@ def spawn(cwd, address_space=None, nproc=None):
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
     child_fd = child.fileno()
-    blob = blob_fd() if MODE == "precompiled" else None
 
     def in_child():
-        # Move both sources out of the way first: either may sit on 3 or 4.
-        sock_fd = os.dup(child_fd)
-        blob_src = os.dup(blob) if blob is not None else None
-        os.dup2(sock_fd, 3)
-        if blob_src is not None:
-            os.dup2(blob_src, 4)
-        os.closerange(5 if blob is not None else 4, 1 << 16)
+        os.dup2(child_fd, 3)
+        os.closerange(4, 1 << 16)
         if address_space is not None:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         if nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
-    source = LOADER if MODE == "precompiled" else SHIM
     proc = subprocess.Popen(
-        [PYTHON, "-I", "-S", "-B", "-c", source],
+        shim_argv(),
         stdin=subprocess.DEVNULL,
         stdout=out,
         stderr=err,
@@ -289,8 +294,6 @@ def spawn(cwd, address_space=None, nproc=None):
         preexec_fn=in_child,
     )
     child.close()
-    if blob is not None:
-        os.close(blob)
     return proc, parent, out, err
 
 

@@ -5,8 +5,8 @@
 Each test spawns `/usr/bin/python3 -I -S -B -c <shim>` exactly as the worker
 does (empty environment, fd 3 = a socketpair) and plays the supervisor side
 of the protocol; see harness.py. The suite runs twice: with the shim's source
-on the command line, and precompiled (loader.py + the --precompile output on
-fd 4). `cargo test` runs this file too (tests/suite/python.rs).
+on the command line, and precompiled (loader.py + a file holding the
+--precompile output). `cargo test` runs this file too (tests/suite/python.rs).
 """
 
 import os
@@ -590,6 +590,20 @@ class ImportSet(unittest.TestCase):
         heavy = {"json", "re", "ast", "traceback", "linecache", "tokenize", "enum", "functools", "collections", "types", "os", "signal", "threading", "asyncio"}
         self.assertEqual(sorted(set(r.value) & heavy), [])
         self.assertIn("_json", r.value)
+
+    def test_loader_refuses_a_blob_from_another_python(self):
+        import marshal
+        import subprocess
+        import tempfile
+
+        version, shim, cold = marshal.loads(harness.precompiled_blob())
+        self.assertEqual(version, sys.hexversion)
+        with tempfile.NamedTemporaryFile(suffix=".marshal") as f:
+            f.write(marshal.dumps((version + 1, shim, cold)))
+            f.flush()
+            p = subprocess.run([harness.PYTHON, "-I", "-S", "-B", "-c", harness.LOADER, f.name], capture_output=True, env={})
+        self.assertEqual(p.returncode, 7)
+        self.assertIn(b"another Python version", p.stderr)
 
     def test_cold_part_is_ready_made_when_precompiled(self):
         r = run_cell("type(add.__globals__.get('_COLD_CODE')).__name__")

@@ -515,6 +515,7 @@ fn shim_protocol_suite() {
     );
     let root = env!("CARGO_MANIFEST_DIR");
     let out = std::process::Command::new(python)
+        .arg("-B")
         .arg(format!("{root}/tests/python/test_shim.py"))
         .env_clear()
         .current_dir(root)

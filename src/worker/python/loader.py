@@ -1,14 +1,13 @@
-# cellbox: start a Python cell from the precompiled shim (python3 -I -S -B -c <this>).
-# fd 4 holds, until EOF, marshal.dumps((shim code, cold code)) as printed by
-# `python3 -I -S -B -c <shim.py> --precompile` from this same interpreter.
-import marshal, posix
-_b = []
-while True:
-    _c = posix.read(4, 1 << 16)
-    if not _c:
-        break
-    _b.append(_c)
-posix.close(4)
-_shim, _COLD_CODE = marshal.loads(b"".join(_b))
-del _b, _c
+# cellbox: start a Python cell from the precompiled shim:
+#     python3 -I -S -B -c <this file> PATH
+# PATH holds marshal.dumps((sys.hexversion, shim code, cold code)), as printed
+# by `python3 -I -S -B -c <shim.py> --precompile` run by this same interpreter
+# (marshalled code is specific to one Python version, hence the check).
+import marshal, sys
+with open(sys.argv[1], "rb") as _f:
+    _version, _shim, _COLD_CODE = marshal.loads(_f.read())
+if _version != sys.hexversion:
+    sys.stderr.write("cellbox: the precompiled Python shim was made by another Python version\n")
+    raise SystemExit(7)
+del _f, _version
 exec(_shim)

@@ -900,7 +900,7 @@ if sys.argv[1:] == ["--precompile"] and "_COLD_CODE" not in _G:
     # code and the cold part's, marshalled, for loader.py.
     import marshal
 
-    _STDOUT.buffer.write(marshal.dumps((sys._getframe().f_code, compile(_COLD, "<cellbox shim>", "exec", 0, True))))
+    _STDOUT.buffer.write(marshal.dumps((sys.hexversion, sys._getframe().f_code, compile(_COLD, "<cellbox shim>", "exec", 0, True))))
     _STDOUT.flush()
 else:
     try:
