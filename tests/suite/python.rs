@@ -540,3 +540,26 @@ async fn default_config_runs_python() {
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, json!(3));
 }
+
+#[tokio::test]
+async fn carried_floats_and_ints_round_trip_exactly() {
+    let sup = supervisor();
+    let s = sup.session(config(&[])).unwrap();
+    let r = py_in(
+        &s,
+        "import random\nrandom.seed(7)\nxs = [random.random() * 10 ** random.randint(-300, 300) for _ in range(2000)] + [0.1 + 0.2, 5e-324, 1.7976931348623157e308, -0.0]\nints = [2**63 - 1, -2**63, 2**64 - 1]\nwant = [repr(x) for x in xs + ints]",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let r = py_in(
+        &s,
+        "got = [repr(x) for x in xs + ints]\n[i for i, (a, b) in enumerate(zip(want, got)) if a != b][:5]",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        json!([]),
+        "values changed on the way through the session"
+    );
+}
