@@ -578,6 +578,10 @@ class Hostile(unittest.TestCase):
         self.assertFalse(r.killed)
         self.assertEqual(r.returncode, 7)
 
+    def test_protocol_fd_is_not_inherited_by_exec(self):
+        r = run_cell("import os\nos.get_inheritable(3)")
+        self.assertIs(r.value, False, r)
+
     def test_stdout_closed_by_the_cell(self):
         r = run_cell("import sys\nprint('a')\nsys.stdout.close()\n7")
         self.assertEqual(r.status, "ok", r)

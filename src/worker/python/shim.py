@@ -571,6 +571,9 @@ def _cold(name):
 
 def _main():
     try:
+        # Only this process speaks on the channel: a program the cell might
+        # manage to exec does not inherit it.
+        posix.set_inheritable(_FD, False)
         start = _recv()
     except (_ProtocolError, OSError, ValueError) as e:
         _die("reading the start frame: %s" % e)
