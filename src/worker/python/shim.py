@@ -28,7 +28,10 @@ Start-up is paid by every cell, so the shim imports only modules that are
 built in or tiny C extensions (`_ast`, not `ast`; `_json`, not `json`,
 which drags in `re`), and the source compiled on every start is kept to
 what a successful cell needs: error formatting and the rarer paths live in
-the `_COLD` string below, compiled only when needed.
+the `_COLD` string below, compiled only when needed. Compiling this source
+is still most of the shim's start-up cost; `--precompile` (at the end of
+this file) prints the compiled shim so that loader.py can start a cell
+without compiling anything.
 
 The cell runs in this same interpreter and can always write to fd 3; the
 shim keeps no protocol object for it to pick up, and treats every object the
