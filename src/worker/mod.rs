@@ -43,7 +43,10 @@ pub fn dispatch() {
     }
     if mode.as_deref() == Some(std::ffi::OsStr::new(FORKSERVER_ARG)) {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
-            Ok(stream) => crate::sandbox::forkserver::serve(stream.into(), run_worker),
+            Ok(stream) => {
+                rhai::prewarm();
+                crate::sandbox::forkserver::serve(stream.into(), run_worker)
+            }
             Err(e) => {
                 eprintln!("cellbox fork server: {e}");
                 EXIT_PROTOCOL
