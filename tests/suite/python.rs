@@ -123,9 +123,16 @@ async fn network_connect_to_a_local_listener_fails_and_the_listener_sees_nothing
 
 #[tokio::test]
 async fn reading_secrets_and_writing_outside_scratch_fail() {
+    // Denied by Landlock or the dropped privileges (EACCES), or absent from
+    // the cell's own root (ENOENT): never read.
     let r = py("try:\n    open('/etc/shadow').read()\n    out = 'read'\nexcept OSError as e:\n    out = [type(e).__name__, e.errno]\nout").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
-    assert_eq!(r.value[0], json!("PermissionError"), "{:?}", r.value);
+    let errno = r.value[1].as_i64().unwrap_or(-1) as i32;
+    assert!(
+        [libc::EACCES, libc::EPERM, libc::ENOENT].contains(&errno),
+        "/etc/shadow: {:?}",
+        r.value
+    );
 
     let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("python-escape-{}", std::process::id()));
