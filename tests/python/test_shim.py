@@ -462,6 +462,7 @@ class Limits(unittest.TestCase):
         self.assertEqual(r.status, "limit_exceeded", r)
         self.assertEqual(r.done["limit"], "memory")
         self.assertEqual(r.error["type"], "MemoryError")
+        self.assertEqual(r.error["message"], "out of memory")
         self.assertEqual(r.vars, {})
 
     def test_gradual_memory_bomb_is_limit_exceeded(self):

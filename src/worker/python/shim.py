@@ -749,7 +749,9 @@ def _record_failure(out, exc):
         return
     else:
         out["status"] = "error"
-    out["error"] = _error_info(exc)
+    out["error"] = info = _error_info(exc)
+    if out["limit"] == "memory" and not info["message"]:
+        info["message"] = "out of memory"  # MemoryError() says nothing itself
 
 
 # ---- tracebacks: the cell's own lines, no frame of the shim
