@@ -7,6 +7,7 @@ src/protocol/messages.rs (unknown fields rejected, as serde's
 deny_unknown_fields does), and answers capability calls from a handler.
 """
 
+import atexit
 import json
 import os
 import resource
@@ -50,6 +51,7 @@ def blob_path():
         fd, _blob_path = tempfile.mkstemp(prefix="cellbox-shim-", suffix=".marshal")
         os.write(fd, precompiled_blob())
         os.close(fd)
+        atexit.register(os.remove, _blob_path)
     return _blob_path
 
 
