@@ -8,5 +8,3 @@ pub mod protocol;
 pub mod sandbox;
 pub mod supervisor;
 pub mod worker;
-
-
