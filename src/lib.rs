@@ -2,9 +2,12 @@
 //! time, reaching the outside only through capabilities the supervisor checks.
 //!
 
+pub mod bench;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]
 pub mod sandbox;
 pub mod supervisor;
 pub mod worker;
+
+pub use supervisor::*;

@@ -33,6 +33,9 @@ pub enum Grant {
     ReadWrite,
     /// A device node that may be written (`/dev/null`).
     DeviceReadWrite,
+    /// List directories beneath, read no file (the cell's own root, which
+    /// holds only what the view put there).
+    ListDirs,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +84,11 @@ pub fn rules(view: &FsView, tmp: bool, in_namespace: bool) -> Vec<Rule> {
         });
     }
     if in_namespace {
+        out.push(Rule {
+            path: "/".into(),
+            kind: Kind::Dir,
+            grant: Grant::ListDirs,
+        });
         if tmp {
             out.push(Rule {
                 path: "/tmp".into(),
@@ -108,6 +116,7 @@ pub fn access(rule: &Rule, abi: ABI) -> BitFlags<AccessFs> {
         Grant::Exec => read | AccessFs::Execute,
         Grant::ReadWrite => all & !(AccessFs::Execute | AccessFs::MakeChar | AccessFs::MakeBlock),
         Grant::DeviceReadWrite => AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
+        Grant::ListDirs => AccessFs::ReadDir.into(),
     };
     let rights = rights & all;
     match rule.kind {
@@ -244,8 +253,12 @@ mod tests {
             .map(|r| r.path.clone())
             .collect();
         assert_eq!(exec, vec![PathBuf::from("/usr/bin/true")]);
-        // Outside a namespace the host /tmp is not granted.
+        // Inside its namespace the cell may list its own (minimal) root.
+        let root = r.iter().find(|r| r.path == Path::new("/")).unwrap();
+        assert_eq!(access(root, ABI::V6), BitFlags::from(AccessFs::ReadDir));
+        // Outside a namespace neither the host root, nor /tmp is granted.
         let r = rules(&v, true, false);
+        assert!(!r.iter().any(|r| r.path == Path::new("/")));
         assert!(!r.iter().any(|r| r.path == Path::new("/tmp")));
         assert!(!r.iter().any(|r| r.path == Path::new("/etc/passwd")));
     }

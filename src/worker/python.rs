@@ -1,0 +1,41 @@
+//! Starting the Python backend (and arbitrary programs for `exec`): the last
+//! step of the worker is an `execve`.
+
+use super::channel::Channel;
+use std::os::fd::AsFd;
+
+/// The runtime shim, shipped inside the binary.
+pub const SHIM: &str = include_str!("python/shim.py");
+
+/// Replace this process with the interpreter running the shim. The protocol
+/// channel stays open on fd 3 for the shim. Returns only on failure.
+pub(crate) fn exec_shim(interpreter: &str) -> String {
+    // -I: isolated (no env vars, no user site, no cwd on sys.path);
+    // -S: no site module; -B: write no .pyc files.
+    let argv: Vec<String> = [interpreter, "-I", "-S", "-B", "-c", SHIM]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    // Through the sandbox's exec gate: under `seccomp.exec = "once"` no
+    // other execve is accepted.
+    crate::sandbox::exec(&argv, &[]).to_string()
+}
+
+/// Replace this process with `argv` (the protocol channel is closed at exec:
+/// a program run by `exec` speaks no protocol). Returns only on failure.
+pub(crate) fn exec_program(chan: Channel, argv: &[String]) -> String {
+    let stream = chan.into_stream();
+    if let Err(e) = nix::fcntl::fcntl(
+        stream.as_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    ) {
+        return format!("failed to close the protocol channel: {e}");
+    }
+    if argv.is_empty() {
+        return "no program given".into();
+    }
+    // Keep the stream (and so fd 3) alive until exec closes it.
+    let err = crate::sandbox::exec(argv, &[]);
+    drop(stream);
+    err.to_string()
+}
