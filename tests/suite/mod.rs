@@ -1,3 +1,4 @@
 mod cli;
 pub mod common;
+mod isolation;
 mod rhai;

@@ -397,4 +397,64 @@ mod tests {
         assert_eq!(how, Outcome::Exited(0), "{out}");
         assert_eq!(out, "rc=126", "the second exec must be refused");
     }
+
+    fn denied(plan: &SandboxPlan) -> Vec<(String, i64)> {
+        plan.seccomp
+            .deny
+            .iter()
+            .flat_map(|g| g.syscalls.iter())
+            .filter_map(|s| crate::sandbox::syscalls::number(s).map(|nr| (s.clone(), nr)))
+            .collect()
+    }
+
+    /// Rhai cells cannot exec a probe, so the Rhai profile's denials are
+    /// walked in-process, after the real `enter`.
+    #[test]
+    fn rhai_denied_syscalls_fail_with_eperm() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan("rhai", dir.path());
+        let calls = denied(&plan);
+        assert!(calls.len() > 60, "only {} denied syscalls", calls.len());
+        let walk = calls.clone();
+        let (out, how) = in_worker_child(move || {
+            enter(&plan).map_err(|e| e.to_string())?;
+            let mut lines = Vec::new();
+            for (name, nr) in walk {
+                // SAFETY: every call here is denied by the filter before
+                // the kernel looks at the (zero) arguments.
+                let rc = unsafe { libc::syscall(nr, 0, 0, 0, 0, 0, 0) };
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                lines.push(format!("{name} {rc} {errno}"));
+            }
+            Ok(lines.join("\n"))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        let out = out.strip_prefix('O').unwrap_or_else(|| panic!("{out}"));
+        assert_eq!(out.lines().count(), calls.len());
+        for line in out.lines() {
+            assert!(line.ends_with(" -1 1"), "not denied with EPERM: {line}");
+        }
+    }
+
+    /// With every deny group set to `kill`, each call ends the cell with
+    /// SIGSYS: the filter, not the kernel's own checks, stopped it.
+    #[test]
+    fn rhai_denied_syscalls_are_caught_by_the_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut plan = plan("rhai", dir.path());
+        for g in &mut plan.seccomp.deny {
+            g.syscalls.retain(|s| s != "socket");
+            g.action = crate::profiles::DenyAction::Kill;
+        }
+        for (name, nr) in denied(&plan) {
+            let plan = plan.clone();
+            let (out, how) = in_worker_child(move || {
+                enter(&plan).map_err(|e| e.to_string())?;
+                // SAFETY: as above; the filter kills before the kernel runs it.
+                let rc = unsafe { libc::syscall(nr, 0, 0, 0, 0, 0, 0) };
+                Ok(format!("survived with {rc}"))
+            });
+            assert_eq!(how, Outcome::Signaled(libc::SIGSYS), "{name}: {out}");
+        }
+    }
 }
