@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 pub mod doctor;
+pub mod forkserver;
 pub mod process;
 pub mod spawn;
 pub mod syscalls;
