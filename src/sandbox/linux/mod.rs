@@ -457,4 +457,43 @@ mod tests {
             assert_eq!(how, Outcome::Signaled(libc::SIGSYS), "{name}: {out}");
         }
     }
+
+    /// cellbox run by an unprivileged user: the cell keeps that uid, mapped
+    /// to itself in a user namespace, and still gets every layer.
+    #[test]
+    fn unprivileged_caller_gets_every_layer() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test starts as root to become an unprivileged user"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = dir.path().canonicalize().unwrap();
+        std::os::unix::fs::chown(&scratch, Some(1000), Some(1000)).unwrap();
+        let plan = plan("shell", &scratch);
+        let (out, how) = in_worker_child(move || {
+            let id = nix::unistd::Uid::from_raw(1000);
+            let gid = nix::unistd::Gid::from_raw(1000);
+            nix::unistd::setgroups(&[]).map_err(|e| e.to_string())?;
+            nix::unistd::setresgid(gid, gid, gid).map_err(|e| e.to_string())?;
+            nix::unistd::setresuid(id, id, id).map_err(|e| e.to_string())?;
+            let report = enter(&plan).map_err(|e| e.to_string())?;
+            let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+            let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| e.to_string())?;
+            Ok(format!(
+                "uid={} seccomp={} capeff={} ns={} layers={} cell_in_passwd={}",
+                status_field(&status, "Uid"),
+                status_field(&status, "Seccomp"),
+                status_field(&status, "CapEff"),
+                report.namespaces.join(","),
+                report.layers.iter().filter(|l| l.applied).count(),
+                passwd.contains("cell:x:1000:1000:")
+            ))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        assert_eq!(
+            out,
+            "Ouid=1000\t1000\t1000\t1000 seccomp=2 capeff=0000000000000000 \
+             ns=user,mount,pid,net,ipc,uts layers=6 cell_in_passwd=true"
+        );
+    }
 }

@@ -102,6 +102,12 @@ pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
     let all: Vec<&'static str> = ALL.iter().map(|(n, _)| *n).collect();
     let without_user: Vec<&'static str> = all.iter().copied().filter(|n| *n != "user").collect();
     let (parent_end, child_end) = UnixStream::pair().map_err(NamespaceError::Socket)?;
+    if !ids.root {
+        // The unprivileged worker writes its child's maps, which needs the
+        // child's /proc files to be owned by it, not by root.
+        sys::set_dumpable()
+            .map_err(|e| NamespaceError::Setup(format!("failed to set dumpable: {e}")))?;
+    }
 
     let mut attempts = vec![all];
     if ids.root {

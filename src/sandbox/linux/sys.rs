@@ -71,11 +71,12 @@ pub fn no_new_privs() -> io::Result<bool> {
     check_int(unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) }).map(|v| v == 1)
 }
 
-/// `prctl(PR_SET_DUMPABLE, 0)`: /proc/<pid> of this process becomes
-/// root-owned and ptrace by the same uid is refused, until the next execve.
-pub fn set_not_dumpable() -> io::Result<()> {
+/// `prctl(PR_SET_DUMPABLE, 1)`: /proc/<pid> of this process (and of a child
+/// forked from it) is owned by its uid again, as after a plain execve. A uid
+/// change clears it, and then the child's /proc files are root-owned.
+pub fn set_dumpable() -> io::Result<()> {
     // SAFETY: integer-only prctl.
-    check_int(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(|_| ())
+    check_int(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }).map(|_| ())
 }
 
 /// Drop every capability from the bounding set. Stops at the first index the
