@@ -98,7 +98,14 @@ pub async fn cells(
 
 /// The whole report.
 pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
-    let sup = Supervisor::builder().build().map_err(|e| e.to_string())?;
+    let cold = Supervisor::builder()
+        .warm(false)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let warm = Supervisor::builder()
+        .warm(true)
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut out = String::new();
     let base = baseline_spawn(&["/bin/true"], n)?;
     let _ = writeln!(
@@ -108,6 +115,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         ms(base.p99),
         base.per_sec
     );
+    out.push_str(&sandbox_cost(n, &cold).await?);
     for lang in langs {
         let language: Language = lang.parse().map_err(|e: crate::Error| e.to_string())?;
         let code = match language {
@@ -116,7 +124,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             Language::Shell => "true",
         };
         if language == Language::Python {
-            if let Ok(py) = sup.python() {
+            if let Ok(py) = cold.python() {
                 let exe = py.executable.to_string_lossy().into_owned();
                 let b = baseline_spawn(&[&exe, "-I", "-S", "-c", "pass"], n)?;
                 let _ = writeln!(
@@ -128,15 +136,91 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 );
             }
         }
-        for conc in [1usize, 2] {
-            let f = cells(&sup, language, code, n, conc).await?;
-            let _ = writeln!(
+        for (mode, sup) in [("spawn", &cold), ("warm ", &warm)] {
+            for conc in [1usize, 2] {
+                let f = cells(sup, language, code, n, conc).await?;
+                let _ = writeln!(
                 out,
-                "{lang:6} cell, concurrency {conc}        p50 {}  p99 {}  {:.0} cells/s  (p50 = {:.2}x /bin/true)",
+                "{lang:6} cell, {mode}, concurrency {conc}  p50 {}  p99 {}  {:.0} cells/s  (p50 = {:.2}x /bin/true)",
                 ms(f.p50),
                 ms(f.p99),
                 f.per_sec,
                 f.p50.as_secs_f64() / base.p50.as_secs_f64().max(1e-9)
+            );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The OS layers' own cost: the same trivial cell with and without them, and
+/// `cellbox exec -- /bin/true` beside bubblewrap doing the same, in this run.
+async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, String> {
+    use crate::profiles::{LayerMode, Profile};
+    let mut out = String::new();
+    // Without: every optional layer off. Privileges stay: a cell never runs
+    // as root, and hygiene is always applied.
+    let mut bare = Profile::load("rhai").map_err(|e| e.to_string())?;
+    bare.layers.namespaces = LayerMode::Off;
+    bare.layers.rlimits = LayerMode::Off;
+    bare.layers.landlock = LayerMode::Off;
+    bare.layers.seccomp = LayerMode::Off;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("rhai-no-layers.toml");
+    let text = toml::to_string(&bare).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+    let without = Supervisor::builder()
+        .warm(false)
+        .profile(Language::Rhai, path.to_string_lossy().into_owned())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let on = cells(with_layers, Language::Rhai, "40 + 2", n, 1).await?;
+    let off = cells(&without, Language::Rhai, "40 + 2", n, 1).await?;
+    let _ = writeln!(
+        out,
+        "rhai cell, spawn, OS layers off   p50 {}  p99 {}",
+        ms(off.p50),
+        ms(off.p99)
+    );
+    let _ = writeln!(
+        out,
+        "rhai cell, spawn, OS layers on    p50 {}  p99 {}  (p50 = {:.2}x layers off)",
+        ms(on.p50),
+        ms(on.p99),
+        on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
+    );
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = exe.to_string_lossy().into_owned();
+    let exec = baseline_spawn(&[&exe, "exec", "--", "/bin/true"], n)?;
+    let _ = writeln!(
+        out,
+        "cellbox exec -- /bin/true         p50 {}  p99 {}",
+        ms(exec.p50),
+        ms(exec.p99)
+    );
+    let bwrap = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "/bin/true",
+    ];
+    match baseline_spawn(&bwrap, n) {
+        Ok(b) => {
+            let _ = writeln!(
+                out,
+                "bwrap --unshare-all ... /bin/true p50 {}  p99 {}  (cellbox exec p50 = {:.2}x bwrap)",
+                ms(b.p50),
+                ms(b.p99),
+                exec.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "bwrap baseline unavailable ({e}); .ci/bench installs bubblewrap"
             );
         }
     }

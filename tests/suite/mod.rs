@@ -1,4 +1,6 @@
 mod cli;
 pub mod common;
+mod isolation;
 mod mcp;
+mod python;
 mod rhai;
