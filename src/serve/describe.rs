@@ -6,6 +6,7 @@
 //! network namespace, the description says the network is not isolated.
 
 use super::config::Settings;
+use crate::profiles::{PathAccess, Profile};
 use crate::sandbox::SandboxReport;
 use crate::{CellRequest, Language, PythonInfo, Status, Supervisor};
 use serde_json::Value;
@@ -107,12 +108,55 @@ fn language_line(language: Language, python: &Result<PythonInfo, String>) -> Str
     }
 }
 
-/// What the sandbox a probe got means for a cell, in plain words.
-fn sandbox_lines(observed: Option<&Observed>) -> Vec<String> {
-    let Some(o) = observed else {
-        return vec!["sandbox not checked yet".into()];
-    };
+/// The host paths a profile shows a cell, grouped by access, skipping
+/// optional paths this host does not have.
+fn paths_text(profile: &Profile, language: Language) -> String {
+    let mut read = Vec::new();
+    let mut exec = Vec::new();
+    let mut write = Vec::new();
+    for rule in &profile.filesystem.paths {
+        if rule.optional && std::fs::symlink_metadata(&rule.path).is_err() {
+            continue;
+        }
+        let shown = rule.path.display().to_string();
+        match rule.access {
+            PathAccess::Read => read.push(shown),
+            PathAccess::Exec => exec.push(shown),
+            PathAccess::ReadWrite => write.push(shown),
+        }
+    }
+    if language == Language::Python {
+        read.push("the interpreter's installation prefix".into());
+    }
+    let mut parts = vec!["the working directory (read-write)".to_owned()];
+    if !read.is_empty() {
+        parts.push(format!("read-only: {}", read.join(", ")));
+    }
+    if !exec.is_empty() {
+        parts.push(format!("executable: {}", exec.join(", ")));
+    }
+    if !write.is_empty() {
+        parts.push(format!("read-write: {}", write.join(", ")));
+    }
+    parts.join("; ")
+}
+
+/// What the profile asks for and the sandbox a probe got mean for a cell, in
+/// plain words. Claims about isolation come from the probe's report (what
+/// was applied on this host), not from the profile alone.
+fn sandbox_lines(
+    observed: Option<&Observed>,
+    profile: Option<&Profile>,
+    language: Language,
+) -> Vec<String> {
     let mut lines = Vec::new();
+    if let Some(p) = profile {
+        lines.push(format!("profile {:?}: {}", p.name, p.description));
+    }
+    let Some(o) = observed else {
+        lines.push("sandbox not checked yet".into());
+        return lines;
+    };
     match &o.sandbox {
         None => lines.push("sandbox report unavailable".into()),
         Some(r) => {
@@ -123,17 +167,16 @@ fn sandbox_lines(observed: Option<&Observed>) -> Vec<String> {
                 .map(|l| l.name.as_str())
                 .collect();
             let has = |name: &str| applied.contains(&name);
+            let ns = |name: &str| r.namespaces.iter().any(|n| n == name);
             lines.push(format!(
-                "profile {:?}, layers applied: {}",
-                r.profile,
+                "layers applied on this host: {}",
                 if applied.is_empty() {
                     "none".to_owned()
                 } else {
                     applied.join(", ")
                 }
             ));
-            let net = r.namespaces.iter().any(|n| n == "net");
-            if net {
+            if ns("net") {
                 lines.push(
                     "network: none (own network namespace without interfaces; nothing outside \
                      the cell can be reached)"
@@ -144,20 +187,28 @@ fn sandbox_lines(observed: Option<&Observed>) -> Vec<String> {
             } else {
                 lines.push("network: NOT isolated on this host".into());
             }
-            if has("landlock") {
-                lines.push(
+            match (has("landlock"), profile) {
+                (true, Some(p)) => {
+                    lines.push(format!("files: only {}", paths_text(p, language)));
+                    if ns("mount") && p.filesystem.tmp_bytes > 0 {
+                        lines.push(format!(
+                            "/tmp: private to the call, {}",
+                            bytes(p.filesystem.tmp_bytes)
+                        ));
+                    }
+                }
+                (true, None) => lines.push(
                     "files: only the paths the profile grants are visible; the working \
                      directory is the only writable place"
                         .into(),
-                );
-            } else {
-                lines.push(
+                ),
+                (false, _) => lines.push(
                     "files: not restricted by Landlock on this host; the working directory is \
                      the cell's scratch directory"
                         .into(),
-                );
+                ),
             }
-            if r.namespaces.iter().any(|n| n == "pid") {
+            if ns("pid") {
                 lines.push(
                     "processes: the cell sees only its own processes, and none outlive the call"
                         .into(),
@@ -177,6 +228,8 @@ pub struct Facts<'a> {
     /// Allowed capabilities: (name, description, parameter names).
     pub capabilities: Vec<(String, String, Vec<String>)>,
     pub python: Result<PythonInfo, String>,
+    /// The sandbox profile of each enabled language.
+    pub profiles: BTreeMap<Language, Profile>,
     pub observed: Option<&'a Observations>,
 }
 
@@ -204,10 +257,18 @@ impl Facts<'_> {
         } else {
             Err("python is not enabled".into())
         };
+        // Settings validation loaded every profile once already.
+        let profiles = settings
+            .profiles
+            .iter()
+            .filter(|(l, _)| settings.languages.contains(l))
+            .filter_map(|(l, name)| Some((*l, Profile::load(name).ok()?)))
+            .collect();
         Facts {
             settings,
             capabilities,
             python,
+            profiles,
             observed,
         }
     }
@@ -299,7 +360,8 @@ impl Facts<'_> {
         );
         for &lang in &self.settings.languages {
             let _ = write!(s, "\n- {}", language_line(lang, &self.python));
-            for line in sandbox_lines(self.observed.and_then(|o| o.get(&lang))) {
+            let observed = self.observed.and_then(|o| o.get(&lang));
+            for line in sandbox_lines(observed, self.profiles.get(&lang), lang) {
                 let _ = write!(s, "\n  {line}");
             }
         }
@@ -398,7 +460,9 @@ mod tests {
             "at most 5 sessions",
             "emit(event)",
             "network: none",
-            "layers applied: hygiene, landlock",
+            "layers applied on this host: hygiene, landlock",
+            "profile \"rhai\": Rhai scripts",
+            "files: only the working directory (read-write)",
             "only its own processes",
         ] {
             assert!(d.contains(needle), "missing {needle:?} in:\n{d}");

@@ -59,6 +59,8 @@ struct State {
     gate: Gate,
     shutdown: CancellationToken,
     observed: tokio::sync::OnceCell<Observations>,
+    /// The tool list, built once the probe is done.
+    tools: tokio::sync::OnceCell<Vec<Tool>>,
 }
 
 /// The MCP server: cheap to clone, every clone shares one state.
@@ -137,6 +139,7 @@ impl CellboxServer {
                 gate,
                 shutdown,
                 observed: tokio::sync::OnceCell::new(),
+                tools: tokio::sync::OnceCell::new(),
             }),
         }
     }
@@ -154,6 +157,17 @@ impl CellboxServer {
         let st = &self.state;
         st.observed
             .get_or_init(|| describe::probe(&st.sup, &st.settings))
+            .await
+    }
+
+    /// The tools, with descriptions that include the probe's findings.
+    pub async fn list(&self) -> &[Tool] {
+        self.state
+            .tools
+            .get_or_init(|| async {
+                let observed = self.observations().await;
+                self.tools(Some(observed))
+            })
             .await
     }
 
@@ -465,14 +479,17 @@ impl ServerHandler for CellboxServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let observed = self.observations().await;
-        Ok(ListToolsResult::with_all_items(self.tools(Some(observed))))
+        Ok(ListToolsResult::with_all_items(self.list().await.to_vec()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools(self.state.observed.get())
-            .into_iter()
-            .find(|t| t.name == name)
+        match self.state.tools.get() {
+            Some(tools) => tools.iter().find(|t| t.name == name).cloned(),
+            None => self
+                .tools(self.state.observed.get())
+                .into_iter()
+                .find(|t| t.name == name),
+        }
     }
 
     async fn call_tool(

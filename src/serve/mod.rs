@@ -334,7 +334,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         let shutdown = shutdown.clone();
         async move {
             tokio::select! {
-                _ = server.observations() => {}
+                _ = server.list() => {}
                 _ = shutdown.cancelled() => {}
             }
         }

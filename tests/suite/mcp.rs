@@ -280,6 +280,8 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
         "emit(event)",
         "At most 3 cells run at once",
         "What persists",
+        "profile \"python\":",
+        "layers applied on this host:",
         "network:",
     ] {
         assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
