@@ -303,6 +303,13 @@ impl CellboxServer {
             }
         };
 
+        let timeout_s = st
+            .settings
+            .session
+            .limits
+            .tighten(&request.limits)
+            .timeout_ms as f64
+            / 1000.0;
         let running = AtomicBool::new(false);
         let closed = lease.as_ref().map(|l| l.closed.clone()).unwrap_or_default();
         let work = async {
@@ -319,7 +326,6 @@ impl CellboxServer {
             }
         };
         let progress_token = ctx.meta.get_progress_token();
-        let timeout_s = st.settings.session.limits.timeout_ms as f64 / 1000.0;
         let started = Instant::now();
         let mut ticks = tokio::time::interval_at(
             tokio::time::Instant::now() + st.settings.progress_interval,

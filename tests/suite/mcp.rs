@@ -466,6 +466,40 @@ async fn sessions_keep_variables_between_calls() {
 }
 
 #[tokio::test]
+async fn closing_a_session_kills_its_running_cell() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let created = call(&s.client, "create_session", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    let peer = s.client.peer().clone();
+    let sid = id.clone();
+    let pending = tokio::spawn(async move {
+        peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(
+            json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600, "session_id": sid}),
+        )))
+        .await
+    });
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    let listed = call(&s.client, "list_sessions", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    assert_eq!(listed["sessions"][0]["busy"], true, "{listed:#}");
+    let closed = call(&s.client, "close_session", json!({"session_id": id})).await;
+    assert_eq!(closed.is_error, Some(false));
+    let r = within("the running call", pending).await.unwrap().unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let r = r.structured_content.unwrap();
+    assert_eq!(r["status"], "killed", "{r:#}");
+    wait_gone(&workers, "after close_session").await;
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
 async fn sessions_expire_when_idle() {
     let s = stdio_server(&["--session-idle-expiry", "1"]).await;
     let created = call(&s.client, "create_session", json!({}))
