@@ -175,6 +175,15 @@ impl CellboxServer {
         let st = &self.state;
         let facts = Facts::new(&st.sup, &st.settings, observed);
         let limits = &st.settings.session.limits;
+        // Closed world only when every language's probe got its own network
+        // namespace and no capability is allowed to reach out for it.
+        let isolated = observed.is_some_and(|o| {
+            st.settings.languages.iter().all(|l| {
+                o.get(l)
+                    .and_then(|ob| ob.sandbox.as_ref())
+                    .is_some_and(|r| r.namespaces.iter().any(|n| n == "net"))
+            })
+        }) && st.settings.session.policy.allow.is_empty();
         let exec = Tool::new(
             "execute_code",
             facts.execute_code(),
@@ -189,9 +198,8 @@ impl CellboxServer {
         .with_annotations(
             ToolAnnotations::with_title("Run code in a sandbox")
                 .read_only(false)
-                .destructive(false)
                 .idempotent(false)
-                .open_world(false),
+                .open_world(!isolated),
         );
         let session_tool = |name: &'static str, desc: String, input: JsonObject, output| {
             Tool::new(name, desc, input)

@@ -288,6 +288,10 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
     }
     // Only what the policy allows is described.
     assert!(!d.contains("answer("), "{d}");
+    // An allowed capability may reach out, so the world is not closed.
+    let hints = exec_tool.annotations.as_ref().unwrap();
+    assert_eq!(hints.open_world_hint, Some(true));
+    assert_eq!(hints.read_only_hint, Some(false));
     let langs = &exec_tool.input_schema["properties"]["language"]["enum"];
     assert_eq!(langs, &json!(["python", "rhai", "shell"]));
     let required = &exec_tool.input_schema["required"];
