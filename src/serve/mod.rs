@@ -180,13 +180,16 @@ fn children() -> Vec<i32> {
 /// cell of theirs with them; a dropped cell's own worker is killed at once
 /// and reaped on a helper thread.
 async fn drain(gate: &gate::Gate) {
-    let deadline = Instant::now() + DRAIN;
+    let t0 = Instant::now();
+    let deadline = t0 + DRAIN;
     while gate.admitted() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tracing::debug!("calls drained after {:?}", t0.elapsed());
     while !children().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tracing::debug!("children gone after {:?}", t0.elapsed());
     let left = gate.admitted();
     if left > 0 {
         tracing::warn!("{left} calls were still in flight at exit");
@@ -345,6 +348,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         Transport::Stdio => serve_stdio(server.clone(), shutdown.clone()).await,
         Transport::Http { .. } => serve_http(server.clone(), &settings, shutdown.clone()).await,
     };
+    tracing::debug!("transport closed; shutting down");
     shutdown.cancel();
     server.sessions().close_all();
     let gate = server.gate().clone();
