@@ -761,25 +761,40 @@ async fn calls_past_the_queue_limit_are_refused() {
     let tools = tools(&s.client).await;
     let v = output_validator(&tools);
     let baseline = descendants(s.pid);
-    let mut handles = Vec::new();
-    for _ in 0..2 {
+    let send_loop = || {
         let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
             json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
         ));
-        handles.push(
-            within(
-                "send",
-                s.client.send_cancellable_request(
-                    ClientRequest::CallToolRequest(Request::new(params)),
-                    PeerRequestOptions::no_options(),
-                ),
-            )
-            .await
-            .unwrap(),
-        );
-    }
-    // One runs, one waits; the third is refused.
+        within(
+            "send",
+            s.client.send_cancellable_request(
+                ClientRequest::CallToolRequest(Request::new(params)),
+                PeerRequestOptions::no_options(),
+            ),
+        )
+    };
+    // One runs...
+    let running = send_loop().await.unwrap();
     let workers = wait_for_workers(s.pid, &baseline).await;
+    // ...one waits (its progress says so: it was let in)...
+    let waiting = send_loop().await.unwrap();
+    let token = waiting.progress_token.clone();
+    let t0 = Instant::now();
+    loop {
+        let seen = s.recorder.progress.lock().unwrap().iter().any(|p| {
+            p.progress_token == token
+                && p.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("waiting for a free slot"))
+        });
+        if seen {
+            break;
+        }
+        assert!(t0.elapsed() < PATIENCE, "the second call never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let handles = [running, waiting];
+    // ...and the third is refused.
     let (r, e, text) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
     assert!(e, "{r:#}");
     assert_eq!(r["status"], "limit_exceeded");
