@@ -1,0 +1,14 @@
+# attack: sh_mknod
+# category: filesystem
+# attempts: mknod a character device and a block device in scratch
+# expect: Operation not permitted
+# control: no
+# canaries: none
+n=0
+mknod cnode c 1 3 2>/dev/null && n=$((n+1))
+mknod bnode b 7 0 2>/dev/null && n=$((n+1))
+if [ "$n" -gt 0 ]; then
+    echo "ATTACK-RESULT: escaped $n device nodes created"
+else
+    echo "ATTACK-RESULT: blocked mknod failed"
+fi

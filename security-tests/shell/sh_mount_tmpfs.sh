@@ -1,0 +1,15 @@
+# attack: sh_mount_tmpfs
+# category: process
+# attempts: mount a tmpfs and a bind of / inside scratch (unmounting again if it worked)
+# expect: mount fails (EPERM; mount is setuid-root, but no_new_privs strips that)
+# control: no
+# canaries: none
+mkdir -p m b
+n=0
+if mount -t tmpfs -o size=1m none m 2>/dev/null; then n=$((n+1)); umount m; fi
+if mount --bind / b 2>/dev/null; then n=$((n+1)); umount b; fi
+if [ "$n" -gt 0 ]; then
+    echo "ATTACK-RESULT: escaped $n mounts succeeded"
+else
+    echo "ATTACK-RESULT: blocked mount failed"
+fi

@@ -1,0 +1,11 @@
+# attack: sh_nsenter_supervisor
+# category: process
+# attempts: nsenter into the supervisor's mount and network namespaces
+# expect: fails: no such process (PID namespace), permission denied, or setns EPERM
+# control: yes
+# canaries: none
+if nsenter -t {{SUPERVISOR_PID}} -m -n true 2>/dev/null; then
+    echo "ATTACK-RESULT: escaped entered the supervisor's namespaces"
+else
+    echo "ATTACK-RESULT: blocked nsenter failed"
+fi

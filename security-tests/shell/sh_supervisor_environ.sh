@@ -1,0 +1,13 @@
+# attack: sh_supervisor_environ
+# category: filesystem
+# attempts: read the supervisor's /proc/<pid>/environ and /proc/<pid>/cmdline with cat
+# expect: No such file (PID namespace) or Permission denied; API_KEY never appears
+# control: yes
+# canaries: none
+if tr '\0' '\n' < /proc/{{SUPERVISOR_PID}}/environ 2>/dev/null | grep .; then
+    tr '\0' ' ' < /proc/{{SUPERVISOR_PID}}/cmdline 2>/dev/null
+    echo
+    echo "ATTACK-RESULT: escaped read the supervisor environment"
+else
+    echo "ATTACK-RESULT: blocked supervisor environ unreadable"
+fi
