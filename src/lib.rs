@@ -2,6 +2,7 @@
 //! time, reaching the outside only through capabilities the supervisor checks.
 //!
 
+pub mod bench;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]
@@ -9,4 +10,4 @@ pub mod sandbox;
 pub mod supervisor;
 pub mod worker;
 
-
+pub use supervisor::*;

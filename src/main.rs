@@ -1,1 +1,579 @@
-fn main(){}
+//! The cellbox command line. Parsing and printing only; the work is in the
+//! library.
+
+use cellbox::{
+    CellRequest, CellResult, EventSink, Language, Policy, Session, SessionConfig, Status,
+    Supervisor,
+};
+use clap::{Args, Parser, Subcommand};
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const EXIT_USAGE: u8 = 2;
+const EXIT_INTERNAL: u8 = 7;
+
+#[derive(Parser)]
+#[command(
+    name = "cellbox",
+    version,
+    about = "Run untrusted code in a sandboxed cell",
+    long_about = "Run untrusted Rhai, Python or shell code in a sandboxed worker process.\n\
+                  Exit codes: 0 ok, 1 the script raised, 2 usage/config error, 3 timeout,\n\
+                  4 limit exceeded or killed, 5 policy denied, 6 sandbox could not be applied,\n\
+                  7 internal/protocol error."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct CellOpts {
+    /// Language of the code: rhai, python or shell (default: from the file
+    /// extension, else rhai).
+    #[arg(long = "lang", short = 'l')]
+    lang: Option<String>,
+    /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Allow a capability by name (repeatable); everything else is denied.
+    #[arg(long = "allow", value_name = "CAP")]
+    allow: Vec<String>,
+    /// Wall-clock limit in seconds.
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+    /// Bytes of stdout (and of stderr) kept; the rest is cut from the middle.
+    #[arg(long = "max-output", value_name = "BYTES")]
+    max_output: Option<usize>,
+    /// Rhai: operations before the engine stops the script (0 = no limit).
+    #[arg(long = "max-operations", value_name = "N")]
+    max_operations: Option<u64>,
+    /// Memory limit in bytes.
+    #[arg(long = "memory", value_name = "BYTES")]
+    memory: Option<u64>,
+    /// Append run events (JSON lines) to this file.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+    /// Python interpreter to use (default: the real python3 found on PATH).
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one cell from a file or stdin (`-`).
+    Run {
+        #[command(flatten)]
+        opts: CellOpts,
+        /// Print the whole result as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// The script file, or `-` for stdin.
+        file: String,
+    },
+    /// An interactive session (type :help).
+    Repl {
+        #[command(flatten)]
+        opts: CellOpts,
+    },
+    /// Run any program under the sandbox (default profile: shell).
+    Exec {
+        #[command(flatten)]
+        opts: CellOpts,
+        /// Print the result as JSON instead of passing output through.
+        #[arg(long)]
+        json: bool,
+        /// The program and its arguments.
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        argv: Vec<String>,
+    },
+    /// Measure cell latency and throughput against a baseline.
+    Bench {
+        /// Cells per measurement.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        /// Languages to measure.
+        #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
+        langs: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    // A worker must branch off before any thread or runtime exists.
+    cellbox::worker::dispatch();
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellbox: failed to start the runtime: {e}");
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    };
+    rt.block_on(async move {
+        match cli.command {
+            Command::Run { opts, json, file } => cmd_run(opts, json, &file).await,
+            Command::Repl { opts } => cmd_repl(opts).await,
+            Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
+            Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
+        }
+    })
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("cellbox: {msg}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn build_supervisor(opts: &CellOpts) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder();
+    if let Some(p) = &opts.python {
+        b = b.python(p);
+    }
+    if let Some(path) = &opts.events {
+        let sink = EventSink::to_file(path)
+            .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
+        b = b.events(sink);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
+    let mut policy = Policy::deny_all();
+    for a in &opts.allow {
+        for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !ok {
+                return Err(format!("--allow {name:?}: not a capability name"));
+            }
+            policy.allow.insert(name.to_owned());
+        }
+    }
+    let mut config = SessionConfig {
+        policy,
+        ..SessionConfig::default()
+    };
+    if let Some(t) = opts.timeout {
+        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+            return Err(format!("--timeout {t}: give seconds between 0 and 86400"));
+        }
+        config.limits.timeout_ms = (t * 1000.0).ceil() as u64;
+    }
+    if let Some(m) = opts.max_output {
+        config.limits.max_output_bytes = m;
+    }
+    if let Some(n) = opts.max_operations {
+        config.limits.max_operations = n;
+    }
+    if let Some(m) = opts.memory {
+        config.limits.memory_bytes = m;
+    }
+    config.profile = opts.profile.clone();
+    Ok(config)
+}
+
+fn pick_language(opts: &CellOpts, file: Option<&Path>) -> Result<Language, String> {
+    if let Some(l) = &opts.lang {
+        return l.parse().map_err(|e: cellbox::Error| e.to_string());
+    }
+    match file {
+        Some(f) => Language::from_path(f).ok_or_else(|| {
+            format!(
+                "cannot tell the language of {} from its extension; pass --lang rhai|python|shell",
+                f.display()
+            )
+        }),
+        None => Ok(Language::Rhai),
+    }
+}
+
+fn read_source(file: &str, max: usize) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    let limit = (max as u64).saturating_add(1);
+    let res = if file == "-" {
+        std::io::stdin().take(limit).read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(file)
+            .map_err(|e| format!("cannot open {file}: {e}"))?
+            .take(limit)
+            .read_to_end(&mut bytes)
+    };
+    res.map_err(|e| format!("cannot read {file}: {e}"))?;
+    if bytes.len() > max {
+        return Err(format!(
+            "{file} is larger than the script limit of {max} bytes (max_script_bytes)"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "{file} is not valid UTF-8 (first bad byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+fn print_result(r: &CellResult) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(r.stdout.as_bytes());
+    if !r.stdout.is_empty() && !r.stdout.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
+    if !r.value.is_null() {
+        let _ = writeln!(out, "{}", r.value);
+    }
+    let _ = out.flush();
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(r.stderr.as_bytes());
+    if let Some(t) = &r.truncated.stdout {
+        let _ = writeln!(
+            err,
+            "cellbox: stdout truncated: {} bytes in total, kept the first {} and the last {}",
+            t.total_bytes, t.kept_head, t.kept_tail
+        );
+    }
+    if let Some(t) = &r.truncated.stderr {
+        let _ = writeln!(
+            err,
+            "cellbox: stderr truncated: {} bytes in total, kept the first {} and the last {}",
+            t.total_bytes, t.kept_head, t.kept_tail
+        );
+    }
+    if let Some(e) = &r.error {
+        if let Some(tb) = &e.traceback {
+            let _ = writeln!(err, "{}", tb.trim_end());
+        }
+        let pos = match (e.line, e.column) {
+            (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
+            (Some(l), None) => format!(" (line {l})"),
+            _ => String::new(),
+        };
+        let _ = writeln!(err, "{}: {}{} [{}]", e.kind, e.message, pos, r.status);
+    }
+    for d in &r.vars.dropped {
+        let _ = writeln!(
+            err,
+            "cellbox: variable {} ({}) was not kept: {}",
+            d.name, d.type_name, d.reason
+        );
+    }
+}
+
+fn print_json(r: &CellResult) -> Result<(), ExitCode> {
+    match serde_json::to_string(r) {
+        Ok(s) => {
+            println!("{s}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("cellbox: failed to encode the result: {e}");
+            Err(ExitCode::from(EXIT_INTERNAL))
+        }
+    }
+}
+
+async fn cmd_run(opts: CellOpts, json: bool, file: &str) -> ExitCode {
+    let path = (file != "-").then(|| Path::new(file));
+    let language = match pick_language(&opts, path) {
+        Ok(l) => l,
+        Err(e) => return usage(e),
+    };
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let code = match read_source(file, config.limits.max_script_bytes) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let sup = match build_supervisor(&opts) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let result = sup.run(CellRequest::new(language, code), config).await;
+    if json {
+        if let Err(code) = print_json(&result) {
+            return code;
+        }
+    } else {
+        print_result(&result);
+    }
+    ExitCode::from(result.status.exit_code())
+}
+
+async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let sup = match build_supervisor(&opts) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let result = sup.exec(argv, config, !json).await;
+    if json {
+        if let Err(code) = print_json(&result) {
+            return code;
+        }
+    } else {
+        if let Some(e) = &result.error {
+            if result.status != Status::Error {
+                eprintln!("cellbox: {}: {} [{}]", e.kind, e.message, result.status);
+            }
+        }
+        // Mirror the program's own exit status when it ran to the end.
+        if result.status == Status::Error {
+            if let Some(code) = result.exit.code {
+                return ExitCode::from(u8::try_from(code).unwrap_or(1));
+            }
+        }
+    }
+    ExitCode::from(result.status.exit_code())
+}
+
+const REPL_HELP: &str = "\
+Type code to run it as a cell in the current language; multi-line input
+continues while brackets are open, after a line ending in ':' (Python) or '\\',
+until a blank line.
+Commands:
+  :help                     this text
+  :quit                     leave (also Ctrl-D)
+  :set NAME VALUE           set a variable (VALUE is JSON, else a string)
+  :get NAME                 print a variable
+  :show vars|status|history show the namespace, the session, past cells
+  :call CAP {json}          call a capability with JSON arguments
+  :lang rhai|python|shell   switch the language of the next cells
+  :reset                    forget every variable and definition";
+
+fn open_brackets(s: &str) -> i64 {
+    let mut depth = 0i64;
+    let mut in_str: Option<char> = None;
+    let mut escaped = false;
+    for c in s.chars() {
+        if let Some(q) = in_str {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                in_str = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' | '`' => in_str = Some(c),
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    depth
+}
+
+fn needs_more(buf: &str, language: Language) -> bool {
+    let last = buf.lines().last().unwrap_or("");
+    if last.ends_with('\\') || open_brackets(buf) > 0 {
+        return true;
+    }
+    if language == Language::Python {
+        let block = buf.lines().any(|l| l.trim_end().ends_with(':'));
+        // A Python block ends with a blank line.
+        return block && !buf.ends_with("\n\n");
+    }
+    false
+}
+
+async fn repl_command(
+    line: &str,
+    session: &mut Session,
+    language: &mut Language,
+    last: &Option<Status>,
+) -> bool {
+    let mut parts = line.trim().splitn(3, char::is_whitespace);
+    let cmd = parts.next().unwrap_or("");
+    let a1 = parts.next().unwrap_or("").trim();
+    let a2 = parts.next().unwrap_or("").trim();
+    match cmd {
+        ":quit" | ":q" | ":exit" => return false,
+        ":help" | ":h" => println!("{REPL_HELP}"),
+        ":set" if !a1.is_empty() && !a2.is_empty() => {
+            let value = serde_json::from_str(a2)
+                .unwrap_or_else(|_| serde_json::Value::String(a2.to_owned()));
+            if let Err(e) = session.set_var(a1, value).await {
+                eprintln!("{e}");
+            }
+        }
+        ":get" if !a1.is_empty() => match session.get_var(a1).await {
+            Some(v) => println!("{v}"),
+            None => eprintln!("no variable {a1:?}"),
+        },
+        ":show" => match a1 {
+            "vars" => {
+                for (k, v) in session.vars().await {
+                    println!("{k} = {v}");
+                }
+                for (lang, names) in session.definitions().await {
+                    println!("{} ({lang} definition)", names.join(", "));
+                }
+            }
+            "status" => {
+                let c = session.config();
+                println!("session {}", session.id());
+                println!("language {language}");
+                println!("cells run {}", session.execution_count().await);
+                println!(
+                    "last status {}",
+                    last.map(|s| s.as_str()).unwrap_or("(none)")
+                );
+                let allow: Vec<&str> = c.policy.allow.iter().map(String::as_str).collect();
+                println!(
+                    "allowed capabilities {}",
+                    if allow.is_empty() {
+                        "(none)".to_owned()
+                    } else {
+                        allow.join(", ")
+                    }
+                );
+                println!(
+                    "limits timeout {} ms, output {} bytes, memory {} bytes",
+                    c.limits.timeout_ms, c.limits.max_output_bytes, c.limits.memory_bytes
+                );
+                println!("scratch {}", session.scratch_dir().display());
+            }
+            "history" => {
+                for h in session.history().await {
+                    let first = h.code.lines().next().unwrap_or("");
+                    println!(
+                        "[{}] {} {} {}",
+                        h.execution_count, h.language, h.status, first
+                    );
+                }
+            }
+            _ => eprintln!("usage: :show vars|status|history"),
+        },
+        ":call" if !a1.is_empty() => {
+            let args = if a2.is_empty() { "{}" } else { a2 };
+            match serde_json::from_str::<serde_json::Value>(args) {
+                Ok(serde_json::Value::Object(m)) => {
+                    let r = session.call(a1, m).await;
+                    print_result(&r);
+                    if let Some(a) = &r.final_answer {
+                        println!("answer: {a}");
+                    }
+                }
+                _ => eprintln!("usage: :call CAP {{\"arg\": value, ...}}"),
+            }
+        }
+        ":lang" => match a1.parse() {
+            Ok(l) => *language = l,
+            Err(e) => eprintln!("{e}"),
+        },
+        ":reset" => {
+            session.reset().await;
+            println!("namespace cleared");
+        }
+        _ => eprintln!("unknown or incomplete command {line:?}; type :help"),
+    }
+    true
+}
+
+async fn cmd_repl(opts: CellOpts) -> ExitCode {
+    let mut language = match pick_language(&opts, None) {
+        Ok(l) => l,
+        Err(e) => return usage(e),
+    };
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let sup = match build_supervisor(&opts) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let mut session = match sup.session(config) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        println!("cellbox repl ({language}); :help for commands, :quit to leave");
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(16);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match stdin.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    if tx.blocking_send(line.clone()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let mut buf = String::new();
+    let mut last: Option<Status> = None;
+    loop {
+        if interactive {
+            print!(
+                "{}",
+                if buf.is_empty() {
+                    format!("{language}> ")
+                } else {
+                    "... ".into()
+                }
+            );
+            let _ = std::io::stdout().flush();
+        }
+        let Some(line) = rx.recv().await else { break };
+        if buf.is_empty() && line.trim_start().starts_with(':') {
+            if !repl_command(&line, &mut session, &mut language, &last).await {
+                break;
+            }
+            continue;
+        }
+        if buf.is_empty() && line.trim().is_empty() {
+            continue;
+        }
+        buf.push_str(&line);
+        if needs_more(&buf, language) {
+            continue;
+        }
+        let code = std::mem::take(&mut buf);
+        let code = code.trim_end().replace("\\\n", "\n");
+        let r = session.run(CellRequest::new(language, code)).await;
+        last = Some(r.status);
+        print_result(&r);
+    }
+    if !buf.trim().is_empty() {
+        let r = session.run(CellRequest::new(language, buf)).await;
+        print_result(&r);
+    }
+    ExitCode::SUCCESS
+}
+
+async fn cmd_bench(iterations: usize, langs: Vec<String>) -> ExitCode {
+    match cellbox::bench::run(iterations, &langs).await {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cellbox bench: {e}");
+            ExitCode::from(EXIT_INTERNAL)
+        }
+    }
+}

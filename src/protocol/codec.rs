@@ -189,12 +189,10 @@ pub async fn write_frame_async<M: Serialize, W: AsyncWrite + Unpin>(
     max: usize,
 ) -> Result<(), FrameError> {
     let frame = encode_frame(msg, max)?;
-    w.write_all(&frame)
-        .await
-        .map_err(|source| FrameError::Io {
-            op: "write",
-            source,
-        })?;
+    w.write_all(&frame).await.map_err(|source| FrameError::Io {
+        op: "write",
+        source,
+    })?;
     w.flush().await.map_err(|source| FrameError::Io {
         op: "write",
         source,

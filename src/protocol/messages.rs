@@ -210,5 +210,6 @@ pub enum FromWorker {
 }
 
 impl Tagged for FromWorker {
-    const TAGS: &'static [&'static str] = &["ready", "sandbox_error", "call", "emit", "log", "done"];
+    const TAGS: &'static [&'static str] =
+        &["ready", "sandbox_error", "call", "emit", "log", "done"];
 }

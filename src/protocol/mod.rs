@@ -29,3 +29,115 @@ pub use messages::*;
 
 /// The fd on which a worker finds its protocol channel.
 pub const PROTOCOL_FD: i32 = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut v = (body.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn read(bytes: &[u8]) -> Result<FromWorker, FrameError> {
+        read_frame_blocking::<FromWorker, _>(&mut &bytes[..], 1024)
+    }
+
+    #[test]
+    fn round_trip_every_direction() {
+        let call = FromWorker::Call(Call {
+            id: 7,
+            cap: "emit".into(),
+            args: json!({"event": {"a": 1}}).as_object().unwrap().clone(),
+        });
+        let bytes = encode_frame(&call, 1024).unwrap();
+        assert_eq!(read(&bytes).unwrap(), call);
+        let reply = ToWorker::Reply(Reply {
+            id: 7,
+            ok: Some(json!(1)),
+            error: None,
+        });
+        let bytes = encode_frame(&reply, 1024).unwrap();
+        let back: ToWorker = read_frame_blocking(&mut &bytes[..], 1024).unwrap();
+        assert_eq!(back, reply);
+    }
+
+    #[test]
+    fn each_malformation_has_its_own_error() {
+        assert!(matches!(read(b""), Err(FrameError::Closed)));
+        assert!(matches!(
+            read(&[0, 0]),
+            Err(FrameError::Truncated {
+                expected: 4,
+                got: 2
+            })
+        ));
+        let mut short = frame(br#"{"t":"log","level":"x","message":"y"}"#);
+        short.truncate(short.len() - 3);
+        assert!(matches!(read(&short), Err(FrameError::Truncated { .. })));
+        assert!(matches!(
+            read(&(u32::MAX).to_be_bytes()),
+            Err(FrameError::Oversize { len, max: 1024 }) if len == u32::MAX as usize
+        ));
+        assert!(matches!(
+            read(&frame(b"\xff\xfe")),
+            Err(FrameError::InvalidUtf8(_))
+        ));
+        assert!(matches!(
+            read(&frame(b"{not json")),
+            Err(FrameError::InvalidJson(_))
+        ));
+        assert!(matches!(
+            read(&frame(b"[1,2]")),
+            Err(FrameError::MissingTag)
+        ));
+        assert!(matches!(
+            read(&frame(br#"{"t":"bogus"}"#)),
+            Err(FrameError::UnknownTag(t)) if t == "bogus"
+        ));
+        // Known tag, wrong field type.
+        assert!(matches!(
+            read(&frame(br#"{"t":"call","id":"x","cap":"emit"}"#)),
+            Err(FrameError::BadShape { tag, .. }) if tag == "call"
+        ));
+        // Known tag, unknown field.
+        assert!(matches!(
+            read(&frame(
+                br#"{"t":"log","level":"x","message":"y","extra":1}"#
+            )),
+            Err(FrameError::BadShape { .. })
+        ));
+    }
+
+    #[test]
+    fn oversize_is_refused_before_allocation_and_on_encode() {
+        // A 4 GiB length prefix with no body must fail at once, not allocate.
+        let r = read(&[0xff, 0xff, 0xff, 0xf0]);
+        assert!(matches!(r, Err(FrameError::Oversize { .. })));
+        let big = FromWorker::Log(Log {
+            level: "x".into(),
+            message: "y".repeat(2000),
+        });
+        assert!(matches!(
+            encode_frame(&big, 1024),
+            Err(FrameError::Oversize { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn async_reader_matches_blocking_reader() {
+        let msg = FromWorker::Emit {
+            event: json!({"step": 1}),
+        };
+        let bytes = encode_frame(&msg, 1024).unwrap();
+        let got: FromWorker = read_frame_async(&mut &bytes[..], 1024).await.unwrap();
+        assert_eq!(got, msg);
+        let r: Result<FromWorker, _> = read_frame_async(&mut &[0u8, 0][..], 1024).await;
+        assert!(matches!(r, Err(FrameError::Truncated { .. })));
+        let r: Result<FromWorker, _> =
+            read_frame_async(&mut &frame(br#"{"t":"nope"}"#)[..], 1024).await;
+        assert!(matches!(r, Err(FrameError::UnknownTag(_))));
+    }
+}

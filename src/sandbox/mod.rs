@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod process;
 pub mod spawn;
 
 /// OS resource limits for one cell.
@@ -37,6 +38,18 @@ pub struct SandboxPlan {
     /// Programs the backend may execute.
     #[serde(default)]
     pub exec: Vec<PathBuf>,
+}
+
+impl SandboxPlan {
+    pub fn new(profile: &crate::profiles::Profile, scratch: PathBuf, limits: OsLimits) -> Self {
+        SandboxPlan {
+            profile: profile.name.clone(),
+            scratch,
+            limits,
+            read_only: Vec::new(),
+            exec: Vec::new(),
+        }
+    }
 }
 
 /// One layer's outcome.
@@ -79,7 +92,10 @@ pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
     // 1. hygiene
     std::env::set_current_dir(&plan.scratch).map_err(|e| SandboxError {
         layer: "hygiene",
-        message: format!("failed to enter scratch dir {}: {e}", plan.scratch.display()),
+        message: format!(
+            "failed to enter scratch dir {}: {e}",
+            plan.scratch.display()
+        ),
     })?;
     report.layers.push(LayerReport {
         name: "hygiene".into(),

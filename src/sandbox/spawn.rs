@@ -6,7 +6,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 /// Arrange for `fd` to be the child's fd 3 and for the child to start a new
 /// session (so the supervisor can kill its whole process group) with a
 /// parent-death SIGKILL. `fd` must stay open until the child is spawned.
-pub fn prepare_worker(cmd: &mut tokio::process::Command, fd: &OwnedFd) {
+pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd) {
+    use std::os::unix::process::CommandExt;
     let raw = fd.as_raw_fd();
     let supervisor = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only
@@ -35,4 +36,26 @@ pub fn prepare_worker(cmd: &mut tokio::process::Command, fd: &OwnedFd) {
             Ok(())
         });
     }
+}
+
+/// Take ownership of the protocol channel on fd 3 (worker side). Fails if
+/// fd 3 is not an open socket, so a worker started by hand says so clearly.
+pub fn take_protocol_channel() -> std::io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::FromRawFd;
+    let fd = crate::protocol::PROTOCOL_FD;
+    // SAFETY: fstat writes only into `st`; a zeroed stat is a valid buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a possibly-closed fd is safe; it returns EBADF.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "fd 3 is not a socket: the worker must be started by the cellbox supervisor",
+        ));
+    }
+    // SAFETY: fd 3 is an open socket that the spawn hook placed there for
+    // this process alone; nothing else in this process owns it.
+    Ok(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
 }

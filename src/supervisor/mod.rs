@@ -1,1 +1,340 @@
-//! The supervisor.
+//! The supervisor: sessions, policy, capabilities, and the cell runner.
+//!
+//! It owns everything that must survive a cell (namespace, policy, budgets,
+//! events); a worker owns nothing and is killed and reaped after each cell.
+
+mod capability;
+mod events;
+mod limits;
+mod output;
+mod policy;
+mod python;
+mod result;
+mod runner;
+mod session;
+
+pub use capability::{CallContext, Capability, CapabilityError, Registry};
+pub use events::EventSink;
+pub use limits::{LimitOverrides, Limits};
+pub use policy::{Budget, BudgetError, Policy};
+pub use python::PythonInfo;
+pub use result::{
+    CallRecord, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation, Usage, VarsReport,
+};
+pub use session::{HistoryEntry, Session, SessionConfig};
+
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// Languages a cell can be written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Language {
+    Rhai,
+    Python,
+    Shell,
+}
+
+impl Language {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Rhai => "rhai",
+            Language::Python => "python",
+            Language::Shell => "shell",
+        }
+    }
+
+    /// The built-in sandbox profile for this language.
+    pub fn default_profile(self) -> &'static str {
+        self.as_str()
+    }
+
+    /// Infer the language from a file name (`.rhai`, `.py`, `.sh`).
+    pub fn from_path(path: &Path) -> Option<Language> {
+        match path.extension()?.to_str()? {
+            "rhai" => Some(Language::Rhai),
+            "py" => Some(Language::Python),
+            "sh" => Some(Language::Shell),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Language {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.to_ascii_lowercase().as_str() {
+            "rhai" => Ok(Language::Rhai),
+            "python" | "py" | "python3" => Ok(Language::Python),
+            "shell" | "sh" => Ok(Language::Shell),
+            other => Err(Error::UnknownLanguage(other.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for Language {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Errors of the library surface (not of a cell: a cell always yields a
+/// [`CellResult`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown language {0:?}: use rhai, python or shell")]
+    UnknownLanguage(String),
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
+    #[error("failed to {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid variable name {0:?}: use letters, digits and '_', not starting with a digit")]
+    BadVarName(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// One cell to run.
+#[derive(Debug, Clone)]
+pub struct CellRequest {
+    pub language: Language,
+    pub code: String,
+    /// Per-call limits; they can only tighten the session's.
+    pub limits: LimitOverrides,
+}
+
+impl CellRequest {
+    pub fn new(language: Language, code: impl Into<String>) -> Self {
+        CellRequest {
+            language,
+            code: code.into(),
+            limits: LimitOverrides::default(),
+        }
+    }
+
+    pub fn timeout(mut self, t: std::time::Duration) -> Self {
+        self.limits.timeout_ms = Some(t.as_millis() as u64);
+        self
+    }
+
+    pub fn max_output_bytes(mut self, n: usize) -> Self {
+        self.limits.max_output_bytes = Some(n);
+        self
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) registry: Registry,
+    pub(crate) events: EventSink,
+    pub(crate) worker_exe: PathBuf,
+    pub(crate) profiles: std::collections::BTreeMap<Language, String>,
+    python_path: Option<PathBuf>,
+    python: OnceLock<Result<PythonInfo, String>>,
+}
+
+impl Inner {
+    pub(crate) fn python(&self) -> Result<&PythonInfo, String> {
+        self.python
+            .get_or_init(|| python::resolve(self.python_path.as_deref()))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// Builds a [`Supervisor`].
+#[derive(Debug)]
+pub struct SupervisorBuilder {
+    registry: Registry,
+    events: EventSink,
+    worker_exe: Option<PathBuf>,
+    python: Option<PathBuf>,
+    profiles: std::collections::BTreeMap<Language, String>,
+}
+
+impl SupervisorBuilder {
+    /// Register a host capability (it is still denied until a session's
+    /// policy allows it by name).
+    pub fn capability(mut self, cap: Capability) -> Result<Self, Error> {
+        self.registry.register(cap)?;
+        Ok(self)
+    }
+
+    /// Write run events as JSON lines to this sink.
+    pub fn events(mut self, sink: EventSink) -> Self {
+        self.events = sink;
+        self
+    }
+
+    /// The cellbox binary to re-exec as the worker. Defaults to
+    /// `$CELLBOX_WORKER_EXE`, else the current executable (which must then
+    /// call [`crate::worker::dispatch`] first thing in `main`).
+    pub fn worker_exe(mut self, path: impl Into<PathBuf>) -> Self {
+        self.worker_exe = Some(path.into());
+        self
+    }
+
+    /// The Python interpreter to use instead of the one found on PATH.
+    pub fn python(mut self, path: impl Into<PathBuf>) -> Self {
+        self.python = Some(path.into());
+        self
+    }
+
+    /// Use sandbox profile `name_or_path` for cells of `language`.
+    pub fn profile(mut self, language: Language, name_or_path: impl Into<String>) -> Self {
+        self.profiles.insert(language, name_or_path.into());
+        self
+    }
+
+    pub fn build(self) -> Result<Supervisor, Error> {
+        let worker_exe = match self.worker_exe {
+            Some(p) => p,
+            None => match std::env::var_os("CELLBOX_WORKER_EXE") {
+                Some(p) => PathBuf::from(p),
+                None => std::env::current_exe().map_err(|source| Error::Io {
+                    what: "find the current executable".into(),
+                    source,
+                })?,
+            },
+        };
+        if !worker_exe.is_file() {
+            return Err(Error::Config(format!(
+                "worker executable {} does not exist",
+                worker_exe.display()
+            )));
+        }
+        Ok(Supervisor {
+            inner: Arc::new(Inner {
+                registry: self.registry,
+                events: self.events,
+                worker_exe,
+                profiles: self.profiles,
+                python_path: self.python,
+                python: OnceLock::new(),
+            }),
+        })
+    }
+}
+
+/// The entry point of the library: owns the capability registry and spawns
+/// sessions.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("worker_exe", &self.inner.worker_exe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Supervisor {
+    pub fn builder() -> SupervisorBuilder {
+        SupervisorBuilder {
+            registry: Registry::with_builtins(),
+            events: EventSink::default(),
+            worker_exe: None,
+            python: None,
+            profiles: Default::default(),
+        }
+    }
+
+    /// A new session with its own namespace and scratch directory.
+    pub fn session(&self, config: SessionConfig) -> Result<Session, Error> {
+        Session::new(self.inner.clone(), config)
+    }
+
+    /// Run one cell in a fresh throwaway session.
+    pub async fn run(&self, request: CellRequest, config: SessionConfig) -> CellResult {
+        match self.session(config) {
+            Ok(s) => s.run(request).await,
+            Err(e) => CellResult::refused(
+                request.language.as_str(),
+                RunInfo::root(),
+                Status::SandboxError,
+                "SandboxError",
+                e.to_string(),
+            ),
+        }
+    }
+
+    /// Run a program under the shell profile's sandbox (`cellbox exec`).
+    pub async fn exec(
+        &self,
+        argv: Vec<String>,
+        config: SessionConfig,
+        forward_output: bool,
+    ) -> CellResult {
+        match self.session(config) {
+            Ok(s) => s.exec(argv, forward_output).await,
+            Err(e) => CellResult::refused(
+                "shell",
+                RunInfo::root(),
+                Status::SandboxError,
+                "SandboxError",
+                e.to_string(),
+            ),
+        }
+    }
+
+    /// The capabilities this supervisor knows.
+    pub fn capabilities(&self) -> impl Iterator<Item = &Capability> {
+        self.inner.registry.iter()
+    }
+
+    /// The Python interpreter cells would use.
+    pub fn python(&self) -> Result<PythonInfo, String> {
+        self.inner.python().cloned()
+    }
+}
+
+impl RunInfo {
+    pub(crate) fn root() -> RunInfo {
+        let id = runner::new_run_id();
+        RunInfo {
+            run_id: id.clone(),
+            parent_run_id: None,
+            root_run_id: id,
+            depth: 0,
+        }
+    }
+}
+
+/// Resolve a program name to an absolute path (PATH lookup for bare names).
+pub(crate) fn resolve_program(prog: &str) -> Result<PathBuf, String> {
+    let p = Path::new(prog);
+    if p.is_absolute() {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("program {prog} does not exist"))
+        };
+    }
+    if prog.contains('/') {
+        return std::fs::canonicalize(p).map_err(|e| format!("program {prog}: {e}"));
+    }
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
+        let c = Path::new(dir).join(prog);
+        if c.is_file() {
+            return Ok(c);
+        }
+    }
+    Err(format!(
+        "program {prog:?} was not found in /usr/local/bin, /usr/bin or /bin"
+    ))
+}
+
+/// A valid namespace variable name.
+pub(crate) fn valid_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+pub(crate) type Namespace = Map<String, Value>;

@@ -1,1 +1,99 @@
-//! The worker.
+//! The worker: our own binary re-executed in a hidden mode, one per cell.
+//!
+//! It reads the `setup` frame, sandboxes itself ([`crate::sandbox::enter`]),
+//! reports `ready`, and runs the backend. From the moment the backend starts
+//! the process is hostile; the supervisor trusts nothing it says.
+
+mod channel;
+mod json;
+mod python;
+mod rhai;
+
+pub use self::rhai::hardened_engine;
+use crate::protocol::{
+    read_frame_blocking, write_frame_blocking, Backend, FromWorker, Ready, SandboxFailure,
+    ToWorker, DEFAULT_MAX_FRAME_BYTES,
+};
+use channel::Channel;
+
+/// The hidden first argument that selects worker mode.
+pub const WORKER_ARG: &str = "__worker";
+
+/// Exit codes of the worker process itself (the supervisor maps them).
+const EXIT_SANDBOX: i32 = 6;
+const EXIT_PROTOCOL: i32 = 7;
+
+/// Call first thing in `main`, before any thread or runtime exists: if this
+/// process was started as a cellbox worker, run the cell and exit; otherwise
+/// return and let `main` go on.
+pub fn dispatch() {
+    let mut args = std::env::args_os();
+    if args.nth(1).as_deref() == Some(std::ffi::OsStr::new(WORKER_ARG)) {
+        std::process::exit(worker_main());
+    }
+}
+
+fn worker_main() -> i32 {
+    let stream = match crate::sandbox::spawn::take_protocol_channel() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cellbox worker: {e}");
+            return EXIT_PROTOCOL;
+        }
+    };
+    let mut chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
+    let setup = match read_frame_blocking::<ToWorker, _>(chan.stream(), DEFAULT_MAX_FRAME_BYTES) {
+        Ok(ToWorker::Setup(s)) => s,
+        Ok(_) => {
+            eprintln!("cellbox worker: expected a setup frame");
+            return EXIT_PROTOCOL;
+        }
+        Err(e) => {
+            eprintln!("cellbox worker: failed to read the setup frame: {e}");
+            return EXIT_PROTOCOL;
+        }
+    };
+
+    // The jail, in order (DESIGN §3): hygiene → namespaces → rlimits →
+    // privileges → Landlock → seccomp. Nothing untrusted has run yet.
+    let report = match crate::sandbox::enter(&setup.plan) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = chan.send(&FromWorker::SandboxError(SandboxFailure {
+                layer: e.layer.to_owned(),
+                message: e.message.clone(),
+            }));
+            return EXIT_SANDBOX;
+        }
+    };
+    if chan.send(&FromWorker::Ready(Ready { report })).is_err() {
+        return EXIT_PROTOCOL;
+    }
+
+    // From here on: untrusted code.
+    match setup.backend {
+        Backend::Rhai => {
+            let start = match chan.recv() {
+                Ok(ToWorker::Start(s)) => s,
+                _ => return EXIT_PROTOCOL,
+            };
+            chan.set_max_frame(start.max_frame_bytes);
+            rhai::run_cell(chan, start)
+        }
+        Backend::Python { interpreter } => {
+            let err = python::exec_shim(&interpreter);
+            eprintln!("cellbox worker: failed to start {interpreter}: {err}");
+            EXIT_PROTOCOL
+        }
+        Backend::Exec { argv } => {
+            let err = python::exec_program(chan, &argv);
+            eprintln!("cellbox: failed to execute {:?}: {err}", argv.first());
+            127
+        }
+    }
+}
+
+#[doc(hidden)]
+pub fn write_frame_for_tests<W: std::io::Write>(w: &mut W, msg: &FromWorker) {
+    let _ = write_frame_blocking(w, msg, DEFAULT_MAX_FRAME_BYTES);
+}

@@ -1,0 +1,144 @@
+//! `cellbox bench`: cell latency and throughput beside baselines measured in
+//! the same run, reported as ratios (these machines are noisy; absolute
+//! numbers from different runs do not compare).
+
+use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// Latency figures of one measurement.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub per_sec: f64,
+}
+
+fn figures(mut samples: Vec<Duration>, wall: Duration) -> Figures {
+    samples.sort();
+    let pick = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples.get(i).copied().unwrap_or_default()
+    };
+    Figures {
+        p50: pick(0.50),
+        p99: pick(0.99),
+        per_sec: samples.len() as f64 / wall.as_secs_f64().max(1e-9),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// spawn + wait of a program, `n` times, sequentially.
+pub fn baseline_spawn(argv: &[&str], n: usize) -> Result<Figures, String> {
+    let (prog, args) = argv.split_first().ok_or("empty baseline command")?;
+    let mut samples = Vec::with_capacity(n);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = std::process::Command::new(prog)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("failed to run {prog}: {e}"))?;
+        if !st.success() {
+            return Err(format!("{prog} failed: {st}"));
+        }
+        samples.push(t.elapsed());
+    }
+    Ok(figures(samples, t0.elapsed()))
+}
+
+/// `n` trivial cells through the library at `concurrency`.
+pub async fn cells(
+    sup: &Supervisor,
+    language: Language,
+    code: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<Figures, String> {
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    let per = n.div_ceil(concurrency.max(1));
+    for _ in 0..concurrency.max(1) {
+        let sup = sup.clone();
+        let code = code.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(per);
+            let config = SessionConfig {
+                policy: Policy::deny_all(),
+                ..SessionConfig::default()
+            };
+            for _ in 0..per {
+                let t = Instant::now();
+                let r = sup
+                    .run(CellRequest::new(language, code.clone()), config.clone())
+                    .await;
+                if r.status != Status::Ok {
+                    return Err(format!(
+                        "a benchmark cell failed: {} {:?}",
+                        r.status,
+                        r.error.map(|e| e.message)
+                    ));
+                }
+                samples.push(t.elapsed());
+            }
+            Ok(samples)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    Ok(figures(all, t0.elapsed()))
+}
+
+/// The whole report.
+pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
+    let sup = Supervisor::builder().build().map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    let base = baseline_spawn(&["/bin/true"], n)?;
+    let _ = writeln!(
+        out,
+        "baseline spawn+wait /bin/true     p50 {}  p99 {}  {:.0}/s",
+        ms(base.p50),
+        ms(base.p99),
+        base.per_sec
+    );
+    for lang in langs {
+        let language: Language = lang.parse().map_err(|e: crate::Error| e.to_string())?;
+        let code = match language {
+            Language::Rhai => "40 + 2",
+            Language::Python => "pass",
+            Language::Shell => "true",
+        };
+        if language == Language::Python {
+            if let Ok(py) = sup.python() {
+                let exe = py.executable.to_string_lossy().into_owned();
+                let b = baseline_spawn(&[&exe, "-I", "-S", "-c", "pass"], n)?;
+                let _ = writeln!(
+                    out,
+                    "baseline python3 -I -S -c pass    p50 {}  p99 {}  {:.0}/s",
+                    ms(b.p50),
+                    ms(b.p99),
+                    b.per_sec
+                );
+            }
+        }
+        for conc in [1usize, 2] {
+            let f = cells(&sup, language, code, n, conc).await?;
+            let _ = writeln!(
+                out,
+                "{lang:6} cell, concurrency {conc}        p50 {}  p99 {}  {:.0} cells/s  (p50 = {:.2}x /bin/true)",
+                ms(f.p50),
+                ms(f.p99),
+                f.per_sec,
+                f.p50.as_secs_f64() / base.p50.as_secs_f64().max(1e-9)
+            );
+        }
+    }
+    Ok(out)
+}

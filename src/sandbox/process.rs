@@ -1,0 +1,152 @@
+//! Waiting for, killing and measuring worker processes (supervisor side).
+
+use std::io;
+
+/// How a reaped process ended, with its resource usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// Exit code when it exited normally.
+    pub code: Option<i32>,
+    /// Signal number when a signal killed it.
+    pub signal: Option<i32>,
+    /// User + system CPU time of the process and its reaped descendants.
+    pub cpu_ms: u64,
+    /// Peak resident set size in KiB.
+    pub max_rss_kb: u64,
+}
+
+/// Block until `pid` has exited, without reaping it, so its pid (and process
+/// group id) stay reserved while the caller kills the rest of its group.
+pub fn wait_exited_keep_zombie(pid: i32) -> io::Result<()> {
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes only into `info`; WNOWAIT leaves the child
+        // waitable so its pid cannot be reused under us.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Reap `pid` and collect its rusage.
+pub fn reap(pid: i32) -> io::Result<Reaped> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: a zeroed rusage is a valid out-parameter for wait4.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 writes only into `status` and `usage`.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if rc == pid {
+            let tv_ms = |tv: libc::timeval| {
+                (tv.tv_sec.max(0) as u64) * 1000 + (tv.tv_usec.max(0) as u64) / 1000
+            };
+            let (code, signal) = if libc::WIFEXITED(status) {
+                (Some(libc::WEXITSTATUS(status)), None)
+            } else if libc::WIFSIGNALED(status) {
+                (None, Some(libc::WTERMSIG(status)))
+            } else {
+                (None, None)
+            };
+            return Ok(Reaped {
+                code,
+                signal,
+                cpu_ms: tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime),
+                max_rss_kb: usage.ru_maxrss.max(0) as u64,
+            });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// SIGKILL every process in process group `pgid`. A group that is already
+/// gone is not an error.
+pub fn kill_group(pgid: i32) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: killpg has no memory effects; pgid > 1 so this never signals
+    // our own group by accident (0) or every process (-1 / 1).
+    let rc = unsafe { libc::killpg(pgid, libc::SIGKILL) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// SIGKILL one process (used on a worker that has not exited yet and has
+/// not been reaped, so `pid` is still ours).
+pub fn kill_pid(pid: i32) -> io::Result<()> {
+    if pid <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: kill has no memory effects; pid > 1.
+    let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// Open a pidfd for `pid` (readable once the process exits).
+pub fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes two integers and returns a new fd or -1.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(rc).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Becomes ready when a process exits (a pidfd registered with tokio).
+pub struct ExitWatch(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
+
+impl ExitWatch {
+    /// Watch `pid`, which must be our unreaped child.
+    pub fn open(pid: i32) -> io::Result<Self> {
+        let fd = pidfd_open(pid)?;
+        // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and
+        // refers to the same pidfd for the AsyncFd's whole lifetime.
+        let afd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map_err(io::Error::from)?;
+        Ok(ExitWatch(afd))
+    }
+
+    /// Resolves once the process has exited (it is not reaped).
+    pub async fn exited(&self) {
+        // A pidfd reports readable (without clearing) once the process is a
+        // zombie; an error here means the fd is unusable, which we also
+        // treat as "gone" rather than wait forever.
+        let _ = self.0.readable().await;
+    }
+}

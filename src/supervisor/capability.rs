@@ -1,0 +1,260 @@
+//! Capabilities: named, schema-checked functions a script may call through
+//! the supervisor.
+
+use crate::protocol::CapabilitySpec;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// What a handler returns.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, String>> + Send>>;
+type HostFn = dyn Fn(CallContext, Map<String, Value>) -> HandlerFuture + Send + Sync;
+
+/// Who is calling: the run the call belongs to.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    pub session_id: String,
+    pub run: super::RunInfo,
+}
+
+#[derive(Clone)]
+pub(crate) enum Handler {
+    Emit,
+    Answer,
+    RunCell,
+    Host(Arc<HostFn>),
+}
+
+/// A capability: name, description, JSON schema of its arguments, handler.
+#[derive(Clone)]
+pub struct Capability {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) schema: Value,
+    pub(crate) params: Vec<String>,
+    pub(crate) validator: Arc<jsonschema::Validator>,
+    pub(crate) handler: Handler,
+}
+
+impl std::fmt::Debug for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capability")
+            .field("name", &self.name)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A capability definition was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum CapabilityError {
+    #[error(
+        "invalid capability name {0:?}: use letters, digits and '_', not starting with a digit"
+    )]
+    BadName(String),
+    #[error("invalid JSON schema for capability {name:?}: {message}")]
+    BadSchema { name: String, message: String },
+    #[error("capability {0:?} is already registered")]
+    Duplicate(String),
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64
+}
+
+impl Capability {
+    fn build(
+        name: &str,
+        description: &str,
+        schema: Value,
+        handler: Handler,
+    ) -> Result<Self, CapabilityError> {
+        if !valid_name(name) {
+            return Err(CapabilityError::BadName(name.to_owned()));
+        }
+        if schema.get("type").and_then(Value::as_str) != Some("object") {
+            return Err(CapabilityError::BadSchema {
+                name: name.to_owned(),
+                message: "the top level must be {\"type\": \"object\", ...}".into(),
+            });
+        }
+        let validator =
+            jsonschema::validator_for(&schema).map_err(|e| CapabilityError::BadSchema {
+                name: name.to_owned(),
+                message: e.to_string(),
+            })?;
+        let params = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default();
+        Ok(Capability {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            schema,
+            params,
+            validator: Arc::new(validator),
+            handler,
+        })
+    }
+
+    /// A host capability: `handler` runs in the supervisor with arguments
+    /// already validated against `schema`. Positional arguments in a script
+    /// map onto the schema's `properties` in declaration order.
+    pub fn new<F, Fut>(
+        name: &str,
+        description: &str,
+        schema: Value,
+        handler: F,
+    ) -> Result<Self, CapabilityError>
+    where
+        F: Fn(CallContext, Map<String, Value>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, String>> + Send + 'static,
+    {
+        let f: Arc<HostFn> = Arc::new(move |ctx, args| Box::pin(handler(ctx, args)));
+        Capability::build(name, description, schema, Handler::Host(f))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
+    /// Check `args` against the schema; the message lists every violation.
+    pub fn validate(&self, args: &Map<String, Value>) -> Result<(), String> {
+        let v = Value::Object(args.clone());
+        let errors: Vec<String> = self
+            .validator
+            .iter_errors(&v)
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                if path.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{path}: {e}")
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    pub(crate) fn spec(&self) -> CapabilitySpec {
+        CapabilitySpec {
+            name: self.name.clone(),
+            params: self.params.clone(),
+        }
+    }
+}
+
+/// All capabilities a supervisor knows. Built-ins are always registered;
+/// whether a session may call them is the policy's business.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    caps: BTreeMap<String, Capability>,
+}
+
+impl Registry {
+    pub fn with_builtins() -> Self {
+        let mut caps = BTreeMap::new();
+        let builtins = [
+            Capability::build(
+                "emit",
+                "Record a trace event (any JSON value) in the run's event log.",
+                json!({"type": "object", "properties": {"event": {}}, "required": ["event"],
+                       "additionalProperties": false}),
+                Handler::Emit,
+            ),
+            Capability::build(
+                "answer",
+                "Set the cell's final answer (any JSON value).",
+                json!({"type": "object", "properties": {"value": {}}, "required": ["value"],
+                       "additionalProperties": false}),
+                Handler::Answer,
+            ),
+            Capability::build(
+                "run_cell",
+                "Run a sub-cell at depth + 1 under a policy no wider than this one; returns its value.",
+                json!({"type": "object", "properties": {
+                        "language": {"type": "string", "enum": ["rhai", "python", "shell"]},
+                        "code": {"type": "string"},
+                        "vars": {"type": "object"}},
+                       "required": ["language", "code"], "additionalProperties": false}),
+                Handler::RunCell,
+            ),
+        ];
+        for cap in builtins.into_iter().flatten() {
+            caps.insert(cap.name.clone(), cap);
+        }
+        Registry { caps }
+    }
+
+    pub fn register(&mut self, cap: Capability) -> Result<(), CapabilityError> {
+        if self.caps.contains_key(&cap.name) {
+            return Err(CapabilityError::Duplicate(cap.name));
+        }
+        self.caps.insert(cap.name.clone(), cap);
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Capability> {
+        self.caps.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Capability> {
+        self.caps.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_validate_args() {
+        let r = Registry::with_builtins();
+        let rc = r.get("run_cell").unwrap();
+        assert_eq!(rc.params, vec!["language", "code", "vars"]);
+        let mut ok = Map::new();
+        ok.insert("language".into(), json!("rhai"));
+        ok.insert("code".into(), json!("1"));
+        assert!(rc.validate(&ok).is_ok());
+        let mut bad = ok.clone();
+        bad.insert("language".into(), json!("cobol"));
+        assert!(rc.validate(&bad).is_err());
+        bad.remove("language");
+        assert!(rc.validate(&bad).unwrap_err().contains("language"));
+    }
+
+    #[test]
+    fn rejects_bad_definitions() {
+        let h = |_c: CallContext, _a: Map<String, Value>| async { Ok(Value::Null) };
+        assert!(matches!(
+            Capability::new("1x", "", json!({"type": "object"}), h),
+            Err(CapabilityError::BadName(_))
+        ));
+        assert!(matches!(
+            Capability::new("x", "", json!({"type": "string"}), h),
+            Err(CapabilityError::BadSchema { .. })
+        ));
+        let mut r = Registry::with_builtins();
+        let dup = Capability::new("emit", "", json!({"type": "object"}), h).unwrap();
+        assert!(matches!(
+            r.register(dup),
+            Err(CapabilityError::Duplicate(_))
+        ));
+    }
+}

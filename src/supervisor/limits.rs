@@ -1,0 +1,153 @@
+//! Limits for one cell. Per-call limits may only tighten a session's.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Every limit a cell runs under. The wall-clock timeout and the output caps
+/// are enforced by the supervisor (the guarantee); the rest are applied in
+/// the worker (rlimits, engine limits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock time for the whole cell, in milliseconds.
+    pub timeout_ms: u64,
+    /// Bytes of stdout (and, separately, of stderr) kept in the result.
+    pub max_output_bytes: usize,
+    /// Largest accepted script source.
+    pub max_script_bytes: usize,
+    /// Largest protocol frame either side may send.
+    pub max_frame_bytes: usize,
+    /// Rhai: operations before the engine stops the script.
+    pub max_operations: u64,
+    /// Rhai: function call nesting.
+    pub max_call_levels: usize,
+    /// Rhai: expression nesting.
+    pub max_expr_depth: usize,
+    /// Rhai: largest string, array and map.
+    pub max_string_bytes: usize,
+    pub max_array_len: usize,
+    pub max_map_len: usize,
+    /// OS: CPU seconds (RLIMIT_CPU).
+    pub cpu_seconds: u64,
+    /// OS: address space / data bytes.
+    pub memory_bytes: u64,
+    /// OS: processes and threads.
+    pub max_processes: u64,
+    /// OS: open file descriptors.
+    pub max_open_files: u64,
+    /// OS: largest file the cell may write.
+    pub max_file_size_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout_ms: 30_000,
+            max_output_bytes: 1024 * 1024,
+            max_script_bytes: 1024 * 1024,
+            max_frame_bytes: crate::protocol::DEFAULT_MAX_FRAME_BYTES,
+            max_operations: 50_000_000,
+            max_call_levels: 64,
+            max_expr_depth: 64,
+            max_string_bytes: 16 * 1024 * 1024,
+            max_array_len: 1_000_000,
+            max_map_len: 100_000,
+            cpu_seconds: 60,
+            memory_bytes: 1024 * 1024 * 1024,
+            max_processes: 64,
+            max_open_files: 256,
+            max_file_size_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Per-call overrides; `None` keeps the session's value. Values larger than
+/// the session's are ignored: a call can only tighten.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitOverrides {
+    pub timeout_ms: Option<u64>,
+    pub max_output_bytes: Option<usize>,
+    pub max_operations: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl Limits {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The limits with `o` applied, never wider than `self`.
+    pub fn tighten(&self, o: &LimitOverrides) -> Limits {
+        fn min<T: Ord + Copy>(base: T, o: Option<T>) -> T {
+            o.map_or(base, |v| v.min(base))
+        }
+        Limits {
+            timeout_ms: min(self.timeout_ms, o.timeout_ms),
+            max_output_bytes: min(self.max_output_bytes, o.max_output_bytes),
+            max_operations: min(self.max_operations, o.max_operations),
+            memory_bytes: min(self.memory_bytes, o.memory_bytes),
+            ..self.clone()
+        }
+    }
+
+    /// Field-wise minimum: a child never gets more than its parent.
+    pub fn narrow(&self, other: &Limits) -> Limits {
+        Limits {
+            timeout_ms: self.timeout_ms.min(other.timeout_ms),
+            max_output_bytes: self.max_output_bytes.min(other.max_output_bytes),
+            max_script_bytes: self.max_script_bytes.min(other.max_script_bytes),
+            max_frame_bytes: self.max_frame_bytes.min(other.max_frame_bytes),
+            max_operations: self.max_operations.min(other.max_operations),
+            max_call_levels: self.max_call_levels.min(other.max_call_levels),
+            max_expr_depth: self.max_expr_depth.min(other.max_expr_depth),
+            max_string_bytes: self.max_string_bytes.min(other.max_string_bytes),
+            max_array_len: self.max_array_len.min(other.max_array_len),
+            max_map_len: self.max_map_len.min(other.max_map_len),
+            cpu_seconds: self.cpu_seconds.min(other.cpu_seconds),
+            memory_bytes: self.memory_bytes.min(other.memory_bytes),
+            max_processes: self.max_processes.min(other.max_processes),
+            max_open_files: self.max_open_files.min(other.max_open_files),
+            max_file_size_bytes: self.max_file_size_bytes.min(other.max_file_size_bytes),
+        }
+    }
+
+    pub(crate) fn os_limits(&self) -> crate::sandbox::OsLimits {
+        crate::sandbox::OsLimits {
+            cpu_seconds: self.cpu_seconds,
+            memory_bytes: self.memory_bytes,
+            max_processes: self.max_processes,
+            max_open_files: self.max_open_files,
+            max_file_size_bytes: self.max_file_size_bytes,
+        }
+    }
+
+    pub(crate) fn script_limits(&self) -> crate::protocol::ScriptLimits {
+        crate::protocol::ScriptLimits {
+            timeout_ms: self.timeout_ms,
+            max_operations: self.max_operations,
+            max_call_levels: self.max_call_levels,
+            max_expr_depth: self.max_expr_depth,
+            max_string_bytes: self.max_string_bytes,
+            max_array_len: self.max_array_len,
+            max_map_len: self.max_map_len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_only_tighten() {
+        let base = Limits::default();
+        let t = base.tighten(&LimitOverrides {
+            timeout_ms: Some(1_000_000_000),
+            max_output_bytes: Some(10),
+            ..Default::default()
+        });
+        assert_eq!(t.timeout_ms, base.timeout_ms);
+        assert_eq!(t.max_output_bytes, 10);
+    }
+}

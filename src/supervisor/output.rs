@@ -1,0 +1,101 @@
+//! Capped capture of a worker's stdout/stderr: keeps the head and the tail,
+//! counts every byte, never grows past the cap.
+
+use super::result::Truncation;
+use std::collections::VecDeque;
+
+#[derive(Debug)]
+pub struct Capture {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    head_cap: usize,
+    tail_cap: usize,
+    total: u64,
+}
+
+impl Capture {
+    pub fn new(cap: usize) -> Self {
+        let head_cap = cap / 2;
+        Capture {
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            head_cap,
+            tail_cap: cap - head_cap,
+            total: 0,
+        }
+    }
+
+    pub fn push(&mut self, mut data: &[u8]) {
+        self.total += data.len() as u64;
+        if self.head.len() < self.head_cap {
+            let n = (self.head_cap - self.head.len()).min(data.len());
+            self.head.extend_from_slice(&data[..n]);
+            data = &data[n..];
+        }
+        if data.is_empty() || self.tail_cap == 0 {
+            return;
+        }
+        if data.len() >= self.tail_cap {
+            self.tail.clear();
+            self.tail.extend(&data[data.len() - self.tail_cap..]);
+        } else {
+            let over = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
+            self.tail.drain(..over);
+            self.tail.extend(data);
+        }
+    }
+
+    /// The kept text (lossy UTF-8) and, when bytes were dropped, what was kept.
+    pub fn finish(self) -> (String, Option<Truncation>) {
+        let kept = (self.head.len() + self.tail.len()) as u64;
+        if kept == self.total {
+            let mut all = self.head;
+            all.extend(self.tail);
+            return (String::from_utf8_lossy(&all).into_owned(), None);
+        }
+        let omitted = self.total - kept;
+        let tail: Vec<u8> = self.tail.into_iter().collect();
+        let text = format!(
+            "{}\n[... {} bytes omitted ...]\n{}",
+            String::from_utf8_lossy(&self.head),
+            omitted,
+            String::from_utf8_lossy(&tail)
+        );
+        (
+            text,
+            Some(Truncation {
+                total_bytes: self.total,
+                kept_head: self.head.len() as u64,
+                kept_tail: tail.len() as u64,
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_cap_is_verbatim() {
+        let mut c = Capture::new(10);
+        c.push(b"hello");
+        assert_eq!(c.finish(), ("hello".to_string(), None));
+    }
+
+    #[test]
+    fn over_cap_keeps_head_and_tail_with_exact_total() {
+        let mut c = Capture::new(10);
+        for chunk in [&b"0123"[..], b"456789", b"abcdefgh", b"XYZ"] {
+            c.push(chunk);
+        }
+        let (text, t) = c.finish();
+        let t = t.unwrap();
+        assert_eq!(t.total_bytes, 21);
+        assert_eq!(t.kept_head, 5);
+        assert_eq!(t.kept_tail, 5);
+        assert!(text.starts_with("01234"));
+        assert!(text.ends_with("fghXYZ".get(1..).unwrap()));
+        assert!(text.contains("11 bytes omitted"));
+    }
+}

@@ -1,0 +1,148 @@
+//! Deny-by-default capability policy and the call budget of a run tree.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+/// Which capabilities a session may call, and how often. Nothing is allowed
+/// unless named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// Capability names the script may call.
+    pub allow: BTreeSet<String>,
+    /// Capability calls per run tree (a cell and all its sub-cells).
+    pub max_calls: u32,
+    /// Per-capability call caps within the run tree.
+    pub max_calls_per_capability: BTreeMap<String, u32>,
+    /// Deepest `run_cell` nesting; the top cell is depth 0.
+    pub max_depth: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allow: BTreeSet::new(),
+            max_calls: 1000,
+            max_calls_per_capability: BTreeMap::new(),
+            max_depth: 3,
+        }
+    }
+}
+
+impl Policy {
+    /// A policy that allows nothing.
+    pub fn deny_all() -> Self {
+        Policy::default()
+    }
+
+    /// Allow one more capability by name.
+    pub fn allow(mut self, name: impl Into<String>) -> Self {
+        self.allow.insert(name.into());
+        self
+    }
+
+    pub fn permits(&self, name: &str) -> bool {
+        self.allow.contains(name)
+    }
+
+    /// The intersection of two policies: the most restrictive choice wins on
+    /// every axis, so a sub-cell can never widen its parent.
+    pub fn narrow(&self, other: &Policy) -> Policy {
+        let mut per = self.max_calls_per_capability.clone();
+        for (k, v) in &other.max_calls_per_capability {
+            let e = per.entry(k.clone()).or_insert(*v);
+            *e = (*e).min(*v);
+        }
+        Policy {
+            allow: self.allow.intersection(&other.allow).cloned().collect(),
+            max_calls: self.max_calls.min(other.max_calls),
+            max_calls_per_capability: per,
+            max_depth: self.max_depth.min(other.max_depth),
+        }
+    }
+}
+
+/// Calls used so far in one run tree; shared by a cell and its sub-cells.
+#[derive(Debug, Default)]
+pub struct Budget {
+    used: Mutex<(u32, BTreeMap<String, u32>)>,
+}
+
+/// Why a call could not be charged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error("call budget exhausted: {max} capability calls per run")]
+    Total { max: u32 },
+    #[error("call budget for {cap:?} exhausted: {max} calls per run")]
+    PerCapability { cap: String, max: u32 },
+}
+
+impl Budget {
+    /// Charge one call to `cap` under `policy`.
+    pub fn charge(&self, policy: &Policy, cap: &str) -> Result<u32, BudgetError> {
+        let mut used = match self.used.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if used.0 >= policy.max_calls {
+            return Err(BudgetError::Total {
+                max: policy.max_calls,
+            });
+        }
+        if let Some(max) = policy.max_calls_per_capability.get(cap) {
+            if used.1.get(cap).copied().unwrap_or(0) >= *max {
+                return Err(BudgetError::PerCapability {
+                    cap: cap.to_owned(),
+                    max: *max,
+                });
+            }
+        }
+        used.0 += 1;
+        *used.1.entry(cap.to_owned()).or_insert(0) += 1;
+        Ok(used.0)
+    }
+
+    pub fn used(&self) -> u32 {
+        match self.used.lock() {
+            Ok(g) => g.0,
+            Err(poisoned) => poisoned.into_inner().0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn narrow_never_widens() {
+        let parent = Policy::deny_all().allow("emit").allow("answer");
+        let mut child = Policy::deny_all().allow("emit").allow("run_cell");
+        child.max_calls = 5000;
+        child.max_depth = 10;
+        let n = parent.narrow(&child);
+        assert_eq!(n.allow.iter().collect::<Vec<_>>(), vec!["emit"]);
+        assert_eq!(n.max_calls, parent.max_calls);
+        assert_eq!(n.max_depth, parent.max_depth);
+    }
+
+    #[test]
+    fn budget_counts_total_and_per_capability() {
+        let mut p = Policy::deny_all();
+        p.max_calls = 3;
+        p.max_calls_per_capability.insert("emit".into(), 1);
+        let b = Budget::default();
+        assert!(b.charge(&p, "emit").is_ok());
+        assert_eq!(
+            b.charge(&p, "emit"),
+            Err(BudgetError::PerCapability {
+                cap: "emit".into(),
+                max: 1
+            })
+        );
+        assert!(b.charge(&p, "answer").is_ok());
+        assert!(b.charge(&p, "answer").is_ok());
+        assert_eq!(b.charge(&p, "answer"), Err(BudgetError::Total { max: 3 }));
+    }
+}

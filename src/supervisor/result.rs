@@ -1,0 +1,248 @@
+//! The one result shape every surface returns (DESIGN §7).
+
+use crate::protocol::{DroppedVar, ScriptError};
+use crate::sandbox::SandboxReport;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How a cell ended. Stable names: surfaces and clients match on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    Error,
+    Timeout,
+    Killed,
+    LimitExceeded,
+    PolicyDenied,
+    ProtocolError,
+    SandboxError,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Killed => "killed",
+            Status::LimitExceeded => "limit_exceeded",
+            Status::PolicyDenied => "policy_denied",
+            Status::ProtocolError => "protocol_error",
+            Status::SandboxError => "sandbox_error",
+        }
+    }
+
+    /// CLI exit code (DESIGN §9).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Status::Ok => 0,
+            Status::Error => 1,
+            Status::Timeout => 3,
+            Status::Killed | Status::LimitExceeded => 4,
+            Status::PolicyDenied => 5,
+            Status::SandboxError => 6,
+            Status::ProtocolError => 7,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What was kept of a stream that went over its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncation {
+    pub total_bytes: u64,
+    pub kept_head: u64,
+    pub kept_tail: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncated {
+    pub stdout: Option<Truncation>,
+    pub stderr: Option<Truncation>,
+}
+
+/// Namespace changes made by the cell.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VarsReport {
+    /// Names whose value is new or different.
+    pub changed: Vec<String>,
+    /// Names the cell removed.
+    pub deleted: Vec<String>,
+    /// Values that could not be carried to the next cell.
+    pub dropped: Vec<DroppedVar>,
+}
+
+/// One capability call as the supervisor saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub cap: String,
+    /// `ok`, `unknown`, `denied`, `invalid_args`, `budget`, `failed`.
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub run_id: String,
+    pub depth: u32,
+    pub ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub max_rss_kb: u64,
+    pub calls: u32,
+}
+
+/// Identity of a run within a tree of recursive runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub parent_run_id: Option<String>,
+    pub root_run_id: String,
+    pub depth: u32,
+}
+
+/// How the worker process ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// The result of one cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellResult {
+    pub status: Status,
+    pub execution_count: u64,
+    pub language: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: Truncated,
+    /// The last expression's value (JSON), or null.
+    pub value: Value,
+    pub error: Option<ScriptError>,
+    /// What the script passed to `answer(...)`, if anything.
+    pub final_answer: Option<Value>,
+    pub vars: VarsReport,
+    pub calls: Vec<CallRecord>,
+    pub usage: Usage,
+    pub run: RunInfo,
+    pub sandbox: Option<SandboxReport>,
+    pub exit: ExitInfo,
+}
+
+impl CellResult {
+    pub(crate) fn new(language: &str, run: RunInfo) -> Self {
+        CellResult {
+            status: Status::Ok,
+            execution_count: 0,
+            language: language.to_owned(),
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: Truncated::default(),
+            value: Value::Null,
+            error: None,
+            final_answer: None,
+            vars: VarsReport::default(),
+            calls: Vec::new(),
+            usage: Usage::default(),
+            run,
+            sandbox: None,
+            exit: ExitInfo::default(),
+        }
+    }
+
+    /// A result for a cell that never reached a worker.
+    pub(crate) fn refused(
+        language: &str,
+        run: RunInfo,
+        status: Status,
+        kind: &str,
+        message: String,
+    ) -> Self {
+        let mut r = CellResult::new(language, run);
+        r.status = status;
+        r.error = Some(ScriptError {
+            kind: kind.to_owned(),
+            message,
+            ..ScriptError::default()
+        });
+        r
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.status == Status::Ok
+    }
+
+    /// A plain-text rendering for people and models.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        if !self.stdout.is_empty() {
+            out.push_str(&self.stdout);
+            if !self.stdout.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        if let Some(t) = &self.truncated.stdout {
+            out.push_str(&format!(
+                "[stdout truncated: {} bytes in total, kept the first {} and the last {}]\n",
+                t.total_bytes, t.kept_head, t.kept_tail
+            ));
+        }
+        if !self.stderr.is_empty() {
+            out.push_str("--- stderr ---\n");
+            out.push_str(&self.stderr);
+            if !self.stderr.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        if let Some(t) = &self.truncated.stderr {
+            out.push_str(&format!(
+                "[stderr truncated: {} bytes in total, kept the first {} and the last {}]\n",
+                t.total_bytes, t.kept_head, t.kept_tail
+            ));
+        }
+        if !self.value.is_null() {
+            out.push_str(&format!("=> {}\n", self.value));
+        }
+        if let Some(a) = &self.final_answer {
+            out.push_str(&format!("answer: {a}\n"));
+        }
+        if let Some(e) = &self.error {
+            if let Some(tb) = &e.traceback {
+                out.push_str(tb);
+                if !tb.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            let pos = match (e.line, e.column) {
+                (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
+                (Some(l), None) => format!(" (line {l})"),
+                _ => String::new(),
+            };
+            out.push_str(&format!("{}: {}{}\n", e.kind, e.message, pos));
+        }
+        if self.status != Status::Ok {
+            out.push_str(&format!("[status: {}]\n", self.status));
+        }
+        if !self.vars.dropped.is_empty() {
+            let names: Vec<String> = self
+                .vars
+                .dropped
+                .iter()
+                .map(|d| format!("{} ({}: {})", d.name, d.type_name, d.reason))
+                .collect();
+            out.push_str(&format!(
+                "[not kept for the next cell: {}]\n",
+                names.join(", ")
+            ));
+        }
+        out
+    }
+}

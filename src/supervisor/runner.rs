@@ -1,0 +1,798 @@
+//! The cell runner: spawn one worker, pump the protocol, enforce the outer
+//! limits (wall clock, output caps, frame size), kill and reap.
+
+use super::capability::{CallContext, Handler};
+use super::output::Capture;
+use super::policy::{Budget, Policy};
+use super::result::{CallRecord, CellResult, ExitInfo, RunInfo, Status};
+use super::{Inner, Language, Limits};
+use crate::protocol::{
+    read_frame_async, write_frame_async, Backend, Call, Definition, Done, DoneStatus, FrameError,
+    FromWorker, Reply, ReplyError, ScriptError, Setup, Start, ToWorker,
+};
+use crate::sandbox::{process, spawn, SandboxPlan};
+use serde_json::{json, Map, Value};
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::mpsc;
+
+/// Everything needed to run one cell.
+#[derive(Debug, Clone)]
+pub(crate) struct CellSpec {
+    pub language: Language,
+    pub code: String,
+    /// For `Language::Shell` via `exec`: the program and its arguments.
+    pub argv: Option<Vec<String>>,
+    pub vars: Map<String, Value>,
+    pub definitions: Vec<Definition>,
+    pub limits: Limits,
+    pub policy: Policy,
+    pub budget: Arc<Budget>,
+    pub run: RunInfo,
+    pub session_id: String,
+    pub scratch: PathBuf,
+    pub profile: Option<String>,
+    /// Copy the worker's stdout/stderr to ours as it arrives (`cellbox exec`).
+    pub forward_output: bool,
+    pub execution_count: u64,
+}
+
+/// A cell's outcome before it is turned into a result.
+enum Outcome {
+    Done(Box<Done>),
+    Timeout,
+    Exited,
+    Fatal(Status, &'static str, String),
+}
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+static RUN_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A new run id, unique within this host for practical purposes.
+pub(crate) fn new_run_id() -> String {
+    let n = RUN_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0);
+    format!("{:x}-{:x}-{n}", t, std::process::id())
+}
+
+/// Run one cell (and, through `run_cell` calls, its sub-cells).
+pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+    Box::pin(async move {
+        let started = Instant::now();
+        let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
+        result.execution_count = spec.execution_count;
+        sup.events.record(
+            "cell_start",
+            &spec.run,
+            json!({"language": spec.language.as_str(), "session_id": spec.session_id}),
+        );
+        let done = match run_worker(&sup, &spec, &mut result, started).await {
+            Ok(done) => done,
+            Err(e) => {
+                result.status = Status::SandboxError;
+                result.error = Some(ScriptError {
+                    kind: "SpawnError".into(),
+                    message: e,
+                    ..ScriptError::default()
+                });
+                None
+            }
+        };
+        result.usage.wall_ms = started.elapsed().as_millis() as u64;
+        result.usage.calls = result.calls.len() as u32;
+        sup.events.record(
+            "cell_end",
+            &spec.run,
+            json!({"status": result.status, "wall_ms": result.usage.wall_ms,
+                   "error": result.error.as_ref().map(|e| &e.message)}),
+        );
+        (result, done)
+    })
+}
+
+fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), String> {
+    let limits = spec.limits.os_limits();
+    let profile_name = spec
+        .profile
+        .clone()
+        .unwrap_or_else(|| spec.language.default_profile().to_owned());
+    let profile = crate::profiles::Profile::load(&profile_name).map_err(|e| e.to_string())?;
+    let mut plan = SandboxPlan::new(&profile, spec.scratch.clone(), limits);
+    let backend = match spec.language {
+        Language::Rhai => Backend::Rhai,
+        Language::Python => {
+            let py = sup.python()?;
+            plan.read_only.extend(py.read_only.iter().cloned());
+            plan.exec.push(py.executable.clone());
+            Backend::Python {
+                interpreter: py.executable.to_string_lossy().into_owned(),
+            }
+        }
+        Language::Shell => {
+            let argv = match &spec.argv {
+                Some(a) => a.clone(),
+                None => vec!["/bin/sh".into(), "-c".into(), spec.code.clone()],
+            };
+            let prog = argv.first().ok_or("exec needs a program to run")?;
+            let resolved = super::resolve_program(prog)?;
+            plan.exec.push(resolved.clone());
+            let mut argv = argv;
+            argv[0] = resolved.to_string_lossy().into_owned();
+            Backend::Exec { argv }
+        }
+    };
+    Ok((backend, plan))
+}
+
+async fn pump<R: AsyncRead + Unpin>(mut r: R, cap: Arc<Mutex<Capture>>, forward: Option<bool>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        match forward {
+            Some(true) => {
+                let _ = tokio::io::stdout().write_all(chunk).await;
+            }
+            Some(false) => {
+                let _ = tokio::io::stderr().write_all(chunk).await;
+            }
+            None => {}
+        }
+        match cap.lock() {
+            Ok(mut c) => c.push(chunk),
+            Err(p) => p.into_inner().push(chunk),
+        }
+    }
+}
+
+fn take_capture(cap: &Arc<Mutex<Capture>>) -> Capture {
+    let mut guard = match cap.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    std::mem::replace(&mut *guard, Capture::new(0))
+}
+
+async fn send(wr: &mut OwnedWriteHalf, msg: &ToWorker, max: usize) -> Result<(), FrameError> {
+    write_frame_async(wr, msg, max).await
+}
+
+async fn run_worker(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    started: Instant,
+) -> Result<Option<Box<Done>>, String> {
+    let deadline = started + spec.limits.timeout();
+    let (backend, plan) = match backend_for(sup, spec) {
+        Ok(b) => b,
+        Err(e) => {
+            result.status = Status::SandboxError;
+            result.error = Some(ScriptError {
+                kind: "SandboxError".into(),
+                message: e,
+                ..ScriptError::default()
+            });
+            return Ok(None);
+        }
+    };
+    let max_frame = spec.limits.max_frame_bytes;
+    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+    let worker_fd: OwnedFd = worker_sock.into();
+    let mut cmd = std::process::Command::new(&sup.worker_exe);
+    cmd.arg("__worker")
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("HOME", &spec.scratch)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    spawn::prepare_worker(&mut cmd, &worker_fd);
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "failed to start the worker {}: {e}",
+            sup.worker_exe.display()
+        )
+    })?;
+    drop(worker_fd);
+    let pid = child.id() as i32;
+    // From here on the child must be killed and reaped on every path.
+    let exit_fd = process::ExitWatch::open(pid);
+    let out_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
+    let err_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(out)) {
+            let fwd = spec.forward_output.then_some(true);
+            pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd)));
+        }
+    }
+    if let Some(err) = child.stderr.take() {
+        if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(err)) {
+            let fwd = spec.forward_output.then_some(false);
+            pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd)));
+        }
+    }
+    drop(child); // std's Child never reaps on drop; we reap with wait4 below.
+
+    let outcome = match exit_fd {
+        Ok(exit_fd) => {
+            let o = converse(
+                sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame,
+            )
+            .await;
+            finish_process(pid, &exit_fd, &o).await;
+            o
+        }
+        Err(e) => {
+            let _ = process::kill_pid(pid);
+            Outcome::Fatal(
+                Status::SandboxError,
+                "SpawnError",
+                format!("failed to watch the worker process: {e}"),
+            )
+        }
+    };
+    let reaped = tokio::task::spawn_blocking(move || process::reap(pid))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    // Output pipes close once every process holding them is gone; give
+    // stragglers a moment, then take what was captured.
+    for p in pumps {
+        let abort = p.abort_handle();
+        if tokio::time::timeout(Duration::from_millis(500), p)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
+    let (stdout, t_out) = take_capture(&out_cap).finish();
+    let (stderr, t_err) = take_capture(&err_cap).finish();
+    result.stdout = stdout;
+    result.stderr = stderr;
+    result.truncated.stdout = t_out;
+    result.truncated.stderr = t_err;
+    if let Ok(r) = &reaped {
+        result.exit = ExitInfo {
+            code: r.code,
+            signal: r.signal,
+        };
+        result.usage.cpu_ms = r.cpu_ms;
+        result.usage.max_rss_kb = r.max_rss_kb;
+    }
+    Ok(classify(spec, result, outcome, deadline))
+}
+
+/// Wait for the worker to be gone, killing it (and its whole process group)
+/// as needed. Returns once the leader has exited (it stays a zombie until
+/// reaped, so its pid and pgid cannot be reused while we kill the group).
+async fn finish_process(pid: i32, exit_fd: &process::ExitWatch, outcome: &Outcome) {
+    if let Outcome::Done(_) = outcome {
+        // A worker that reported exits by itself; give it a moment.
+        let _ = tokio::time::timeout(Duration::from_secs(2), exit_fd.exited()).await;
+    }
+    let _ = process::kill_group(pid);
+    let _ = process::kill_pid(pid);
+    let _ = tokio::time::timeout(Duration::from_secs(10), exit_fd.exited()).await;
+    // Anything it left in its group dies too.
+    let _ = process::kill_group(pid);
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn converse(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    sock: std::os::unix::net::UnixStream,
+    exit_fd: &process::ExitWatch,
+    deadline: Instant,
+    backend: Backend,
+    plan: SandboxPlan,
+    max_frame: usize,
+) -> Outcome {
+    let stream = match sock
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(sock))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            return Outcome::Fatal(
+                Status::SandboxError,
+                "SpawnError",
+                format!("failed to set up the protocol channel: {e}"),
+            )
+        }
+    };
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<Result<FromWorker, FrameError>>(8);
+    let reader = tokio::spawn(async move {
+        loop {
+            let msg = read_frame_async::<FromWorker, _>(&mut rd, max_frame).await;
+            let stop = msg.is_err();
+            if tx.send(msg).await.is_err() || stop {
+                return;
+            }
+        }
+    });
+    let is_exec = matches!(backend, Backend::Exec { .. });
+    let setup = ToWorker::Setup(Setup { backend, plan });
+    let mut start = if is_exec {
+        None
+    } else {
+        Some(ToWorker::Start(Start {
+            language: spec.language.as_str().to_owned(),
+            code: spec.code.clone(),
+            vars: spec.vars.clone(),
+            definitions: spec.definitions.clone(),
+            capabilities: sup.registry.iter().map(|c| c.spec()).collect(),
+            limits: spec.limits.script_limits(),
+            max_frame_bytes: max_frame,
+        }))
+    };
+    let mut ready = false;
+    let mut rx_open = true;
+    let mut deny_seen = false;
+    let _ = send(&mut wr, &setup, max_frame).await;
+    let deadline_t = tokio::time::Instant::from_std(deadline);
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            msg = rx.recv(), if rx_open => match msg {
+                Some(Ok(FromWorker::Ready(r))) if !ready => {
+                    ready = true;
+                    result.sandbox = Some(r.report);
+                    if let Some(s) = start.take() {
+                        if let Err(e) = send(&mut wr, &s, max_frame).await {
+                            tracing::debug!("worker went away before start: {e}");
+                        }
+                    }
+                }
+                Some(Ok(FromWorker::SandboxError(f))) if !ready => {
+                    break Outcome::Fatal(
+                        Status::SandboxError,
+                        "SandboxError",
+                        format!("the {} layer could not be applied: {}", f.layer, f.message),
+                    );
+                }
+                Some(Ok(FromWorker::Call(call))) if ready && !is_exec => {
+                    match handle_call(sup, spec, result, call, deadline).await {
+                        Ok((reply, denied)) => {
+                            deny_seen |= denied;
+                            let _ = send(&mut wr, &ToWorker::Reply(reply), max_frame).await;
+                        }
+                        Err(fatal) => break fatal,
+                    }
+                }
+                Some(Ok(FromWorker::Emit { event })) if ready && !is_exec => {
+                    let call = Call { id: 0, cap: "emit".into(), args: {
+                        let mut m = Map::new();
+                        m.insert("event".into(), event);
+                        m
+                    }};
+                    if let Err(fatal) = handle_call(sup, spec, result, call, deadline).await {
+                        break fatal;
+                    }
+                }
+                Some(Ok(FromWorker::Log(l))) if ready && !is_exec => {
+                    let msg: String = l.message.chars().take(2000).collect();
+                    tracing::info!(run_id = %spec.run.run_id, level = %l.level, "worker: {msg}");
+                }
+                Some(Ok(FromWorker::Done(done))) if ready && !is_exec => {
+                    break Outcome::Done(done);
+                }
+                Some(Ok(other)) => {
+                    let tag = match other {
+                        FromWorker::Ready(_) => "ready",
+                        FromWorker::SandboxError(_) => "sandbox_error",
+                        FromWorker::Call(_) => "call",
+                        FromWorker::Emit { .. } => "emit",
+                        FromWorker::Log(_) => "log",
+                        FromWorker::Done(_) => "done",
+                    };
+                    break Outcome::Fatal(
+                        Status::ProtocolError,
+                        "ProtocolError",
+                        format!("the worker sent an unexpected {tag:?} message"),
+                    );
+                }
+                Some(Err(FrameError::Closed)) | None => {
+                    rx_open = false;
+                }
+                Some(Err(e)) => {
+                    break Outcome::Fatal(
+                        Status::ProtocolError,
+                        "ProtocolError",
+                        format!("the worker sent a bad frame: {e}"),
+                    );
+                }
+            },
+            _ = exit_fd.exited() => {
+                // The worker is gone; a `done` may still be queued.
+                let mut last = Outcome::Exited;
+                while rx_open {
+                    let next = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await;
+                    rx_open = matches!(next, Ok(Some(Ok(_))));
+                    match next {
+                        Ok(Some(Ok(FromWorker::Done(d)))) if ready && !is_exec => {
+                            last = Outcome::Done(d);
+                            break;
+                        }
+                        Ok(Some(Ok(FromWorker::SandboxError(f)))) if !ready => {
+                            last = Outcome::Fatal(
+                                Status::SandboxError,
+                                "SandboxError",
+                                format!("the {} layer could not be applied: {}", f.layer, f.message),
+                            );
+                            break;
+                        }
+                        Ok(Some(Ok(_))) => {}
+                        _ => break,
+                    }
+                }
+                break last;
+            }
+            _ = tokio::time::sleep_until(deadline_t) => break Outcome::Timeout,
+        }
+    };
+    reader.abort();
+    let _ = wr.shutdown().await;
+    if deny_seen {
+        if let Outcome::Done(d) = &outcome {
+            if d.status == DoneStatus::Error
+                && d.error.as_ref().map(|e| e.kind.as_str()) == Some("PermissionError")
+            {
+                result.status = Status::PolicyDenied;
+            }
+        }
+    }
+    outcome
+}
+
+/// Check and perform one capability call. `Err` ends the cell.
+async fn handle_call(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    call: Call,
+    deadline: Instant,
+) -> Result<(Reply, bool), Outcome> {
+    let t0 = Instant::now();
+    let id = call.id;
+    let record = |outcome: &str, message: Option<String>, result: &mut CellResult| {
+        sup.events.record(
+            "call",
+            &spec.run,
+            json!({"cap": call.cap, "outcome": outcome, "message": message}),
+        );
+        result.calls.push(CallRecord {
+            cap: call.cap.clone(),
+            outcome: outcome.to_owned(),
+            message,
+            run_id: spec.run.run_id.clone(),
+            depth: spec.run.depth,
+            ms: t0.elapsed().as_millis() as u64,
+        });
+    };
+    let err = |kind: &str, message: String| Reply {
+        id,
+        ok: None,
+        error: Some(ReplyError {
+            kind: kind.to_owned(),
+            message,
+        }),
+    };
+    let Some(cap) = sup.registry.get(&call.cap) else {
+        let msg = format!("unknown capability {:?}", call.cap);
+        record("unknown", Some(msg.clone()), result);
+        return Ok((err("unknown", msg), true));
+    };
+    if !spec.policy.permits(&call.cap) {
+        let msg = format!(
+            "capability {:?} is not allowed by this session's policy",
+            call.cap
+        );
+        record("denied", Some(msg.clone()), result);
+        return Ok((err("denied", msg), true));
+    }
+    if let Err(e) = spec.budget.charge(&spec.policy, &call.cap) {
+        record("budget", Some(e.to_string()), result);
+        return Err(Outcome::Fatal(
+            Status::LimitExceeded,
+            "LimitExceeded",
+            e.to_string(),
+        ));
+    }
+    if let Err(msg) = cap.validate(&call.args) {
+        let msg = format!("invalid arguments for {:?}: {msg}", call.cap);
+        record("invalid_args", Some(msg.clone()), result);
+        return Ok((err("invalid_args", msg), false));
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let outcome: Result<Value, (String, String)> = match &cap.handler {
+        Handler::Emit => {
+            let event = call.args.get("event").cloned().unwrap_or(Value::Null);
+            sup.events
+                .record("emit", &spec.run, json!({ "data": event }));
+            Ok(Value::Null)
+        }
+        Handler::Answer => {
+            result.final_answer = Some(call.args.get("value").cloned().unwrap_or(Value::Null));
+            Ok(Value::Null)
+        }
+        Handler::RunCell => run_sub_cell(sup, spec, result, &call.args, remaining).await,
+        Handler::Host(f) => {
+            let ctx = CallContext {
+                session_id: spec.session_id.clone(),
+                run: spec.run.clone(),
+            };
+            match tokio::time::timeout(remaining, f(ctx, call.args.clone())).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(m)) => Err(("failed".into(), m)),
+                Err(_) => Err((
+                    "failed".into(),
+                    "the capability did not finish in time".into(),
+                )),
+            }
+        }
+    };
+    match outcome {
+        Ok(v) => {
+            record("ok", None, result);
+            Ok((
+                Reply {
+                    id,
+                    ok: Some(v),
+                    error: None,
+                },
+                false,
+            ))
+        }
+        Err((kind, msg)) => {
+            let denied = kind == "denied";
+            record(&kind, Some(msg.clone()), result);
+            Ok((err(&kind, msg), denied))
+        }
+    }
+}
+
+async fn run_sub_cell(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    args: &Map<String, Value>,
+    remaining: Duration,
+) -> Result<Value, (String, String)> {
+    let depth = spec.run.depth + 1;
+    if depth > spec.policy.max_depth {
+        return Err((
+            "denied".into(),
+            format!(
+                "run_cell refused: depth {depth} exceeds max_depth {}",
+                spec.policy.max_depth
+            ),
+        ));
+    }
+    let lang_s = args.get("language").and_then(Value::as_str).unwrap_or("");
+    let language: Language = lang_s
+        .parse()
+        .map_err(|e: super::Error| ("invalid_args".to_owned(), e.to_string()))?;
+    let code = args
+        .get("code")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if code.len() > spec.limits.max_script_bytes {
+        return Err((
+            "invalid_args".into(),
+            format!(
+                "sub-cell source of {} bytes exceeds max_script_bytes {}",
+                code.len(),
+                spec.limits.max_script_bytes
+            ),
+        ));
+    }
+    let vars = args
+        .get("vars")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let scratch = tempfile::Builder::new()
+        .prefix("cellbox-sub-")
+        .tempdir()
+        .map_err(|e| {
+            (
+                "failed".to_owned(),
+                format!("failed to create a scratch dir: {e}"),
+            )
+        })?;
+    let mut limits = spec.limits.clone();
+    limits.timeout_ms = limits.timeout_ms.min(remaining.as_millis() as u64);
+    let child = CellSpec {
+        language,
+        code,
+        argv: None,
+        vars,
+        definitions: Vec::new(),
+        limits,
+        policy: spec.policy.clone(),
+        budget: spec.budget.clone(),
+        run: RunInfo {
+            run_id: new_run_id(),
+            parent_run_id: Some(spec.run.run_id.clone()),
+            root_run_id: spec.run.root_run_id.clone(),
+            depth,
+        },
+        session_id: spec.session_id.clone(),
+        scratch: scratch.path().to_path_buf(),
+        profile: None,
+        forward_output: false,
+        execution_count: 0,
+    };
+    let (sub, _) = run_cell(sup.clone(), child).await;
+    drop(scratch);
+    result.calls.extend(sub.calls.iter().cloned());
+    if sub.status == Status::Ok {
+        Ok(sub.value)
+    } else {
+        let msg = sub
+            .error
+            .as_ref()
+            .map(|e| format!("{}: {}", e.kind, e.message))
+            .unwrap_or_default();
+        Err((
+            "failed".into(),
+            format!("sub-cell ended with status {}: {msg}", sub.status),
+        ))
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGSYS => "SIGSYS".into(),
+        libc::SIGSEGV => "SIGSEGV".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGXCPU => "SIGXCPU".into(),
+        libc::SIGXFSZ => "SIGXFSZ".into(),
+        libc::SIGBUS => "SIGBUS".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// Turn the outcome and exit information into the result's status/error.
+fn classify(
+    spec: &CellSpec,
+    result: &mut CellResult,
+    outcome: Outcome,
+    _deadline: Instant,
+) -> Option<Box<Done>> {
+    let set_err = |result: &mut CellResult, status: Status, kind: &str, message: String| {
+        result.status = status;
+        result.error = Some(ScriptError {
+            kind: kind.to_owned(),
+            message,
+            ..ScriptError::default()
+        });
+    };
+    match outcome {
+        Outcome::Done(done) => {
+            if result.status != Status::PolicyDenied {
+                result.status = match done.status {
+                    DoneStatus::Ok => Status::Ok,
+                    DoneStatus::Error => Status::Error,
+                    DoneStatus::LimitExceeded => Status::LimitExceeded,
+                    DoneStatus::Timeout => Status::Timeout,
+                };
+            }
+            result.value = done.value.clone();
+            result.error = done.error.clone();
+            if let (Some(limit), Some(e)) = (&done.limit, result.error.as_mut()) {
+                if !e.message.contains(limit.as_str()) {
+                    e.message = format!("{} (limit: {limit})", e.message);
+                }
+            }
+            result.vars.dropped = done.dropped.clone();
+            Some(done)
+        }
+        Outcome::Timeout => {
+            set_err(
+                result,
+                Status::Timeout,
+                "Timeout",
+                format!(
+                    "the cell ran past its wall-clock limit of {} ms and was killed",
+                    spec.limits.timeout_ms
+                ),
+            );
+            None
+        }
+        Outcome::Fatal(status, kind, message) => {
+            set_err(result, status, kind, message);
+            None
+        }
+        Outcome::Exited => {
+            let exit = result.exit;
+            let exec = spec.language == Language::Shell;
+            match (exit.code, exit.signal) {
+                (Some(0), _) if exec => result.status = Status::Ok,
+                (Some(code), _) if exec => set_err(
+                    result,
+                    Status::Error,
+                    "ExitStatus",
+                    format!("the program exited with status {code}"),
+                ),
+                (_, Some(libc::SIGXCPU)) => set_err(
+                    result,
+                    Status::LimitExceeded,
+                    "LimitExceeded",
+                    format!("CPU time limit of {} s exceeded", spec.limits.cpu_seconds),
+                ),
+                (_, Some(libc::SIGXFSZ)) => set_err(
+                    result,
+                    Status::LimitExceeded,
+                    "LimitExceeded",
+                    format!(
+                        "file size limit of {} bytes exceeded",
+                        spec.limits.max_file_size_bytes
+                    ),
+                ),
+                (_, Some(libc::SIGSYS)) => set_err(
+                    result,
+                    Status::Killed,
+                    "Killed",
+                    "killed by SIGSYS: the cell made a system call the sandbox forbids".into(),
+                ),
+                (_, Some(sig))
+                    if sig == libc::SIGABRT && result.stderr.contains("memory allocation") =>
+                {
+                    set_err(
+                        result,
+                        Status::LimitExceeded,
+                        "LimitExceeded",
+                        format!(
+                            "memory limit of {} bytes exceeded",
+                            spec.limits.memory_bytes
+                        ),
+                    )
+                }
+                (_, Some(sig)) => set_err(
+                    result,
+                    Status::Killed,
+                    "Killed",
+                    format!("the worker was killed by {}", signal_name(sig)),
+                ),
+                (Some(code), None) => set_err(
+                    result,
+                    Status::ProtocolError,
+                    "ProtocolError",
+                    format!("the worker exited with status {code} before reporting a result"),
+                ),
+                (None, None) => set_err(
+                    result,
+                    Status::ProtocolError,
+                    "ProtocolError",
+                    "the worker ended before reporting a result".into(),
+                ),
+            }
+            None
+        }
+    }
+}

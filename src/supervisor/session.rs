@@ -1,0 +1,323 @@
+//! Sessions: a namespace (JSON variables + replayable definitions), a
+//! history, and a scratch directory that persist across cells.
+
+use super::result::{CellResult, RunInfo, Status};
+use super::runner::{self, CellSpec};
+use super::{valid_var_name, CellRequest, Error, Inner, Language, Limits, Namespace, Policy};
+use crate::protocol::{Definition, Done};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// How a session is configured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    pub policy: Policy,
+    pub limits: Limits,
+    /// Sandbox profile name or path for every cell of this session
+    /// (defaults to the supervisor's profile for the cell's language).
+    pub profile: Option<String>,
+}
+
+/// One past cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub execution_count: u64,
+    pub language: String,
+    pub code: String,
+    pub status: Status,
+    pub run_id: String,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    vars: Namespace,
+    definitions: Vec<(Language, Definition)>,
+    history: Vec<HistoryEntry>,
+    execution_count: u64,
+}
+
+struct SessionInner {
+    id: String,
+    sup: Arc<Inner>,
+    config: SessionConfig,
+    scratch: tempfile::TempDir,
+    state: tokio::sync::Mutex<State>,
+}
+
+/// A sequence of cells sharing a namespace. Cells of one session run one
+/// at a time; clone the handle freely.
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<SessionInner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.inner.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    pub(crate) fn new(sup: Arc<Inner>, config: SessionConfig) -> Result<Session, Error> {
+        let scratch = tempfile::Builder::new()
+            .prefix("cellbox-")
+            .tempdir()
+            .map_err(|source| Error::Io {
+                what: "create the session's scratch directory".into(),
+                source,
+            })?;
+        Ok(Session {
+            inner: Arc::new(SessionInner {
+                id: runner::new_run_id(),
+                sup,
+                config,
+                scratch,
+                state: tokio::sync::Mutex::new(State::default()),
+            }),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.inner.config
+    }
+
+    /// The session's persistent scratch directory (host path).
+    pub fn scratch_dir(&self) -> &std::path::Path {
+        self.inner.scratch.path()
+    }
+
+    /// Run one cell. A cell that does not end `ok` changes nothing in the
+    /// namespace.
+    pub async fn run(&self, request: CellRequest) -> CellResult {
+        let mut state = self.inner.state.lock().await;
+        state.execution_count += 1;
+        let count = state.execution_count;
+        let limits = self.inner.config.limits.tighten(&request.limits);
+        let run = RunInfo::root();
+        if request.code.len() > limits.max_script_bytes {
+            let mut r = CellResult::refused(
+                request.language.as_str(),
+                run,
+                Status::Error,
+                "UsageError",
+                format!(
+                    "the script is {} bytes, over the limit of {} bytes (max_script_bytes)",
+                    request.code.len(),
+                    limits.max_script_bytes
+                ),
+            );
+            r.execution_count = count;
+            self.push_history(&mut state, &request, &r);
+            return r;
+        }
+        let definitions = state
+            .definitions
+            .iter()
+            .filter(|(l, _)| *l == request.language)
+            .map(|(_, d)| d.clone())
+            .collect();
+        let spec = CellSpec {
+            language: request.language,
+            code: request.code.clone(),
+            argv: None,
+            vars: state.vars.clone(),
+            definitions,
+            limits,
+            policy: self.inner.config.policy.clone(),
+            budget: Arc::new(super::Budget::default()),
+            run,
+            session_id: self.inner.id.clone(),
+            scratch: self.inner.scratch.path().to_path_buf(),
+            profile: self.profile_for(request.language),
+            forward_output: false,
+            execution_count: count,
+        };
+        let (mut result, done) = runner::run_cell(self.inner.sup.clone(), spec).await;
+        if result.status == Status::Ok && request.language != Language::Shell {
+            if let Some(done) = done {
+                apply(&mut state, request.language, &done, &mut result);
+            }
+        }
+        self.push_history(&mut state, &request, &result);
+        result
+    }
+
+    /// Call one capability directly (the REPL's `:call`), through the same
+    /// policy, schema and budget checks as a script's call: it runs as a tiny
+    /// Rhai cell that leaves the namespace untouched.
+    pub async fn call(&self, cap: &str, args: serde_json::Map<String, Value>) -> CellResult {
+        if !valid_var_name(cap) {
+            return CellResult::refused(
+                "rhai",
+                RunInfo::root(),
+                Status::Error,
+                "UsageError",
+                format!("{cap:?} is not a capability name"),
+            );
+        }
+        let _state = self.inner.state.lock().await;
+        let mut vars = Namespace::new();
+        vars.insert("__call_args".into(), Value::Object(args));
+        let spec = CellSpec {
+            language: Language::Rhai,
+            code: format!("invoke({cap:?}, __call_args)"),
+            argv: None,
+            vars,
+            definitions: Vec::new(),
+            limits: self.inner.config.limits.clone(),
+            policy: self.inner.config.policy.clone(),
+            budget: Arc::new(super::Budget::default()),
+            run: RunInfo::root(),
+            session_id: self.inner.id.clone(),
+            scratch: self.inner.scratch.path().to_path_buf(),
+            profile: self.profile_for(Language::Rhai),
+            forward_output: false,
+            execution_count: 0,
+        };
+        runner::run_cell(self.inner.sup.clone(), spec).await.0
+    }
+
+    /// Run a program under the sandbox (no namespace).
+    pub(crate) async fn exec(&self, argv: Vec<String>, forward_output: bool) -> CellResult {
+        let mut state = self.inner.state.lock().await;
+        state.execution_count += 1;
+        let spec = CellSpec {
+            language: Language::Shell,
+            code: argv.join(" "),
+            argv: Some(argv),
+            vars: Default::default(),
+            definitions: Vec::new(),
+            limits: self.inner.config.limits.clone(),
+            policy: self.inner.config.policy.clone(),
+            budget: Arc::new(super::Budget::default()),
+            run: RunInfo::root(),
+            session_id: self.inner.id.clone(),
+            scratch: self.inner.scratch.path().to_path_buf(),
+            profile: self.profile_for(Language::Shell),
+            forward_output,
+            execution_count: state.execution_count,
+        };
+        runner::run_cell(self.inner.sup.clone(), spec).await.0
+    }
+
+    fn profile_for(&self, language: Language) -> Option<String> {
+        self.inner
+            .config
+            .profile
+            .clone()
+            .or_else(|| self.inner.sup.profiles.get(&language).cloned())
+    }
+
+    fn push_history(&self, state: &mut State, request: &CellRequest, result: &CellResult) {
+        state.history.push(HistoryEntry {
+            execution_count: result.execution_count,
+            language: request.language.as_str().to_owned(),
+            code: request.code.clone(),
+            status: result.status,
+            run_id: result.run.run_id.clone(),
+        });
+    }
+
+    /// The current namespace variables.
+    pub async fn vars(&self) -> Namespace {
+        self.inner.state.lock().await.vars.clone()
+    }
+
+    /// Names defined by carried definitions (functions, classes, imports).
+    pub async fn definitions(&self) -> Vec<(String, Vec<String>)> {
+        self.inner
+            .state
+            .lock()
+            .await
+            .definitions
+            .iter()
+            .map(|(l, d)| (l.as_str().to_owned(), d.names.clone()))
+            .collect()
+    }
+
+    /// Set one variable.
+    pub async fn set_var(&self, name: &str, value: Value) -> Result<(), Error> {
+        if !valid_var_name(name) {
+            return Err(Error::BadVarName(name.to_owned()));
+        }
+        let mut state = self.inner.state.lock().await;
+        remove_definition_names(&mut state, &[name.to_owned()]);
+        state.vars.insert(name.to_owned(), value);
+        Ok(())
+    }
+
+    pub async fn get_var(&self, name: &str) -> Option<Value> {
+        self.inner.state.lock().await.vars.get(name).cloned()
+    }
+
+    pub async fn history(&self) -> Vec<HistoryEntry> {
+        self.inner.state.lock().await.history.clone()
+    }
+
+    pub async fn execution_count(&self) -> u64 {
+        self.inner.state.lock().await.execution_count
+    }
+
+    /// Forget every variable and definition (the history and scratch
+    /// directory's files stay).
+    pub async fn reset(&self) {
+        let mut state = self.inner.state.lock().await;
+        state.vars.clear();
+        state.definitions.clear();
+    }
+}
+
+fn remove_definition_names(state: &mut State, names: &[String]) {
+    for (_, d) in state.definitions.iter_mut() {
+        d.names.retain(|n| !names.contains(n));
+    }
+    state.definitions.retain(|(_, d)| !d.names.is_empty());
+}
+
+/// Fold a successful cell into the namespace and fill `result.vars`.
+fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellResult) {
+    let mut changed = Vec::new();
+    for (k, v) in &done.vars {
+        if state.vars.get(k) != Some(v) {
+            changed.push(k.clone());
+        }
+    }
+    let deleted: Vec<String> = state
+        .vars
+        .keys()
+        .filter(|k| !done.vars.contains_key(*k))
+        .cloned()
+        .collect();
+    // A name is either a variable or a definition: the newest wins.
+    let var_names: Vec<String> = changed.clone();
+    remove_definition_names(state, &var_names);
+    for d in &done.definitions {
+        remove_definition_names(state, &d.names);
+    }
+    for d in &done.definitions {
+        if !d.names.is_empty() {
+            state.definitions.push((language, d.clone()));
+        }
+    }
+    state.vars = done
+        .vars
+        .iter()
+        .filter(|(k, _)| valid_var_name(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for d in &done.definitions {
+        for n in &d.names {
+            state.vars.remove(n);
+        }
+    }
+    result.vars.changed = changed;
+    result.vars.deleted = deleted;
+}

@@ -1,0 +1,364 @@
+//! The Rhai backend: a hardened engine running in the (sandboxed) worker.
+//! Capability functions are protocol round-trips to the supervisor.
+
+use super::channel::Channel;
+use super::json::{from_json, to_json};
+use crate::protocol::{
+    CapabilitySpec, Definition, Done, DoneStatus, DroppedVar, FromWorker, ScriptError,
+    ScriptLimits, Start, ToWorker,
+};
+use rhai::packages::{Package, StandardPackage};
+use rhai::{Dynamic, Engine, EvalAltResult, Position, Scope, AST};
+use serde_json::{Map, Value};
+use std::cell::RefCell;
+use std::io::Write;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// The engine every Rhai cell runs in. Built from `Engine::new_raw()`: only
+/// the standard package (no file or module access), every limit set, `eval`
+/// disabled, a deadline checked as the script runs, `print`/`debug` to
+/// stdout.
+pub fn hardened_engine(limits: &ScriptLimits, deadline: Instant) -> Engine {
+    let mut engine = Engine::new_raw();
+    engine.register_global_module(StandardPackage::new().as_shared_module());
+    engine.set_max_operations(limits.max_operations);
+    engine.set_max_call_levels(limits.max_call_levels);
+    engine.set_max_expr_depths(limits.max_expr_depth, limits.max_expr_depth);
+    engine.set_max_string_size(limits.max_string_bytes);
+    engine.set_max_array_size(limits.max_array_len);
+    engine.set_max_map_size(limits.max_map_len);
+    engine.set_max_modules(0);
+    engine.set_max_functions(10_000);
+    engine.set_max_variables(10_000);
+    engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new());
+    engine.disable_symbol("eval");
+    engine.disable_symbol("import");
+    engine.on_progress(move |ops| {
+        if ops % 512 == 0 && Instant::now() >= deadline {
+            Some(Dynamic::from("deadline"))
+        } else {
+            None
+        }
+    });
+    engine.on_print(|s| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{s}");
+    });
+    engine.on_debug(|s, _src, pos| {
+        let mut out = std::io::stdout().lock();
+        if pos.is_none() {
+            let _ = writeln!(out, "[debug] {s}");
+        } else {
+            let _ = writeln!(out, "[debug {pos}] {s}");
+        }
+    });
+    engine
+}
+
+/// Map a call reply error to the script-visible error value.
+fn reply_error(kind: &str, message: &str, pos: Position) -> Box<EvalAltResult> {
+    let mut m = rhai::Map::new();
+    m.insert("kind".into(), Dynamic::from(kind.to_owned()));
+    m.insert("message".into(), Dynamic::from(message.to_owned()));
+    Box::new(EvalAltResult::ErrorRuntime(Dynamic::from_map(m), pos))
+}
+
+fn do_call(
+    chan: &Rc<RefCell<Channel>>,
+    cap: &str,
+    args: Map<String, Value>,
+    pos: Position,
+) -> Result<Dynamic, Box<EvalAltResult>> {
+    let mut chan = chan.borrow_mut();
+    let id = chan.next_id();
+    let msg = FromWorker::Call(crate::protocol::Call {
+        id,
+        cap: cap.to_owned(),
+        args,
+    });
+    if chan.send(&msg).is_err() {
+        // The supervisor is gone or refused the frame; nothing to report to.
+        std::process::exit(7);
+    }
+    match chan.recv() {
+        Ok(ToWorker::Reply(r)) if r.id == id => match (r.ok, r.error) {
+            (_, Some(e)) => Err(reply_error(&e.kind, &e.message, pos)),
+            (Some(v), None) => Ok(from_json(&v)),
+            (None, None) => Ok(Dynamic::UNIT),
+        },
+        _ => std::process::exit(7),
+    }
+}
+
+fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<RefCell<Channel>>) {
+    for spec in caps {
+        for arity in 0..=spec.params.len() {
+            let params: Vec<String> = spec.params[..arity].to_vec();
+            let name = spec.name.clone();
+            let chan = chan.clone();
+            let types = vec![std::any::TypeId::of::<Dynamic>(); arity];
+            engine.register_raw_fn(&spec.name, types, move |ctx, args| {
+                let pos = ctx.call_position();
+                let mut map = Map::new();
+                for (p, a) in params.iter().zip(args.iter()) {
+                    let v = to_json(a, 0).map_err(|e| {
+                        reply_error("invalid_args", &format!("argument {p:?}: {e}"), pos)
+                    })?;
+                    map.insert(p.clone(), v);
+                }
+                do_call(&chan, &name, map, pos)
+            });
+        }
+    }
+    // `invoke(name)` / `invoke(name, #{args})` for any name, known or not
+    // (`call` is a Rhai keyword).
+    let c1 = chan.clone();
+    engine.register_fn(
+        "invoke",
+        move |ctx: rhai::NativeCallContext, name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
+            do_call(&c1, name, Map::new(), ctx.call_position())
+        },
+    );
+    engine.register_fn(
+        "invoke",
+        move |ctx: rhai::NativeCallContext,
+              name: &str,
+              args: rhai::Map|
+              -> Result<Dynamic, Box<EvalAltResult>> {
+            let pos = ctx.call_position();
+            let v = to_json(&Dynamic::from_map(args), 0)
+                .map_err(|e| reply_error("invalid_args", &e, pos))?;
+            let map = match v {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            };
+            do_call(&chan, name, map, pos)
+        },
+    );
+}
+
+fn position_of(pos: Position) -> (Option<u64>, Option<u64>) {
+    (
+        pos.line().map(|l| l as u64),
+        pos.position().map(|c| c as u64),
+    )
+}
+
+/// Strip Rhai's " (line N, position M)" suffix: the position has fields.
+fn bare_message(msg: &str) -> String {
+    match msg.rfind(" (line ") {
+        Some(i) if msg.ends_with(')') => msg[..i].to_owned(),
+        _ => msg.to_owned(),
+    }
+}
+
+/// Classify an engine error: (status, error, which limit).
+fn describe(err: &EvalAltResult) -> (DoneStatus, ScriptError, Option<String>) {
+    let mut traceback = Vec::new();
+    let mut inner = err;
+    while let EvalAltResult::ErrorInFunctionCall(name, _src, e, pos) = inner {
+        traceback.push(format!("in call to function {name} ({pos})"));
+        inner = e;
+    }
+    let (line, column) = position_of(inner.position());
+    let (status, kind, limit) = match inner {
+        EvalAltResult::ErrorTooManyOperations(_) => (
+            DoneStatus::LimitExceeded,
+            "LimitExceeded",
+            Some("operations"),
+        ),
+        EvalAltResult::ErrorDataTooLarge(..) => (
+            DoneStatus::LimitExceeded,
+            "LimitExceeded",
+            Some("data size"),
+        ),
+        EvalAltResult::ErrorStackOverflow(_) => (
+            DoneStatus::LimitExceeded,
+            "LimitExceeded",
+            Some("call depth"),
+        ),
+        EvalAltResult::ErrorTooManyModules(_) => {
+            (DoneStatus::LimitExceeded, "LimitExceeded", Some("modules"))
+        }
+        EvalAltResult::ErrorTerminated(..) => (DoneStatus::Timeout, "Timeout", None),
+        EvalAltResult::ErrorParsing(..) => (DoneStatus::Error, "SyntaxError", None),
+        EvalAltResult::ErrorFunctionNotFound(..) => (DoneStatus::Error, "FunctionNotFound", None),
+        EvalAltResult::ErrorVariableNotFound(..) => (DoneStatus::Error, "VariableNotFound", None),
+        EvalAltResult::ErrorMismatchDataType(..) | EvalAltResult::ErrorMismatchOutputType(..) => {
+            (DoneStatus::Error, "TypeError", None)
+        }
+        EvalAltResult::ErrorArithmetic(..) => (DoneStatus::Error, "ArithmeticError", None),
+        EvalAltResult::ErrorIndexNotFound(..)
+        | EvalAltResult::ErrorArrayBounds(..)
+        | EvalAltResult::ErrorStringBounds(..)
+        | EvalAltResult::ErrorBitFieldBounds(..) => (DoneStatus::Error, "IndexError", None),
+        EvalAltResult::ErrorRuntime(v, _) => {
+            let kind = v
+                .read_lock::<rhai::Map>()
+                .and_then(|m| m.get("kind").map(|k| k.to_string()));
+            match kind.as_deref() {
+                Some("denied") | Some("unknown") => (DoneStatus::Error, "PermissionError", None),
+                Some(_) => (DoneStatus::Error, "CapabilityError", None),
+                None => (DoneStatus::Error, "RuntimeError", None),
+            }
+        }
+        _ => (DoneStatus::Error, "RuntimeError", None),
+    };
+    let message = match inner {
+        EvalAltResult::ErrorRuntime(v, _) => v
+            .read_lock::<rhai::Map>()
+            .and_then(|m| m.get("message").map(|k| k.to_string()))
+            .unwrap_or_else(|| v.to_string()),
+        EvalAltResult::ErrorTerminated(..) => {
+            "the script ran past its time limit and was stopped".to_owned()
+        }
+        other => bare_message(&other.to_string()),
+    };
+    traceback.reverse();
+    (
+        status,
+        ScriptError {
+            kind: kind.to_owned(),
+            message,
+            traceback: (!traceback.is_empty()).then(|| traceback.join("\n")),
+            line,
+            column,
+        },
+        limit.map(str::to_owned),
+    )
+}
+
+fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done {
+    Done {
+        status,
+        value: Value::Null,
+        vars: Map::new(),
+        dropped: Vec::new(),
+        definitions: Vec::new(),
+        error: Some(error),
+        limit,
+    }
+}
+
+/// Compile earlier cells' function definitions into one functions-only AST.
+fn replay_definitions(engine: &Engine, defs: &[Definition]) -> AST {
+    let mut acc = AST::empty();
+    for d in defs {
+        match engine.compile(&d.source) {
+            Ok(ast) => acc = acc.merge(&ast.clone_functions_only()),
+            Err(e) => eprintln!(
+                "cellbox: could not restore the definitions of {}: {e}",
+                d.names.join(", ")
+            ),
+        }
+    }
+    acc
+}
+
+fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
+    // Stop a little before the supervisor's own deadline, so a runaway
+    // script ends with a position instead of a SIGKILL.
+    let margin = Duration::from_millis((start.limits.timeout_ms / 10).min(200));
+    let deadline =
+        Instant::now() + Duration::from_millis(start.limits.timeout_ms).saturating_sub(margin);
+    let mut engine = hardened_engine(&start.limits, deadline);
+    register_capabilities(&mut engine, &start.capabilities, chan);
+
+    let mut scope = Scope::new();
+    for (k, v) in &start.vars {
+        scope.push_dynamic(k.as_str(), from_json(v));
+    }
+    let cell_ast = match engine.compile(&start.code) {
+        Ok(a) => a,
+        Err(e) => {
+            let (line, column) = position_of(e.1);
+            return failed(
+                DoneStatus::Error,
+                ScriptError {
+                    kind: "SyntaxError".into(),
+                    message: bare_message(&e.to_string()),
+                    traceback: None,
+                    line,
+                    column,
+                },
+                None,
+            );
+        }
+    };
+    let full = replay_definitions(&engine, &start.definitions).merge(&cell_ast);
+    let value = match engine.eval_ast_with_scope::<Dynamic>(&mut scope, &full) {
+        Ok(v) => v,
+        Err(e) => {
+            let (status, error, limit) = describe(&e);
+            return failed(status, error, limit);
+        }
+    };
+    let value = to_json(&value, 0).unwrap_or_else(|_| Value::String(value.to_string()));
+    let mut vars = Map::new();
+    let mut dropped = Vec::new();
+    for (name, _constant, v) in scope.iter() {
+        match to_json(&v, 0) {
+            Ok(j) => {
+                vars.insert(name.to_owned(), j);
+            }
+            Err(reason) => dropped.push(DroppedVar {
+                name: name.to_owned(),
+                type_name: v.type_name().to_owned(),
+                reason,
+            }),
+        }
+    }
+    let mut names: Vec<String> = cell_ast
+        .iter_functions()
+        .map(|f| f.name.to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    let definitions = if names.is_empty() {
+        Vec::new()
+    } else {
+        vec![Definition {
+            names,
+            source: start.code.clone(),
+        }]
+    };
+    Done {
+        status: DoneStatus::Ok,
+        value,
+        vars,
+        dropped,
+        definitions,
+        error: None,
+        limit: None,
+    }
+}
+
+/// Run one Rhai cell and report it. Returns the worker's exit code.
+pub(crate) fn run_cell(chan: Channel, start: Start) -> i32 {
+    let chan = Rc::new(RefCell::new(chan));
+    let done = evaluate(chan.clone(), &start);
+    let _ = std::io::stdout().flush();
+    let mut chan = chan.borrow_mut();
+    match chan.send(&FromWorker::Done(Box::new(done))) {
+        Ok(()) => 0,
+        Err(e) => {
+            // An oversized result (e.g. a huge value) still ends the cell
+            // cleanly with an error instead of silence.
+            let msg = format!("the cell's result could not be sent: {e}");
+            let done = failed(
+                DoneStatus::Error,
+                ScriptError {
+                    kind: "ResultTooLarge".into(),
+                    message: msg,
+                    ..ScriptError::default()
+                },
+                Some("frame size".into()),
+            );
+            match chan.send(&FromWorker::Done(Box::new(done))) {
+                Ok(()) => 0,
+                Err(_) => 7,
+            }
+        }
+    }
+}

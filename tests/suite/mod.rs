@@ -1,0 +1,3 @@
+mod cli;
+pub mod common;
+mod rhai;

@@ -1,0 +1,406 @@
+//! Rhai cells end to end through the library.
+
+use super::common::*;
+use cellbox::{
+    Capability, CellRequest, EventSink, Language, Limits, SessionConfig, Status, Supervisor,
+};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn last_value_and_print_capture() {
+    let r = run_once(Language::Rhai, "print(\"hi\"); let x = 20; x * 2 + 2", &[]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    assert_eq!(r.stdout, "hi\n");
+    assert_eq!(r.exit.code, Some(0));
+    let r = run_once(Language::Rhai, "#{a: [1, 2.5, \"s\", ()], b: true}", &[]).await;
+    assert_eq!(r.value, json!({"a": [1, 2.5, "s", null], "b": true}));
+}
+
+#[tokio::test]
+async fn syntax_and_runtime_errors_have_positions() {
+    let r = run_once(Language::Rhai, "let x = 1;\nlet y = ;", &[]).await;
+    assert_eq!(r.status, Status::Error);
+    let e = r.error.unwrap();
+    assert_eq!(e.kind, "SyntaxError");
+    assert_eq!(e.line, Some(2));
+    assert!(e.column.is_some());
+
+    let r = run_once(
+        Language::Rhai,
+        "let a = 1;\nlet b = 0;\nlet c = a / b;",
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, Status::Error);
+    let e = r.error.unwrap();
+    assert_eq!(e.kind, "ArithmeticError", "{e:?}");
+    assert_eq!(e.line, Some(3));
+
+    let r = run_once(Language::Rhai, "fn f(x) { x.nope() }\n\nf(1)", &[]).await;
+    let e = r.error.unwrap();
+    assert_eq!(e.kind, "FunctionNotFound");
+    assert!(e.traceback.unwrap().contains("in call to function f"));
+}
+
+#[tokio::test]
+async fn timeout_kills_an_endless_loop() {
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 0; // unlimited: only the clock stops it
+    cfg.limits.timeout_ms = 1000;
+    let t0 = Instant::now();
+    let r = sup
+        .run(CellRequest::new(Language::Rhai, "loop {}"), cfg.clone())
+        .await;
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        t0.elapsed()
+    );
+    // The supervisor is fine afterwards.
+    let r = sup.run(CellRequest::new(Language::Rhai, "1"), cfg).await;
+    assert_eq!(r.value, json!(1));
+}
+
+#[tokio::test]
+async fn operation_limit() {
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 10_000;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Rhai, "let i = 0; while true { i += 1; }"),
+            cfg,
+        )
+        .await;
+    assert_eq!(r.status, Status::LimitExceeded);
+    assert!(r.error.unwrap().message.contains("operations"));
+}
+
+#[tokio::test]
+async fn output_over_the_cap_keeps_head_and_tail_with_exact_totals() {
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.max_output_bytes = 1000;
+    // 5000 lines of "line NNNN\n" (10 bytes each) = 50_000 bytes.
+    let code = r#"for i in 0..5000 { print(`line ${(i + 10000).to_string().sub_string(1)}`); }"#;
+    let r = sup.run(CellRequest::new(Language::Rhai, code), cfg).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let t = r.truncated.stdout.unwrap();
+    assert_eq!(t.total_bytes, 50_000);
+    assert_eq!(t.kept_head + t.kept_tail, 1000);
+    assert!(r.stdout.starts_with("line 0000\nline 0001\n"));
+    assert!(r.stdout.ends_with("line 4999\n"));
+    assert!(r.stdout.contains("bytes omitted"));
+    assert!(r.truncated.stderr.is_none());
+}
+
+#[tokio::test]
+async fn unknown_and_denied_capabilities_are_catchable_and_recorded() {
+    let code = r#"
+        let seen = [];
+        try { answer(1); } catch (e) { seen.push(e.kind); }
+        try { invoke("no_such_cap", #{}); } catch (e) { seen.push(e.kind); }
+        emit(#{step: 1});
+        seen
+    "#;
+    let r = run_once(Language::Rhai, code, &["emit"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(["denied", "unknown"]));
+    let outcomes: Vec<(&str, &str)> = r
+        .calls
+        .iter()
+        .map(|c| (c.cap.as_str(), c.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("answer", "denied"),
+            ("no_such_cap", "unknown"),
+            ("emit", "ok")
+        ]
+    );
+    // Uncaught, a denial ends the cell as policy_denied.
+    let r = run_once(Language::Rhai, "answer(1)", &[]).await;
+    assert_eq!(r.status, Status::PolicyDenied);
+    assert_eq!(r.error.unwrap().kind, "PermissionError");
+}
+
+#[tokio::test]
+async fn answer_sets_the_final_answer() {
+    let r = run_once(Language::Rhai, "answer(#{n: 42}); 1", &["answer"]).await;
+    assert_eq!(r.final_answer, Some(json!({"n": 42})));
+}
+
+#[tokio::test]
+async fn call_budget_ends_the_cell() {
+    let sup = supervisor();
+    let mut cfg = config(&["emit"]);
+    cfg.policy.max_calls = 5;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Rhai, "for i in 0..100 { emit(i) }"),
+            cfg,
+        )
+        .await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert!(r.error.unwrap().message.contains("budget"));
+    assert_eq!(r.calls.iter().filter(|c| c.outcome == "ok").count(), 5);
+}
+
+#[tokio::test]
+async fn host_capability_with_schema_validation() {
+    let add = Capability::new(
+        "add",
+        "Add two integers",
+        json!({"type": "object",
+               "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+               "required": ["a", "b"], "additionalProperties": false}),
+        |_ctx, args| async move {
+            let a = args["a"].as_i64().unwrap_or(0);
+            let b = args["b"].as_i64().unwrap_or(0);
+            Ok(json!(a + b))
+        },
+    )
+    .unwrap();
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .capability(add)
+        .unwrap()
+        .build()
+        .unwrap();
+    let code = r#"
+        let r = add(40, 2);
+        let bad = "";
+        try { add("x", 2) } catch (e) { bad = e.kind }
+        [r, bad, invoke("add", #{a: 1, b: 2})]
+    "#;
+    let r = sup
+        .run(CellRequest::new(Language::Rhai, code), config(&["add"]))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!([42, "invalid_args", 3]));
+}
+
+#[tokio::test]
+async fn run_cell_recursion_is_bounded_and_forms_one_event_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .events(EventSink::to_file(&events).unwrap())
+        .build()
+        .unwrap();
+    let mut cfg = config(&["run_cell"]);
+    cfg.policy.max_depth = 2;
+    // depth 0 → 1 → 2 works; depth 3 is refused.
+    let code = r#"run_cell("rhai", `1 + run_cell("rhai", "40 + 1")`)"#;
+    let r = sup
+        .run(CellRequest::new(Language::Rhai, code), cfg.clone())
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    let code = r#"run_cell("rhai", `run_cell("rhai", "run_cell(\"rhai\", \"1\")")`)"#;
+    let r = sup.run(CellRequest::new(Language::Rhai, code), cfg).await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert!(
+        r.calls
+            .iter()
+            .any(|c| c.outcome == "denied"
+                && c.message.as_deref().unwrap_or("").contains("max_depth")),
+        "{:?}",
+        r.calls
+    );
+    // The events of the first run form a tree: root → child → grandchild.
+    let text = std::fs::read_to_string(&events).unwrap();
+    let starts: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "cell_start")
+        .collect();
+    let root = &starts[0];
+    assert_eq!(root["depth"], 0);
+    assert!(root["parent_run_id"].is_null());
+    let child = &starts[1];
+    assert_eq!(child["depth"], 1);
+    assert_eq!(child["parent_run_id"], root["run_id"]);
+    assert_eq!(child["root_run_id"], root["run_id"]);
+    let grand = &starts[2];
+    assert_eq!(grand["depth"], 2);
+    assert_eq!(grand["parent_run_id"], child["run_id"]);
+    assert_eq!(grand["root_run_id"], root["run_id"]);
+}
+
+#[tokio::test]
+async fn namespace_persists_values_and_functions() {
+    let sup = supervisor();
+    let s = sup.session(config(&[])).unwrap();
+    let r = rhai(
+        &s,
+        "let x = 40; let m = #{k: [1, 2]}; fn double(v) { v * 2 }",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.vars.changed, vec!["x", "m"]);
+    let r = rhai(&s, "x += 1; fn inc(v) { v + 1 }").await;
+    assert_eq!(r.vars.changed, vec!["x"]);
+    let r = rhai(&s, "[inc(x), double(m.k[1])]").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!([42, 4]));
+    assert_eq!(s.get_var("x").await, Some(json!(41)));
+    assert_eq!(r.execution_count, 3);
+}
+
+#[tokio::test]
+async fn a_failing_cell_changes_nothing() {
+    let sup = supervisor();
+    let s = sup.session(config(&[])).unwrap();
+    rhai(&s, "let x = 1; fn f() { 1 }").await;
+    let before = s.vars().await;
+    let r = rhai(&s, "x = 99; let y = 2; fn f() { 2 } throw \"boom\";").await;
+    assert_eq!(r.status, Status::Error);
+    assert_eq!(r.error.as_ref().unwrap().message, "boom");
+    assert_eq!(s.vars().await, before);
+    let r = rhai(&s, "[x, f()]").await;
+    assert_eq!(r.value, json!([1, 1]));
+    // A timed-out cell changes nothing either.
+    let r = s
+        .run(CellRequest::new(Language::Rhai, "x = 5; loop {}").timeout(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(r.status, Status::Timeout | Status::LimitExceeded),
+        "{r:?}"
+    );
+    assert_eq!(s.get_var("x").await, Some(json!(1)));
+}
+
+#[tokio::test]
+async fn values_that_cannot_be_carried_are_reported() {
+    let sup = supervisor();
+    let s = sup.session(config(&[])).unwrap();
+    let r = rhai(&s, "let f = Fn(\"foo\"); let n = 0.0 / 0.0; let ok = 1;").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let dropped: Vec<&str> = r.vars.dropped.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(dropped, vec!["f", "n"]);
+    assert!(r.vars.dropped[0].type_name.contains("Fn"));
+    assert_eq!(s.vars().await.keys().collect::<Vec<_>>(), vec!["ok"]);
+}
+
+#[tokio::test]
+async fn a_worker_killed_from_outside_reports_killed() {
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 0;
+    cfg.limits.timeout_ms = 20_000;
+    // A unique marker lets us find this cell's worker among concurrent ones.
+    let marker = format!("kill-me-{}", std::process::id());
+    let code = format!("let m = \"{marker}\"; loop {{}}");
+    let task =
+        tokio::spawn(async move { sup.run(CellRequest::new(Language::Rhai, code), cfg).await });
+    // Find the worker: a child of ours running the busy loop. Workers do not
+    // carry the code in argv, so pick the child that is burning CPU.
+    let mut killed = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for (pid, _state, cmd) in children() {
+            if !cmd.contains("__worker") {
+                continue;
+            }
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let utime: u64 = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(11))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if utime > 20 {
+                // > 200 ms of CPU: the looping cell (other tests' cells are short)
+                unsafe_kill(pid);
+                killed = true;
+                break;
+            }
+        }
+        if killed {
+            break;
+        }
+    }
+    assert!(killed, "did not find the worker");
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::Killed, "{r:?}");
+    assert_eq!(r.exit.signal, Some(9));
+}
+
+fn unsafe_kill(pid: i32) {
+    let st = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[tokio::test]
+async fn fifty_concurrent_cells_return_their_own_results() {
+    let sup = supervisor();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let sup = sup.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = sup
+                .run(
+                    CellRequest::new(Language::Rhai, format!("print(\"cell {i}\"); {i} * 1000")),
+                    SessionConfig::default(),
+                )
+                .await;
+            (i, r)
+        }));
+    }
+    for t in tasks {
+        let (i, r) = t.await.unwrap();
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.value, json!(i * 1000));
+        assert_eq!(r.stdout, format!("cell {i}\n"));
+    }
+}
+
+#[tokio::test]
+async fn rhai_engine_refuses_eval_import_and_giant_data() {
+    let r = run_once(Language::Rhai, "eval(\"1\")", &[]).await;
+    assert_ne!(r.status, Status::Ok);
+    let r = run_once(Language::Rhai, "import \"std\" as s; 1", &[]).await;
+    assert_ne!(r.status, Status::Ok);
+    let sup = supervisor();
+    let cfg = SessionConfig {
+        limits: Limits {
+            max_string_bytes: 1000,
+            ..Limits::default()
+        },
+        ..SessionConfig::default()
+    };
+    let r = sup
+        .run(
+            CellRequest::new(Language::Rhai, "let s = \"x\"; loop { s += s; }"),
+            cfg,
+        )
+        .await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    let r = run_once(Language::Rhai, "fn f(n) { f(n + 1) } f(0)", &[]).await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+}
+
+#[tokio::test]
+async fn repl_call_goes_through_the_policy() {
+    let sup = supervisor();
+    let s = sup.session(config(&["answer"])).unwrap();
+    let r = s
+        .call("answer", json!({"value": 7}).as_object().unwrap().clone())
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.final_answer, Some(json!(7)));
+    let r = s
+        .call("emit", json!({"event": 1}).as_object().unwrap().clone())
+        .await;
+    assert_eq!(r.status, Status::PolicyDenied);
+}
