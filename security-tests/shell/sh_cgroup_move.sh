@@ -4,6 +4,7 @@
 # expect: the write fails (read-only / permission denied / no cgroupfs in the cell)
 # control: yes
 # canaries: none
+PATH="$PATH:/usr/sbin:/sbin"
 before=$(cat /proc/self/cgroup 2>/dev/null | grep '^0::')
 moved=""
 for root in /sys/fs/cgroup /sys/fs/cgroup/unified; do

@@ -4,6 +4,7 @@
 # expect: chroot fails (Operation not permitted)
 # control: yes
 # canaries: none
+PATH="$PATH:/usr/sbin:/sbin"
 if chroot / /bin/true 2>/dev/null; then
     echo "ATTACK-RESULT: escaped chroot succeeded"
 else

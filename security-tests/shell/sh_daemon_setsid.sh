@@ -7,4 +7,6 @@
 # status: ok
 setsid sh -c 'sleep 25; : {{MARKER}}' </dev/null >/dev/null 2>&1 &
 nohup sh -c 'sleep 25; : {{MARKER}}' </dev/null >/dev/null 2>&1 &
+# Give them time to leave the cell's process group before the cell ends.
+sleep 1
 echo "ATTACK-RESULT: attempted daemons started; the survivor check decides"

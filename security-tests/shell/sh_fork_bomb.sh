@@ -6,14 +6,20 @@
 # canaries: none
 # status: ok,error,limit_exceeded,killed
 # timeout: 20
-i=0
-while [ $i -lt 3000 ]; do
-    if ! sleep 4 2>/dev/null & then break; fi
-    i=$((i+1))
-done
-running=$(jobs -p | wc -l)
-if [ "$running" -ge 3000 ]; then
-    echo "ATTACK-RESULT: escaped $running background processes"
+# dash exits when a fork fails, so the bomb runs in a subshell that records
+# its progress in a file; the parent reads it back with builtins only.
+(
+    i=0
+    while [ $i -lt 3000 ]; do
+        sleep 4 &
+        i=$((i+1))
+        echo $i > count
+    done
+) 2>/dev/null
+n=0
+read n < count
+if [ "$n" -ge 3000 ]; then
+    echo "ATTACK-RESULT: escaped started $n background processes"
 else
-    echo "ATTACK-RESULT: blocked only $running background processes"
+    echo "ATTACK-RESULT: blocked fork failed after $n background processes"
 fi

@@ -4,6 +4,7 @@
 # expect: Operation not permitted
 # control: no
 # canaries: none
+PATH="$PATH:/usr/sbin:/sbin"
 n=0
 mknod cnode c 1 3 2>/dev/null && n=$((n+1))
 mknod bnode b 7 0 2>/dev/null && n=$((n+1))

@@ -4,6 +4,7 @@
 # expect: mount fails (EPERM; mount is setuid-root, but no_new_privs strips that)
 # control: no
 # canaries: none
+PATH="$PATH:/usr/sbin:/sbin"
 mkdir -p m b
 n=0
 if mount -t tmpfs -o size=1m none m 2>/dev/null; then n=$((n+1)); umount m; fi

@@ -4,6 +4,7 @@
 # expect: fails: no such process (PID namespace), permission denied, or setns EPERM
 # control: yes
 # canaries: none
+PATH="$PATH:/usr/sbin:/sbin"
 if nsenter -t {{SUPERVISOR_PID}} -m -n true 2>/dev/null; then
     echo "ATTACK-RESULT: escaped entered the supervisor's namespaces"
 else

@@ -5,8 +5,9 @@
 # control: yes
 # canaries: none
 seen=""
-[ -r /proc/{{VICTIM_PID}}/cmdline ] && [ -s /proc/{{VICTIM_PID}}/cmdline ] && seen="$seen victim"
-[ -r /proc/{{SUPERVISOR_PID}}/cmdline ] && [ -s /proc/{{SUPERVISOR_PID}}/cmdline ] && seen="$seen supervisor"
+# /proc files report size 0, so test for content rather than with -s.
+tr '\0' ' ' < /proc/{{VICTIM_PID}}/cmdline 2>/dev/null | grep -q . && seen="$seen victim"
+tr '\0' ' ' < /proc/{{SUPERVISOR_PID}}/cmdline 2>/dev/null | grep -q . && seen="$seen supervisor"
 ls /proc | grep -c '^[0-9]' 
 if [ -n "$seen" ]; then
     echo "ATTACK-RESULT: escaped visible:$seen"

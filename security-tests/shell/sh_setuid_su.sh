@@ -4,6 +4,7 @@
 # expect: exec fails, or no_new_privs keeps its euid that of the cell (never 0)
 # control: yes
 # canaries: none
+PATH="$PATH:/usr/sbin:/sbin"
 if [ "$(id -u)" = 0 ]; then
     echo "ATTACK-RESULT: escaped the cell itself runs as uid 0"
     exit 0
