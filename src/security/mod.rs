@@ -206,11 +206,25 @@ fn run_control(suite: &SuiteCanaries, attack: &Attack) -> ControlObs {
     };
     let evidence = rc.evidence(suite, attack, &obs);
     let report = verdict::self_report(&[&stdout, &stderr]);
-    if let Some(SelfReport::Escaped(d)) = &report {
-        return ControlObs::Escaped(clip(d, 100));
-    }
     if let Some(first) = evidence.first() {
         return ControlObs::Escaped(first.clone());
+    }
+    // An attack that names canaries must trip one when it works, or the
+    // harness would not see the same escape under the sandbox either.
+    let observable = attack.canaries.iter().any(|c| {
+        !matches!(
+            c,
+            Canary::Forged | Canary::OutputCap | Canary::SupervisorRss
+        )
+    });
+    if let Some(SelfReport::Escaped(d)) = &report {
+        if !observable {
+            return ControlObs::Escaped(clip(d, 100));
+        }
+        return ControlObs::Failed(format!(
+            "it reports escaped ({}) but none of its canaries fired",
+            clip(d, 100)
+        ));
     }
     let status = match out.status {
         Some(s) => s.to_string(),
