@@ -98,7 +98,14 @@ pub async fn cells(
 
 /// The whole report.
 pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
-    let sup = Supervisor::builder().build().map_err(|e| e.to_string())?;
+    let cold = Supervisor::builder()
+        .warm(false)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let warm = Supervisor::builder()
+        .warm(true)
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut out = String::new();
     let base = baseline_spawn(&["/bin/true"], n)?;
     let _ = writeln!(
@@ -116,7 +123,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             Language::Shell => "true",
         };
         if language == Language::Python {
-            if let Ok(py) = sup.python() {
+            if let Ok(py) = cold.python() {
                 let exe = py.executable.to_string_lossy().into_owned();
                 let b = baseline_spawn(&[&exe, "-I", "-S", "-c", "pass"], n)?;
                 let _ = writeln!(
@@ -128,16 +135,18 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 );
             }
         }
-        for conc in [1usize, 2] {
-            let f = cells(&sup, language, code, n, conc).await?;
-            let _ = writeln!(
+        for (mode, sup) in [("spawn", &cold), ("warm ", &warm)] {
+            for conc in [1usize, 2] {
+                let f = cells(sup, language, code, n, conc).await?;
+                let _ = writeln!(
                 out,
-                "{lang:6} cell, concurrency {conc}        p50 {}  p99 {}  {:.0} cells/s  (p50 = {:.2}x /bin/true)",
+                "{lang:6} cell, {mode}, concurrency {conc}  p50 {}  p99 {}  {:.0} cells/s  (p50 = {:.2}x /bin/true)",
                 ms(f.p50),
                 ms(f.p99),
                 f.per_sec,
                 f.p50.as_secs_f64() / base.p50.as_secs_f64().max(1e-9)
             );
+            }
         }
     }
     Ok(out)

@@ -140,8 +140,8 @@ fn usage(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
-fn build_supervisor(opts: &CellOpts) -> Result<Supervisor, String> {
-    let mut b = Supervisor::builder();
+fn build_supervisor(opts: &CellOpts, warm: bool) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder().warm(warm);
     if let Some(p) = &opts.python {
         b = b.python(p);
     }
@@ -301,7 +301,8 @@ async fn cmd_run(opts: CellOpts, json: bool, file: &str) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
-    let sup = match build_supervisor(&opts) {
+    // One cell: spawning directly beats starting a fork server first.
+    let sup = match build_supervisor(&opts, false) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -321,7 +322,7 @@ async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
-    let sup = match build_supervisor(&opts) {
+    let sup = match build_supervisor(&opts, false) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -501,7 +502,7 @@ async fn cmd_repl(opts: CellOpts) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
-    let sup = match build_supervisor(&opts) {
+    let sup = match build_supervisor(&opts, true) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };

@@ -8,18 +8,39 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-fn children_of_me() -> usize {
-    let me = std::process::id().to_string();
+/// (pid, ppid, cmdline) of every process.
+fn processes() -> Vec<(i32, i32, String)> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|stat| {
-            stat.rfind(')')
-                .and_then(|i| stat[i + 2..].split_whitespace().nth(1).map(|p| p == me))
-                .unwrap_or(false)
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let i = stat.rfind(')')?;
+            let ppid = stat[i + 2..].split_whitespace().nth(1)?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            Some((pid, ppid, String::from_utf8_lossy(&cmd).replace('\0', " ")))
         })
-        .count()
+        .collect()
+}
+
+/// Every process descended from this one.
+fn descendants() -> Vec<(i32, String)> {
+    let all = processes();
+    let mut found = vec![std::process::id() as i32];
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for (pid, ppid, cmd) in &all {
+            if *ppid == parent && !found.contains(pid) {
+                found.push(*pid);
+                out.push((*pid, cmd.clone()));
+            }
+        }
+        i += 1;
+    }
+    out
 }
 
 fn scratch_dirs() -> usize {
@@ -30,22 +51,7 @@ fn scratch_dirs() -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_leaked_fds_zombies_or_dirs_after_200_cells() {
-    let sup = Supervisor::builder()
-        .worker_exe(env!("CARGO_BIN_EXE_cellbox"))
-        .build()
-        .unwrap();
-    // Warm up the runtime's own fds (worker threads, epoll, signal pipe).
-    let r = sup
-        .run(
-            CellRequest::new(Language::Rhai, "1"),
-            SessionConfig::default(),
-        )
-        .await;
-    assert_eq!(r.status, Status::Ok, "{r:?}");
-    let fds = open_fds();
-    let dirs = scratch_dirs();
+async fn two_hundred_cells(sup: &Supervisor) {
     for i in 0..200 {
         let code = match i % 4 {
             0 => "print(\"x\"); 1".to_string(),
@@ -59,11 +65,59 @@ async fn no_leaked_fds_zombies_or_dirs_after_200_cells() {
         assert_ne!(r.status, Status::ProtocolError, "{r:?}");
         assert_ne!(r.status, Status::SandboxError, "{r:?}");
     }
-    assert_eq!(open_fds(), fds, "file descriptors leaked");
-    assert_eq!(
-        children_of_me(),
-        0,
-        "worker processes (or zombies) left behind"
-    );
-    assert_eq!(scratch_dirs(), dirs, "scratch directories left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leaked_fds_zombies_or_dirs_after_200_cells_on_either_path() {
+    for warm in [false, true] {
+        let sup = Supervisor::builder()
+            .worker_exe(env!("CARGO_BIN_EXE_cellbox"))
+            .warm(warm)
+            .build()
+            .unwrap();
+        // Warm up the runtime's own fds (threads, epoll) and the fork server.
+        let r = sup
+            .run(
+                CellRequest::new(Language::Rhai, "1"),
+                SessionConfig::default(),
+            )
+            .await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        let fds = open_fds();
+        let dirs = scratch_dirs();
+        let procs = descendants();
+        two_hundred_cells(&sup).await;
+        assert_eq!(open_fds(), fds, "file descriptors leaked (warm: {warm})");
+        assert_eq!(
+            scratch_dirs(),
+            dirs,
+            "scratch dirs left behind (warm: {warm})"
+        );
+        assert_eq!(
+            descendants(),
+            procs,
+            "worker processes (or zombies) left behind (warm: {warm})"
+        );
+        if warm {
+            assert!(
+                procs.iter().any(|p| p.1.contains("__forkserver")),
+                "{procs:?}"
+            );
+        } else {
+            assert!(procs.is_empty(), "{procs:?}");
+        }
+        // Dropping the supervisor stops its fork server.
+        drop(sup);
+        for _ in 0..100 {
+            if descendants().is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            descendants(),
+            vec![],
+            "the fork server outlived its supervisor"
+        );
+    }
 }

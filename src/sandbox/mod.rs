@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod forkserver;
 pub mod process;
 pub mod spawn;
 

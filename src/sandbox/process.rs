@@ -132,7 +132,11 @@ pub struct ExitWatch(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
 impl ExitWatch {
     /// Watch `pid`, which must be our unreaped child.
     pub fn open(pid: i32) -> io::Result<Self> {
-        let fd = pidfd_open(pid)?;
+        Self::from_pidfd(pidfd_open(pid)?)
+    }
+
+    /// Watch the process behind a pidfd.
+    pub fn from_pidfd(fd: std::os::fd::OwnedFd) -> io::Result<Self> {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and
         // refers to the same pidfd for the AsyncFd's whole lifetime.
         let afd = unsafe {
@@ -142,11 +146,106 @@ impl ExitWatch {
         Ok(ExitWatch(afd))
     }
 
+    /// SIGKILL the watched process (safe against pid reuse).
+    pub fn kill(&self) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        pidfd_kill(self.0.get_ref().as_fd())
+    }
+
+    /// A second handle on the pidfd (for a [`KillOnDrop`]).
+    pub fn try_clone_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.0.get_ref().try_clone()
+    }
+
     /// Resolves once the process has exited (it is not reaped).
     pub async fn exited(&self) {
         // A pidfd reports readable (without clearing) once the process is a
         // zombie; an error here means the fd is unusable, which we also
         // treat as "gone" rather than wait forever.
         let _ = self.0.readable().await;
+    }
+}
+
+/// Kills a worker's process group and reaps it if dropped while armed, so a
+/// cancelled cell (its future dropped) leaves nothing behind.
+#[derive(Debug)]
+pub struct KillOnDrop {
+    pid: i32,
+    /// Set for a fork-server child: we kill through the pidfd and the fork
+    /// server (its parent) reaps it.
+    pidfd: Option<std::os::fd::OwnedFd>,
+    armed: bool,
+}
+
+impl KillOnDrop {
+    /// For our own child `pid`.
+    pub fn new(pid: i32) -> Self {
+        KillOnDrop {
+            pid,
+            pidfd: None,
+            armed: true,
+        }
+    }
+
+    /// For a process we do not parent, known by its pidfd.
+    pub fn pidfd(fd: std::os::fd::OwnedFd) -> Self {
+        KillOnDrop {
+            pid: 0,
+            pidfd: Some(fd),
+            armed: true,
+        }
+    }
+
+    /// The worker was reaped normally; nothing left to do.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(fd) = &self.pidfd {
+            use std::os::fd::AsFd;
+            let _ = pidfd_kill(fd.as_fd());
+            return;
+        }
+        let pid = self.pid;
+        // The leader is unreaped, so its pgid cannot have been reused.
+        let _ = kill_group(pid);
+        let _ = kill_pid(pid);
+        // Reap off-thread: wait4 blocks until the kill lands.
+        let _ = std::thread::Builder::new()
+            .name("cellbox-reap".into())
+            .spawn(move || {
+                let _ = reap(pid);
+            });
+    }
+}
+
+/// SIGKILL the process behind a pidfd (never a reused pid).
+pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal with a valid pidfd, a signal number and a
+    // null siginfo pointer (the kernel fills a default one).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(err)
     }
 }

@@ -12,6 +12,7 @@ mod python;
 mod result;
 mod runner;
 mod session;
+mod warm;
 
 pub use capability::{CallContext, Capability, CapabilityError, Registry};
 pub use events::EventSink;
@@ -134,9 +135,36 @@ pub(crate) struct Inner {
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
     python_path: Option<PathBuf>,
     python: OnceLock<Result<PythonInfo, String>>,
+    warm: bool,
+    forkserver: tokio::sync::Mutex<Option<Arc<warm::ForkServer>>>,
 }
 
 impl Inner {
+    /// The running Rhai fork server, started (or restarted) on demand;
+    /// `None` when warm workers are off or it cannot start.
+    pub(crate) async fn fork_server(&self) -> Option<Arc<warm::ForkServer>> {
+        if !self.warm {
+            return None;
+        }
+        let mut slot = self.forkserver.lock().await;
+        if let Some(fs) = slot.as_ref() {
+            if !fs.is_dead() {
+                return Some(fs.clone());
+            }
+        }
+        match warm::ForkServer::start(&self.worker_exe) {
+            Ok(fs) => {
+                let fs = Arc::new(fs);
+                *slot = Some(fs.clone());
+                Some(fs)
+            }
+            Err(e) => {
+                tracing::warn!("warm workers unavailable, spawning per cell: {e}");
+                None
+            }
+        }
+    }
+
     pub(crate) fn python(&self) -> Result<&PythonInfo, String> {
         self.python
             .get_or_init(|| python::resolve(self.python_path.as_deref()))
@@ -153,9 +181,18 @@ pub struct SupervisorBuilder {
     worker_exe: Option<PathBuf>,
     python: Option<PathBuf>,
     profiles: std::collections::BTreeMap<Language, String>,
+    warm: bool,
 }
 
 impl SupervisorBuilder {
+    /// Keep warm workers (a Rhai fork server) instead of spawning a fresh
+    /// process per cell. On by default; a one-shot caller that runs a single
+    /// cell is faster with it off.
+    pub fn warm(mut self, on: bool) -> Self {
+        self.warm = on;
+        self
+    }
+
     /// Register a host capability (it is still denied until a session's
     /// policy allows it by name).
     pub fn capability(mut self, cap: Capability) -> Result<Self, Error> {
@@ -214,6 +251,8 @@ impl SupervisorBuilder {
                 profiles: self.profiles,
                 python_path: self.python,
                 python: OnceLock::new(),
+                warm: self.warm,
+                forkserver: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -242,6 +281,7 @@ impl Supervisor {
             worker_exe: None,
             python: None,
             profiles: Default::default(),
+            warm: true,
         }
     }
 

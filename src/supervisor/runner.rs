@@ -193,42 +193,34 @@ async fn run_worker(
     let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
         .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
     let worker_fd: OwnedFd = worker_sock.into();
-    let mut cmd = std::process::Command::new(&sup.worker_exe);
-    cmd.arg("__worker")
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
-        .env("HOME", &spec.scratch)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    spawn::prepare_worker(&mut cmd, &worker_fd);
-    let mut child = cmd.spawn().map_err(|e| {
-        format!(
-            "failed to start the worker {}: {e}",
-            sup.worker_exe.display()
-        )
-    })?;
-    drop(worker_fd);
-    let pid = child.id() as i32;
-    // From here on the child must be killed and reaped on every path.
-    let exit_fd = process::ExitWatch::open(pid);
+    let warm = if spec.language == Language::Rhai {
+        sup.fork_server().await
+    } else {
+        None
+    };
+    let started_worker = match warm {
+        Some(fs) => start_forked(&fs, worker_fd).await?,
+        None => start_direct(sup, spec, worker_fd)?,
+    };
+    let Started {
+        pid,
+        exit: exit_fd,
+        mut guard,
+        stdout: out_fd,
+        stderr: err_fd,
+        reap: reap_src,
+    } = started_worker;
     let out_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
     let err_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
     let mut pumps = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(out)) {
-            let fwd = spec.forward_output.then_some(true);
-            pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd)));
-        }
+    if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out_fd) {
+        let fwd = spec.forward_output.then_some(true);
+        pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd)));
     }
-    if let Some(err) = child.stderr.take() {
-        if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(err)) {
-            let fwd = spec.forward_output.then_some(false);
-            pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd)));
-        }
+    if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(err_fd) {
+        let fwd = spec.forward_output.then_some(false);
+        pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd)));
     }
-    drop(child); // std's Child never reaps on drop; we reap with wait4 below.
 
     let outcome = match exit_fd {
         Ok(exit_fd) => {
@@ -236,22 +228,30 @@ async fn run_worker(
                 sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame,
             )
             .await;
-            finish_process(pid, &exit_fd, &o).await;
+            finish_process(pid, &exit_fd, &o, matches!(reap_src, Reap::Server(..))).await;
             o
         }
         Err(e) => {
-            let _ = process::kill_pid(pid);
-            Outcome::Fatal(
-                Status::SandboxError,
-                "SpawnError",
-                format!("failed to watch the worker process: {e}"),
-            )
+            drop(guard);
+            return Err(format!("failed to watch the worker process: {e}"));
         }
     };
-    let reaped = tokio::task::spawn_blocking(move || process::reap(pid))
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()));
+    let reaped = match reap_src {
+        Reap::Direct => tokio::task::spawn_blocking(move || process::reap(pid))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string())),
+        Reap::Server(fs, rx) => match tokio::time::timeout(Duration::from_secs(5), rx).await {
+            Ok(Ok(r)) => Ok(r),
+            _ => {
+                fs.forget(pid);
+                Err("the fork server did not report how the cell ended".to_owned())
+            }
+        },
+    };
+    if reaped.is_ok() {
+        guard.disarm();
+    }
     // Output pipes close once every process holding them is gone; give
     // stragglers a moment, then take what was captured.
     for p in pumps {
@@ -283,16 +283,107 @@ async fn run_worker(
 /// Wait for the worker to be gone, killing it (and its whole process group)
 /// as needed. Returns once the leader has exited (it stays a zombie until
 /// reaped, so its pid and pgid cannot be reused while we kill the group).
-async fn finish_process(pid: i32, exit_fd: &process::ExitWatch, outcome: &Outcome) {
+async fn finish_process(pid: i32, exit: &process::ExitWatch, outcome: &Outcome, forked: bool) {
     if let Outcome::Done(_) = outcome {
         // A worker that reported exits by itself; give it a moment.
-        let _ = tokio::time::timeout(Duration::from_secs(2), exit_fd.exited()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), exit.exited()).await;
+    }
+    if forked {
+        // The fork server kills the child's group before reaping it.
+        let _ = exit.kill();
+        let _ = tokio::time::timeout(Duration::from_secs(10), exit.exited()).await;
+        return;
     }
     let _ = process::kill_group(pid);
     let _ = process::kill_pid(pid);
-    let _ = tokio::time::timeout(Duration::from_secs(10), exit_fd.exited()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), exit.exited()).await;
     // Anything it left in its group dies too.
     let _ = process::kill_group(pid);
+}
+
+/// How the worker's end is learned.
+enum Reap {
+    /// Our own child: wait4 it.
+    Direct,
+    /// A fork-server child: the server reports it.
+    Server(
+        Arc<super::warm::ForkServer>,
+        tokio::sync::oneshot::Receiver<process::Reaped>,
+    ),
+}
+
+struct Started {
+    pid: i32,
+    exit: std::io::Result<process::ExitWatch>,
+    guard: process::KillOnDrop,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    reap: Reap,
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("failed to create an output pipe: {e}"))
+}
+
+/// Fork the worker from the warm fork server.
+async fn start_forked(
+    fs: &Arc<super::warm::ForkServer>,
+    worker_fd: OwnedFd,
+) -> Result<Started, String> {
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let (pid, pidfd) = fs.spawn(worker_fd, out_w, err_w).await?;
+    let guard = process::KillOnDrop::pidfd(
+        pidfd
+            .try_clone()
+            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+    );
+    let rx = fs.exit_of(pid);
+    Ok(Started {
+        pid,
+        exit: process::ExitWatch::from_pidfd(pidfd),
+        guard,
+        stdout: out_r,
+        stderr: err_r,
+        reap: Reap::Server(fs.clone(), rx),
+    })
+}
+
+/// Spawn the worker by re-executing our binary.
+fn start_direct(sup: &Arc<Inner>, spec: &CellSpec, worker_fd: OwnedFd) -> Result<Started, String> {
+    let mut cmd = std::process::Command::new(&sup.worker_exe);
+    cmd.arg(crate::worker::WORKER_ARG)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("HOME", &spec.scratch)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    spawn::prepare_worker(&mut cmd, &worker_fd);
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "failed to start the worker {}: {e}",
+            sup.worker_exe.display()
+        )
+    })?;
+    drop(worker_fd);
+    let pid = child.id() as i32;
+    // From here on the child must be killed and reaped on every path.
+    let guard = process::KillOnDrop::new(pid);
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err("the worker's output pipes are missing".into());
+    };
+    drop(child); // std's Child never reaps on drop; we reap with wait4.
+    Ok(Started {
+        pid,
+        exit: process::ExitWatch::open(pid),
+        guard,
+        stdout: OwnedFd::from(out),
+        stderr: OwnedFd::from(err),
+        reap: Reap::Direct,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

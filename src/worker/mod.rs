@@ -18,6 +18,8 @@ use channel::Channel;
 
 /// The hidden first argument that selects worker mode.
 pub const WORKER_ARG: &str = "__worker";
+/// The hidden first argument that selects the Rhai fork server.
+pub const FORKSERVER_ARG: &str = "__forkserver";
 
 /// Exit codes of the worker process itself (the supervisor maps them).
 const EXIT_SANDBOX: i32 = 6;
@@ -28,19 +30,35 @@ const EXIT_PROTOCOL: i32 = 7;
 /// return and let `main` go on.
 pub fn dispatch() {
     let mut args = std::env::args_os();
-    if args.nth(1).as_deref() == Some(std::ffi::OsStr::new(WORKER_ARG)) {
-        std::process::exit(worker_main());
+    let mode = args.nth(1);
+    if mode.as_deref() == Some(std::ffi::OsStr::new(WORKER_ARG)) {
+        let code = match crate::sandbox::spawn::take_protocol_channel() {
+            Ok(stream) => run_worker(stream),
+            Err(e) => {
+                eprintln!("cellbox worker: {e}");
+                EXIT_PROTOCOL
+            }
+        };
+        std::process::exit(code);
+    }
+    if mode.as_deref() == Some(std::ffi::OsStr::new(FORKSERVER_ARG)) {
+        let code = match crate::sandbox::spawn::take_protocol_channel() {
+            Ok(stream) => {
+                rhai::prewarm();
+                crate::sandbox::forkserver::serve(stream.into(), run_worker)
+            }
+            Err(e) => {
+                eprintln!("cellbox fork server: {e}");
+                EXIT_PROTOCOL
+            }
+        };
+        std::process::exit(code);
     }
 }
 
-fn worker_main() -> i32 {
-    let stream = match crate::sandbox::spawn::take_protocol_channel() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("cellbox worker: {e}");
-            return EXIT_PROTOCOL;
-        }
-    };
+/// One cell, from the `setup` frame to `done`, on an open protocol channel.
+/// Returns the worker's exit code.
+fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {
     let mut chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     let setup = match read_frame_blocking::<ToWorker, _>(chan.stream(), DEFAULT_MAX_FRAME_BYTES) {
         Ok(ToWorker::Setup(s)) => s,

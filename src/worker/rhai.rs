@@ -15,13 +15,28 @@ use std::io::Write;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+thread_local! {
+    /// The standard package, built once per process: a fork server builds it
+    /// before forking, so every cell child inherits it ready-made.
+    static STANDARD: rhai::Shared<rhai::Module> = StandardPackage::new().as_shared_module();
+}
+
+fn standard_package() -> rhai::Shared<rhai::Module> {
+    STANDARD.with(Clone::clone)
+}
+
+/// Build what every cell needs before the first fork.
+pub fn prewarm() {
+    let _ = standard_package();
+}
+
 /// The engine every Rhai cell runs in. Built from `Engine::new_raw()`: only
 /// the standard package (no file or module access), every limit set, `eval`
 /// disabled, a deadline checked as the script runs, `print`/`debug` to
 /// stdout.
 pub fn hardened_engine(limits: &ScriptLimits, deadline: Instant) -> Engine {
     let mut engine = Engine::new_raw();
-    engine.register_global_module(StandardPackage::new().as_shared_module());
+    engine.register_global_module(standard_package());
     engine.set_max_operations(limits.max_operations);
     engine.set_max_call_levels(limits.max_call_levels);
     engine.set_max_expr_depths(limits.max_expr_depth, limits.max_expr_depth);

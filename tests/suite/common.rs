@@ -58,9 +58,8 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// (pid, state, cmdline) of every direct child of this process.
-pub fn children() -> Vec<(i32, char, String)> {
-    let me = std::process::id() as i32;
+/// (pid, ppid, state, cmdline) of every process.
+fn all_processes() -> Vec<(i32, i32, char, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -72,15 +71,30 @@ pub fn children() -> Vec<(i32, char, String)> {
         // pid (comm) state ppid ...
         let Some(rp) = stat.rfind(')') else { continue };
         let rest: Vec<&str> = stat[rp + 2..].split_whitespace().collect();
-        let (Some(state), Some(ppid)) = (rest.first(), rest.get(1)) else {
+        let (Some(state), Some(Ok(ppid))) = (rest.first(), rest.get(1).map(|p| p.parse::<i32>()))
+        else {
             continue;
         };
-        if ppid.parse::<i32>().ok() == Some(me) {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-                .unwrap_or_default();
-            out.push((pid, state.chars().next().unwrap_or('?'), cmd));
-        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        out.push((pid, ppid, state.chars().next().unwrap_or('?'), cmd));
     }
     out
+}
+
+/// (pid, state, cmdline) of every cell worker descended from this process:
+/// direct workers and fork-server children alike (not the fork server).
+pub fn children() -> Vec<(i32, char, String)> {
+    let me = std::process::id() as i32;
+    let all = all_processes();
+    let servers: Vec<i32> = all
+        .iter()
+        .filter(|p| p.1 == me && p.3.contains("__forkserver"))
+        .map(|p| p.0)
+        .collect();
+    all.into_iter()
+        .filter(|p| (p.1 == me && !p.3.contains("__forkserver")) || servers.contains(&p.1))
+        .map(|p| (p.0, p.2, p.3))
+        .collect()
 }

@@ -306,7 +306,7 @@ async fn a_worker_killed_from_outside_reports_killed() {
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         for (pid, _state, cmd) in children() {
-            if !cmd.contains("__worker") {
+            if !(cmd.contains("__worker") || cmd.contains("__forkserver")) {
                 continue;
             }
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -403,4 +403,40 @@ async fn repl_call_goes_through_the_policy() {
         .call("emit", json!({"event": 1}).as_object().unwrap().clone())
         .await;
     assert_eq!(r.status, Status::PolicyDenied);
+}
+
+#[tokio::test]
+async fn a_cancelled_cell_leaves_no_process() {
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 0;
+    cfg.limits.timeout_ms = 60_000;
+    let before: Vec<i32> = children().iter().map(|c| c.0).collect();
+    let fut = Box::pin(sup.run(CellRequest::new(Language::Rhai, "loop {}"), cfg));
+    // Let it start, note its worker, then drop the future (as a cancelled
+    // request would).
+    let mut fut = fut;
+    tokio::select! {
+        _ = &mut fut => panic!("the cell should still have been running"),
+        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+    }
+    let ours: Vec<i32> = children()
+        .into_iter()
+        .filter(|c| !before.contains(&c.0))
+        .map(|c| c.0)
+        .collect();
+    drop(fut);
+    assert!(!ours.is_empty(), "the running worker was not found");
+    // Every worker alive at the moment of the drop is gone soon after
+    // (other tests' workers end within their own short timeouts).
+    let mut left = ours.clone();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now: Vec<i32> = children().iter().map(|c| c.0).collect();
+        left.retain(|p| now.contains(p));
+        if left.is_empty() {
+            break;
+        }
+    }
+    assert!(left.is_empty(), "still running: {left:?}");
 }

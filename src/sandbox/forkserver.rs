@@ -1,0 +1,303 @@
+//! The Rhai fork server: a single-threaded process, started once by
+//! re-exec, that forks one child per cell. Forking a small, already
+//! initialized process is far cheaper than exec'ing the binary per cell, and
+//! the multi-threaded supervisor itself is never forked.
+//!
+//! Control channel (a `SOCK_SEQPACKET` pair, one message per packet, JSON):
+//! - supervisor → server: `{"op":"spawn","id":N}` with three fds attached
+//!   (the cell's protocol socket, its stdout and its stderr pipe ends);
+//! - server → supervisor: `{"op":"spawned","id":N,"pid":P}` with the child's
+//!   pidfd attached, or `{"op":"error","id":N,"message":…}`;
+//! - server → supervisor: `{"op":"exited","pid":P,"code":…,"signal":…,
+//!   "cpu_ms":…,"max_rss_kb":…}` once the child is gone. Before reaping a
+//!   child the server SIGKILLs its whole process group, so nothing a cell
+//!   started in its group outlives it, and a pid is never reused while the
+//!   supervisor may still signal it (the supervisor signals through the
+//!   pidfd, which cannot hit a reused pid).
+
+use super::process::{reap, Reaped};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// Largest control message.
+pub const MAX_CONTROL_BYTES: usize = 4096;
+
+/// Messages on the control channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Control {
+    Spawn {
+        id: u64,
+    },
+    Spawned {
+        id: u64,
+        pid: i32,
+    },
+    Error {
+        id: u64,
+        message: String,
+    },
+    Exited {
+        pid: i32,
+        code: Option<i32>,
+        signal: Option<i32>,
+        cpu_ms: u64,
+        max_rss_kb: u64,
+    },
+}
+
+/// A connected pair of `SOCK_SEQPACKET` sockets (close-on-exec).
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Send one message with `fds` attached.
+pub fn send(fd: BorrowedFd<'_>, msg: &Control, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let data = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsgs = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    loop {
+        match sendmsg::<()>(
+            fd.as_raw_fd(),
+            &[IoSlice::new(&data)],
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receive one message and the fds attached to it. `Ok(None)` = the peer
+/// closed the channel.
+pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Option<(Control, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_CONTROL_BYTES];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let (n, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        for r in raw {
+                            // SAFETY: SCM_RIGHTS just installed `r` in our fd
+                            // table; nothing else owns it.
+                            fds.push(unsafe { OwnedFd::from_raw_fd(r) });
+                        }
+                    }
+                }
+                break (msg.bytes, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
+    Ok(Some((msg, fds)))
+}
+
+fn exited_message(pid: i32, r: Reaped) -> Control {
+    Control::Exited {
+        pid,
+        code: r.code,
+        signal: r.signal,
+        cpu_ms: r.cpu_ms,
+        max_rss_kb: r.max_rss_kb,
+    }
+}
+
+/// In the forked child: put the cell's fds on 1, 2, 3, stdin on /dev/null,
+/// close everything else, own session, die with the server.
+fn child_setup(sock: &OwnedFd, out: &OwnedFd, err: &OwnedFd) -> io::Result<()> {
+    let devnull = std::fs::File::open("/dev/null")?;
+    for (from, to) in [
+        (devnull.as_raw_fd(), 0),
+        (out.as_raw_fd(), 1),
+        (err.as_raw_fd(), 2),
+        (sock.as_raw_fd(), crate::protocol::PROTOCOL_FD),
+    ] {
+        // SAFETY: dup2 on fds we own; the target numbers are the fixed
+        // worker layout. dup2 clears close-on-exec on the target.
+        if unsafe { libc::dup2(from, to) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: close_range closes every fd from 4 up; nothing above 3 is
+    // needed by the cell (the Rust objects owning them are leaked below).
+    unsafe { libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) };
+    // SAFETY: setsid/prctl take no pointers.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The fork server's main loop. `ctl` is the control channel; `run_cell` is
+/// what a forked child runs with its protocol channel (it returns the exit
+/// code). Returns when the supervisor closes the channel.
+pub fn serve(ctl: OwnedFd, run_cell: fn(UnixStream) -> i32) -> i32 {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    if mask.thread_block().is_err() {
+        return 7;
+    }
+    let sigfd = match nix::sys::signalfd::SignalFd::with_flags(
+        &mask,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    ) {
+        Ok(s) => s,
+        Err(_) => return 7,
+    };
+    // Orphans of cells (daemons) are re-parented to us, so we reap them.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let mut cells: BTreeSet<i32> = BTreeSet::new();
+    loop {
+        let mut fds = [
+            nix::poll::PollFd::new(ctl.as_fd(), nix::poll::PollFlags::POLLIN),
+            nix::poll::PollFd::new(sigfd.as_fd(), nix::poll::PollFlags::POLLIN),
+        ];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 7,
+        }
+        let ctl_ready = fds[0].any().unwrap_or(false);
+        let sig_ready = fds[1].any().unwrap_or(false);
+        if sig_ready {
+            while let Ok(Some(_)) = sigfd.read_signal() {}
+            reap_exited(&ctl, &mut cells);
+        }
+        if ctl_ready {
+            match recv(ctl.as_fd()) {
+                Ok(Some((Control::Spawn { id }, fds))) => {
+                    if let Err(message) = spawn_one(&ctl, id, fds, &mask, run_cell, &mut cells) {
+                        let _ = send(ctl.as_fd(), &Control::Error { id, message }, &[]);
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    // The supervisor is gone: take every cell with us.
+                    for pid in &cells {
+                        // SAFETY: killpg with integer args; pids are our
+                        // unreaped children, so their groups are theirs.
+                        unsafe { libc::killpg(*pid, libc::SIGKILL) };
+                    }
+                    return 0;
+                }
+            }
+        }
+    }
+}
+
+fn spawn_one(
+    ctl: &OwnedFd,
+    id: u64,
+    fds: Vec<OwnedFd>,
+    mask: &SigSet,
+    run_cell: fn(UnixStream) -> i32,
+    cells: &mut BTreeSet<i32>,
+) -> Result<(), String> {
+    let [sock, out, err]: [OwnedFd; 3] = fds
+        .try_into()
+        .map_err(|v: Vec<OwnedFd>| format!("spawn needs 3 fds, got {}", v.len()))?;
+    // SAFETY: this process is single-threaded (the fork server never starts
+    // threads), so the child may run arbitrary code after fork.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let _ = mask.thread_unblock();
+            let code = match child_setup(&sock, &out, &err) {
+                Ok(()) => {
+                    // The owned fds above 3 were closed by close_range;
+                    // forget them instead of closing twice.
+                    std::mem::forget((sock, out, err));
+                    match crate::sandbox::spawn::take_protocol_channel() {
+                        Ok(stream) => run_cell(stream),
+                        Err(_) => 7,
+                    }
+                }
+                Err(_) => 7,
+            };
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            // SAFETY: _exit ends the child without running the parent's
+            // atexit handlers or destructors a second time.
+            unsafe { libc::_exit(code) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop((sock, out, err));
+            let pid = child.as_raw();
+            cells.insert(pid);
+            let pidfd = super::process::pidfd_open(pid).map_err(|e| e.to_string())?;
+            send(ctl.as_fd(), &Control::Spawned { id, pid }, &[pidfd.as_fd()])
+                .map_err(|e| e.to_string())
+        }
+        Err(e) => Err(format!("fork failed: {e}")),
+    }
+}
+
+/// Reap every exited child; cells are reported after their group is killed.
+fn reap_exited(ctl: &OwnedFd, cells: &mut BTreeSet<i32>) {
+    loop {
+        // SAFETY: zeroed siginfo_t is a valid out-buffer for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes only into `info`; WNOWAIT leaves the child
+        // unreaped so its pid and group id stay ours while we kill the group.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: si_pid is valid to read for the SIGCHLD-type info waitid fills.
+        let pid = unsafe { info.si_pid() };
+        if rc < 0 || pid == 0 {
+            return;
+        }
+        if cells.remove(&pid) {
+            // SAFETY: killpg with integer args on the group of an unreaped child.
+            unsafe { libc::killpg(pid, libc::SIGKILL) };
+            if let Ok(r) = reap(pid) {
+                let _ = send(ctl.as_fd(), &exited_message(pid, r), &[]);
+            }
+        } else {
+            let _ = reap(pid);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The supervisor's side of the Rhai fork server (see
+//! `crate::sandbox::forkserver`): start it once, ask it for one child per
+//! cell, learn how each child ended.
+
+use crate::sandbox::forkserver::{self, Control};
+use crate::sandbox::process::Reaped;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+type SpawnReply = Result<(i32, OwnedFd), String>;
+
+enum ExitSlot {
+    Waiting(oneshot::Sender<Reaped>),
+    Arrived(Reaped),
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
+    exits: HashMap<i32, ExitSlot>,
+}
+
+pub(crate) struct ForkServer {
+    ctl: Mutex<OwnedFd>,
+    shared: Arc<Mutex<Shared>>,
+    dead: Arc<AtomicBool>,
+    next_id: AtomicU64,
+}
+
+fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl ForkServer {
+    /// Start `worker_exe __forkserver` with the control channel on fd 3.
+    pub(crate) fn start(worker_exe: &Path) -> Result<ForkServer, String> {
+        let (ours, theirs) = forkserver::seqpacket_pair()
+            .map_err(|e| format!("failed to create the fork server channel: {e}"))?;
+        let mut cmd = std::process::Command::new(worker_exe);
+        cmd.arg(crate::worker::FORKSERVER_ARG)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("failed to start the fork server: {e}"))?;
+        drop(theirs);
+        let server_pid = child.id() as i32;
+        drop(child);
+        let reader_fd = ours
+            .try_clone()
+            .map_err(|e| format!("failed to share the fork server channel: {e}"))?;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let dead = Arc::new(AtomicBool::new(false));
+        let (s2, d2) = (shared.clone(), dead.clone());
+        std::thread::Builder::new()
+            .name("cellbox-forkserver".into())
+            .spawn(move || read_loop(reader_fd, s2, d2, server_pid))
+            .map_err(|e| format!("failed to start the fork server reader: {e}"))?;
+        Ok(ForkServer {
+            ctl: Mutex::new(ours),
+            shared,
+            dead,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Fork one cell child with these fds as its 3 (protocol), 1 and 2.
+    /// Returns its pid and a pidfd.
+    pub(crate) async fn spawn(
+        &self,
+        sock: OwnedFd,
+        out: OwnedFd,
+        err: OwnedFd,
+    ) -> Result<(i32, OwnedFd), String> {
+        if self.is_dead() {
+            return Err("the fork server is not running".into());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.shared).pending.insert(id, tx);
+        {
+            let ctl = match self.ctl.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            if let Err(e) = forkserver::send(
+                ctl.as_fd(),
+                &Control::Spawn { id },
+                &[sock.as_fd(), out.as_fd(), err.as_fd()],
+            ) {
+                lock(&self.shared).pending.remove(&id);
+                self.dead.store(true, Ordering::SeqCst);
+                return Err(format!("failed to reach the fork server: {e}"));
+            }
+        }
+        drop((sock, out, err));
+        match tokio::time::timeout(Duration::from_secs(10), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err("the fork server went away".into()),
+            Err(_) => {
+                lock(&self.shared).pending.remove(&id);
+                Err("the fork server did not answer".into())
+            }
+        }
+    }
+
+    /// How child `pid` ended (resolves once the server reaped it).
+    pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
+        let (tx, rx) = oneshot::channel();
+        let mut shared = lock(&self.shared);
+        match shared.exits.remove(&pid) {
+            Some(ExitSlot::Arrived(r)) => {
+                let _ = tx.send(r);
+            }
+            _ => {
+                shared.exits.insert(pid, ExitSlot::Waiting(tx));
+            }
+        }
+        rx
+    }
+
+    /// Forget a child whose cell was abandoned.
+    pub(crate) fn forget(&self, pid: i32) {
+        lock(&self.shared).exits.remove(&pid);
+    }
+}
+
+fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, server_pid: i32) {
+    loop {
+        match forkserver::recv(fd.as_fd()) {
+            Ok(Some((Control::Spawned { id, pid }, mut fds))) => {
+                let tx = lock(&shared).pending.remove(&id);
+                let reply = match fds.pop() {
+                    Some(pidfd) => Ok((pid, pidfd)),
+                    None => Err("the fork server sent no pidfd".into()),
+                };
+                if let Some(tx) = tx {
+                    let _ = tx.send(reply);
+                }
+            }
+            Ok(Some((Control::Error { id, message }, _))) => {
+                if let Some(tx) = lock(&shared).pending.remove(&id) {
+                    let _ = tx.send(Err(format!("the fork server could not fork: {message}")));
+                }
+            }
+            Ok(Some((
+                Control::Exited {
+                    pid,
+                    code,
+                    signal,
+                    cpu_ms,
+                    max_rss_kb,
+                },
+                _,
+            ))) => {
+                let r = Reaped {
+                    code,
+                    signal,
+                    cpu_ms,
+                    max_rss_kb,
+                };
+                let mut s = lock(&shared);
+                match s.exits.remove(&pid) {
+                    Some(ExitSlot::Waiting(tx)) => {
+                        let _ = tx.send(r);
+                    }
+                    _ => {
+                        // Bound the map: results nobody claims are dropped
+                        // oldest-first by size.
+                        if s.exits.len() > 4096 {
+                            s.exits.clear();
+                        }
+                        s.exits.insert(pid, ExitSlot::Arrived(r));
+                    }
+                }
+            }
+            Ok(Some((Control::Spawn { .. }, _))) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    dead.store(true, Ordering::SeqCst);
+    let mut s = lock(&shared);
+    s.pending.clear();
+    s.exits.clear();
+    drop(s);
+    let _ = crate::sandbox::process::kill_pid(server_pid);
+    let _ = crate::sandbox::process::reap(server_pid);
+}
+
+impl Drop for ForkServer {
+    fn drop(&mut self) {
+        // Shut the socket down (not just our fd: the reader thread holds a
+        // second one), so the server sees EOF, kills its cells and exits, and
+        // the reader thread ends and reaps it.
+        let ctl = match self.ctl.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&*ctl),
+            nix::sys::socket::Shutdown::Both,
+        );
+    }
+}
