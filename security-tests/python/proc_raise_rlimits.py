@@ -36,8 +36,11 @@ for name, res in limits.items():
         now = resource.getrlimit(res)
         if now[1] == INF or now[1] > hard:
             problems.append("raised %s hard limit from %d to %s" % (name, hard, now[1]))
-    except (OSError, ValueError) as e:
-        denials.append("%s:%s" % (name, errno.errorcode.get(getattr(e, "errno", 0) or 0, type(e).__name__)))
+    except ValueError as e:
+        # CPython turns EPERM from setrlimit into ValueError.
+        denials.append("%s:%s" % (name, e))
+    except OSError as e:
+        denials.append("%s:%s" % (name, errno.errorcode.get(e.errno, str(e.errno))))
 if resource.getrlimit(resource.RLIMIT_AS)[1] == INF and resource.getrlimit(resource.RLIMIT_DATA)[1] == INF:
     problems.append("neither AS nor DATA is limited")
 try:

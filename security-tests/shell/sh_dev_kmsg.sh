@@ -4,10 +4,11 @@
 # expect: No such file or Permission denied
 # control: yes
 # canaries: none
-if dd if=/dev/kmsg of=/dev/null bs=8192 count=1 iflag=nonblock 2>/dev/null; then
+if e=$(dd if=/dev/kmsg of=/dev/null bs=8192 count=1 iflag=nonblock 2>&1); then
     echo "ATTACK-RESULT: escaped read /dev/kmsg"
-elif [ -r /dev/kmsg ] && dd if=/dev/kmsg of=/dev/null bs=8192 count=1 iflag=nonblock 2>&1 | grep -q 'Resource temporarily'; then
-    echo "ATTACK-RESULT: escaped opened /dev/kmsg"
 else
-    echo "ATTACK-RESULT: blocked /dev/kmsg unreadable"
+    case "$e" in
+        *"Resource temporarily"*) echo "ATTACK-RESULT: escaped opened /dev/kmsg" ;;
+        *) echo "ATTACK-RESULT: blocked $e" ;;
+    esac
 fi

@@ -4,8 +4,8 @@
 # expect: No such process (PID namespace) or Operation not permitted
 # control: yes
 # canaries: victim
-if kill -STOP {{VICTIM_PID}} 2>/dev/null || kill -9 {{VICTIM_PID}} 2>/dev/null; then
+if e=$(kill -STOP {{VICTIM_PID}} 2>&1) || e=$(kill -9 {{VICTIM_PID}} 2>&1); then
     echo "ATTACK-RESULT: escaped signalled the victim"
 else
-    echo "ATTACK-RESULT: blocked kill failed"
+    echo "ATTACK-RESULT: blocked $e"
 fi

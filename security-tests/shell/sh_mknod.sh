@@ -6,10 +6,10 @@
 # canaries: none
 PATH="$PATH:/usr/sbin:/sbin"
 n=0
-mknod cnode c 1 3 2>/dev/null && n=$((n+1))
-mknod bnode b 7 0 2>/dev/null && n=$((n+1))
+if e1=$(mknod cnode c 1 3 2>&1); then n=$((n+1)); fi
+if e2=$(mknod bnode b 7 0 2>&1); then n=$((n+1)); fi
 if [ "$n" -gt 0 ]; then
     echo "ATTACK-RESULT: escaped $n device nodes created"
 else
-    echo "ATTACK-RESULT: blocked mknod failed"
+    echo "ATTACK-RESULT: blocked $e1 | $e2"
 fi

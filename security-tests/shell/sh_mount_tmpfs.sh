@@ -7,10 +7,10 @@
 PATH="$PATH:/usr/sbin:/sbin"
 mkdir -p m b
 n=0
-if mount -t tmpfs -o size=1m none m 2>/dev/null; then n=$((n+1)); umount m; fi
-if mount --bind / b 2>/dev/null; then n=$((n+1)); umount b; fi
+if e1=$(mount -t tmpfs -o size=1m none m 2>&1); then n=$((n+1)); umount m; fi
+if e2=$(mount --bind / b 2>&1); then n=$((n+1)); umount b; fi
 if [ "$n" -gt 0 ]; then
     echo "ATTACK-RESULT: escaped $n mounts succeeded"
 else
-    echo "ATTACK-RESULT: blocked mount failed"
+    echo "ATTACK-RESULT: blocked $e1 | $e2"
 fi

@@ -5,8 +5,8 @@
 # control: yes
 # canaries: none
 PATH="$PATH:/usr/sbin:/sbin"
-if nsenter -t {{SUPERVISOR_PID}} -m -n true 2>/dev/null; then
+if e=$(nsenter -t {{SUPERVISOR_PID}} -m -n true 2>&1); then
     echo "ATTACK-RESULT: escaped entered the supervisor's namespaces"
 else
-    echo "ATTACK-RESULT: blocked nsenter failed"
+    echo "ATTACK-RESULT: blocked $e"
 fi

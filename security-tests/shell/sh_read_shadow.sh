@@ -4,9 +4,9 @@
 # expect: read fails (Permission denied / No such file)
 # control: yes
 # canaries: host_files
-if out=$(sha256sum < /etc/shadow 2>/dev/null) && [ -r /etc/shadow ]; then
+if err=$(cat /etc/shadow 2>&1 >/dev/null) && out=$(sha256sum < /etc/shadow); then
     echo "DIGEST:${out%% *}"
     echo "ATTACK-RESULT: escaped read /etc/shadow"
 else
-    echo "ATTACK-RESULT: blocked /etc/shadow unreadable"
+    echo "ATTACK-RESULT: blocked $err"
 fi

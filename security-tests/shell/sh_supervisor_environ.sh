@@ -4,10 +4,11 @@
 # expect: No such file (PID namespace) or Permission denied; API_KEY never appears
 # control: yes
 # canaries: none
-if tr '\0' '\n' < /proc/{{SUPERVISOR_PID}}/environ 2>/dev/null | grep .; then
+if out=$(tr '\0' '\n' 2>&1 < /proc/{{SUPERVISOR_PID}}/environ) && [ -n "$out" ]; then
+    echo "$out"
     tr '\0' ' ' < /proc/{{SUPERVISOR_PID}}/cmdline 2>/dev/null
     echo
     echo "ATTACK-RESULT: escaped read the supervisor environment"
 else
-    echo "ATTACK-RESULT: blocked supervisor environ unreadable"
+    echo "ATTACK-RESULT: blocked $out"
 fi

@@ -7,10 +7,10 @@
 ln -s "{{OUTSIDE_DIR}}" outdir
 ln -s "{{SECRET_PATH}}" secret
 n=0
-echo x > outdir/sh-via-link 2>/dev/null && n=$((n+1))
-cat secret 2>/dev/null && n=$((n+1))
+if e1=$(sh -c 'echo x > outdir/sh-via-link' 2>&1); then n=$((n+1)); fi
+if out=$(cat secret 2>&1); then echo "$out"; n=$((n+1)); else e2="$out"; fi
 if [ "$n" -gt 0 ]; then
     echo "ATTACK-RESULT: escaped $n accesses through symlinks"
 else
-    echo "ATTACK-RESULT: blocked symlinked accesses failed"
+    echo "ATTACK-RESULT: blocked $e1 | $e2"
 fi

@@ -5,10 +5,10 @@
 # control: yes
 # canaries: none
 PATH="$PATH:/usr/sbin:/sbin"
-if unshare -Ur id -u 2>/dev/null | grep -qx 0; then
+if out=$(unshare -Ur id -u 2>&1) && [ "$out" = 0 ]; then
     echo "ATTACK-RESULT: escaped became root in a new user namespace"
-elif unshare -n true 2>/dev/null; then
+elif e=$(unshare -n true 2>&1); then
     echo "ATTACK-RESULT: escaped created a network namespace"
 else
-    echo "ATTACK-RESULT: blocked unshare failed"
+    echo "ATTACK-RESULT: blocked $out | $e"
 fi

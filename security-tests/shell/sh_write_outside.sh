@@ -5,12 +5,17 @@
 # control: yes
 # canaries: scratch_escape
 n=0
-echo x > "{{OUTSIDE_DIR}}/sh-redirect" 2>/dev/null && n=$((n+1))
-touch "{{OUTSIDE_DIR}}/sh-touch" 2>/dev/null && n=$((n+1))
-echo x > local && cp local "{{OUTSIDE_DIR}}/sh-cp" 2>/dev/null && n=$((n+1))
-mkdir "{{OUTSIDE_DIR}}/sh-dir" 2>/dev/null && n=$((n+1))
+errs=""
+try() {
+    if e=$("$@" 2>&1); then n=$((n+1)); else errs="$errs | $e"; fi
+}
+try sh -c 'echo x > "$1"' sh "{{OUTSIDE_DIR}}/sh-redirect"
+try touch "{{OUTSIDE_DIR}}/sh-touch"
+echo x > local
+try cp local "{{OUTSIDE_DIR}}/sh-cp"
+try mkdir "{{OUTSIDE_DIR}}/sh-dir"
 if [ "$n" -gt 0 ]; then
     echo "ATTACK-RESULT: escaped $n writes landed outside scratch"
 else
-    echo "ATTACK-RESULT: blocked all writes failed"
+    echo "ATTACK-RESULT: blocked${errs}"
 fi

@@ -33,6 +33,9 @@ pub struct SecurityTestArgs {
     /// Print a line per attack as it finishes.
     #[arg(long)]
     pub progress: bool,
+    /// The cellbox binary to attack (default: this one).
+    #[arg(long, value_name = "PATH")]
+    pub cellbox: Option<PathBuf>,
 }
 
 const EXIT_FAILED: u8 = 1;
@@ -41,7 +44,7 @@ const EXIT_USAGE: u8 = 2;
 /// Run the suite as the CLI does: table on stdout, exit 1 on any escape or
 /// error, 2 on a usage problem.
 pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
-    let exe = match std::env::current_exe() {
+    let exe = match args.cellbox.clone().map_or_else(std::env::current_exe, Ok) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("cellbox security-test: cannot find the running binary: {e}");
