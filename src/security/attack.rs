@@ -138,6 +138,9 @@ pub enum Canary {
     OutputCap,
     /// The supervisor's peak RSS grew past the bound.
     SupervisorRss,
+    /// A file named with the run's marker appeared in a host temp directory
+    /// (/tmp, /var/tmp, /dev/shm, /run/lock). Checked for every attack.
+    HostTmp,
 }
 
 impl Canary {
@@ -156,6 +159,7 @@ impl Canary {
             "forged" => Canary::Forged,
             "output_cap" => Canary::OutputCap,
             "supervisor_rss" => Canary::SupervisorRss,
+            "host_tmp" => Canary::HostTmp,
             _ => return None,
         })
     }

@@ -33,6 +33,9 @@ pub(crate) const SUPERVISOR_RSS_LIMIT_KB: u64 = 160 * 1024;
 /// Largest `stdout` a capped result may carry.
 pub(crate) const CAPPED_STDOUT_BYTES: usize = 8 * 1024 * 1024;
 
+/// World-writable host directories a cell must not be able to write to.
+const HOST_TMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
+
 /// Uid of the unprivileged victim (`nobody`).
 const NOBODY: u32 = 65534;
 
@@ -741,6 +744,21 @@ impl RunCanaries {
                     if names.len() == 1 { "y" } else { "ies" },
                     names.iter().take(4).cloned().collect::<Vec<_>>().join(", ")
                 ));
+            }
+        }
+        // Files named with the run's marker in the host's shared temp dirs
+        // (a cell's private /tmp would keep them out). Removed once seen:
+        // the unique marker means they can only be this run's.
+        for d in HOST_TMP_DIRS {
+            let Ok(rd) = std::fs::read_dir(d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&self.marker) {
+                    ev.push(format!("the cell created {d}/{name} on the host"));
+                    let _ = std::fs::remove_file(e.path());
+                }
             }
         }
         for v in &mut self.victims {
