@@ -1,3 +1,4 @@
 mod cli;
 pub mod common;
+mod python;
 mod rhai;
