@@ -27,5 +27,8 @@ for fd in range(3, 256):
         except OSError:
             pass
 print("sent a %d-byte frame on fds %s" % (len(frame), hit), flush=True)
-time.sleep(8)
-print("ATTACK-RESULT: escaped the cell kept running after an oversized frame", flush=True)
+if not hit:
+    print("ATTACK-RESULT: blocked no protocol descriptor accepted the write", flush=True)
+else:
+    time.sleep(8)
+    print("ATTACK-RESULT: escaped the cell kept running after an oversized frame", flush=True)

@@ -6,6 +6,7 @@
 # canaries: supervisor_rss
 # status: protocol_error,limit_exceeded,policy_denied,timeout
 # timeout: 10
+import errno
 import json
 import os
 import stat
@@ -21,15 +22,24 @@ for fd in range(3, 256):
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         fds.append(fd)
 sent = 0
-try:
-    for i in range(100000):
-        body = json.dumps({"t": "call", "id": 10_000 + i, "cap": "emit", "args": {"event": {"i": i}}}).encode()
-        frame = struct.pack(">I", len(body)) + body
-        for fd in fds:
+failure = ""
+for i in range(100000):
+    body = json.dumps({"t": "call", "id": 10_000 + i, "cap": "emit", "args": {"event": {"i": i}}}).encode()
+    frame = struct.pack(">I", len(body)) + body
+    wrote = False
+    for fd in list(fds):
+        try:
             os.write(fd, frame)
-        sent += 1
-except OSError as e:
-    print("write failed after", sent, e, flush=True)
-print("sent", sent, "calls", flush=True)
-time.sleep(8)
-print("ATTACK-RESULT: escaped sent %d unsolicited calls and kept running" % sent, flush=True)
+            wrote = True
+        except OSError as e:
+            failure = errno.errorcode.get(e.errno, str(e.errno))
+            fds.remove(fd)
+    if not wrote:
+        break
+    sent += 1
+print("sent", sent, "calls", failure, flush=True)
+if sent == 0:
+    print("ATTACK-RESULT: blocked no protocol descriptor accepted a frame (%s)" % failure, flush=True)
+else:
+    time.sleep(8)
+    print("ATTACK-RESULT: escaped sent %d unsolicited calls and kept running" % sent, flush=True)

@@ -31,5 +31,8 @@ for fd in range(3, 256):
         except OSError:
             pass
 print("sent wrong-direction frames on fds", hit, flush=True)
-time.sleep(8)
-print("ATTACK-RESULT: escaped the cell kept running after wrong-direction frames", flush=True)
+if not hit:
+    print("ATTACK-RESULT: blocked no protocol descriptor accepted the write", flush=True)
+else:
+    time.sleep(8)
+    print("ATTACK-RESULT: escaped the cell kept running after wrong-direction frames", flush=True)

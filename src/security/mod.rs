@@ -339,8 +339,23 @@ fn run_sandboxed(
                 Err("the JSON result has no status".into())
             }
         });
+    // Decoded stdout/stderr for line-based checks, and the raw result for
+    // tokens wherever they ended up (value, error, vars, ...).
+    let field = |k: &str| {
+        parsed
+            .as_ref()
+            .ok()
+            .and_then(|r| r.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
     let mut obs = Observation {
-        texts: vec![("the result", raw)],
+        texts: vec![
+            ("stdout", field("stdout")),
+            ("stderr", field("stderr")),
+            ("the result", raw),
+        ],
         peak_rss_kb: out.peak_rss_kb,
         ..Observation::default()
     };
