@@ -17,6 +17,9 @@ pub struct SecurityTestArgs {
     /// Also write the full report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also write the table as Markdown to this file.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
     /// Only attacks whose name contains this.
     #[arg(long, value_name = "NAME")]
     pub filter: Option<String>,
@@ -98,6 +101,15 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
             }
         };
         if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!(
+                "cellbox security-test: failed to write {}: {e}",
+                path.display()
+            );
+            return ExitCode::from(EXIT_FAILED);
+        }
+    }
+    if let Some(path) = &args.markdown {
+        if let Err(e) = std::fs::write(path, report.markdown()) {
             eprintln!(
                 "cellbox security-test: failed to write {}: {e}",
                 path.display()

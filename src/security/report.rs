@@ -98,6 +98,36 @@ impl SuiteReport {
         out
     }
 
+    /// A Markdown table (for the README), with the totals line under it.
+    pub fn markdown(&self) -> String {
+        let mut rows: Vec<&AttackOutcome> = self.outcomes.iter().collect();
+        rows.sort_by(|a, b| a.file.cmp(&b.file));
+        let mut out =
+            String::from("| attack | category | verdict | evidence |\n| --- | --- | --- | --- |\n");
+        for o in rows {
+            let mut ev: String = o.evidence.replace('\n', " ").replace('|', "\\|");
+            if ev.chars().count() > 140 {
+                ev = ev.chars().take(139).collect::<String>() + "…";
+            }
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} |\n",
+                o.file,
+                o.category.as_str(),
+                o.verdict.as_str(),
+                ev
+            ));
+        }
+        out.push_str(&format!(
+            "\n{} attacks: {} blocked, {} escaped, {} errors ({}).\n",
+            self.outcomes.len(),
+            self.count(Verdict::Blocked),
+            self.count(Verdict::Escaped),
+            self.count(Verdict::Error),
+            self.summary_line()
+        ));
+        out
+    }
+
     pub fn to_json(&self) -> Value {
         let mut rows: Vec<&AttackOutcome> = self.outcomes.iter().collect();
         rows.sort_by(|a, b| a.file.cmp(&b.file));
@@ -153,6 +183,8 @@ mod tests {
         assert_eq!(lines.last().copied(), Some("1 passed, 2 failed"));
         assert!(lines[1].starts_with("python/a.py"), "{t}");
         assert!(lines[1].chars().count() < 80, "evidence not clipped: {t}");
+        let md = r.markdown();
+        assert!(md.contains("| `python/a.py` | process | escaped |"), "{md}");
         let j = r.to_json();
         assert_eq!(j["summary"]["escaped"], 1);
         assert_eq!(j["results"][0]["verdict"], "escaped");
