@@ -115,6 +115,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         ms(base.p99),
         base.per_sec
     );
+    out.push_str(&sandbox_cost(n, &cold).await?);
     for lang in langs {
         let language: Language = lang.parse().map_err(|e: crate::Error| e.to_string())?;
         let code = match language {
@@ -147,6 +148,80 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 f.p50.as_secs_f64() / base.p50.as_secs_f64().max(1e-9)
             );
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The OS layers' own cost: the same trivial cell with and without them, and
+/// `cellbox exec -- /bin/true` beside bubblewrap doing the same, in this run.
+async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, String> {
+    use crate::profiles::{LayerMode, Profile};
+    let mut out = String::new();
+    // Without: every optional layer off. Privileges stay: a cell never runs
+    // as root, and hygiene is always applied.
+    let mut bare = Profile::load("rhai").map_err(|e| e.to_string())?;
+    bare.layers.namespaces = LayerMode::Off;
+    bare.layers.rlimits = LayerMode::Off;
+    bare.layers.landlock = LayerMode::Off;
+    bare.layers.seccomp = LayerMode::Off;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("rhai-no-layers.toml");
+    let text = toml::to_string(&bare).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+    let without = Supervisor::builder()
+        .warm(false)
+        .profile(Language::Rhai, path.to_string_lossy().into_owned())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let on = cells(with_layers, Language::Rhai, "40 + 2", n, 1).await?;
+    let off = cells(&without, Language::Rhai, "40 + 2", n, 1).await?;
+    let _ = writeln!(
+        out,
+        "rhai cell, spawn, OS layers off   p50 {}  p99 {}",
+        ms(off.p50),
+        ms(off.p99)
+    );
+    let _ = writeln!(
+        out,
+        "rhai cell, spawn, OS layers on    p50 {}  p99 {}  (p50 = {:.2}x layers off)",
+        ms(on.p50),
+        ms(on.p99),
+        on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
+    );
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = exe.to_string_lossy().into_owned();
+    let exec = baseline_spawn(&[&exe, "exec", "--", "/bin/true"], n)?;
+    let _ = writeln!(
+        out,
+        "cellbox exec -- /bin/true         p50 {}  p99 {}",
+        ms(exec.p50),
+        ms(exec.p99)
+    );
+    let bwrap = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "/bin/true",
+    ];
+    match baseline_spawn(&bwrap, n) {
+        Ok(b) => {
+            let _ = writeln!(
+                out,
+                "bwrap --unshare-all ... /bin/true p50 {}  p99 {}  (cellbox exec p50 = {:.2}x bwrap)",
+                ms(b.p50),
+                ms(b.p99),
+                exec.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "bwrap baseline unavailable ({e}); .ci/bench installs bubblewrap"
+            );
         }
     }
     Ok(out)

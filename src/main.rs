@@ -88,6 +88,20 @@ enum Command {
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         argv: Vec<String>,
     },
+    /// Which sandbox layers this host supports and what a cell would get
+    /// under each profile. Exits 6 when a profile's required layer is missing.
+    Doctor {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Assess this profile (built-in name or TOML file) instead of the
+        /// shipped ones (repeatable).
+        #[arg(long)]
+        profile: Vec<String>,
+        /// Python interpreter to check (default: the one cells would use).
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
     /// Measure cell latency and throughput against a baseline.
     Bench {
         /// Cells per measurement.
@@ -131,6 +145,11 @@ fn main() -> ExitCode {
             Command::SecurityTest(args) => {
                 tokio::task::block_in_place(|| cellbox::security::cli_main(args))
             }
+            Command::Doctor {
+                json,
+                profile,
+                python,
+            } => cmd_doctor(json, profile, python),
         }
     })
 }
@@ -581,5 +600,121 @@ async fn cmd_bench(iterations: usize, langs: Vec<String>) -> ExitCode {
             eprintln!("cellbox bench: {e}");
             ExitCode::from(EXIT_INTERNAL)
         }
+    }
+}
+
+/// `cellbox doctor`: host support, per-profile layer table, Python.
+fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) -> ExitCode {
+    use cellbox::profiles::{Profile, BUILTIN_NAMES};
+    use cellbox::sandbox::doctor;
+    let names: Vec<String> = if profiles.is_empty() {
+        BUILTIN_NAMES.iter().map(|n| n.to_string()).collect()
+    } else {
+        profiles
+    };
+    let mut loaded = Vec::new();
+    for name in &names {
+        match Profile::load(name) {
+            Ok(p) => loaded.push(p),
+            Err(e) => return usage(e),
+        }
+    }
+    let host = doctor::probe();
+    let assessments: Vec<doctor::ProfileAssessment> =
+        loaded.iter().map(|p| doctor::assess(p, &host)).collect();
+    let mut b = Supervisor::builder();
+    if let Some(p) = &python {
+        b = b.python(p);
+    }
+    let python = b
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|sup| sup.python());
+    let ok = assessments.iter().all(|a| a.ok);
+    if json {
+        let report = serde_json::json!({
+            "host": host,
+            "python": match &python {
+                Ok(info) => serde_json::json!(info),
+                Err(e) => serde_json::json!({"error": e}),
+            },
+            "profiles": assessments,
+            "ok": ok,
+        });
+        println!("{report:#}");
+    } else {
+        let yes = |b: bool| if b { "yes" } else { "NO" };
+        println!(
+            "cellbox doctor: {} {} kernel {}, running as {}",
+            host.os,
+            host.arch,
+            host.kernel,
+            if host.running_as_root {
+                "root"
+            } else {
+                "an unprivileged user"
+            }
+        );
+        println!("host support:");
+        let landlock = match host.landlock_abi {
+            Some(abi) => format!(
+                "yes (ABI {abi}; cellbox uses up to {})",
+                host.landlock_pinned_abi
+            ),
+            None => "NO".into(),
+        };
+        println!("  {:<16} {landlock}", "landlock");
+        println!("  {:<16} {}", "seccomp", yes(host.seccomp));
+        println!("  {:<16} {}", "user namespaces", yes(host.user_namespaces));
+        println!("  {:<16} {}", "namespaces", yes(host.namespaces));
+        println!("  {:<16} {}", "mount_setattr", yes(host.mount_setattr));
+        println!("  {:<16} {}", "cgroup v2", yes(host.cgroup_v2));
+        match &python {
+            Ok(info) => println!(
+                "  {:<16} {} (read-only: {})",
+                "python",
+                info.executable.display(),
+                info.read_only
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(e) => println!("  {:<16} NO: {e}", "python"),
+        }
+        for a in &assessments {
+            println!();
+            println!(
+                "profile {} ({}): {}",
+                a.profile,
+                a.source,
+                if a.ok {
+                    "ok".to_string()
+                } else {
+                    format!(
+                        "REFUSED, missing required: {}",
+                        a.missing_required.join(", ")
+                    )
+                }
+            );
+            println!(
+                "  {:<11} {:<12} {:<10} detail",
+                "layer", "mode", "available"
+            );
+            for l in &a.layers {
+                println!(
+                    "  {:<11} {:<12} {:<10} {}",
+                    l.layer,
+                    l.mode.as_str(),
+                    yes(l.available),
+                    l.detail
+                );
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(6)
     }
 }

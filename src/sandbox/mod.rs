@@ -5,13 +5,36 @@
 //! plain data the supervisor builds from a profile and sends to the worker in
 //! the `setup` frame; [`enter`] applies it inside the worker, in order, and
 //! returns a [`SandboxReport`] of what was actually enforced.
+//!
+//! The translation steps (plan → mount list, Landlock rules, rlimit table,
+//! seccomp program) are pure functions in `linux/` and are unit-tested
+//! without privileges; the `apply_*` functions next to them do the side
+//! effects. Tests that change process state run in a forked child
+//! (`testing::in_child`), never in the test harness itself.
+//!
+//! # The environment of a cell
+//! [`enter`] clears the environment and sets exactly:
+//! `PATH=/usr/local/bin:/usr/bin:/bin`, `HOME=<scratch>`, `LANG=C.UTF-8`,
+//! `LC_ALL=C.UTF-8`, and `TMPDIR=/tmp` when the profile gives a private
+//! `/tmp` (otherwise `TMPDIR=<scratch>`). Nothing else survives, including
+//! whatever the supervisor passed.
 
+use crate::profiles::{LayerMode, Layers, PathAccess, PathRule, Profile, SeccompSpec};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod doctor;
 pub mod forkserver;
 pub mod process;
 pub mod spawn;
+pub mod syscalls;
+
+#[cfg(target_os = "linux")]
+pub mod linux;
+
+#[cfg(test)]
+#[cfg(target_os = "linux")]
+pub(crate) mod testing;
 
 /// OS resource limits for one cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,26 +53,72 @@ pub struct OsLimits {
 pub struct SandboxPlan {
     /// Profile name, for reports.
     pub profile: String,
-    /// The cell's scratch directory: its cwd and the only writable place.
+    /// The cell's scratch directory: its cwd and the only writable place
+    /// besides a private `/tmp`. Must exist; the worker makes it owned by the
+    /// cell's uid.
     pub scratch: PathBuf,
     pub limits: OsLimits,
     /// Extra read-only paths the backend needs (e.g. the Python prefix).
     #[serde(default)]
     pub read_only: Vec<PathBuf>,
-    /// Programs the backend may execute.
+    /// Programs (or directories of programs) the backend may execute.
     #[serde(default)]
     pub exec: Vec<PathBuf>,
+    /// Which layers are required, best effort or off.
+    pub layers: Layers,
+    /// uid/gid the cell runs as when the worker starts as root.
+    pub uid: u32,
+    pub gid: u32,
+    pub hostname: String,
+    /// The profile's host paths (system libraries, loader, config files).
+    pub paths: Vec<PathRule>,
+    /// Size of the private `/tmp` (0: none).
+    pub tmp_bytes: u64,
+    pub stack_bytes: u64,
+    /// Boxed: it is most of the plan's size, and the plan travels inside a
+    /// message enum.
+    pub seccomp: Box<SeccompSpec>,
 }
 
 impl SandboxPlan {
-    pub fn new(profile: &crate::profiles::Profile, scratch: PathBuf, limits: OsLimits) -> Self {
+    /// The plan for one cell under `profile`. The supervisor may push more
+    /// paths onto `read_only` and `exec` before sending it.
+    pub fn new(profile: &Profile, scratch: PathBuf, limits: OsLimits) -> SandboxPlan {
         SandboxPlan {
             profile: profile.name.clone(),
             scratch,
             limits,
             read_only: Vec::new(),
             exec: Vec::new(),
+            layers: profile.layers,
+            uid: profile.identity.uid,
+            gid: profile.identity.gid,
+            hostname: profile.identity.hostname.clone(),
+            paths: profile.filesystem.paths.clone(),
+            tmp_bytes: profile.filesystem.tmp_bytes,
+            stack_bytes: profile.limits.stack_bytes,
+            seccomp: Box::new(profile.seccomp.clone()),
         }
+    }
+
+    /// Every host path the cell sees, with its access: the profile's paths,
+    /// then `read_only`, then `exec`. The scratch directory, `/tmp`, `/proc`
+    /// and the device nodes are handled separately.
+    pub fn path_rules(&self) -> Vec<PathRule> {
+        let mut rules = self.paths.clone();
+        rules.extend(self.read_only.iter().map(|p| PathRule {
+            path: p.clone(),
+            access: PathAccess::Read,
+            optional: false,
+            why: "requested by the supervisor for the backend".into(),
+        }));
+        rules.extend(self.exec.iter().map(|p| PathRule {
+            path: p.clone(),
+            access: PathAccess::Exec,
+            optional: false,
+            why: "program the backend executes".into(),
+        }));
+        rules
     }
 }
 
@@ -59,8 +128,15 @@ impl SandboxPlan {
 pub struct LayerReport {
     pub name: String,
     pub applied: bool,
+    /// What the profile asked for (`required`, `best_effort`, `off`).
+    #[serde(default = "default_mode")]
+    pub mode: LayerMode,
     #[serde(default)]
     pub detail: String,
+}
+
+fn default_mode() -> LayerMode {
+    LayerMode::Required
 }
 
 /// What the worker actually got.
@@ -75,6 +151,22 @@ pub struct SandboxReport {
     pub namespaces: Vec<String>,
 }
 
+impl SandboxReport {
+    pub(crate) fn push(&mut self, name: &str, mode: LayerMode, applied: bool, detail: String) {
+        self.layers.push(LayerReport {
+            name: name.to_owned(),
+            applied,
+            mode,
+            detail,
+        });
+    }
+
+    /// The report entry for `layer`, if it was reached.
+    pub fn layer(&self, layer: &str) -> Option<&LayerReport> {
+        self.layers.iter().find(|l| l.name == layer)
+    }
+}
+
 /// A layer that could not be applied.
 #[derive(Debug, thiserror::Error)]
 #[error("failed to apply the {layer} layer: {message}")]
@@ -83,27 +175,73 @@ pub struct SandboxError {
     pub message: String,
 }
 
+impl SandboxError {
+    pub(crate) fn new(layer: &'static str, message: impl Into<String>) -> SandboxError {
+        SandboxError {
+            layer,
+            message: message.into(),
+        }
+    }
+}
+
 /// Apply the plan to the calling (worker) process, in the order of DESIGN §3:
 /// hygiene → namespaces → rlimits → privileges → Landlock → seccomp.
+///
+/// Call once, single-threaded, before any untrusted code runs. With a PID
+/// namespace this forks: it returns only in the process that runs the cell
+/// (PID 1 of the new namespace); the original process waits for it and exits
+/// the same way, never returning.
+#[cfg(target_os = "linux")]
 pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
-    let mut report = SandboxReport {
-        profile: plan.profile.clone(),
-        ..SandboxReport::default()
-    };
-    // 1. hygiene
-    std::env::set_current_dir(&plan.scratch).map_err(|e| SandboxError {
-        layer: "hygiene",
-        message: format!(
-            "failed to enter scratch dir {}: {e}",
-            plan.scratch.display()
-        ),
-    })?;
-    report.layers.push(LayerReport {
-        name: "hygiene".into(),
-        applied: true,
-        detail: String::new(),
-    });
-    // 2. namespaces, 3. rlimits, 4. privileges, 5. Landlock, 6. seccomp: see
-    // src/sandbox/linux/.
-    Ok(report)
+    linux::enter(plan)
+}
+
+/// Without Linux there is nothing here to apply the plan with.
+#[cfg(not(target_os = "linux"))]
+pub fn enter(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
+    Err(SandboxError::new(
+        "hygiene",
+        "the OS sandbox is only implemented for Linux",
+    ))
+}
+
+/// Replace the sandboxed worker with `argv[0]` (an absolute path), keeping
+/// the environment [`enter`] set plus `extra_env`. Returns only on failure.
+///
+/// Use this rather than a plain `execve`: under a profile with
+/// `seccomp.exec = "once"` the filter accepts only the pathname buffer this
+/// function fills in.
+#[cfg(target_os = "linux")]
+pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
+    linux::exec::exec(argv, extra_env)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn exec(_argv: &[String], _extra_env: &[(String, String)]) -> SandboxError {
+    SandboxError::new("exec", "the OS sandbox is only implemented for Linux")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_carries_the_profile() {
+        let p = Profile::load("python").unwrap();
+        let mut plan = SandboxPlan::new(&p, "/tmp/s".into(), p.default_limits());
+        plan.read_only.push("/opt/py/lib".into());
+        plan.exec.push("/opt/py/bin/python3".into());
+        assert_eq!(plan.profile, "python");
+        assert_eq!(plan.uid, p.identity.uid);
+        assert_eq!(plan.layers, p.layers);
+        let rules = plan.path_rules();
+        assert_eq!(rules.len(), p.filesystem.paths.len() + 2);
+        let last = rules.last().unwrap();
+        assert_eq!(last.access, PathAccess::Exec);
+        assert_eq!(last.path, PathBuf::from("/opt/py/bin/python3"));
+        // The plan travels in a frame: it must round-trip through JSON.
+        let json = serde_json::to_string(&plan).unwrap();
+        let back: SandboxPlan = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, plan);
+    }
 }

@@ -521,6 +521,11 @@ async fn converse(
                     let next = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await;
                     rx_open = matches!(next, Ok(Some(Ok(_))));
                     match next {
+                        // A fast program may exit before its `ready` was read.
+                        Ok(Some(Ok(FromWorker::Ready(r)))) if !ready => {
+                            ready = true;
+                            result.sandbox = Some(r.report);
+                        }
                         Ok(Some(Ok(FromWorker::Done(d)))) if ready && !is_exec => {
                             last = Outcome::Done(d);
                             break;

@@ -297,8 +297,12 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
         .cloned()
         .collect();
     // A name is either a variable or a definition: the newest wins.
-    let var_names: Vec<String> = changed.clone();
-    remove_definition_names(state, &var_names);
+    // Names rebound to a value, deleted or rebound to something that cannot
+    // be carried no longer refer to an older definition.
+    let mut shadowed: Vec<String> = changed.clone();
+    shadowed.extend(deleted.iter().cloned());
+    shadowed.extend(done.dropped.iter().map(|d| d.name.clone()));
+    remove_definition_names(state, &shadowed);
     for d in &done.definitions {
         remove_definition_names(state, &d.names);
     }

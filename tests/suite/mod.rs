@@ -1,4 +1,5 @@
 mod cli;
 pub mod common;
+mod isolation;
 mod python;
 mod rhai;

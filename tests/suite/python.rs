@@ -570,3 +570,18 @@ async fn carried_floats_and_ints_round_trip_exactly() {
         "values changed on the way through the session"
     );
 }
+
+#[tokio::test]
+async fn deleting_or_rebinding_a_definition_forgets_it() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(&s, "def f():\n    return 1\ndef g():\n    return 2").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let r = py_in(&s, "del f\ng = lambda: 3").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let r = py_in(&s, "f()").await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert_eq!(r.error.unwrap().kind, "NameError");
+    let r = py_in(&s, "g()").await;
+    assert_eq!(r.status, Status::Error, "the stale def g came back: {r:?}");
+}

@@ -295,13 +295,25 @@ async fn a_worker_killed_from_outside_reports_killed() {
     let mut cfg = config(&[]);
     cfg.limits.max_operations = 0;
     cfg.limits.timeout_ms = 20_000;
-    // A unique marker lets us find this cell's worker among concurrent ones.
-    let marker = format!("kill-me-{}", std::process::id());
-    let code = format!("let m = \"{marker}\"; loop {{}}");
+    // A unique address-space limit marks this cell's process among
+    // concurrent ones: it shows in /proc/<pid>/limits.
+    let marker: u64 = 900_000_000 + u64::from(std::process::id() % 10_000) * 4096;
+    cfg.limits.memory_bytes = marker;
+    let code = "loop {}".to_string();
     let task =
         tokio::spawn(async move { sup.run(CellRequest::new(Language::Rhai, code), cfg).await });
-    // Find the worker: a child of ours running the busy loop. Workers do not
-    // carry the code in argv, so pick the child that is burning CPU.
+    let marked = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/limits"))
+            .map(|l| {
+                l.lines().any(|line| {
+                    line.starts_with("Max address space")
+                        && line.split_whitespace().nth(3) == Some(&marker.to_string())
+                })
+            })
+            .unwrap_or(false)
+    };
+    // Find the worker: a child of ours whose cell (the worker itself or,
+    // with a PID namespace, its child) carries the marker and is running.
     let mut killed = false;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -309,15 +321,24 @@ async fn a_worker_killed_from_outside_reports_killed() {
             if !(cmd.contains("__worker") || cmd.contains("__forkserver")) {
                 continue;
             }
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let utime: u64 = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().nth(11))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            if utime > 20 {
-                // > 200 ms of CPU: the looping cell (other tests' cells are short)
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            let cells: Vec<String> = std::iter::once(pid.to_string())
+                .chain(children.split_whitespace().map(str::to_owned))
+                .collect();
+            let utime: u64 = cells
+                .iter()
+                .map(|p| {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                    stat.rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().nth(11))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                })
+                .sum();
+            if cells.iter().any(|p| marked(p)) && utime > 5 {
                 unsafe_kill(pid);
                 killed = true;
                 break;

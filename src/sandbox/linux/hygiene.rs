@@ -1,0 +1,110 @@
+//! The hygiene layer: a single-threaded process with only fds 0–3, a fixed
+//! minimal environment, its own session, and the scratch directory ready for
+//! the cell's uid.
+
+use super::sys;
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HygieneError {
+    #[error("the worker must be single-threaded, it has {0} threads")]
+    Threads(usize),
+    #[error("failed to {op}: {source}")]
+    Call {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn call(op: impl Into<String>) -> impl FnOnce(std::io::Error) -> HygieneError {
+    let op = op.into();
+    move |source| HygieneError::Call { op, source }
+}
+
+/// The environment every process of a cell starts with.
+pub fn environment(scratch: &Path, private_tmp: bool) -> Vec<(&'static str, OsString)> {
+    vec![
+        ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME", scratch.as_os_str().to_owned()),
+        ("LANG", "C.UTF-8".into()),
+        ("LC_ALL", "C.UTF-8".into()),
+        (
+            "TMPDIR",
+            if private_tmp {
+                "/tmp".into()
+            } else {
+                scratch.as_os_str().to_owned()
+            },
+        ),
+    ]
+}
+
+/// Replace the environment with exactly `vars`.
+pub fn set_environment(vars: &[(&str, OsString)]) {
+    let keys: Vec<OsString> = std::env::vars_os().map(|(k, _)| k).collect();
+    for k in keys {
+        // Single-threaded (checked before): nothing reads the environment
+        // concurrently.
+        std::env::remove_var(k);
+    }
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+}
+
+/// Apply hygiene. `owner` is `Some((uid, gid))` when the worker is root and
+/// the scratch directory must be handed to the cell's ids.
+pub fn apply(
+    scratch: &Path,
+    private_tmp: bool,
+    owner: Option<(u32, u32)>,
+) -> Result<String, HygieneError> {
+    let threads = sys::thread_count().map_err(call("count threads"))?;
+    if threads != 1 {
+        return Err(HygieneError::Threads(threads));
+    }
+    sys::close_from(4).map_err(call("close inherited fds"))?;
+    set_environment(&environment(scratch, private_tmp));
+    // The spawn hook made us a session leader; a worker started some other
+    // way gets its own session here (fails harmlessly if already a leader).
+    if nix::unistd::getsid(None).ok() != Some(nix::unistd::getpid()) {
+        let _ = nix::unistd::setsid();
+    }
+    sys::set_parent_death_signal(libc::SIGKILL).map_err(call("set the parent-death signal"))?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let meta = std::fs::symlink_metadata(scratch)
+        .map_err(call(format!("inspect scratch dir {}", scratch.display())))?;
+    if !meta.is_dir() {
+        return Err(HygieneError::Call {
+            op: format!("use scratch dir {}", scratch.display()),
+            source: std::io::Error::from(std::io::ErrorKind::NotADirectory),
+        });
+    }
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::lchown(scratch, Some(uid), Some(gid))
+            .map_err(call(format!("chown scratch dir {}", scratch.display())))?;
+        std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700))
+            .map_err(call(format!("chmod scratch dir {}", scratch.display())))?;
+    }
+    std::env::set_current_dir(scratch)
+        .map_err(call(format!("enter scratch dir {}", scratch.display())))?;
+    Ok("fds 0-3 only, fixed environment, own session".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_is_fixed_and_minimal() {
+        let env = environment(Path::new("/s"), true);
+        let keys: Vec<_> = env.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"]);
+        assert_eq!(env[1].1, "/s");
+        assert_eq!(env[4].1, "/tmp");
+        assert_eq!(environment(Path::new("/s"), false)[4].1, "/s");
+    }
+}

@@ -1,0 +1,499 @@
+//! The Linux layers, applied in order by [`enter`]:
+//! hygiene → namespaces → rlimits → privileges → Landlock → seccomp.
+
+pub mod exec;
+pub mod hygiene;
+pub mod landlock;
+pub mod mounts;
+pub mod namespaces;
+pub mod privileges;
+pub mod rlimits;
+pub mod seccomp;
+pub mod sys;
+pub mod view;
+
+use crate::profiles::{ExecMode, LayerMode};
+use crate::sandbox::{SandboxError, SandboxPlan, SandboxReport};
+
+/// Exit code of a worker whose cell process vanished without a status.
+pub const EXIT_WORKER_LOST: i32 = 7;
+
+/// Run one optional layer: `Off` skips it, a failure of a `Required` layer is
+/// an error, a failure of a `BestEffort` layer is reported and skipped.
+fn layer<T>(
+    report: &mut SandboxReport,
+    name: &'static str,
+    mode: LayerMode,
+    f: impl FnOnce() -> Result<(T, String), String>,
+) -> Result<Option<T>, SandboxError> {
+    if mode == LayerMode::Off {
+        report.push(name, mode, false, "off in this profile".into());
+        return Ok(None);
+    }
+    match f() {
+        Ok((value, detail)) => {
+            report.push(name, mode, true, detail);
+            Ok(Some(value))
+        }
+        Err(message) if mode == LayerMode::BestEffort => {
+            report.push(name, mode, false, message);
+            Ok(None)
+        }
+        Err(message) => Err(SandboxError::new(name, message)),
+    }
+}
+
+/// See [`crate::sandbox::enter`].
+pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
+    let mut report = SandboxReport {
+        profile: plan.profile.clone(),
+        ..SandboxReport::default()
+    };
+    let root = nix::unistd::geteuid().is_root();
+    let ids = if root {
+        namespaces::HostIds {
+            root,
+            uid: plan.uid,
+            gid: plan.gid,
+        }
+    } else {
+        namespaces::HostIds {
+            root,
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        }
+    };
+
+    // 1. Hygiene: always, and always required.
+    let owner = root.then_some((ids.uid, ids.gid));
+    let detail = hygiene::apply(&plan.scratch, plan.tmp_bytes > 0, owner)
+        .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
+    report.push("hygiene", LayerMode::Required, true, detail);
+    // What the cell will see, resolved on the host while nothing is hidden.
+    let view = view::resolve(plan).map_err(|e| SandboxError::new("filesystem", e.to_string()))?;
+
+    // 2. Namespaces. After a successful clone this is the cell process.
+    let mut in_ns = None;
+    if plan.layers.namespaces == LayerMode::Off {
+        report.push(
+            "namespaces",
+            LayerMode::Off,
+            false,
+            "off in this profile".into(),
+        );
+    } else {
+        match namespaces::clone_into(ids) {
+            Ok(state) => in_ns = Some(state),
+            Err(e) if e.before_clone() && plan.layers.namespaces == LayerMode::BestEffort => {
+                report.push("namespaces", LayerMode::BestEffort, false, e.to_string());
+            }
+            Err(e) => return Err(SandboxError::new("namespaces", e.to_string())),
+        }
+    }
+    if let Some(state) = &in_ns {
+        let cell = mounts::CellIds {
+            uid: ids.uid,
+            gid: ids.gid,
+        };
+        mounts::build_root(&view, plan.tmp_bytes, cell)
+            .map_err(|e| SandboxError::new("namespaces", e.to_string()))?;
+        nix::unistd::sethostname(&plan.hostname)
+            .map_err(|e| SandboxError::new("namespaces", format!("failed to set hostname: {e}")))?;
+        report.namespaces = state.names.iter().map(|n| n.to_string()).collect();
+        let mut detail = format!("{}; new read-only root", state.names.join(","));
+        if !view.skipped.is_empty() {
+            let skipped: Vec<String> = view
+                .skipped
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            detail.push_str(&format!("; optional paths absent: {}", skipped.join(",")));
+        }
+        report.push("namespaces", plan.layers.namespaces, true, detail);
+    }
+
+    // 3. rlimits.
+    let table = rlimits::table(plan);
+    layer(&mut report, "rlimits", plan.layers.rlimits, || {
+        rlimits::apply(&table)
+            .map(|d| ((), d))
+            .map_err(|e| e.to_string())
+    })?;
+
+    // 4. Privileges. Running on as root is never acceptable, whatever the
+    // profile says.
+    let may_setgroups = root;
+    let dropped = layer(&mut report, "privileges", plan.layers.privileges, || {
+        privileges::apply(ids.uid, ids.gid, may_setgroups)
+            .map(|d| ((), d))
+            .map_err(|e| e.to_string())
+    })?;
+    if dropped.is_none() && nix::unistd::geteuid().is_root() {
+        return Err(SandboxError::new(
+            "privileges",
+            "the cell would run as root; refusing",
+        ));
+    }
+    if let Some(state) = in_ns {
+        // The uid change cleared the parent-death signal.
+        namespaces::confirm_parent(state)
+            .map_err(|e| SandboxError::new("namespaces", e.to_string()))?;
+    }
+    std::env::set_current_dir(&view.scratch).map_err(|e| {
+        SandboxError::new(
+            "hygiene",
+            format!(
+                "failed to enter scratch dir {}: {e}",
+                view.scratch.display()
+            ),
+        )
+    })?;
+    // Landlock and seccomp need no_new_privs (or CAP_SYS_ADMIN, which the
+    // cell must not have); set it even if the privileges layer is off.
+    sys::set_no_new_privs()
+        .map_err(|e| SandboxError::new("privileges", format!("failed to set no_new_privs: {e}")))?;
+
+    // 5. Landlock.
+    let rules = landlock::rules(
+        &view,
+        plan.tmp_bytes > 0,
+        report.namespaces.iter().any(|n| n == "mount"),
+    );
+    let kernel_abi = sys::landlock_abi();
+    let enforced = layer(&mut report, "landlock", plan.layers.landlock, || {
+        landlock::apply(&rules, kernel_abi)
+            .map(|e| (e.abi, e.detail.clone()))
+            .map_err(|e| e.to_string())
+    })?;
+    report.landlock_abi = enforced;
+
+    // 6. seccomp, last.
+    let gate = (plan.seccomp.exec == ExecMode::Once).then(exec::gate_address);
+    layer(&mut report, "seccomp", plan.layers.seccomp, || {
+        let program = seccomp::build_program(&plan.seccomp, gate).map_err(|e| e.to_string())?;
+        seccomp::apply(&program).map_err(|e| e.to_string())?;
+        let groups: usize = plan.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
+        Ok((
+            (),
+            format!(
+                "allowlist of {groups} syscalls, default EPERM, exec {:?}, {} instructions",
+                plan.seccomp.exec,
+                program.len()
+            ),
+        ))
+    })?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profiles::Profile;
+    use crate::sandbox::testing::{in_worker_child, Outcome};
+    use std::path::Path;
+
+    fn plan(profile: &str, scratch: &Path) -> SandboxPlan {
+        let p = Profile::load(profile).unwrap();
+        SandboxPlan::new(&p, scratch.to_path_buf(), p.default_limits())
+    }
+
+    fn status_field(status: &str, key: &str) -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn shell_profile_in_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = dir.path().canonicalize().unwrap();
+        let plan = plan("shell", &scratch);
+        let s2 = scratch.clone();
+        let (out, how) = in_worker_child(move || {
+            let report = enter(&plan).map_err(|e| e.to_string())?;
+            let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+            let mut lines = vec![
+                format!("pid={}", std::process::id()),
+                format!("uid={}", status_field(&status, "Uid")),
+                format!("seccomp={}", status_field(&status, "Seccomp")),
+                format!("nnp={}", status_field(&status, "NoNewPrivs")),
+                format!("capeff={}", status_field(&status, "CapEff")),
+                format!("capbnd={}", status_field(&status, "CapBnd")),
+                format!("groups={}", status_field(&status, "Groups")),
+                format!("cwd={}", std::env::current_dir().unwrap().display()),
+                format!(
+                    "scratch_write={}",
+                    std::fs::write(s2.join("f"), b"x").is_ok()
+                ),
+                format!(
+                    "usr_write={:?}",
+                    std::fs::write("/usr/x", b"x").map_err(|e| e.raw_os_error())
+                ),
+                format!(
+                    "etc_shadow={:?}",
+                    std::fs::read("/etc/shadow").map_err(|e| e.raw_os_error())
+                ),
+                format!(
+                    "root_dir={:?}",
+                    std::fs::read_dir("/root")
+                        .map(|_| ())
+                        .map_err(|e| e.raw_os_error())
+                ),
+                format!("tmp_write={}", std::fs::write("/tmp/t", b"x").is_ok()),
+                format!(
+                    "socket={:?}",
+                    std::net::TcpStream::connect("127.0.0.1:9")
+                        .map(|_| ())
+                        .map_err(|e| e.raw_os_error())
+                ),
+                format!("namespaces={}", report.namespaces.join(",")),
+                format!("landlock={:?}", report.landlock_abi),
+                format!(
+                    "hostname={}",
+                    nix::unistd::gethostname().unwrap().to_string_lossy()
+                ),
+                format!("env={}", {
+                    let mut keys: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+                    keys.sort();
+                    keys.join(",")
+                }),
+            ];
+            lines.push(format!(
+                "layers={}",
+                report
+                    .layers
+                    .iter()
+                    .map(|l| format!("{}:{}", l.name, l.applied))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ));
+            Ok(lines.join("\n"))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        let out = out.strip_prefix('O').unwrap_or_else(|| panic!("{out}"));
+        let get = |k: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{k} missing in {out}"))
+                .to_owned()
+        };
+        assert_eq!(get("pid"), "1");
+        let uid = if nix::unistd::geteuid().is_root() {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        assert_eq!(get("uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"));
+        assert_eq!(get("seccomp"), "2");
+        assert_eq!(get("nnp"), "1");
+        assert_eq!(get("capeff"), "0000000000000000");
+        assert_eq!(get("capbnd"), "0000000000000000");
+        assert_eq!(get("groups"), "");
+        assert_eq!(get("cwd"), scratch.display().to_string());
+        assert_eq!(get("scratch_write"), "true");
+        assert!(
+            ["Err(Some(30))", "Err(Some(13))"].contains(&get("usr_write").as_str()),
+            "{}",
+            get("usr_write")
+        );
+        assert_eq!(
+            get("etc_shadow"),
+            "Err(Some(2))",
+            "no /etc/shadow in the cell"
+        );
+        assert_eq!(get("root_dir"), "Err(Some(2))", "no /root in the cell");
+        assert_eq!(get("tmp_write"), "true");
+        assert_eq!(
+            get("socket"),
+            "Err(Some(1))",
+            "socket() must fail with EPERM"
+        );
+        assert_eq!(get("namespaces"), "user,mount,pid,net,ipc,uts");
+        assert_eq!(get("landlock"), "Some(6)");
+        assert_eq!(get("hostname"), "cellbox");
+        assert_eq!(get("env"), "HOME,LANG,LC_ALL,PATH,TMPDIR");
+        assert_eq!(
+            get("layers"),
+            "hygiene:true,namespaces:true,rlimits:true,privileges:true,landlock:true,seccomp:true"
+        );
+        // The sandbox's writes happened in the host's scratch dir.
+        assert_eq!(std::fs::read(scratch.join("f")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn rhai_profile_allows_only_protocol_io() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan("rhai", dir.path());
+        let (out, how) = in_worker_child(move || {
+            enter(&plan).map_err(|e| e.to_string())?;
+            let open = std::fs::File::open("/proc/self/status")
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error());
+            Ok(format!("open={open:?}"))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        assert_eq!(out, "Oopen=Err(Some(1))");
+    }
+
+    #[test]
+    fn exit_status_and_signals_are_mirrored() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan1 = plan("shell", dir.path());
+        let (_, how) = in_worker_child(move || {
+            enter(&plan1).map_err(|e| e.to_string())?;
+            std::process::exit(42)
+        });
+        assert_eq!(how, Outcome::Exited(42));
+        let plan2 = plan("shell", dir.path());
+        let (_, how) = in_worker_child(move || {
+            enter(&plan2).map_err(|e| e.to_string())?;
+            // A fault the kernel forces even on PID 1.
+            // SAFETY: deliberately crashing the sandboxed test child.
+            unsafe { std::ptr::null_mut::<u8>().write_volatile(1) };
+            Ok(String::new())
+        });
+        assert_eq!(how, Outcome::Signaled(libc::SIGSEGV));
+    }
+
+    #[test]
+    fn exec_under_shell_profile() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan("shell", dir.path());
+        let (out, how) = in_worker_child(move || {
+            enter(&plan).map_err(|e| e.to_string())?;
+            let argv = vec![
+                "/bin/sh".to_string(),
+                "-c".into(),
+                "echo -n $(id -u):$(cat /proc/self/status | grep ^Seccomp: | tr -d '\\t ') >&3; exit 3".into(),
+            ];
+            Err(exec::exec(&argv, &[]).to_string())
+        });
+        let uid = if nix::unistd::geteuid().is_root() {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        assert_eq!(out, format!("{uid}:Seccomp:2"));
+        assert_eq!(how, Outcome::Exited(3));
+    }
+
+    #[test]
+    fn exec_gate_allows_one_exec_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut plan = plan("python", dir.path());
+        plan.exec.push("/usr/bin/dash".into());
+        let (out, how) = in_worker_child(move || {
+            enter(&plan).map_err(|e| e.to_string())?;
+            // The gated exec works; the shell's own exec of `true` must not.
+            let argv = vec![
+                "/usr/bin/dash".to_string(),
+                "-c".into(),
+                "/usr/bin/dash -c 'echo inner >&3' 2>/dev/null; echo -n rc=$? >&3".into(),
+            ];
+            Err(exec::exec(&argv, &[]).to_string())
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        assert_eq!(out, "rc=126", "the second exec must be refused");
+    }
+
+    fn denied(plan: &SandboxPlan) -> Vec<(String, i64)> {
+        plan.seccomp
+            .deny
+            .iter()
+            .flat_map(|g| g.syscalls.iter())
+            .filter_map(|s| crate::sandbox::syscalls::number(s).map(|nr| (s.clone(), nr)))
+            .collect()
+    }
+
+    /// Rhai cells cannot exec a probe, so the Rhai profile's denials are
+    /// walked in-process, after the real `enter`.
+    #[test]
+    fn rhai_denied_syscalls_fail_with_eperm() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan("rhai", dir.path());
+        let calls = denied(&plan);
+        assert!(calls.len() > 60, "only {} denied syscalls", calls.len());
+        let walk = calls.clone();
+        let (out, how) = in_worker_child(move || {
+            enter(&plan).map_err(|e| e.to_string())?;
+            let mut lines = Vec::new();
+            for (name, nr) in walk {
+                // SAFETY: every call here is denied by the filter before
+                // the kernel looks at the (zero) arguments.
+                let rc = unsafe { libc::syscall(nr, 0, 0, 0, 0, 0, 0) };
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                lines.push(format!("{name} {rc} {errno}"));
+            }
+            Ok(lines.join("\n"))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        let out = out.strip_prefix('O').unwrap_or_else(|| panic!("{out}"));
+        assert_eq!(out.lines().count(), calls.len());
+        for line in out.lines() {
+            assert!(line.ends_with(" -1 1"), "not denied with EPERM: {line}");
+        }
+    }
+
+    /// With every deny group set to `kill`, each call ends the cell with
+    /// SIGSYS: the filter, not the kernel's own checks, stopped it.
+    #[test]
+    fn rhai_denied_syscalls_are_caught_by_the_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut plan = plan("rhai", dir.path());
+        for g in &mut plan.seccomp.deny {
+            g.syscalls.retain(|s| s != "socket");
+            g.action = crate::profiles::DenyAction::Kill;
+        }
+        for (name, nr) in denied(&plan) {
+            let plan = plan.clone();
+            let (out, how) = in_worker_child(move || {
+                enter(&plan).map_err(|e| e.to_string())?;
+                // SAFETY: as above; the filter kills before the kernel runs it.
+                let rc = unsafe { libc::syscall(nr, 0, 0, 0, 0, 0, 0) };
+                Ok(format!("survived with {rc}"))
+            });
+            assert_eq!(how, Outcome::Signaled(libc::SIGSYS), "{name}: {out}");
+        }
+    }
+
+    /// cellbox run by an unprivileged user: the cell keeps that uid, mapped
+    /// to itself in a user namespace, and still gets every layer.
+    #[test]
+    fn unprivileged_caller_gets_every_layer() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test starts as root to become an unprivileged user"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = dir.path().canonicalize().unwrap();
+        std::os::unix::fs::chown(&scratch, Some(1000), Some(1000)).unwrap();
+        let plan = plan("shell", &scratch);
+        let (out, how) = in_worker_child(move || {
+            let id = nix::unistd::Uid::from_raw(1000);
+            let gid = nix::unistd::Gid::from_raw(1000);
+            nix::unistd::setgroups(&[]).map_err(|e| e.to_string())?;
+            nix::unistd::setresgid(gid, gid, gid).map_err(|e| e.to_string())?;
+            nix::unistd::setresuid(id, id, id).map_err(|e| e.to_string())?;
+            let report = enter(&plan).map_err(|e| e.to_string())?;
+            let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+            let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| e.to_string())?;
+            Ok(format!(
+                "uid={} seccomp={} capeff={} ns={} layers={} cell_in_passwd={}",
+                status_field(&status, "Uid"),
+                status_field(&status, "Seccomp"),
+                status_field(&status, "CapEff"),
+                report.namespaces.join(","),
+                report.layers.iter().filter(|l| l.applied).count(),
+                passwd.contains("cell:x:1000:1000:")
+            ))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        assert_eq!(
+            out,
+            "Ouid=1000\t1000\t1000\t1000 seccomp=2 capeff=0000000000000000 \
+             ns=user,mount,pid,net,ipc,uts layers=6 cell_in_passwd=true"
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! The mount namespace: a new, read-only root holding only what the backend
+//! needs.
+//!
+//! Runs in the cell's first process, inside fresh mount and PID namespaces:
+//! 1. make every mount private, so nothing done here reaches the host;
+//! 2. mount a scratch tmpfs over a base directory (`/tmp`) and `pivot_root`
+//!    into it: the host is now at `/oldroot`, and every bind below reads its
+//!    source from there, so a host path is never hidden by our own mounts;
+//! 3. mount the new root (a small tmpfs) at `/newroot` and fill it: read-only
+//!    binds of the [`FsView`] entries, recreated symlinks, `/dev/{null,zero,
+//!    urandom,random}` and `/dev/fd` links, a fresh `/proc` for the PID
+//!    namespace, a private `/tmp` tmpfs, minimal `/etc/passwd` and
+//!    `/etc/group`, and the scratch directory read-write at its own path;
+//! 4. make the new root read-only, drop `/oldroot`, and `pivot_root` into
+//!    the new root, detaching the old one entirely.
+//!
+//! All binds are `nosuid,nodev` (device nodes keep dev), writable ones also
+//! `noexec`.
+
+use super::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+use super::view::{FsView, Kind};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::io;
+use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Host directories a base tmpfs may be mounted on, first existing wins.
+const BASE_CANDIDATES: &[&str] = &["/tmp", "/mnt", "/run", "/var/tmp"];
+/// Device nodes every cell gets.
+pub const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
+/// Size of the new root tmpfs (holds directories, links and two small files).
+const NEWROOT_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+#[error("failed to {op} {path}: {source}")]
+pub struct MountError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MountError + 'a {
+    move |source| MountError {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn nix_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> MountError + 'a {
+    move |e| MountError {
+        op,
+        path: path.to_path_buf(),
+        source: io::Error::from(e),
+    }
+}
+
+/// What the cell sees as its identity, for `/etc/passwd`.
+#[derive(Debug, Clone, Copy)]
+pub struct CellIds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `/etc/passwd` and `/etc/group` for the cell: root, nobody and the cell's
+/// own ids, nothing from the host.
+pub fn passwd_files(ids: CellIds, home: &Path) -> (String, String) {
+    let mut passwd = String::from(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    );
+    if ids.uid != 0 && ids.uid != 65534 {
+        passwd.push_str(&format!(
+            "cell:x:{}:{}:cell:{}:/bin/sh\n",
+            ids.uid,
+            ids.gid,
+            home.display()
+        ));
+    }
+    let mut group = String::from("root:x:0:\nnogroup:x:65534:\n");
+    if ids.gid != 0 && ids.gid != 65534 {
+        group.push_str(&format!("cell:x:{}:\n", ids.gid));
+    }
+    (passwd, group)
+}
+
+/// `base` + absolute `path`.
+fn under(base: &Path, path: &Path) -> PathBuf {
+    base.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn mkdir_p(path: &Path) -> Result<(), MountError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
+        .map_err(err("create directory", path))
+}
+
+fn touch(path: &Path) -> Result<(), MountError> {
+    if let Some(parent) = path.parent() {
+        mkdir_p(parent)?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(err("create mount point", path)(e)),
+    }
+}
+
+fn mount_point(path: &Path, kind: Kind) -> Result<(), MountError> {
+    if path.symlink_metadata().is_ok() {
+        return Ok(());
+    }
+    match kind {
+        Kind::Dir => mkdir_p(path),
+        Kind::File => touch(path),
+    }
+}
+
+fn bind(source: &Path, target: &Path, kind: Kind, attrs: u64) -> Result<(), MountError> {
+    mount_point(target, kind)?;
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(nix_err("bind-mount", target))?;
+    sys::mount_setattr(target, attrs, true).map_err(err("set mount attributes on", target))
+}
+
+fn tmpfs(target: &Path, bytes: u64, mode: u32, flags: MsFlags) -> Result<(), MountError> {
+    let data = format!("size={bytes},mode={mode:o},nr_inodes=65536");
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(nix_err("mount tmpfs on", target))
+}
+
+/// Build the new root and switch into it. On return the process's root is
+/// the new root and its cwd is `/`.
+pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), MountError> {
+    let root = Path::new("/");
+    mount(
+        None::<&str>,
+        root,
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_err("make private", root))?;
+
+    let base = BASE_CANDIDATES
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_dir())
+        .ok_or_else(|| MountError {
+            op: "find a base directory among",
+            path: PathBuf::from(BASE_CANDIDATES.join(",")),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        })?;
+    tmpfs(
+        base,
+        NEWROOT_BYTES,
+        0o755,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
+    std::env::set_current_dir(base).map_err(err("enter", base))?;
+    for d in ["newroot", "oldroot"] {
+        mkdir_p(Path::new(d))?;
+    }
+    sys::pivot_root(Path::new("."), Path::new("oldroot")).map_err(err("pivot into", base))?;
+    std::env::set_current_dir("/").map_err(err("enter", root))?;
+
+    let old = Path::new("/oldroot");
+    let new = Path::new("/newroot");
+    tmpfs(
+        new,
+        NEWROOT_BYTES,
+        0o755,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
+
+    // Private /tmp first: host paths below /tmp (a program to run) get their
+    // mount points inside it rather than being hidden by it.
+    if tmp_bytes > 0 {
+        let tmp = under(new, Path::new("/tmp"));
+        mkdir_p(&tmp)?;
+        tmpfs(
+            &tmp,
+            tmp_bytes,
+            0o1777,
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        )?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
+            .map_err(err("set mode of", &tmp))?;
+    }
+
+    // Host paths, read-only.
+    for e in view.entries.iter().filter(|e| e.mount) {
+        bind(
+            &under(old, &e.path),
+            &under(new, &e.path),
+            e.kind,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        )?;
+    }
+    for s in &view.symlinks {
+        let link = under(new, &s.link);
+        if link.symlink_metadata().is_ok() {
+            continue;
+        }
+        if let Some(parent) = link.parent() {
+            mkdir_p(parent)?;
+        }
+        symlink(&s.target, &link).map_err(err("create symlink", &link))?;
+    }
+
+    // /proc for the new PID namespace.
+    let proc_dir = under(new, Path::new("/proc"));
+    mkdir_p(&proc_dir)?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(nix_err("mount proc on", &proc_dir))?;
+
+    // /dev: a few nodes and the fd links, nothing else.
+    let dev = under(new, Path::new("/dev"));
+    mkdir_p(&dev)?;
+    for node in DEVICES {
+        let src = under(old, Path::new(node));
+        if src.exists() {
+            bind(
+                &src,
+                &under(new, Path::new(node)),
+                Kind::File,
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            )?;
+        }
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let link = dev.join(name);
+        symlink(target, &link).map_err(err("create symlink", &link))?;
+    }
+
+    // Identity files, unless the profile binds its own.
+    let etc = under(new, Path::new("/etc"));
+    let (passwd, group) = passwd_files(ids, &view.scratch);
+    for (name, text) in [("passwd", passwd), ("group", group)] {
+        let path = etc.join(name);
+        if path.symlink_metadata().is_err() {
+            mkdir_p(&etc)?;
+            std::fs::write(&path, text).map_err(err("write", &path))?;
+        }
+    }
+
+    // The scratch directory, read-write, at its own path.
+    bind(
+        &under(old, &view.scratch),
+        &under(new, &view.scratch),
+        Kind::Dir,
+        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+    )?;
+
+    sys::mount_setattr(new, MOUNT_ATTR_RDONLY, false).map_err(err("make read-only", new))?;
+    umount2(old, MntFlags::MNT_DETACH).map_err(nix_err("detach", old))?;
+    std::env::set_current_dir(new).map_err(err("enter", new))?;
+    sys::pivot_root(Path::new("."), Path::new(".")).map_err(err("pivot into", new))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(nix_err("detach the old root", root))?;
+    std::env::set_current_dir("/").map_err(err("enter", root))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwd_lists_only_root_nobody_and_the_cell() {
+        let (p, g) = passwd_files(
+            CellIds {
+                uid: 1000,
+                gid: 1000,
+            },
+            Path::new("/s"),
+        );
+        assert_eq!(p.lines().count(), 3);
+        assert!(p.contains("cell:x:1000:1000:cell:/s:/bin/sh"));
+        assert_eq!(g.lines().count(), 3);
+        let (p, g) = passwd_files(
+            CellIds {
+                uid: 65534,
+                gid: 65534,
+            },
+            Path::new("/s"),
+        );
+        assert_eq!(p.lines().count(), 2);
+        assert_eq!(g.lines().count(), 2);
+        assert!(!p.contains(":/root:/bin/bash"));
+    }
+
+    #[test]
+    fn under_joins_absolute_paths() {
+        assert_eq!(
+            under(Path::new("/newroot"), Path::new("/usr/lib")),
+            PathBuf::from("/newroot/usr/lib")
+        );
+    }
+}

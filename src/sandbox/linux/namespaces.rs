@@ -1,0 +1,295 @@
+//! The namespaces layer: the worker clones itself into new user, mount, PID,
+//! network, IPC and UTS namespaces.
+//!
+//! ```text
+//!  worker (host, waits)  ──clone(CLONE_NEW*)──▶  cell process (PID 1)
+//!   writes the child's uid/gid maps                waits for "go"
+//!   sends "go", closes the protocol fd             builds its root, …
+//!   waits; exits exactly as the cell did           returns from enter()
+//! ```
+//!
+//! A user namespace is used whether or not cellbox runs as root: as root the
+//! worker maps root to root (for the setup before the privilege drop) and the
+//! profile's uid/gid to the same host ids, so the cell is a real unprivileged
+//! user on the host, and RLIMIT_NPROC counts only this cell's processes
+//! (process counts are kept per user namespace). Unprivileged,
+//! the worker maps its own uid and gid. If user namespaces are unavailable and
+//! the worker is root, the other namespaces are created without one.
+//!
+//! The maps must be written from outside the new user namespace, which is why
+//! the parent does it. The cell gets `PR_SET_PDEATHSIG(SIGKILL)` so that the
+//! whole PID namespace dies with the worker; since its parent is outside the
+//! PID namespace (`getppid` is 0 there), it watches the sync socket instead of
+//! the parent's pid to detect a parent that died before the signal was set.
+
+use super::sys;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+
+/// Namespaces cloned together, by name.
+pub const ALL: &[(&str, libc::c_int)] = &[
+    ("user", libc::CLONE_NEWUSER),
+    ("mount", libc::CLONE_NEWNS),
+    ("pid", libc::CLONE_NEWPID),
+    ("net", libc::CLONE_NEWNET),
+    ("ipc", libc::CLONE_NEWIPC),
+    ("uts", libc::CLONE_NEWUTS),
+];
+
+/// The clone flags for a set of namespace names.
+pub fn flags(names: &[&str]) -> libc::c_int {
+    ALL.iter()
+        .filter(|(n, _)| names.contains(n))
+        .fold(0, |acc, (_, f)| acc | f)
+}
+
+/// One line of a uid_map/gid_map: `inside outside 1`.
+pub fn id_map_line(inside: u32, outside: u32) -> String {
+    format!("{inside} {outside} 1\n")
+}
+
+/// Who the cell is, as seen from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIds {
+    /// The worker runs as real root.
+    pub root: bool,
+    /// The ids the cell ends up with (profile ids when root, own otherwise).
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The cell-side state after a successful clone.
+#[derive(Debug)]
+pub struct InNamespaces {
+    pub names: Vec<&'static str>,
+    pub user_ns: bool,
+    /// Our end of the sync socket; EOF on it means the worker died.
+    pub sync: UnixStream,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("failed to create the sync socket: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error("failed to clone into new namespaces ({names}): {source}")]
+    Clone {
+        names: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the worker could not set up the user namespace: {0}")]
+    Setup(String),
+    #[error("the worker died before the namespaces were ready")]
+    ParentGone,
+    #[error("failed to set the parent-death signal: {0}")]
+    DeathSignal(#[source] std::io::Error),
+}
+
+impl NamespaceError {
+    /// Errors after which the process is still the worker, unchanged, so a
+    /// best-effort profile may continue without namespaces.
+    pub fn before_clone(&self) -> bool {
+        matches!(
+            self,
+            NamespaceError::Socket(_) | NamespaceError::Clone { .. }
+        )
+    }
+}
+
+/// Clone into new namespaces. Returns only in the cell process; the worker
+/// waits for it and exits the same way.
+pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
+    let all: Vec<&'static str> = ALL.iter().map(|(n, _)| *n).collect();
+    let without_user: Vec<&'static str> = all.iter().copied().filter(|n| *n != "user").collect();
+    let (parent_end, child_end) = UnixStream::pair().map_err(NamespaceError::Socket)?;
+    if !ids.root {
+        // The unprivileged worker writes its child's maps, which needs the
+        // child's /proc files to be owned by it, not by root.
+        sys::set_dumpable()
+            .map_err(|e| NamespaceError::Setup(format!("failed to set dumpable: {e}")))?;
+    }
+
+    let mut attempts = vec![all];
+    if ids.root {
+        attempts.push(without_user);
+    }
+    let mut last_err = None;
+    let mut cloned = None;
+    for names in attempts {
+        match sys::clone_fork(flags(&names)) {
+            Ok(pid) => {
+                cloned = Some((names, pid));
+                break;
+            }
+            Err(source) => {
+                last_err = Some(NamespaceError::Clone {
+                    names: names.join(","),
+                    source,
+                })
+            }
+        }
+    }
+    match cloned {
+        Some((names, Some(pid))) => {
+            drop(child_end);
+            let user_ns = names.contains(&"user");
+            worker_side(pid, parent_end, user_ns, ids)
+        }
+        Some((names, None)) => {
+            drop(parent_end);
+            cell_side(names, child_end)
+        }
+        None => Err(last_err.unwrap_or(NamespaceError::Setup("no clone attempted".into()))),
+    }
+}
+
+fn cell_side(
+    names: Vec<&'static str>,
+    mut sync: UnixStream,
+) -> Result<InNamespaces, NamespaceError> {
+    sys::set_parent_death_signal(libc::SIGKILL).map_err(NamespaceError::DeathSignal)?;
+    let mut msg = Vec::new();
+    let mut byte = [0u8; 1];
+    // The worker sends "G" (go) or "E<message>\n".
+    loop {
+        match sync.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) => {
+                if msg.is_empty() && byte[0] == b'G' {
+                    msg.push(b'G');
+                    break;
+                }
+                if byte[0] == b'\n' {
+                    break;
+                }
+                msg.push(byte[0]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    match msg.first() {
+        Some(b'G') => Ok(InNamespaces {
+            user_ns: names.contains(&"user"),
+            names,
+            sync,
+        }),
+        Some(b'E') => Err(NamespaceError::Setup(
+            String::from_utf8_lossy(&msg[1..]).into_owned(),
+        )),
+        _ => Err(NamespaceError::ParentGone),
+    }
+}
+
+fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), String> {
+    let write = |file: &str, text: &str| {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, text).map_err(|e| format!("failed to write {path}: {e}"))
+    };
+    if ids.root {
+        // Root inside is root outside: the setup code before the privilege
+        // drop is host root either way, and needs a mapped id to create its
+        // mount points. The cell then drops to the profile's ids, mapped to
+        // the same host ids; nothing it can exec is setuid (nosuid mounts,
+        // no_new_privs), so it cannot get back to 0.
+        write(
+            "uid_map",
+            &format!("{}{}", id_map_line(0, 0), id_map_line(ids.uid, ids.uid)),
+        )?;
+        write(
+            "gid_map",
+            &format!("{}{}", id_map_line(0, 0), id_map_line(ids.gid, ids.gid)),
+        )?;
+    } else {
+        // An unprivileged writer may map only its own ids, and must give up
+        // setgroups first.
+        write("setgroups", "deny")?;
+        write("uid_map", &id_map_line(ids.uid, ids.uid))?;
+        write("gid_map", &id_map_line(ids.gid, ids.gid))?;
+    }
+    Ok(())
+}
+
+/// The worker after the clone: finish the cell's user namespace, let it go,
+/// then wait and mirror its end. Never returns.
+fn worker_side(pid: libc::pid_t, mut sync: UnixStream, user_ns: bool, ids: HostIds) -> ! {
+    let result = if user_ns {
+        write_maps(pid, ids)
+    } else {
+        Ok(())
+    };
+    let msg = match &result {
+        Ok(()) => "G".to_string(),
+        Err(e) => format!("E{}\n", e.replace('\n', " ")),
+    };
+    // If the cell is already gone the wait below reports it.
+    let _ = sync.write_all(msg.as_bytes());
+    // The supervisor must see EOF on the protocol channel when the cell
+    // dies, so the worker keeps no copy of it.
+    // SAFETY: fd 3 belongs to the protocol channel, which this process
+    // never uses again (it only waits and exits from here on).
+    unsafe { libc::close(crate::protocol::PROTOCOL_FD) };
+    wait_and_mirror(pid, sync)
+}
+
+/// Wait for `pid` and exit with its status. `_keep` stays open until then:
+/// the cell watches it to notice a dead worker.
+pub fn wait_and_mirror(pid: libc::pid_t, _keep: UnixStream) -> ! {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => std::process::exit(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                let sig = sig as libc::c_int;
+                sys::die_by_signal(sig);
+                std::process::exit(128 + sig)
+            }
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => std::process::exit(crate::sandbox::linux::EXIT_WORKER_LOST),
+        }
+    }
+}
+
+/// After the privilege drop (which clears the parent-death signal): set it
+/// again and make sure the worker is still alive, so the cell can never
+/// outlive it.
+pub fn confirm_parent(state: InNamespaces) -> Result<(), NamespaceError> {
+    sys::set_parent_death_signal(libc::SIGKILL).map_err(NamespaceError::DeathSignal)?;
+    let mut sync = state.sync;
+    sync.set_nonblocking(true)
+        .map_err(|e| NamespaceError::Setup(e.to_string()))?;
+    let mut byte = [0u8; 1];
+    match sync.read(&mut byte) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+        _ => Err(NamespaceError::ParentGone),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_cover_all_six() {
+        let names: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
+        let f = flags(&names);
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+        ] {
+            assert_eq!(f & flag, flag);
+        }
+        assert_eq!(flags(&["mount"]), libc::CLONE_NEWNS);
+    }
+
+    #[test]
+    fn id_maps_map_one_id() {
+        assert_eq!(id_map_line(65534, 65534), "65534 65534 1\n");
+    }
+}

@@ -1,0 +1,301 @@
+//! Thin safe wrappers over the raw syscalls the layers need and that neither
+//! `nix` nor `std` offer. Each returns the OS error unchanged.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn check_int(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+pub(crate) fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+/// Close every fd from `first` upwards.
+pub fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range takes plain integers and only closes descriptors;
+    // the caller guarantees nothing in this process still uses fds >= first.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+    match check(rc) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            // Kernels before 5.9: close one by one up to the fd limit.
+            let max = rlimit::getrlimit(rlimit::Resource::NOFILE)
+                .map(|(soft, _)| soft)
+                .unwrap_or(65536)
+                .min(1 << 20);
+            for fd in u64::from(first)..max {
+                if let Ok(fd) = libc::c_int::try_from(fd) {
+                    // SAFETY: closing an fd number; EBADF for unused ones is ignored.
+                    unsafe { libc::close(fd) };
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `prctl(PR_SET_PDEATHSIG, sig)`.
+pub fn set_parent_death_signal(sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number by value.
+    check_int(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) })
+        .map(|_| ())
+}
+
+/// `prctl(PR_SET_NO_NEW_PRIVS, 1)`.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: integer-only prctl.
+    check_int(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(|_| ())
+}
+
+/// `prctl(PR_GET_NO_NEW_PRIVS)`.
+pub fn no_new_privs() -> io::Result<bool> {
+    // SAFETY: integer-only prctl.
+    check_int(unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) }).map(|v| v == 1)
+}
+
+/// `prctl(PR_SET_DUMPABLE, 1)`: /proc/<pid> of this process (and of a child
+/// forked from it) is owned by its uid again, as after a plain execve. A uid
+/// change clears it, and then the child's /proc files are root-owned.
+pub fn set_dumpable() -> io::Result<()> {
+    // SAFETY: integer-only prctl.
+    check_int(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }).map(|_| ())
+}
+
+/// Drop every capability from the bounding set. Stops at the first index the
+/// kernel does not know (EINVAL).
+pub fn drop_bounding_set() -> io::Result<()> {
+    for cap in 0..64 {
+        // SAFETY: integer-only prctl.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                return Ok(());
+            }
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Whether the bounding set still holds any capability.
+pub fn bounding_set_empty() -> io::Result<bool> {
+    for cap in 0..64 {
+        // SAFETY: integer-only prctl.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                return Ok(true);
+            }
+            return Err(err);
+        }
+        if rc == 1 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Clear the ambient capability set.
+pub fn clear_ambient_caps() -> io::Result<()> {
+    const PR_CAP_AMBIENT: libc::c_int = 47;
+    const PR_CAP_AMBIENT_CLEAR_ALL: libc::c_ulong = 4;
+    // SAFETY: integer-only prctl.
+    check_int(unsafe { libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) }).map(|_| ())
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// Empty the effective, permitted and inheritable sets.
+pub fn clear_capabilities() -> io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: header and data are valid for the duration of the call and
+    // have the layout of the v3 ABI (one header, two data words).
+    check(unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) }).map(|_| ())
+}
+
+/// `(effective, permitted, inheritable)` of the calling thread.
+pub fn capabilities() -> io::Result<(u64, u64, u64)> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: as in clear_capabilities; the kernel writes two data words.
+    check(unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) })?;
+    let join = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | (u64::from(f(&data[1])) << 32);
+    Ok((
+        join(|d| d.effective),
+        join(|d| d.permitted),
+        join(|d| d.inheritable),
+    ))
+}
+
+/// `clone(flags | SIGCHLD)` without a new stack: like `fork`, but able to
+/// create namespaces at the same time. Returns `Some(pid)` in the parent and
+/// `None` in the child.
+///
+/// Only for a single-threaded caller (the worker): the child gets a copy of
+/// the one thread, and no `atfork` handlers run.
+pub fn clone_fork(flags: libc::c_int) -> io::Result<Option<libc::pid_t>> {
+    let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: with a NULL stack and without CLONE_VM the child runs on a
+    // copy-on-write copy of this stack, exactly as after fork(2). The caller
+    // is single-threaded (checked by the hygiene layer), so no lock can be
+    // held by a thread that does not exist in the child. The argument order
+    // of the remaining (NULL) pointers differs between architectures, which
+    // does not matter when all are NULL.
+    let rc = check(unsafe { libc::syscall(libc::SYS_clone, flags, null, null, null, null) })?;
+    if rc == 0 {
+        Ok(None)
+    } else {
+        Ok(Some(rc as libc::pid_t))
+    }
+}
+
+/// `pivot_root(new_root, put_old)`.
+pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
+    let new_root = cstring(new_root)?;
+    let put_old = cstring(put_old)?;
+    // SAFETY: both arguments are valid NUL-terminated strings.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
+        .map(|_| ())
+}
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Set mount attributes on the mount at `path` (and below it when
+/// `recursive`). Unlike a `MS_REMOUNT`, this only adds flags, so it also
+/// works on mounts whose flags are locked in a user namespace.
+pub fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let c = cstring(path)?;
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { libc::AT_RECURSIVE } else { 0 } | libc::AT_NO_AUTOMOUNT;
+    // SAFETY: path is NUL-terminated, attr is a valid mount_attr of the size
+    // passed, and the kernel only reads it.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(|_| ())
+}
+
+/// The Landlock ABI version of the running kernel (`None`: no Landlock,
+/// either not built in or disabled at boot).
+pub fn landlock_abi() -> Option<u32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with a NULL attr, size 0 and the VERSION flag the kernel only
+    // returns the ABI version.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(rc).ok().filter(|v| *v > 0)
+}
+
+/// `execve(path, argv, envp)` where `path` is a raw pointer the caller owns
+/// (the exec gate's buffer). Returns only on failure.
+///
+/// # Safety
+/// `path` must point to a NUL-terminated string that stays valid for the call.
+pub unsafe fn execve_raw(
+    path: *const libc::c_char,
+    argv: &[CString],
+    envp: &[CString],
+) -> io::Error {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: the caller guarantees `path`; argv and envp are NULL-terminated
+    // arrays of pointers into CStrings that outlive the call.
+    unsafe { libc::execve(path, argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Number of threads in this process.
+pub fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// Reset `sig` to its default action, unblock it and send it to this
+/// process, to die "the same way" as a child did. Returns if the signal did
+/// not end the process.
+pub fn die_by_signal(sig: libc::c_int) {
+    // Never leave a core file of a privileged process behind.
+    let _ = rlimit::setrlimit(rlimit::Resource::CORE, 0, 0);
+    // SAFETY: installing SIG_DFL and unblocking are async-signal-safe and
+    // take only integer/struct arguments built here.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
+    }
+}

@@ -1,0 +1,142 @@
+//! Run process-state tests in a forked child, never in the test harness.
+//!
+//! Anything that installs a seccomp filter, Landlock domain or rlimit, or
+//! changes uid or namespaces, runs in [`in_child`]: the closure's result is
+//! sent back through a pipe and the child exits without returning to the
+//! harness.
+
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::ForkResult;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The closure returned this.
+    Returned(Result<String, String>),
+    /// The child exited without reporting (e.g. `exit` from a mirrored
+    /// process) with this code.
+    Exited(i32),
+    /// The child was killed by this signal.
+    Signaled(i32),
+}
+
+/// Run `f` in a forked child and report what happened.
+pub fn in_child_outcome<F>(f: F) -> Outcome
+where
+    F: FnOnce() -> Result<String, String>,
+{
+    let (rd, wr) = nix::unistd::pipe().expect("pipe");
+    // SAFETY: the child only runs `f` (allocation is fork-safe in glibc) and
+    // then `_exit`s; it never returns into the multi-threaded harness.
+    match unsafe { nix::unistd::fork() }.expect("fork") {
+        ForkResult::Child => {
+            drop(rd);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                .unwrap_or_else(|_| Err("panicked".into()));
+            let msg = match result {
+                Ok(s) => format!("O{s}"),
+                Err(s) => format!("E{s}"),
+            };
+            let mut file = std::fs::File::from(wr);
+            let _ = file.write_all(msg.as_bytes());
+            drop(file);
+            // SAFETY: _exit skips the harness's atexit handlers and destructors.
+            unsafe { libc::_exit(0) }
+        }
+        ForkResult::Parent { child } => {
+            drop(wr);
+            let mut buf = String::new();
+            let mut file = std::fs::File::from(rd);
+            let _ = file.read_to_string(&mut buf);
+            let status = loop {
+                match waitpid(child, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    other => break other.expect("waitpid"),
+                }
+            };
+            let _ = file.as_raw_fd();
+            if let Some(rest) = buf.strip_prefix('O') {
+                return Outcome::Returned(Ok(rest.to_owned()));
+            }
+            if let Some(rest) = buf.strip_prefix('E') {
+                return Outcome::Returned(Err(rest.to_owned()));
+            }
+            match status {
+                WaitStatus::Exited(_, code) => Outcome::Exited(code),
+                WaitStatus::Signaled(_, sig, _) => Outcome::Signaled(sig as i32),
+                other => panic!("unexpected wait status {other:?}"),
+            }
+        }
+    }
+}
+
+/// Run `f` in a forked child; a child that did not report is an error.
+pub fn in_child<F>(f: F) -> Result<String, String>
+where
+    F: FnOnce() -> Result<String, String>,
+{
+    match in_child_outcome(f) {
+        Outcome::Returned(r) => r,
+        Outcome::Exited(code) => Err(format!("child exited with {code} without reporting")),
+        Outcome::Signaled(sig) => Err(format!("child killed by signal {sig}")),
+    }
+}
+
+/// The raw errno of the last failed libc call.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Run `f` in a forked child whose fd 3 is a pipe back to the test, as a
+/// worker's protocol fd would be: [`crate::sandbox::enter`] keeps fd 3 open
+/// and closes everything above it. `f` reports by writing to fd 3 and
+/// returns the text to write; its exit is mirrored by the sandbox's waiting
+/// parent. Returns what arrived on the pipe and how the child ended.
+pub fn in_worker_child<F>(f: F) -> (String, Outcome)
+where
+    F: FnOnce() -> Result<String, String>,
+{
+    let (rd, wr) = nix::unistd::pipe().expect("pipe");
+    // SAFETY: as in in_child_outcome; the child ends in _exit.
+    match unsafe { nix::unistd::fork() }.expect("fork") {
+        ForkResult::Child => {
+            drop(rd);
+            // SAFETY: plain dup2 onto the protocol fd number.
+            if unsafe { libc::dup2(wr.as_raw_fd(), 3) } != 3 {
+                // SAFETY: exit without running harness code.
+                unsafe { libc::_exit(90) }
+            }
+            drop(wr);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                .unwrap_or_else(|_| Err("panicked".into()));
+            let msg = match result {
+                Ok(s) => format!("O{s}"),
+                Err(s) => format!("E{s}"),
+            };
+            // SAFETY: writing a byte buffer to fd 3, then exiting.
+            unsafe {
+                libc::write(3, msg.as_ptr().cast(), msg.len());
+                libc::_exit(0)
+            }
+        }
+        ForkResult::Parent { child } => {
+            drop(wr);
+            let mut buf = String::new();
+            let _ = std::fs::File::from(rd).read_to_string(&mut buf);
+            let status = loop {
+                match waitpid(child, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    other => break other.expect("waitpid"),
+                }
+            };
+            let outcome = match status {
+                WaitStatus::Exited(_, code) => Outcome::Exited(code),
+                WaitStatus::Signaled(_, sig, _) => Outcome::Signaled(sig as i32),
+                other => panic!("unexpected wait status {other:?}"),
+            };
+            (buf, outcome)
+        }
+    }
+}
