@@ -119,13 +119,13 @@ fn main() -> ExitCode {
     // A worker must branch off before any thread or runtime exists.
     cellbox::worker::dispatch();
     let cli = Cli::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    // Diagnostics only when asked for: building a filter costs start-up time.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
