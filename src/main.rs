@@ -111,6 +111,8 @@ enum Command {
         #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
         langs: Vec<String>,
     },
+    /// Run the escape-attempt suite against this binary.
+    SecurityTest(cellbox::security::SecurityTestArgs),
 }
 
 fn main() -> ExitCode {
@@ -140,6 +142,9 @@ fn main() -> ExitCode {
             Command::Repl { opts } => cmd_repl(opts).await,
             Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
+            Command::SecurityTest(args) => {
+                tokio::task::block_in_place(|| cellbox::security::cli_main(args))
+            }
             Command::Doctor {
                 json,
                 profile,
