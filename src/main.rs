@@ -113,19 +113,21 @@ enum Command {
         #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
         langs: Vec<String>,
     },
+    /// Run the escape-attempt suite against this binary.
+    SecurityTest(cellbox::security::SecurityTestArgs),
 }
 
 fn main() -> ExitCode {
     // A worker must branch off before any thread or runtime exists.
     cellbox::worker::dispatch();
     let cli = Cli::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    // Diagnostics only when asked for: building a filter costs start-up time.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -143,6 +145,9 @@ fn main() -> ExitCode {
             Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
             Command::Serve(args) => cellbox::serve::run(args).await,
+            Command::SecurityTest(args) => {
+                tokio::task::block_in_place(|| cellbox::security::cli_main(args))
+            }
             Command::Doctor {
                 json,
                 profile,

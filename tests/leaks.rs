@@ -69,6 +69,10 @@ async fn two_hundred_cells(sup: &Supervisor) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_leaked_fds_zombies_or_dirs_after_200_cells_on_either_path() {
+    // A private temp dir, so other processes' scratch dirs in the shared one
+    // cannot disturb the count. Set before any thread reads it.
+    let private = tempfile::tempdir().unwrap();
+    std::env::set_var("TMPDIR", private.path());
     for warm in [false, true] {
         let sup = Supervisor::builder()
             .worker_exe(env!("CARGO_BIN_EXE_cellbox"))

@@ -166,8 +166,35 @@ fn take_capture(cap: &Arc<Mutex<Capture>>) -> Capture {
     std::mem::replace(&mut *guard, Capture::new(0))
 }
 
-async fn send(wr: &mut OwnedWriteHalf, msg: &ToWorker, max: usize) -> Result<(), FrameError> {
-    write_frame_async(wr, msg, max).await
+/// Write one frame, giving up at the cell's deadline: a worker that stops
+/// reading (e.g. floods calls and never reads the replies) must not hold the
+/// supervisor past its limit.
+async fn send(
+    wr: &mut OwnedWriteHalf,
+    msg: &ToWorker,
+    max: usize,
+    deadline: tokio::time::Instant,
+) -> Result<(), SendError> {
+    match tokio::time::timeout_at(deadline, write_frame_async(wr, msg, max)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(SendError::Frame(e)),
+        Err(_) => Err(SendError::Deadline),
+    }
+}
+
+#[derive(Debug)]
+enum SendError {
+    Frame(FrameError),
+    Deadline,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Frame(e) => e.fmt(f),
+            SendError::Deadline => f.write_str("the worker stopped reading before the deadline"),
+        }
+    }
 }
 
 async fn run_worker(
@@ -440,8 +467,10 @@ async fn converse(
     let mut ready = false;
     let mut rx_open = true;
     let mut deny_seen = false;
-    let _ = send(&mut wr, &setup, max_frame).await;
     let deadline_t = tokio::time::Instant::from_std(deadline);
+    if let Err(SendError::Deadline) = send(&mut wr, &setup, max_frame, deadline_t).await {
+        return Outcome::Timeout;
+    }
     let outcome = loop {
         tokio::select! {
             biased;
@@ -450,7 +479,7 @@ async fn converse(
                     ready = true;
                     result.sandbox = Some(r.report);
                     if let Some(s) = start.take() {
-                        if let Err(e) = send(&mut wr, &s, max_frame).await {
+                        if let Err(e) = send(&mut wr, &s, max_frame, deadline_t).await {
                             tracing::debug!("worker went away before start: {e}");
                         }
                     }
@@ -466,7 +495,11 @@ async fn converse(
                     match handle_call(sup, spec, result, call, deadline).await {
                         Ok((reply, denied)) => {
                             deny_seen |= denied;
-                            let _ = send(&mut wr, &ToWorker::Reply(reply), max_frame).await;
+                            if let Err(SendError::Deadline) =
+                                send(&mut wr, &ToWorker::Reply(reply), max_frame, deadline_t).await
+                            {
+                                break Outcome::Timeout;
+                            }
                         }
                         Err(fatal) => break fatal,
                     }
