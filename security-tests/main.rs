@@ -217,29 +217,42 @@ fn main() -> ExitCode {
         }
         eprintln!("security suite: self-check passed");
     }
-    let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
-    opts.filter = filter;
-    opts.progress = true;
-    let attacks = opts.select(attacks);
-    if attacks.is_empty() {
-        // `cargo test NAME` hands NAME to every test binary: like libtest,
-        // a filter that matches nothing here runs nothing here.
-        println!("security suite: no attack matches {:?}", opts.filter);
-        println!("0 passed, 0 failed");
-        return ExitCode::SUCCESS;
-    }
-    match security::run_suite(attacks, &opts) {
-        Ok(report) => {
-            print!("{}", report.table(110));
-            if report.failed() == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+    // Both paths a cell can take: a fresh worker (one-shot CLI) and the
+    // warm path (fork server / pre-started interpreters) of long-lived
+    // surfaces.
+    let (mut passed, mut failed) = (0, 0);
+    for warm in [false, true] {
+        let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
+        opts.filter = filter.clone();
+        opts.progress = true;
+        opts.warm = warm;
+        let chosen = opts.select(attacks.clone());
+        if chosen.is_empty() {
+            // `cargo test NAME` hands NAME to every test binary: like
+            // libtest, a filter that matches nothing here runs nothing here.
+            println!("security suite: no attack matches {:?}", opts.filter);
+            println!("0 passed, 0 failed");
+            return ExitCode::SUCCESS;
+        }
+        let path = if warm { "warm path" } else { "fresh worker" };
+        eprintln!("security suite: {path}");
+        match security::run_suite(chosen, &opts) {
+            Ok(report) => {
+                println!("== {path}");
+                print!("{}", report.table(110));
+                passed += report.passed();
+                failed += report.failed();
+            }
+            Err(e) => {
+                eprintln!("security suite ({path}): {e}");
+                return ExitCode::FAILURE;
             }
         }
-        Err(e) => {
-            eprintln!("security suite: {e}");
-            ExitCode::FAILURE
-        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

@@ -69,6 +69,11 @@ enum Command {
         /// Print the whole result as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Run the cell on the warm path (fork server / pre-started
+        /// interpreter) that long-lived surfaces use, instead of spawning a
+        /// fresh worker.
+        #[arg(long)]
+        warm: bool,
         /// The script file, or `-` for stdin.
         file: String,
     },
@@ -140,7 +145,12 @@ fn main() -> ExitCode {
     };
     rt.block_on(async move {
         match cli.command {
-            Command::Run { opts, json, file } => cmd_run(opts, json, &file).await,
+            Command::Run {
+                opts,
+                json,
+                warm,
+                file,
+            } => cmd_run(opts, json, warm, &file).await,
             Command::Repl { opts } => cmd_repl(opts).await,
             Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
@@ -309,7 +319,7 @@ fn print_json(r: &CellResult) -> Result<(), ExitCode> {
     }
 }
 
-async fn cmd_run(opts: CellOpts, json: bool, file: &str) -> ExitCode {
+async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode {
     let path = (file != "-").then(|| Path::new(file));
     let language = match pick_language(&opts, path) {
         Ok(l) => l,
@@ -324,7 +334,7 @@ async fn cmd_run(opts: CellOpts, json: bool, file: &str) -> ExitCode {
         Err(e) => return usage(e),
     };
     // One cell: spawning directly beats starting a fork server first.
-    let sup = match build_supervisor(&opts, false) {
+    let sup = match build_supervisor(&opts, warm) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };

@@ -36,6 +36,10 @@ pub struct SecurityTestArgs {
     /// Print a line per attack as it finishes.
     #[arg(long)]
     pub progress: bool,
+    /// Attack the warm path (fork server, pre-started interpreters) that
+    /// long-lived surfaces use, instead of a fresh worker per cell.
+    #[arg(long)]
+    pub warm: bool,
     /// The cellbox binary to attack (default: this one).
     #[arg(long, value_name = "PATH")]
     pub cellbox: Option<PathBuf>,
@@ -60,6 +64,7 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
     opts.jobs = args.jobs;
     opts.allow = args.allow;
     opts.progress = args.progress;
+    opts.warm = args.warm;
     if let Some(l) = &args.lang {
         match l.parse::<Lang>() {
             Ok(l) => opts.langs.push(l),

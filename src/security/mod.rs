@@ -61,6 +61,9 @@ pub struct SuiteOptions {
     pub allow: String,
     /// Print one line per finished attack on stderr.
     pub progress: bool,
+    /// Run cells on the warm path (`cellbox run --warm`: the Rhai fork
+    /// server, pre-started Python interpreters) instead of a fresh worker.
+    pub warm: bool,
 }
 
 impl SuiteOptions {
@@ -72,6 +75,7 @@ impl SuiteOptions {
             filter: None,
             jobs: 4,
             allow: DEFAULT_ALLOW.to_owned(),
+            warm: false,
             progress: false,
         }
     }
@@ -285,6 +289,9 @@ fn run_sandboxed(
     if let Some(p) = &opts.profile {
         args.push("--profile".into());
         args.push(p.clone());
+    }
+    if opts.warm {
+        args.push("--warm".into());
     }
     args.push("-".into());
     let launch = runner::Launch {
