@@ -3,3 +3,4 @@ pub mod common;
 mod isolation;
 mod python;
 mod rhai;
+mod zygote;
