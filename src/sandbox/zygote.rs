@@ -10,7 +10,7 @@
 //!   stage applies the pool-wide layers with [`crate::sandbox::enter`];
 //! - zygote → supervisor: `ready {report, anchors}` with one `O_PATH` fd per
 //!   name in `anchors` (paths that exist only inside the zygote's mount
-//!   namespace: its root, `/proc`, `/etc/passwd`, `/etc/group`), so the
+//!   namespace: `/proc`, `/etc/passwd`, `/etc/group`), so the
 //!   supervisor can name them in each cell's Landlock ruleset; or
 //!   `sandbox_error {layer, message}`. Then the worker stage execs Python
 //!   running the shim in zygote mode, on the same fd 3;
@@ -179,9 +179,11 @@ pub fn recv<T: DeserializeOwned>(
     Ok(Some((msg, fds)))
 }
 
-/// The paths inside the zygote's namespaces a cell may still read, with the
-/// access each gets in the cell's ruleset: (path, list-only root).
-pub const ANCHORS: &[&str] = &["/", "/proc", "/etc/passwd", "/etc/group"];
+/// The paths inside the zygote's namespaces a cell may still read. Unlike
+/// a cold cell, a warm cell may not list the root: a grant to list
+/// directories beneath `/` would let it list the pool scratch root and its
+/// siblings' scratch dirs.
+pub const ANCHORS: &[&str] = &["/proc", "/etc/passwd", "/etc/group"];
 
 /// Open the anchors that exist (`O_PATH`), in the calling process's mount
 /// namespace. With no mount namespace only `/proc` is offered (the host's

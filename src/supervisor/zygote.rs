@@ -213,7 +213,6 @@ impl Zygote {
         let mut anchor_rules = Vec::new();
         for (name, fd) in anchors.iter().zip(fds) {
             let (kind, grant) = match name.as_str() {
-                "/" => (Kind::Dir, Grant::ListDirs),
                 "/proc" => (Kind::Dir, Grant::Read),
                 "/etc/passwd" | "/etc/group" => (Kind::File, Grant::Read),
                 other => return Err(format!("the Python zygote offered an unknown path {other}")),
@@ -507,9 +506,17 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid
     let _ = crate::sandbox::process::reap(pid);
 }
 
+type Job = Box<dyn FnOnce() + Send>;
+
 /// The pools of one supervisor.
 pub(crate) struct Pools {
     pub(crate) config: PoolConfig,
+    /// Zygotes are started from this one long-lived thread: a process's
+    /// parent-death signal fires when the *thread* that forked it ends, so
+    /// a zygote forked from a short-lived (blocking-pool) thread would be
+    /// killed when that thread retires. The thread ends with the pools, and
+    /// the zygotes with it.
+    launcher: Mutex<std::sync::mpsc::Sender<Job>>,
     root: tempfile::TempDir,
     zygotes: tokio::sync::Mutex<BTreeMap<String, Vec<Arc<Zygote>>>>,
     next: AtomicUsize,
@@ -518,8 +525,17 @@ pub(crate) struct Pools {
 impl Pools {
     pub(crate) fn new(config: PoolConfig) -> Result<Pools, std::io::Error> {
         let root = tempfile::Builder::new().prefix("cellbox-pool-").tempdir()?;
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("cellbox-zygotes".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
         Ok(Pools {
             config,
+            launcher: Mutex::new(tx),
             root,
             zygotes: tokio::sync::Mutex::new(BTreeMap::new()),
             next: AtomicUsize::new(0),
@@ -586,11 +602,15 @@ impl Pools {
         let name = profile_name.to_owned();
         let interp = py.executable.to_string_lossy().into_owned();
         let timeout = self.config.answer_timeout;
-        tokio::task::spawn_blocking(move || {
-            Zygote::start(&exe, &name, &interp, plan, ceiling, timeout)
-        })
-        .await
-        .map_err(|e| format!("failed to start a Python zygote: {e}"))?
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(Zygote::start(&exe, &name, &interp, plan, ceiling, timeout));
+        });
+        lock(&self.launcher)
+            .send(job)
+            .map_err(|_| "the zygote launcher thread is gone".to_owned())?;
+        rx.await
+            .map_err(|_| "the zygote launcher thread is gone".to_owned())?
     }
 
     pub(crate) async fn status(&self) -> Vec<ZygoteStatus> {
