@@ -7,6 +7,8 @@ pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]
 pub mod sandbox;
+pub mod security;
+pub mod serve;
 pub mod supervisor;
 pub mod worker;
 

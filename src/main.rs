@@ -69,6 +69,11 @@ enum Command {
         /// Print the whole result as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Run the cell on the warm path (fork server / pre-started
+        /// interpreter) that long-lived surfaces use, instead of spawning a
+        /// fresh worker.
+        #[arg(long)]
+        warm: bool,
         /// The script file, or `-` for stdin.
         file: String,
     },
@@ -88,6 +93,8 @@ enum Command {
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         argv: Vec<String>,
     },
+    /// Serve `execute_code` and session tools over MCP (stdio, or --http).
+    Serve(cellbox::serve::ServeArgs),
     /// Which sandbox layers this host supports and what a cell would get
     /// under each profile. Exits 6 when a profile's required layer is missing.
     Doctor {
@@ -111,19 +118,21 @@ enum Command {
         #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
         langs: Vec<String>,
     },
+    /// Run the escape-attempt suite against this binary.
+    SecurityTest(cellbox::security::SecurityTestArgs),
 }
 
 fn main() -> ExitCode {
     // A worker must branch off before any thread or runtime exists.
     cellbox::worker::dispatch();
     let cli = Cli::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    // Diagnostics only when asked for: building a filter costs start-up time.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -136,10 +145,19 @@ fn main() -> ExitCode {
     };
     rt.block_on(async move {
         match cli.command {
-            Command::Run { opts, json, file } => cmd_run(opts, json, &file).await,
+            Command::Run {
+                opts,
+                json,
+                warm,
+                file,
+            } => cmd_run(opts, json, warm, &file).await,
             Command::Repl { opts } => cmd_repl(opts).await,
             Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
+            Command::Serve(args) => cellbox::serve::run(args).await,
+            Command::SecurityTest(args) => {
+                tokio::task::block_in_place(|| cellbox::security::cli_main(args))
+            }
             Command::Doctor {
                 json,
                 profile,
@@ -301,7 +319,7 @@ fn print_json(r: &CellResult) -> Result<(), ExitCode> {
     }
 }
 
-async fn cmd_run(opts: CellOpts, json: bool, file: &str) -> ExitCode {
+async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode {
     let path = (file != "-").then(|| Path::new(file));
     let language = match pick_language(&opts, path) {
         Ok(l) => l,
@@ -316,7 +334,7 @@ async fn cmd_run(opts: CellOpts, json: bool, file: &str) -> ExitCode {
         Err(e) => return usage(e),
     };
     // One cell: spawning directly beats starting a fork server first.
-    let sup = match build_supervisor(&opts, false) {
+    let sup = match build_supervisor(&opts, warm) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };

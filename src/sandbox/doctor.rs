@@ -110,7 +110,7 @@ pub fn probe() -> HostSupport {
         host.namespaces = host.user_namespaces
             || (host.running_as_root
                 && probe_clone(namespaces::flags(&["mount", "pid", "net", "ipc", "uts"])));
-        host.mount_setattr = probe_mount_setattr();
+        host.mount_setattr = sys::mount_setattr_available();
     }
     host
 }
@@ -152,24 +152,6 @@ fn probe_clone(flags: libc::c_int) -> bool {
         }
         Err(_) => false,
     }
-}
-
-#[cfg(target_os = "linux")]
-fn probe_mount_setattr() -> bool {
-    // An invalid (empty) attribute set on "/" gives EINVAL where the call
-    // exists and ENOSYS where it does not; it never changes anything.
-    // SAFETY: NULL attr with size 0 is rejected by the kernel before use.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            -1i32,
-            c"/".as_ptr(),
-            0u32,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-        )
-    };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
 }
 
 /// What a cell gets under `profile` on `host`.

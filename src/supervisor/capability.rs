@@ -34,7 +34,9 @@ pub struct Capability {
     pub(crate) description: String,
     pub(crate) schema: Value,
     pub(crate) params: Vec<String>,
-    pub(crate) validator: Arc<jsonschema::Validator>,
+    /// Compiled on first use: compiling schemas costs start-up time that a
+    /// one-shot run that never calls the capability should not pay.
+    pub(crate) validator: Arc<std::sync::OnceLock<Result<jsonschema::Validator, String>>>,
     pub(crate) handler: Handler,
 }
 
@@ -83,11 +85,6 @@ impl Capability {
                 message: "the top level must be {\"type\": \"object\", ...}".into(),
             });
         }
-        let validator =
-            jsonschema::validator_for(&schema).map_err(|e| CapabilityError::BadSchema {
-                name: name.to_owned(),
-                message: e.to_string(),
-            })?;
         let params = schema
             .get("properties")
             .and_then(Value::as_object)
@@ -98,7 +95,7 @@ impl Capability {
             description: description.to_owned(),
             schema,
             params,
-            validator: Arc::new(validator),
+            validator: Arc::new(std::sync::OnceLock::new()),
             handler,
         })
     }
@@ -117,7 +114,15 @@ impl Capability {
         Fut: Future<Output = Result<Value, String>> + Send + 'static,
     {
         let f: Arc<HostFn> = Arc::new(move |ctx, args| Box::pin(handler(ctx, args)));
-        Capability::build(name, description, schema, Handler::Host(f))
+        let cap = Capability::build(name, description, schema, Handler::Host(f))?;
+        // A host schema is checked now, so a bad one fails at registration.
+        if let Err(message) = cap.validator() {
+            return Err(CapabilityError::BadSchema {
+                name: name.to_owned(),
+                message,
+            });
+        }
+        Ok(cap)
     }
 
     pub fn name(&self) -> &str {
@@ -130,11 +135,20 @@ impl Capability {
         &self.schema
     }
 
+    fn validator(&self) -> Result<&jsonschema::Validator, String> {
+        self.validator
+            .get_or_init(|| jsonschema::validator_for(&self.schema).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     /// Check `args` against the schema; the message lists every violation.
     pub fn validate(&self, args: &Map<String, Value>) -> Result<(), String> {
+        let validator = self
+            .validator()
+            .map_err(|e| format!("the capability's schema is invalid: {e}"))?;
         let v = Value::Object(args.clone());
-        let errors: Vec<String> = self
-            .validator
+        let errors: Vec<String> = validator
             .iter_errors(&v)
             .map(|e| {
                 let path = e.instance_path().to_string();

@@ -166,8 +166,35 @@ fn take_capture(cap: &Arc<Mutex<Capture>>) -> Capture {
     std::mem::replace(&mut *guard, Capture::new(0))
 }
 
-async fn send(wr: &mut OwnedWriteHalf, msg: &ToWorker, max: usize) -> Result<(), FrameError> {
-    write_frame_async(wr, msg, max).await
+/// Write one frame, giving up at the cell's deadline: a worker that stops
+/// reading (e.g. floods calls and never reads the replies) must not hold the
+/// supervisor past its limit.
+async fn send(
+    wr: &mut OwnedWriteHalf,
+    msg: &ToWorker,
+    max: usize,
+    deadline: tokio::time::Instant,
+) -> Result<(), SendError> {
+    match tokio::time::timeout_at(deadline, write_frame_async(wr, msg, max)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(SendError::Frame(e)),
+        Err(_) => Err(SendError::Deadline),
+    }
+}
+
+#[derive(Debug)]
+enum SendError {
+    Frame(FrameError),
+    Deadline,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Frame(e) => e.fmt(f),
+            SendError::Deadline => f.write_str("the worker stopped reading before the deadline"),
+        }
+    }
 }
 
 async fn run_worker(
@@ -542,21 +569,21 @@ async fn converse(
     let mut ready = false;
     let mut rx_open = true;
     let mut deny_seen = false;
-    match pre_ready {
+    let deadline_t = tokio::time::Instant::from_std(deadline);
+    // A warm cell arrives sandboxed: it reads `start` straight away.
+    let first = match pre_ready {
         Some(report) => {
             ready = true;
             result.sandbox = Some(report);
-            if let Some(s) = start.take() {
-                if let Err(e) = send(&mut wr, &s, max_frame).await {
-                    tracing::debug!("worker went away before start: {e}");
-                }
-            }
+            start.take()
         }
-        None => {
-            let _ = send(&mut wr, &setup, max_frame).await;
+        None => Some(setup),
+    };
+    if let Some(first) = first {
+        if let Err(SendError::Deadline) = send(&mut wr, &first, max_frame, deadline_t).await {
+            return Outcome::Timeout;
         }
     }
-    let deadline_t = tokio::time::Instant::from_std(deadline);
     let outcome = loop {
         tokio::select! {
             biased;
@@ -565,7 +592,7 @@ async fn converse(
                     ready = true;
                     result.sandbox = Some(r.report);
                     if let Some(s) = start.take() {
-                        if let Err(e) = send(&mut wr, &s, max_frame).await {
+                        if let Err(e) = send(&mut wr, &s, max_frame, deadline_t).await {
                             tracing::debug!("worker went away before start: {e}");
                         }
                     }
@@ -581,7 +608,11 @@ async fn converse(
                     match handle_call(sup, spec, result, call, deadline).await {
                         Ok((reply, denied)) => {
                             deny_seen |= denied;
-                            let _ = send(&mut wr, &ToWorker::Reply(reply), max_frame).await;
+                            if let Err(SendError::Deadline) =
+                                send(&mut wr, &ToWorker::Reply(reply), max_frame, deadline_t).await
+                            {
+                                break Outcome::Timeout;
+                            }
                         }
                         Err(fatal) => break fatal,
                     }

@@ -585,3 +585,30 @@ async fn deleting_or_rebinding_a_definition_forgets_it() {
     let r = py_in(&s, "g()").await;
     assert_eq!(r.status, Status::Error, "the stale def g came back: {r:?}");
 }
+
+#[tokio::test]
+async fn a_call_flood_that_never_reads_replies_cannot_hold_the_supervisor() {
+    // Raw `call` frames straight onto the protocol fd, replies never read:
+    // the supervisor's writes back block once the socket buffer is full.
+    let code = r#"
+import os, struct
+frame = b'{"t":"call","id":1,"cap":"emit","args":{"event":"' + b"x" * 60000 + b'"}}'
+msg = struct.pack(">I", len(frame)) + frame
+while True:
+    os.write(3, msg)
+"#;
+    let sup = supervisor();
+    let mut cfg = config(&["emit"]);
+    cfg.limits.timeout_ms = 3000;
+    cfg.policy.max_calls = 1_000_000;
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        sup.run(CellRequest::new(Language::Python, code), cfg),
+    )
+    .await
+    .expect("the supervisor hung on a worker that does not read its replies");
+    assert!(
+        matches!(r.status, Status::Timeout | Status::ProtocolError),
+        "{r:?}"
+    );
+}

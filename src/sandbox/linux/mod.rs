@@ -496,4 +496,61 @@ mod tests {
              ns=user,mount,pid,net,ipc,uts layers=6 cell_in_passwd=true"
         );
     }
+
+    /// Killing the worker (what the supervisor does on timeout) kills the
+    /// cell: it runs in another PID namespace as the worker's child, and its
+    /// parent-death signal takes it down, which closes its protocol fd.
+    #[test]
+    fn the_cell_dies_with_the_worker() {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan("rhai", dir.path());
+        let (rd, wr) = nix::unistd::pipe().unwrap();
+        // SAFETY: the child only runs enter() and then sleeps or _exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                drop(rd);
+                // SAFETY: dup2 onto the protocol fd number, then exit paths
+                // that never return into the harness.
+                unsafe {
+                    libc::dup2(wr.as_raw_fd(), 3);
+                }
+                drop(wr);
+                if enter(&plan).is_ok() {
+                    // SAFETY: write to fd 3, allowed by the Rhai filter.
+                    unsafe { libc::write(3, b"up".as_ptr().cast(), 2) };
+                    // Bounded, so a regression fails the test instead of
+                    // leaving an orphan that holds the harness's output.
+                    std::thread::sleep(std::time::Duration::from_secs(10));
+                }
+                // SAFETY: leave without running harness code.
+                unsafe { libc::_exit(1) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(wr);
+                let mut file = std::fs::File::from(rd);
+                let mut up = [0u8; 2];
+                file.read_exact(&mut up).unwrap();
+                assert_eq!(&up, b"up");
+                let worker = child.as_raw();
+                let kids =
+                    std::fs::read_to_string(format!("/proc/{worker}/task/{worker}/children"))
+                        .unwrap();
+                assert_eq!(kids.split_whitespace().count(), 1, "one cell process");
+                nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL).unwrap();
+                nix::sys::wait::waitpid(child, None).unwrap();
+                // EOF on the pipe: the cell, its only other holder, is gone.
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let mut rest = Vec::new();
+                    let _ = tx.send(file.read_to_end(&mut rest).map(|_| rest));
+                });
+                let rest = rx
+                    .recv_timeout(std::time::Duration::from_secs(5))
+                    .expect("the cell outlived its worker");
+                assert_eq!(rest.unwrap(), b"");
+            }
+        }
+    }
 }

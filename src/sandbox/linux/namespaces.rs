@@ -69,6 +69,8 @@ pub struct InNamespaces {
 
 #[derive(Debug, thiserror::Error)]
 pub enum NamespaceError {
+    #[error("namespaces are not usable here: {0}")]
+    Unsupported(&'static str),
     #[error("failed to create the sync socket: {0}")]
     Socket(#[source] std::io::Error),
     #[error("failed to clone into new namespaces ({names}): {source}")]
@@ -99,6 +101,13 @@ impl NamespaceError {
 /// Clone into new namespaces. Returns only in the cell process; the worker
 /// waits for it and exits the same way.
 pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
+    if !sys::mount_setattr_available() {
+        // Checked before the clone, so a best-effort profile can go on
+        // without namespaces rather than fail half-way through the mounts.
+        return Err(NamespaceError::Unsupported(
+            "mount_setattr(2) is missing (Linux before 5.12)",
+        ));
+    }
     let all: Vec<&'static str> = ALL.iter().map(|(n, _)| *n).collect();
     let without_user: Vec<&'static str> = all.iter().copied().filter(|n| *n != "user").collect();
     let (parent_end, child_end) = UnixStream::pair().map_err(NamespaceError::Socket)?;

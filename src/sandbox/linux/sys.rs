@@ -240,6 +240,25 @@ pub fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::Result<
     .map(|_| ())
 }
 
+/// Whether the kernel has `mount_setattr(2)` (Linux 5.12+), which the mount
+/// namespace needs to make its binds read-only.
+pub fn mount_setattr_available() -> bool {
+    // An empty attribute set is rejected (EINVAL) where the call exists and
+    // gives ENOSYS where it does not; it never changes anything.
+    // SAFETY: NULL attr with size 0 is rejected by the kernel before use.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            -1i32,
+            c"/".as_ptr(),
+            0u32,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+        )
+    };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
+}
+
 /// The Landlock ABI version of the running kernel (`None`: no Landlock,
 /// either not built in or disabled at boot).
 pub fn landlock_abi() -> Option<u32> {

@@ -1,0 +1,701 @@
+//! `cellbox serve` settings: a strictly parsed TOML file, the same settings as
+//! command-line flags (a flag wins over the file), and the validated
+//! [`Settings`] the server runs with.
+//!
+//! Every error names the key it is about, in both spellings when a flag
+//! exists (`server.max_concurrency (--max-concurrency)`), so an operator can
+//! find it in either place.
+
+use crate::{Language, Limits, Policy, SessionConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Largest config or token file we agree to read.
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+/// Shortest bearer token accepted: anything shorter is guessable.
+const MIN_TOKEN_CHARS: usize = 16;
+/// Longest wall-clock limit a cell may be given.
+const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+/// The `cellbox serve` flags. Each one overrides the config file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Read settings from this TOML file (see examples/cellbox.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Serve MCP over streamable HTTP on this address (loopback only unless
+    /// --listen-public) instead of stdio.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub http: Option<String>,
+    /// Allow --http on a non-loopback address. Requires --token-file.
+    #[arg(long)]
+    pub listen_public: bool,
+    /// Require `Authorization: Bearer <token>` on every HTTP request; the
+    /// token is the file's content (at least 16 characters).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Languages `execute_code` accepts (comma-separated or repeated;
+    /// default: python, rhai, shell).
+    #[arg(long = "language", value_name = "LANG")]
+    pub languages: Vec<String>,
+    /// Sandbox profile for one language: LANG=NAME_OR_PATH (repeatable).
+    #[arg(long = "profile", value_name = "LANG=PROFILE")]
+    pub profiles: Vec<String>,
+    /// Allow a capability by name (repeatable); everything else is denied.
+    #[arg(long = "allow", value_name = "CAP")]
+    pub allow: Vec<String>,
+    /// Wall-clock limit per cell in seconds (calls may only lower it).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Bytes of stdout (and of stderr) kept per cell (calls may only lower it).
+    #[arg(long = "max-output", value_name = "BYTES")]
+    pub max_output: Option<usize>,
+    /// Memory limit per cell in bytes.
+    #[arg(long, value_name = "BYTES")]
+    pub memory: Option<u64>,
+    /// Rhai: operations before the engine stops a script (0 = no limit).
+    #[arg(long = "max-operations", value_name = "N")]
+    pub max_operations: Option<u64>,
+    /// How many sessions may exist at once.
+    #[arg(long = "max-sessions", value_name = "N")]
+    pub max_sessions: Option<usize>,
+    /// Close a session after this many seconds without a call.
+    #[arg(long = "session-idle-expiry", value_name = "SECS")]
+    pub session_idle_expiry: Option<u64>,
+    /// How many cells run at once; further calls wait in a queue.
+    #[arg(long = "max-concurrency", value_name = "N")]
+    pub max_concurrency: Option<usize>,
+    /// How many calls may wait for a free slot; past that a call is refused.
+    #[arg(long = "max-queue", value_name = "N")]
+    pub max_queue: Option<usize>,
+    /// Python interpreter for python cells (default: the real python3 on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// Append run events (JSON lines) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+}
+
+/// The config file. Unknown keys are errors.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    pub server: ServerSection,
+    pub http: HttpSection,
+    pub sessions: SessionsSection,
+    /// Sandbox profile per language (a built-in name or a TOML file).
+    pub profiles: ProfilesSection,
+    /// Limits for every cell; per-call limits may only tighten them.
+    pub limits: Limits,
+    /// Capability allowlist and budgets for every cell.
+    pub policy: Policy,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Languages `execute_code` accepts.
+    pub languages: Vec<String>,
+    /// Cells running at once.
+    pub max_concurrency: usize,
+    /// Calls waiting for a slot before further calls are refused.
+    pub max_queue: usize,
+    /// How often a running call reports progress when the client asked.
+    pub progress_interval_ms: u64,
+    /// Python interpreter for python cells.
+    pub python: Option<PathBuf>,
+    /// Append run events (JSON lines) to this file.
+    pub events: Option<PathBuf>,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            languages: vec!["python".into(), "rhai".into(), "shell".into()],
+            max_concurrency: 4,
+            max_queue: 64,
+            progress_interval_ms: 1000,
+            python: None,
+            events: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSection {
+    /// Serve streamable HTTP on this address instead of stdio.
+    pub listen: Option<String>,
+    /// Allow a non-loopback `listen` address (requires `token_file`).
+    pub listen_public: bool,
+    /// File holding the bearer token every request must carry.
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsSection {
+    /// Sessions that may exist at once.
+    pub max_sessions: usize,
+    /// Seconds without a call after which a session is closed.
+    pub idle_expiry_seconds: u64,
+}
+
+impl Default for SessionsSection {
+    fn default() -> Self {
+        SessionsSection {
+            max_sessions: 16,
+            idle_expiry_seconds: 1800,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfilesSection {
+    pub rhai: Option<String>,
+    pub python: Option<String>,
+    pub shell: Option<String>,
+}
+
+/// Why the settings were rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to read {what} {path}: {source}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{key}: {problem}")]
+    Invalid { key: String, problem: String },
+}
+
+fn invalid(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+/// Who may reach the HTTP listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposure {
+    /// Bound to a loopback address; Host headers must name the loopback too.
+    Loopback,
+    /// Bound to any address, with a bearer token required.
+    Public,
+}
+
+/// How MCP messages reach the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Stdio,
+    Http {
+        addr: SocketAddr,
+        exposure: Exposure,
+        /// Bearer token every request must carry, if any.
+        token: Option<String>,
+    },
+}
+
+/// Validated settings the server runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Languages `execute_code` accepts, in a stable order.
+    pub languages: Vec<Language>,
+    /// Sandbox profile name or path per language.
+    pub profiles: BTreeMap<Language, String>,
+    /// Policy and limits of every session (the profile comes per language).
+    pub session: SessionConfig,
+    pub max_sessions: usize,
+    pub idle_expiry: Duration,
+    pub max_concurrency: usize,
+    pub max_queue: usize,
+    pub progress_interval: Duration,
+    pub python: Option<PathBuf>,
+    pub events: Option<PathBuf>,
+    pub transport: Transport,
+}
+
+fn read_capped(what: &'static str, path: &Path) -> Result<String, ConfigError> {
+    let err = |source| ConfigError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(err)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(err)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(err(std::io::Error::other(format!(
+            "larger than {MAX_FILE_BYTES} bytes"
+        ))));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        err(std::io::Error::other(format!(
+            "not valid UTF-8 (first bad byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )))
+    })
+}
+
+impl ServeConfig {
+    /// Parse a config document; `path` names it in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<ServeConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
+        let text = read_capped("the config file", path)?;
+        ServeConfig::from_toml(&text, path)
+    }
+
+    /// Apply the flags on top of the file.
+    pub fn apply_args(&mut self, args: &ServeArgs) -> Result<(), ConfigError> {
+        if let Some(h) = &args.http {
+            self.http.listen = Some(h.clone());
+        }
+        if args.listen_public {
+            self.http.listen_public = true;
+        }
+        if let Some(t) = &args.token_file {
+            self.http.token_file = Some(t.clone());
+        }
+        let languages = split_list(&args.languages);
+        if !languages.is_empty() {
+            self.server.languages = languages;
+        }
+        for p in &args.profiles {
+            let (lang, name) = p.split_once('=').ok_or_else(|| {
+                invalid(
+                    "--profile",
+                    format!("{p:?}: write LANG=PROFILE, e.g. python=python or rhai=/etc/cellbox/rhai.toml"),
+                )
+            })?;
+            let lang: Language = lang
+                .trim()
+                .parse()
+                .map_err(|e: crate::Error| invalid("--profile", e.to_string()))?;
+            let slot = match lang {
+                Language::Rhai => &mut self.profiles.rhai,
+                Language::Python => &mut self.profiles.python,
+                Language::Shell => &mut self.profiles.shell,
+            };
+            *slot = Some(name.trim().to_owned());
+        }
+        for name in split_list(&args.allow) {
+            self.policy.allow.insert(name);
+        }
+        if let Some(t) = args.timeout {
+            if !(t.is_finite() && t > 0.0 && t * 1000.0 <= MAX_TIMEOUT_MS as f64) {
+                return Err(invalid(
+                    "limits.timeout_ms (--timeout)",
+                    format!("{t}: give seconds above 0 and at most 86400"),
+                ));
+            }
+            self.limits.timeout_ms = (t * 1000.0).ceil() as u64;
+        }
+        if let Some(m) = args.max_output {
+            self.limits.max_output_bytes = m;
+        }
+        if let Some(m) = args.memory {
+            self.limits.memory_bytes = m;
+        }
+        if let Some(n) = args.max_operations {
+            self.limits.max_operations = n;
+        }
+        if let Some(n) = args.max_sessions {
+            self.sessions.max_sessions = n;
+        }
+        if let Some(n) = args.session_idle_expiry {
+            self.sessions.idle_expiry_seconds = n;
+        }
+        if let Some(n) = args.max_concurrency {
+            self.server.max_concurrency = n;
+        }
+        if let Some(n) = args.max_queue {
+            self.server.max_queue = n;
+        }
+        if let Some(p) = &args.python {
+            self.server.python = Some(p.clone());
+        }
+        if let Some(p) = &args.events {
+            self.server.events = Some(p.clone());
+        }
+        Ok(())
+    }
+
+    /// Check every value and resolve the transport (reading the token file).
+    pub fn validate(&self) -> Result<Settings, ConfigError> {
+        let mut languages = Vec::new();
+        for l in &self.server.languages {
+            let lang: Language = l.parse().map_err(|e: crate::Error| {
+                invalid("server.languages (--language)", e.to_string())
+            })?;
+            if !languages.contains(&lang) {
+                languages.push(lang);
+            }
+        }
+        if languages.is_empty() {
+            return Err(invalid(
+                "server.languages (--language)",
+                "name at least one of python, rhai, shell",
+            ));
+        }
+        languages.sort_by_key(|l| l.as_str());
+
+        let mut profiles = BTreeMap::new();
+        for (lang, given) in [
+            (Language::Rhai, &self.profiles.rhai),
+            (Language::Python, &self.profiles.python),
+            (Language::Shell, &self.profiles.shell),
+        ] {
+            let name = given
+                .clone()
+                .unwrap_or_else(|| lang.default_profile().to_owned());
+            let key = format!("profiles.{lang} (--profile {lang}=...)");
+            if name.trim().is_empty() {
+                return Err(invalid(&key, "empty profile name"));
+            }
+            crate::profiles::Profile::load(&name).map_err(|e| invalid(&key, e.to_string()))?;
+            profiles.insert(lang, name);
+        }
+
+        for name in &self.policy.allow {
+            if !valid_capability_name(name) {
+                return Err(invalid(
+                    "policy.allow (--allow)",
+                    format!("{name:?} is not a capability name"),
+                ));
+            }
+        }
+
+        let l = &self.limits;
+        if l.timeout_ms == 0 || l.timeout_ms > MAX_TIMEOUT_MS {
+            return Err(invalid(
+                "limits.timeout_ms (--timeout)",
+                format!("{}: give 1 to {MAX_TIMEOUT_MS} milliseconds", l.timeout_ms),
+            ));
+        }
+        if l.max_output_bytes == 0 {
+            return Err(invalid(
+                "limits.max_output_bytes (--max-output)",
+                "must be at least 1",
+            ));
+        }
+        if l.max_script_bytes == 0 {
+            return Err(invalid("limits.max_script_bytes", "must be at least 1"));
+        }
+        if l.memory_bytes == 0 {
+            return Err(invalid(
+                "limits.memory_bytes (--memory)",
+                "must be at least 1",
+            ));
+        }
+
+        let s = &self.server;
+        if s.max_concurrency == 0 {
+            return Err(invalid(
+                "server.max_concurrency (--max-concurrency)",
+                "must be at least 1",
+            ));
+        }
+        if s.progress_interval_ms < 50 {
+            return Err(invalid(
+                "server.progress_interval_ms",
+                format!("{}: give at least 50 milliseconds", s.progress_interval_ms),
+            ));
+        }
+        if self.sessions.max_sessions == 0 {
+            return Err(invalid(
+                "sessions.max_sessions (--max-sessions)",
+                "must be at least 1",
+            ));
+        }
+        if self.sessions.idle_expiry_seconds == 0 {
+            return Err(invalid(
+                "sessions.idle_expiry_seconds (--session-idle-expiry)",
+                "must be at least 1 second",
+            ));
+        }
+
+        Ok(Settings {
+            languages,
+            profiles,
+            session: SessionConfig {
+                policy: self.policy.clone(),
+                limits: self.limits.clone(),
+                profile: None,
+            },
+            max_sessions: self.sessions.max_sessions,
+            idle_expiry: Duration::from_secs(self.sessions.idle_expiry_seconds),
+            max_concurrency: s.max_concurrency,
+            max_queue: s.max_queue,
+            progress_interval: Duration::from_millis(s.progress_interval_ms),
+            python: s.python.clone(),
+            events: s.events.clone(),
+            transport: self.transport()?,
+        })
+    }
+
+    fn transport(&self) -> Result<Transport, ConfigError> {
+        let h = &self.http;
+        let Some(listen) = &h.listen else {
+            if h.listen_public {
+                return Err(invalid(
+                    "http.listen_public (--listen-public)",
+                    "only applies with an HTTP address (--http ADDR:PORT)",
+                ));
+            }
+            if h.token_file.is_some() {
+                return Err(invalid(
+                    "http.token_file (--token-file)",
+                    "only applies with an HTTP address (--http ADDR:PORT)",
+                ));
+            }
+            return Ok(Transport::Stdio);
+        };
+        let addr: SocketAddr = listen.trim().parse().map_err(|_| {
+            invalid(
+                "http.listen (--http)",
+                format!("{listen:?}: give IP:PORT, e.g. 127.0.0.1:8080"),
+            )
+        })?;
+        let token = match &h.token_file {
+            Some(path) => Some(read_token(path)?),
+            None => None,
+        };
+        let exposure = if h.listen_public {
+            if token.is_none() {
+                return Err(invalid(
+                    "http.listen_public (--listen-public)",
+                    "a public listener needs a bearer token: pass --token-file FILE",
+                ));
+            }
+            Exposure::Public
+        } else if addr.ip().is_loopback() {
+            Exposure::Loopback
+        } else {
+            return Err(invalid(
+                "http.listen (--http)",
+                format!(
+                    "{addr} is not a loopback address; to accept other hosts pass \
+                     --listen-public with --token-file FILE"
+                ),
+            ));
+        };
+        Ok(Transport::Http {
+            addr,
+            exposure,
+            token,
+        })
+    }
+}
+
+fn read_token(path: &Path) -> Result<String, ConfigError> {
+    let key = "http.token_file (--token-file)";
+    let text = read_capped("the token file", path)?;
+    let token = text.trim();
+    if token.chars().count() < MIN_TOKEN_CHARS {
+        return Err(invalid(
+            key,
+            format!(
+                "{}: the token must be at least {MIN_TOKEN_CHARS} characters",
+                path.display()
+            ),
+        ));
+    }
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(invalid(
+            key,
+            format!(
+                "{}: the token must be printable ASCII without spaces",
+                path.display()
+            ),
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// Letters, digits and '_', not starting with a digit (as capability names are).
+fn valid_capability_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// `["a,b", "c"]` → `["a", "b", "c"]`.
+fn split_list(items: &[String]) -> Vec<String> {
+    items
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Resolve the settings from the flags (and the file they name).
+pub fn resolve(args: &ServeArgs) -> Result<Settings, ConfigError> {
+    let mut config = match &args.config {
+        Some(path) => ServeConfig::load(path)?,
+        None => ServeConfig::default(),
+    };
+    config.apply_args(args)?;
+    config.validate()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ServeConfig, ConfigError> {
+        ServeConfig::from_toml(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn defaults_are_valid_and_use_stdio() {
+        let s = ServeConfig::default().validate().unwrap();
+        assert_eq!(s.transport, Transport::Stdio);
+        assert_eq!(
+            s.languages,
+            vec![Language::Python, Language::Rhai, Language::Shell]
+        );
+        assert!(s.session.policy.allow.is_empty());
+        assert_eq!(s.profiles[&Language::Python], "python");
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = parse("[server]\nmax_concurency = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_concurency"), "{e}");
+        let e = parse("[limits]\ntimeout = 3\n").unwrap_err().to_string();
+        assert!(e.contains("timeout"), "{e}");
+        let e = parse("[nope]\n").unwrap_err().to_string();
+        assert!(e.contains("nope"), "{e}");
+        let e = parse("[server]\nmax_queue = \"many\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_queue"), "{e}");
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_win() {
+        let mut c = parse(
+            "[server]\nmax_concurrency = 2\nlanguages = [\"rhai\"]\n\
+             [limits]\ntimeout_ms = 5000\n[policy]\nallow = [\"emit\"]\n\
+             [sessions]\nmax_sessions = 3\nidle_expiry_seconds = 60\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            max_concurrency: Some(7),
+            allow: vec!["answer".into()],
+            ..ServeArgs::default()
+        };
+        c.apply_args(&args).unwrap();
+        let s = c.validate().unwrap();
+        assert_eq!(s.max_concurrency, 7);
+        assert_eq!(s.languages, vec![Language::Rhai]);
+        assert_eq!(s.session.limits.timeout_ms, 5000);
+        assert_eq!(s.max_sessions, 3);
+        assert_eq!(s.idle_expiry, Duration::from_secs(60));
+        let allow: Vec<&str> = s.session.policy.allow.iter().map(String::as_str).collect();
+        assert_eq!(allow, vec!["answer", "emit"]);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let mut c = ServeConfig::default();
+        c.server.max_concurrency = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("server.max_concurrency"), "{e}");
+
+        let mut c = ServeConfig::default();
+        c.server.languages = vec!["cobol".into()];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("server.languages"), "{e}");
+
+        let mut c = ServeConfig::default();
+        c.profiles.python = Some("nonesuch".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("profiles.python"), "{e}");
+
+        let mut c = ServeConfig::default();
+        let e = c
+            .apply_args(&ServeArgs {
+                profiles: vec!["python".into()],
+                ..ServeArgs::default()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--profile"), "{e}");
+    }
+
+    #[test]
+    fn http_is_loopback_unless_public_with_a_token() {
+        let mut c = ServeConfig::default();
+        c.http.listen = Some("127.0.0.1:0".into());
+        assert!(matches!(
+            c.validate().unwrap().transport,
+            Transport::Http {
+                exposure: Exposure::Loopback,
+                token: None,
+                ..
+            }
+        ));
+
+        c.http.listen = Some("0.0.0.0:8080".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("http.listen") && e.contains("--listen-public"),
+            "{e}"
+        );
+
+        c.http.listen_public = true;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--token-file"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abc\n").unwrap();
+        c.http.token_file = Some(short);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("at least 16"), "{e}");
+
+        let good = dir.path().join("good");
+        std::fs::write(&good, "0123456789abcdef0123\n").unwrap();
+        c.http.token_file = Some(good);
+        match c.validate().unwrap().transport {
+            Transport::Http {
+                exposure, token, ..
+            } => {
+                assert_eq!(exposure, Exposure::Public);
+                assert_eq!(token.as_deref(), Some("0123456789abcdef0123"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../../examples/cellbox.toml");
+        let c = parse(text).unwrap();
+        c.validate().unwrap();
+    }
+}

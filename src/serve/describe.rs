@@ -1,0 +1,492 @@
+//! Tool descriptions, generated from what this server actually enforces:
+//! the configured languages, profiles, limits, capability policy and session
+//! settings, plus the sandbox a probe cell of each language really got (the
+//! layers and namespaces in its result's `sandbox` report). Nothing here is
+//! a fixed claim about isolation: if a host cannot give a cell its own
+//! network namespace, the description says the network is not isolated.
+
+use super::config::Settings;
+use crate::profiles::{PathAccess, Profile};
+use crate::sandbox::SandboxReport;
+use crate::{CellRequest, Language, PythonInfo, Status, Supervisor};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// What a probe cell of one language reported.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observed {
+    /// The sandbox the probe got, if the worker got that far.
+    pub sandbox: Option<SandboxReport>,
+    /// Why the probe did not end `ok`, if it did not.
+    pub failure: Option<String>,
+}
+
+/// Probe results for every enabled language.
+pub type Observations = BTreeMap<Language, Observed>;
+
+/// The smallest cell of each language.
+fn probe_code(language: Language) -> &'static str {
+    match language {
+        Language::Rhai => "()",
+        Language::Python => "None",
+        Language::Shell => "true",
+    }
+}
+
+/// Run one trivial cell per enabled language and keep its sandbox report.
+pub async fn probe(sup: &Supervisor, settings: &Settings) -> Observations {
+    let mut out = BTreeMap::new();
+    for &language in &settings.languages {
+        let req = CellRequest::new(language, probe_code(language)).timeout(Duration::from_secs(20));
+        let r = sup.run(req, settings.session.clone()).await;
+        let failure = (r.status != Status::Ok).then(|| {
+            let msg = r
+                .error
+                .as_ref()
+                .map(|e| format!("{}: {}", e.kind, e.message))
+                .unwrap_or_default();
+            format!("a test cell ended with status {}: {msg}", r.status)
+        });
+        if let Some(f) = &failure {
+            tracing::warn!("{language} cells may not work on this host: {f}");
+        }
+        out.insert(
+            language,
+            Observed {
+                sandbox: r.sandbox,
+                failure,
+            },
+        );
+    }
+    out
+}
+
+fn bytes(n: u64) -> String {
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+    const GIB: u64 = 1024 * MIB;
+    if n >= GIB && n.is_multiple_of(GIB) {
+        format!("{} GiB", n / GIB)
+    } else if n >= MIB && n.is_multiple_of(MIB) {
+        format!("{} MiB", n / MIB)
+    } else if n >= KIB && n.is_multiple_of(KIB) {
+        format!("{} KiB", n / KIB)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+fn seconds(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{:.3} s", ms as f64 / 1000.0)
+    }
+}
+
+/// How a language's code is run, and what `value` means for it.
+fn language_line(language: Language, python: &Result<PythonInfo, String>) -> String {
+    match language {
+        Language::Rhai => "rhai: a Rhai script; `value` is its last expression, print() writes to \
+                           stdout."
+            .to_owned(),
+        Language::Python => {
+            let interp = match python {
+                Ok(p) => format!("interpreter {}", p.executable.display()),
+                Err(e) => format!("no interpreter available: {e}"),
+            };
+            format!(
+                "python: Python 3 ({interp}); `value` is the last expression's value, print() \
+                 writes to stdout, an exception is returned as `error` with its traceback."
+            )
+        }
+        Language::Shell => "shell: run by /bin/sh -c; stdout and stderr are returned, an exit \
+                            status other than 0 is an error."
+            .to_owned(),
+    }
+}
+
+/// The host paths a profile shows a cell, grouped by access, skipping
+/// optional paths this host does not have.
+fn paths_text(profile: &Profile, language: Language) -> String {
+    let mut read = Vec::new();
+    let mut exec = Vec::new();
+    let mut write = Vec::new();
+    for rule in &profile.filesystem.paths {
+        if rule.optional && std::fs::symlink_metadata(&rule.path).is_err() {
+            continue;
+        }
+        let shown = rule.path.display().to_string();
+        match rule.access {
+            PathAccess::Read => read.push(shown),
+            PathAccess::Exec => exec.push(shown),
+            PathAccess::ReadWrite => write.push(shown),
+        }
+    }
+    if language == Language::Python {
+        read.push("the interpreter's installation prefix".into());
+    }
+    let mut parts = vec!["the working directory (read-write)".to_owned()];
+    if !read.is_empty() {
+        parts.push(format!("read-only: {}", read.join(", ")));
+    }
+    if !exec.is_empty() {
+        parts.push(format!("executable: {}", exec.join(", ")));
+    }
+    if !write.is_empty() {
+        parts.push(format!("read-write: {}", write.join(", ")));
+    }
+    parts.join("; ")
+}
+
+/// What the profile asks for and the sandbox a probe got mean for a cell, in
+/// plain words. Claims about isolation come from the probe's report (what
+/// was applied on this host), not from the profile alone.
+fn sandbox_lines(
+    observed: Option<&Observed>,
+    profile: Option<&Profile>,
+    language: Language,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(p) = profile {
+        lines.push(format!("profile {:?}: {}", p.name, p.description));
+    }
+    let Some(o) = observed else {
+        lines.push("sandbox not checked yet".into());
+        return lines;
+    };
+    match &o.sandbox {
+        None => lines.push("sandbox report unavailable".into()),
+        Some(r) => {
+            let applied: Vec<&str> = r
+                .layers
+                .iter()
+                .filter(|l| l.applied)
+                .map(|l| l.name.as_str())
+                .collect();
+            let has = |name: &str| applied.contains(&name);
+            let ns = |name: &str| r.namespaces.iter().any(|n| n == name);
+            lines.push(format!(
+                "layers applied on this host: {}",
+                if applied.is_empty() {
+                    "none".to_owned()
+                } else {
+                    applied.join(", ")
+                }
+            ));
+            if ns("net") {
+                lines.push(
+                    "network: none (own network namespace without interfaces; nothing outside \
+                     the cell can be reached)"
+                        .into(),
+                );
+            } else if has("landlock") && r.landlock_abi.unwrap_or(0) >= 4 {
+                lines.push("network: TCP connect and bind are denied (Landlock)".into());
+            } else {
+                lines.push("network: NOT isolated on this host".into());
+            }
+            match (has("landlock"), profile) {
+                (true, Some(p)) => {
+                    lines.push(format!("files: only {}", paths_text(p, language)));
+                    if ns("mount") && p.filesystem.tmp_bytes > 0 {
+                        lines.push(format!(
+                            "/tmp: private to the call, {}",
+                            bytes(p.filesystem.tmp_bytes)
+                        ));
+                    }
+                }
+                (true, None) => lines.push(
+                    "files: only the paths the profile grants are visible; the working \
+                     directory is the only writable place"
+                        .into(),
+                ),
+                (false, _) => lines.push(
+                    "files: not restricted by Landlock on this host; the working directory is \
+                     the cell's scratch directory"
+                        .into(),
+                ),
+            }
+            if ns("pid") {
+                lines.push(
+                    "processes: the cell sees only its own processes, and none outlive the call"
+                        .into(),
+                );
+            }
+        }
+    }
+    if let Some(f) = &o.failure {
+        lines.push(format!("WARNING: {f}"));
+    }
+    lines
+}
+
+/// Inputs every description is built from.
+pub struct Facts<'a> {
+    pub settings: &'a Settings,
+    /// Allowed capabilities: (name, description, parameter names).
+    pub capabilities: Vec<(String, String, Vec<String>)>,
+    pub python: Result<PythonInfo, String>,
+    /// The sandbox profile of each enabled language.
+    pub profiles: BTreeMap<Language, Profile>,
+    pub observed: Option<&'a Observations>,
+}
+
+impl Facts<'_> {
+    pub fn new<'a>(
+        sup: &Supervisor,
+        settings: &'a Settings,
+        observed: Option<&'a Observations>,
+    ) -> Facts<'a> {
+        let capabilities = sup
+            .capabilities()
+            .filter(|c| settings.session.policy.permits(c.name()))
+            .map(|c| {
+                let params = c
+                    .schema()
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .map(|p| p.keys().cloned().collect())
+                    .unwrap_or_default();
+                (c.name().to_owned(), c.description().to_owned(), params)
+            })
+            .collect();
+        let python = if settings.languages.contains(&Language::Python) {
+            sup.python()
+        } else {
+            Err("python is not enabled".into())
+        };
+        // Settings validation loaded every profile once already.
+        let profiles = settings
+            .profiles
+            .iter()
+            .filter(|(l, _)| settings.languages.contains(l))
+            .filter_map(|(l, name)| Some((*l, Profile::load(name).ok()?)))
+            .collect();
+        Facts {
+            settings,
+            capabilities,
+            python,
+            profiles,
+            observed,
+        }
+    }
+
+    fn limits_text(&self) -> String {
+        let l = &self.settings.session.limits;
+        let mut s = format!(
+            "Limits per call: wall clock {} (the cell is killed after it; status timeout), \
+             {} of stdout and of stderr kept (the middle of longer output is cut and reported \
+             in `truncated`), memory {}, CPU {} s, {} processes/threads, files up to {}, \
+             source up to {}.",
+            seconds(l.timeout_ms),
+            bytes(l.max_output_bytes as u64),
+            bytes(l.memory_bytes),
+            l.cpu_seconds,
+            l.max_processes,
+            bytes(l.max_file_size_bytes),
+            bytes(l.max_script_bytes as u64),
+        );
+        if self.settings.languages.contains(&Language::Rhai) {
+            if l.max_operations == 0 {
+                s.push_str(" Rhai: no operation limit.");
+            } else {
+                let _ = write!(s, " Rhai: at most {} operations.", l.max_operations);
+            }
+        }
+        s.push_str(
+            " timeout_seconds and max_output_bytes may lower these for one call, never raise them.",
+        );
+        s
+    }
+
+    fn capabilities_text(&self) -> String {
+        if self.capabilities.is_empty() {
+            return "Capabilities: none are allowed, so the code cannot call anything outside \
+                    the sandbox."
+                .into();
+        }
+        let mut s = String::from(
+            "Capabilities (the only way out of the sandbox; call them as functions, positional \
+             arguments in this order; each call is checked by the server):",
+        );
+        for (name, desc, params) in &self.capabilities {
+            let _ = write!(s, "\n- {name}({}): {desc}", params.join(", "));
+        }
+        let p = &self.settings.session.policy;
+        let _ = write!(
+            s,
+            "\nAt most {} capability calls per call of this tool; anything not listed is denied \
+             (status policy_denied when the code does not handle the error).",
+            p.max_calls
+        );
+        s
+    }
+
+    fn persistence_text(&self) -> String {
+        format!(
+            "What persists: without session_id nothing does; every call starts from a fresh, \
+             empty sandbox whose files are deleted afterwards. With a session_id (from \
+             create_session) variables whose values have a JSON form (numbers, strings, booleans, \
+             null, lists, dicts/maps) and definitions (functions, classes, imports) carry over to \
+             the session's later calls of the same language (variables are shared across \
+             languages), and files written to the working directory stay there. Values without a \
+             JSON form (open files, sockets, generators, ...) are not kept and are listed in \
+             vars.dropped. A call that fails, times out or is killed changes nothing in the \
+             namespace. A session is closed after {} s without a call; at most {} sessions exist \
+             at once.",
+            self.settings.idle_expiry.as_secs(),
+            self.settings.max_sessions,
+        )
+    }
+
+    fn concurrency_text(&self) -> String {
+        format!(
+            "At most {} cells run at once; further calls wait (up to {} waiting), past that a \
+             call is refused with status limit_exceeded and error type ServerBusy. Calls on one \
+             session run one at a time.",
+            self.settings.max_concurrency, self.settings.max_queue
+        )
+    }
+
+    /// The `execute_code` description.
+    pub fn execute_code(&self) -> String {
+        let mut s = String::from(
+            "Run code in a sandboxed cell and return its stdout, stderr, the value of the last \
+             expression and any error. structuredContent is the full result (status, output, \
+             value, error with type/message/traceback, namespace changes, usage, sandbox \
+             report); isError is true for every status but ok.\n\nLanguages:",
+        );
+        for &lang in &self.settings.languages {
+            let _ = write!(s, "\n- {}", language_line(lang, &self.python));
+            let observed = self.observed.and_then(|o| o.get(&lang));
+            for line in sandbox_lines(observed, self.profiles.get(&lang), lang) {
+                let _ = write!(s, "\n  {line}");
+            }
+        }
+        let _ = write!(
+            s,
+            "\n\n{}\n\n{}\n\n{}\n\n{}",
+            self.persistence_text(),
+            self.limits_text(),
+            self.capabilities_text(),
+            self.concurrency_text()
+        );
+        s
+    }
+
+    pub fn create_session(&self) -> String {
+        format!(
+            "Create a session for execute_code: pass its session_id to keep variables, \
+             definitions and files between calls. Sessions are closed after {} s without a \
+             call; at most {} exist at once (close unused ones with close_session).",
+            self.settings.idle_expiry.as_secs(),
+            self.settings.max_sessions
+        )
+    }
+
+    pub fn reset_session(&self) -> String {
+        "Forget every variable and definition of a session. Files in its working directory \
+         stay; the session id stays valid."
+            .into()
+    }
+
+    pub fn close_session(&self) -> String {
+        "Close a session: a cell running in it is killed, its variables, definitions and files \
+         are deleted, and its id becomes invalid."
+            .into()
+    }
+
+    pub fn list_sessions(&self) -> String {
+        "List the open sessions: id, idle time, time until expiry, whether a cell is running, \
+         cells run so far and variable names."
+            .into()
+    }
+
+    /// The server's `instructions` (shown to the model by many hosts).
+    pub fn instructions(&self) -> String {
+        let langs: Vec<&str> = self.settings.languages.iter().map(|l| l.as_str()).collect();
+        format!(
+            "cellbox runs untrusted code in a sandbox. Use execute_code to run {} code; use \
+             create_session first when later calls need earlier variables or files. {} {}",
+            langs.join(", "),
+            self.limits_text(),
+            self.capabilities_text()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::config::ServeConfig;
+
+    #[test]
+    fn descriptions_follow_the_settings() {
+        let mut c = ServeConfig::default();
+        c.limits.timeout_ms = 7000;
+        c.limits.max_output_bytes = 2048;
+        c.sessions.max_sessions = 5;
+        c.sessions.idle_expiry_seconds = 90;
+        c.server.languages = vec!["rhai".into()];
+        c.policy.allow.insert("emit".into());
+        let settings = c.validate().unwrap();
+        let sup = Supervisor::builder()
+            .worker_exe(std::env::current_exe().unwrap())
+            .build()
+            .unwrap();
+        let mut obs = Observations::new();
+        obs.insert(
+            Language::Rhai,
+            Observed {
+                sandbox: serde_json::from_value(serde_json::json!({
+                    "profile": "rhai",
+                    "layers": [{"name": "hygiene", "applied": true, "detail": ""},
+                               {"name": "landlock", "applied": true, "detail": ""}],
+                    "landlock_abi": 7,
+                    "namespaces": ["user", "net", "pid"]
+                }))
+                .unwrap(),
+                failure: None,
+            },
+        );
+        let f = Facts::new(&sup, &settings, Some(&obs));
+        let d = f.execute_code();
+        for needle in [
+            "wall clock 7 s",
+            "2 KiB of stdout",
+            "after 90 s",
+            "at most 5 sessions",
+            "emit(event)",
+            "network: none",
+            "layers applied on this host: hygiene, landlock",
+            "profile \"rhai\": Rhai scripts",
+            "files: only the working directory (read-write)",
+            "only its own processes",
+        ] {
+            assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
+        }
+        assert!(!d.contains("python:"), "{d}");
+        assert!(!d.contains("answer("), "{d}");
+
+        obs.insert(
+            Language::Rhai,
+            Observed {
+                sandbox: serde_json::from_value(serde_json::json!({
+                    "profile": "rhai",
+                    "layers": [{"name": "hygiene", "applied": true, "detail": ""}]
+                }))
+                .unwrap(),
+                failure: Some("a test cell ended with status sandbox_error: x".into()),
+            },
+        );
+        let mut c2 = c.clone();
+        c2.policy.allow.clear();
+        let settings = c2.validate().unwrap();
+        let d = Facts::new(&sup, &settings, Some(&obs)).execute_code();
+        assert!(d.contains("network: NOT isolated"), "{d}");
+        assert!(d.contains("WARNING: a test cell"), "{d}");
+        assert!(d.contains("none are allowed"), "{d}");
+    }
+}

@@ -1,0 +1,520 @@
+//! The MCP tool handler: `execute_code` and the session tools.
+//!
+//! One [`CellboxServer`] value is shared by every MCP connection (stdio, or
+//! each HTTP client), so sessions, the concurrency gate and the shutdown
+//! signal are server-wide. A call is cancelled — its cell killed and reaped
+//! — when the client sends `notifications/cancelled`, when its connection
+//! goes away, when its session is closed, or when the server shuts down: in
+//! each case the future running the cell is dropped, and dropping it kills
+//! the worker's process group and reaps it.
+
+use super::config::Settings;
+use super::describe::{self, Facts, Observations};
+use super::gate::Gate;
+use super::schema;
+use super::sessions::{SessionError, SessionTable};
+use crate::{CellRequest, CellResult, Language, RunInfo, Status, Supervisor};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// `execute_code` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecuteArgs {
+    language: String,
+    code: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
+    #[serde(default)]
+    max_output_bytes: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionArgs {
+    session_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+struct State {
+    sup: Supervisor,
+    settings: Settings,
+    sessions: SessionTable,
+    gate: Gate,
+    shutdown: CancellationToken,
+    observed: tokio::sync::OnceCell<Observations>,
+    /// The tool list, built once the probe is done.
+    tools: tokio::sync::OnceCell<Vec<Tool>>,
+}
+
+/// The MCP server: cheap to clone, every clone shares one state.
+#[derive(Clone)]
+pub struct CellboxServer {
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for CellboxServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CellboxServer")
+            .field("sessions", &self.state.sessions)
+            .field("gate", &self.state.gate)
+            .finish_non_exhaustive()
+    }
+}
+
+fn tool_error(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message)])
+}
+
+fn structured(text: String, value: Value, is_error: bool) -> CallToolResult {
+    let mut r = CallToolResult::structured(value);
+    r.content = vec![ContentBlock::text(text)];
+    r.is_error = Some(is_error);
+    r
+}
+
+/// The MCP result for a cell: the `CellResult` as structuredContent, its
+/// text rendering as content, isError for every status but ok.
+pub fn cell_tool_result(r: &CellResult) -> Result<CallToolResult, ErrorData> {
+    let value = serde_json::to_value(r).map_err(|e| {
+        ErrorData::internal_error(format!("failed to encode the cell result: {e}"), None)
+    })?;
+    let mut text = r.render_text();
+    if text.is_empty() {
+        text = "[status: ok; no output and no value]\n".into();
+    }
+    Ok(structured(text, value, r.status != Status::Ok))
+}
+
+fn refused(language: Language, status: Status, kind: &str, message: String) -> CellResult {
+    CellResult::refused(language.as_str(), RunInfo::root(), status, kind, message)
+}
+
+fn parse_args<T: serde::de::DeserializeOwned>(
+    tool: &str,
+    args: Option<JsonObject>,
+) -> Result<T, ErrorData> {
+    serde_json::from_value(Value::Object(args.unwrap_or_default()))
+        .map_err(|e| ErrorData::invalid_params(format!("{tool}: invalid arguments: {e}"), None))
+}
+
+/// How a running call ended when it did not produce a result.
+enum Interrupted {
+    /// The client cancelled the request or went away.
+    Cancelled,
+    ShuttingDown,
+    SessionClosed,
+}
+
+impl CellboxServer {
+    pub fn new(sup: Supervisor, settings: Settings, shutdown: CancellationToken) -> Self {
+        let sessions = SessionTable::new(
+            sup.clone(),
+            settings.session.clone(),
+            settings.max_sessions,
+            settings.idle_expiry,
+        );
+        let gate = Gate::new(settings.max_concurrency, settings.max_queue);
+        CellboxServer {
+            state: Arc::new(State {
+                sup,
+                settings,
+                sessions,
+                gate,
+                shutdown,
+                observed: tokio::sync::OnceCell::new(),
+                tools: tokio::sync::OnceCell::new(),
+            }),
+        }
+    }
+
+    pub fn sessions(&self) -> &SessionTable {
+        &self.state.sessions
+    }
+
+    pub fn gate(&self) -> &Gate {
+        &self.state.gate
+    }
+
+    /// Run the sandbox probe once (tool descriptions wait for it).
+    pub async fn observations(&self) -> &Observations {
+        let st = &self.state;
+        st.observed
+            .get_or_init(|| describe::probe(&st.sup, &st.settings))
+            .await
+    }
+
+    /// The tools, with descriptions that include the probe's findings.
+    pub async fn list(&self) -> &[Tool] {
+        self.state
+            .tools
+            .get_or_init(|| async {
+                let observed = self.observations().await;
+                self.tools(Some(observed))
+            })
+            .await
+    }
+
+    fn tools(&self, observed: Option<&Observations>) -> Vec<Tool> {
+        let st = &self.state;
+        let facts = Facts::new(&st.sup, &st.settings, observed);
+        let limits = &st.settings.session.limits;
+        // Closed world only when every language's probe got its own network
+        // namespace and no capability is allowed to reach out for it.
+        let isolated = observed.is_some_and(|o| {
+            st.settings.languages.iter().all(|l| {
+                o.get(l)
+                    .and_then(|ob| ob.sandbox.as_ref())
+                    .is_some_and(|r| r.namespaces.iter().any(|n| n == "net"))
+            })
+        }) && st.settings.session.policy.allow.is_empty();
+        let exec = Tool::new(
+            "execute_code",
+            facts.execute_code(),
+            schema::execute_code_input(
+                &st.settings.languages,
+                limits.timeout_ms as f64 / 1000.0,
+                limits.max_output_bytes,
+            ),
+        )
+        .with_title("Run code in a sandbox")
+        .with_raw_output_schema(Arc::new(schema::cell_result()))
+        .with_annotations(
+            ToolAnnotations::with_title("Run code in a sandbox")
+                .read_only(false)
+                .idempotent(false)
+                .open_world(!isolated),
+        );
+        let session_tool = |name: &'static str, desc: String, input: JsonObject, output| {
+            Tool::new(name, desc, input)
+                .with_raw_output_schema(Arc::new(output))
+                .with_annotations(ToolAnnotations::new().open_world(false))
+        };
+        vec![
+            exec,
+            session_tool(
+                "create_session",
+                facts.create_session(),
+                schema::no_input(),
+                schema::created_session(),
+            ),
+            session_tool(
+                "reset_session",
+                facts.reset_session(),
+                schema::session_id_input(),
+                schema::session_done(),
+            ),
+            session_tool(
+                "close_session",
+                facts.close_session(),
+                schema::session_id_input(),
+                schema::session_done(),
+            ),
+            session_tool(
+                "list_sessions",
+                facts.list_sessions(),
+                schema::no_input(),
+                schema::session_list(),
+            ),
+        ]
+    }
+
+    async fn execute_code(
+        &self,
+        args: Option<JsonObject>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let st = &self.state;
+        let a: ExecuteArgs = parse_args("execute_code", args)?;
+        let language: Language = a
+            .language
+            .parse()
+            .ok()
+            .filter(|l| st.settings.languages.contains(l))
+            .ok_or_else(|| {
+                let langs: Vec<&str> = st.settings.languages.iter().map(|l| l.as_str()).collect();
+                ErrorData::invalid_params(
+                    format!(
+                        "execute_code: language {:?} is not available here; use one of: {}",
+                        a.language,
+                        langs.join(", ")
+                    ),
+                    None,
+                )
+            })?;
+        let mut request = CellRequest::new(language, a.code);
+        if let Some(t) = a.timeout_seconds {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(ErrorData::invalid_params(
+                    format!("execute_code: timeout_seconds {t}: give a number of seconds above 0"),
+                    None,
+                ));
+            }
+            // Values above the configured limit are lowered to it by
+            // `Limits::tighten`; clamp first so the conversion cannot overflow.
+            let ms = (t * 1000.0).ceil().min(u64::MAX as f64 / 2.0) as u64;
+            request.limits.timeout_ms = Some(ms.max(1));
+        }
+        if let Some(m) = a.max_output_bytes {
+            if m == 0 {
+                return Err(ErrorData::invalid_params(
+                    "execute_code: max_output_bytes must be at least 1",
+                    None,
+                ));
+            }
+            request.limits.max_output_bytes = Some(m);
+        }
+
+        let lease = match &a.session_id {
+            Some(id) => match st.sessions.lease(id) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let kind = match e {
+                        SessionError::Unknown { .. } => "UnknownSession",
+                        _ => "SessionError",
+                    };
+                    return cell_tool_result(&refused(
+                        language,
+                        Status::Error,
+                        kind,
+                        e.to_string(),
+                    ));
+                }
+            },
+            None => None,
+        };
+        let admission = match st.gate.admit() {
+            Ok(a) => a,
+            Err(busy) => {
+                return cell_tool_result(&refused(
+                    language,
+                    Status::LimitExceeded,
+                    "ServerBusy",
+                    busy.to_string(),
+                ))
+            }
+        };
+
+        let timeout_s = st
+            .settings
+            .session
+            .limits
+            .tighten(&request.limits)
+            .timeout_ms as f64
+            / 1000.0;
+        let running = AtomicBool::new(false);
+        let closed = lease.as_ref().map(|l| l.closed.clone()).unwrap_or_default();
+        let work = async {
+            // One call at a time per session, in arrival order; then a slot.
+            let _lane = match &lease {
+                Some(l) => Some(l.lane.clone().lock_owned().await),
+                None => None,
+            };
+            let _slot = admission.slot().await;
+            running.store(true, Ordering::Release);
+            match &lease {
+                Some(l) => l.session.run(request).await,
+                None => st.sup.run(request, st.settings.session.clone()).await,
+            }
+        };
+        let progress_token = ctx.meta.get_progress_token();
+        let started = Instant::now();
+        let mut ticks = tokio::time::interval_at(
+            tokio::time::Instant::now() + st.settings.progress_interval,
+            st.settings.progress_interval,
+        );
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tokio::pin!(work);
+        let outcome = loop {
+            tokio::select! {
+                r = &mut work => break Ok(r),
+                _ = ctx.ct.cancelled() => break Err(Interrupted::Cancelled),
+                _ = st.shutdown.cancelled() => break Err(Interrupted::ShuttingDown),
+                _ = closed.cancelled() => break Err(Interrupted::SessionClosed),
+                _ = ticks.tick(), if progress_token.is_some() => {
+                    if let Some(token) = &progress_token {
+                        let elapsed = started.elapsed().as_secs_f64();
+                        let message = if running.load(Ordering::Acquire) {
+                            format!("{language} cell running for {elapsed:.0} s")
+                        } else {
+                            format!("waiting for a free slot for {elapsed:.0} s")
+                        };
+                        let p = ProgressNotificationParam::new(token.clone(), elapsed)
+                            .with_total(timeout_s.max(elapsed))
+                            .with_message(message);
+                        if let Err(e) = ctx.peer.notify_progress(p).await {
+                            tracing::debug!("could not send progress: {e}");
+                        }
+                    }
+                }
+            }
+        };
+        // Leaving the loop drops `work` with everything it holds: a cell
+        // still running is killed and reaped, its slot and lane are freed.
+        match outcome {
+            Ok(result) => cell_tool_result(&result),
+            Err(Interrupted::SessionClosed) => cell_tool_result(&refused(
+                language,
+                Status::Killed,
+                "Killed",
+                "the session was closed while this cell ran; the cell was killed".into(),
+            )),
+            Err(Interrupted::Cancelled) => Err(ErrorData::internal_error(
+                "the call was cancelled; its cell was killed",
+                None,
+            )),
+            Err(Interrupted::ShuttingDown) => Err(ErrorData::internal_error(
+                "the server is shutting down; the cell was killed",
+                None,
+            )),
+        }
+    }
+
+    async fn session_tool(
+        &self,
+        name: &str,
+        args: Option<JsonObject>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let sessions = &self.state.sessions;
+        let idle = sessions.idle_expiry().as_secs();
+        match name {
+            "create_session" => {
+                let _: NoArgs = parse_args(name, args)?;
+                match sessions.create() {
+                    Ok(id) => Ok(structured(
+                        format!(
+                            "Created session {id}. Pass session_id={id:?} to execute_code to \
+                             keep variables, definitions and files between calls. It closes \
+                             after {idle} s without a call."
+                        ),
+                        json!({
+                            "session_id": id,
+                            "idle_expiry_seconds": idle,
+                            "sessions_open": sessions.len(),
+                            "max_sessions": sessions.max(),
+                        }),
+                        false,
+                    )),
+                    Err(e) => Ok(tool_error(e.to_string())),
+                }
+            }
+            "reset_session" => {
+                let a: SessionArgs = parse_args(name, args)?;
+                match sessions.reset(&a.session_id).await {
+                    Ok(()) => Ok(structured(
+                        format!(
+                            "Session {} reset: variables and definitions forgotten, files kept.",
+                            a.session_id
+                        ),
+                        json!({"session_id": a.session_id, "done": "reset"}),
+                        false,
+                    )),
+                    Err(e) => Ok(tool_error(e.to_string())),
+                }
+            }
+            "close_session" => {
+                let a: SessionArgs = parse_args(name, args)?;
+                match sessions.close(&a.session_id) {
+                    Ok(()) => Ok(structured(
+                        format!("Session {} closed.", a.session_id),
+                        json!({"session_id": a.session_id, "done": "closed"}),
+                        false,
+                    )),
+                    Err(e) => Ok(tool_error(e.to_string())),
+                }
+            }
+            "list_sessions" => {
+                let _: NoArgs = parse_args(name, args)?;
+                let list = sessions.list().await;
+                let mut text = if list.is_empty() {
+                    "No open sessions.".to_owned()
+                } else {
+                    format!("{} open session(s):", list.len())
+                };
+                for s in &list {
+                    text.push_str(&format!(
+                        "\n- {}: {} cell(s) run, {}, expires in {} s, variables: {}",
+                        s.session_id,
+                        s.execution_count,
+                        if s.busy { "running a cell" } else { "idle" },
+                        s.expires_in_seconds,
+                        if s.variables.is_empty() {
+                            "(none)".to_owned()
+                        } else {
+                            s.variables.join(", ")
+                        }
+                    ));
+                }
+                let value = json!({
+                    "sessions": list,
+                    "max_sessions": sessions.max(),
+                    "idle_expiry_seconds": idle,
+                });
+                Ok(structured(text, value, false))
+            }
+            other => Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool {other:?}: use execute_code, create_session, reset_session, \
+                     close_session or list_sessions"
+                ),
+                None,
+            )),
+        }
+    }
+}
+
+impl ServerHandler for CellboxServer {
+    fn get_info(&self) -> ServerConfig {
+        let st = &self.state;
+        let facts = Facts::new(&st.sup, &st.settings, st.observed.get());
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("cellbox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(facts.instructions())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.list().await.to_vec()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        match self.state.tools.get() {
+            Some(tools) => tools.iter().find(|t| t.name == name).cloned(),
+            None => self
+                .tools(self.state.observed.get())
+                .into_iter()
+                .find(|t| t.name == name),
+        }
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let result = match request.name.as_ref() {
+            "execute_code" => self.execute_code(request.arguments, context).await?,
+            other => self.session_tool(other, request.arguments).await?,
+        };
+        Ok(result.into())
+    }
+}

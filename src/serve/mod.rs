@@ -1,0 +1,364 @@
+//! `cellbox serve`: an MCP server exposing `execute_code` and session tools,
+//! over stdio (the default) or streamable HTTP.
+//!
+//! - [`config`]: the TOML file and flags, validated into [`Settings`].
+//! - [`handler`]: the tools; cancellation kills the call's cell.
+//! - [`sessions`]: named sessions with a cap and idle expiry.
+//! - [`gate`]: `max_concurrency` running cells, `max_queue` waiting calls.
+//! - [`describe`] and [`schema`]: tool descriptions generated from the
+//!   settings and the sandbox a probe cell actually got; input and output
+//!   schemas.
+//! - [`listener`]: the HTTP listener with its bearer-token check.
+//!
+//! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
+//! which kills their cells, and waits until the workers are reaped before
+//! returning.
+
+pub mod config;
+pub mod describe;
+pub mod gate;
+pub mod handler;
+pub mod listener;
+pub mod schema;
+pub mod sessions;
+
+pub use config::{ServeArgs, ServeConfig, Settings, Transport};
+pub use handler::CellboxServer;
+
+use crate::{EventSink, Supervisor};
+use rmcp::ServiceExt;
+use std::io::Read;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio_util::sync::CancellationToken;
+
+const EXIT_USAGE: u8 = 2;
+const EXIT_INTERNAL: u8 = 7;
+
+/// How long shutdown waits for calls in flight to let go of their cells.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Standard input, read on a plain thread and handed over in chunks. A
+/// thread blocked in `read` does not hold up runtime shutdown (a read on
+/// tokio's blocking pool would, when stdin is a terminal), and it ends with
+/// the process. End of input (or a read error) fires `eof`: for stdio, the
+/// client going away.
+struct StdinReader {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    pos: usize,
+    done: bool,
+    eof: CancellationToken,
+}
+
+impl StdinReader {
+    fn spawn(eof: CancellationToken) -> std::io::Result<StdinReader> {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        std::thread::Builder::new()
+            .name("cellbox-stdin".into())
+            .spawn(move || {
+                let mut stdin = std::io::stdin().lock();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match stdin.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            if tx.blocking_send(Ok(buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            })?;
+        Ok(StdinReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+            done: false,
+            eof,
+        })
+    }
+}
+
+impl AsyncRead for StdinReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            if self.pos < self.chunk.len() {
+                let n = buf.remaining().min(self.chunk.len() - self.pos);
+                let start = self.pos;
+                buf.put_slice(&self.chunk[start..start + n]);
+                self.pos += n;
+                return Poll::Ready(Ok(()));
+            }
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    self.chunk = chunk;
+                    self.pos = 0;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    self.eof.cancel();
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    self.eof.cancel();
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// Build the supervisor the settings describe.
+pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder();
+    for (lang, profile) in &settings.profiles {
+        b = b.profile(*lang, profile.clone());
+    }
+    if let Some(p) = &settings.python {
+        b = b.python(p);
+    }
+    if let Some(path) = &settings.events {
+        let sink = EventSink::to_file(path)
+            .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
+        b = b.events(sink);
+    }
+    let sup = b.build().map_err(|e| e.to_string())?;
+    let known: Vec<&str> = sup.capabilities().map(|c| c.name()).collect();
+    for name in &settings.session.policy.allow {
+        if !known.contains(&name.as_str()) {
+            return Err(format!(
+                "policy.allow (--allow): unknown capability {name:?}; known: {}",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(sup)
+}
+
+/// Pids of our direct children that still exist (zombies included).
+fn children() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // pid (comm) state ppid ...; comm may hold spaces.
+                    let rest = &stat[stat.rfind(')')? + 2..];
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(me)
+        })
+        .collect()
+}
+
+/// Wait until calls in flight are gone and every child process has exited
+/// and been reaped. By then the server has dropped its supervisor, so the
+/// supervisor's long-lived helpers (a fork server) exit too, taking any
+/// cell of theirs with them; a dropped cell's own worker is killed at once
+/// and reaped on a helper thread.
+async fn drain(gate: &gate::Gate) {
+    let t0 = Instant::now();
+    let deadline = t0 + DRAIN;
+    while gate.admitted() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::debug!("calls drained after {:?}", t0.elapsed());
+    while !children().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::debug!("children gone after {:?}", t0.elapsed());
+    let left = gate.admitted();
+    if left > 0 {
+        tracing::warn!("{left} calls were still in flight at exit");
+    }
+    let kids = children();
+    if !kids.is_empty() {
+        tracing::warn!("child processes {kids:?} were still running at exit");
+    }
+}
+
+fn watch_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
+        match signal(kind) {
+            Ok(mut s) => {
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    if s.recv().await.is_some() {
+                        tracing::info!("signal received; shutting down");
+                        shutdown.cancel();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("failed to watch a signal: {e}"),
+        }
+    }
+}
+
+fn spawn_sweeper(server: &CellboxServer, shutdown: CancellationToken) {
+    let sessions = server.sessions().clone();
+    let every = (sessions.idle_expiry() / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => { sessions.sweep(); }
+            }
+        }
+    });
+}
+
+async fn serve_stdio(server: CellboxServer, shutdown: CancellationToken) -> u8 {
+    // rmcp's writer half: non-blocking when stdout is a pipe.
+    let (_, writer) = rmcp::transport::stdio_pipes();
+    let reader = match StdinReader::spawn(shutdown.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cellbox serve: failed to start the stdin reader: {e}");
+            return EXIT_INTERNAL;
+        }
+    };
+    // The handshake waits for the client's `initialize`: a signal (or the
+    // client leaving) must end that wait too.
+    let started = tokio::select! {
+        r = server.serve((reader, writer)) => r,
+        _ = shutdown.cancelled() => return 0,
+    };
+    let running = match started {
+        Ok(r) => r,
+        Err(e) => {
+            // Also what happens when the client leaves before initializing.
+            tracing::warn!("the MCP session did not start: {e}");
+            return if shutdown.is_cancelled() {
+                0
+            } else {
+                EXIT_INTERNAL
+            };
+        }
+    };
+    let stop = running.cancellation_token();
+    let watcher = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            stop.cancel();
+        }
+    });
+    let code = match running.waiting().await {
+        Ok(reason) => {
+            tracing::info!(?reason, "MCP session ended");
+            0
+        }
+        Err(e) => {
+            tracing::error!("the MCP session failed: {e}");
+            EXIT_INTERNAL
+        }
+    };
+    watcher.abort();
+    code
+}
+
+async fn serve_http(server: CellboxServer, settings: &Settings, shutdown: CancellationToken) -> u8 {
+    let Transport::Http {
+        addr,
+        exposure,
+        token,
+    } = settings.transport.clone()
+    else {
+        return EXIT_INTERNAL;
+    };
+    // Room for the largest accepted script, JSON-escaped, plus the envelope.
+    let max_body = (settings.session.limits.max_script_bytes.saturating_mul(6))
+        .saturating_add(64 * 1024)
+        .max(4 * 1024 * 1024);
+    let http = match listener::HttpServer::bind(server, addr, exposure, token, max_body, &shutdown)
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("cellbox serve: failed to listen on {addr}: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    match http.local_addr() {
+        // Announce the real address (a port of 0 picks a free one).
+        Ok(a) => eprintln!("cellbox serve: MCP over streamable HTTP at http://{a}/"),
+        Err(e) => tracing::warn!("failed to read the bound address: {e}"),
+    }
+    http.serve(shutdown).await;
+    0
+}
+
+/// `cellbox serve`: run until the client leaves (stdio) or a signal.
+pub async fn run(args: ServeArgs) -> ExitCode {
+    let settings = match config::resolve(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cellbox serve: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let sup = match build_supervisor(&settings) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cellbox serve: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    // The warm workers (Rhai fork server, Python zygotes) start now, not
+    // on the first cell; without them cells run cold.
+    if let Err(e) = sup.start_pools().await {
+        eprintln!("cellbox serve: warm workers unavailable, cells run cold: {e}");
+    }
+    let shutdown = CancellationToken::new();
+    let server = CellboxServer::new(sup, settings.clone(), shutdown.clone());
+    // Probe the sandbox now so the first tools/list does not wait for it.
+    tokio::spawn({
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                _ = server.list() => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    });
+    spawn_sweeper(&server, shutdown.clone());
+    watch_signals(shutdown.clone());
+    let code = match settings.transport {
+        Transport::Stdio => serve_stdio(server.clone(), shutdown.clone()).await,
+        Transport::Http { .. } => serve_http(server.clone(), &settings, shutdown.clone()).await,
+    };
+    tracing::debug!("transport closed; shutting down");
+    shutdown.cancel();
+    server.sessions().close_all();
+    let gate = server.gate().clone();
+    // Let go of the supervisor: calls in flight hold the last handles.
+    drop(server);
+    drain(&gate).await;
+    ExitCode::from(code)
+}

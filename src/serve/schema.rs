@@ -1,0 +1,365 @@
+//! JSON schemas of the MCP tools: what each takes, and what each returns as
+//! `structuredContent`. The `execute_code` output schema is the
+//! [`crate::CellResult`] shape of DESIGN §7; a test serializes real results
+//! and validates them against it, so the two cannot drift apart silently.
+
+use crate::Language;
+use serde_json::{json, Map, Value};
+
+/// The statuses a cell can end with (stable names).
+pub const STATUSES: [&str; 8] = [
+    "ok",
+    "error",
+    "timeout",
+    "killed",
+    "limit_exceeded",
+    "policy_denied",
+    "protocol_error",
+    "sandbox_error",
+];
+
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+fn nullable(v: Value) -> Value {
+    json!({"anyOf": [v, {"type": "null"}]})
+}
+
+/// `execute_code` arguments. `languages` are the ones this server accepts.
+pub fn execute_code_input(
+    languages: &[Language],
+    max_timeout_s: f64,
+    max_output: usize,
+) -> Map<String, Value> {
+    let langs: Vec<&str> = languages.iter().map(|l| l.as_str()).collect();
+    object(json!({
+        "type": "object",
+        "properties": {
+            "language": {
+                "type": "string",
+                "enum": langs,
+                "description": "Language of `code`."
+            },
+            "code": {
+                "type": "string",
+                "description": "The source to run."
+            },
+            "session_id": {
+                "type": "string",
+                "description": "Run in this session (from create_session) so variables, \
+                                definitions and files carry over; omit for a fresh throwaway session."
+            },
+            "timeout_seconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "description": format!(
+                    "Wall-clock limit for this call; at most {max_timeout_s} s (larger values are lowered to it)."
+                )
+            },
+            "max_output_bytes": {
+                "type": "integer",
+                "minimum": 1,
+                "description": format!(
+                    "Bytes of stdout and of stderr kept; at most {max_output} (larger values are lowered to it)."
+                )
+            }
+        },
+        "required": ["language", "code"],
+        "additionalProperties": false
+    }))
+}
+
+/// Arguments of `reset_session` and `close_session`.
+pub fn session_id_input() -> Map<String, Value> {
+    object(json!({
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string", "description": "The session's id."}
+        },
+        "required": ["session_id"],
+        "additionalProperties": false
+    }))
+}
+
+/// Arguments of `create_session` and `list_sessions` (none).
+pub fn no_input() -> Map<String, Value> {
+    object(json!({"type": "object", "properties": {}, "additionalProperties": false}))
+}
+
+/// The [`crate::CellResult`] shape.
+pub fn cell_result() -> Map<String, Value> {
+    let count = json!({"type": "integer", "minimum": 0});
+    let truncation = nullable(json!({
+        "type": "object",
+        "properties": {
+            "total_bytes": count, "kept_head": count, "kept_tail": count
+        },
+        "required": ["total_bytes", "kept_head", "kept_tail"],
+        "additionalProperties": false
+    }));
+    let opt_int = json!({"type": ["integer", "null"]});
+    let opt_str = json!({"type": ["string", "null"]});
+    object(json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "CellResult",
+        "description": "How one cell ended: output, last value, error, namespace changes, usage.",
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "enum": STATUSES},
+            "execution_count": count,
+            "language": {"type": "string"},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "truncated": {
+                "type": "object",
+                "properties": {"stdout": truncation, "stderr": truncation},
+                "required": ["stdout", "stderr"],
+                "additionalProperties": false
+            },
+            "value": {"description": "The last expression's value as JSON, or null."},
+            "error": nullable(json!({
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string"},
+                    "message": {"type": "string"},
+                    "traceback": opt_str,
+                    "line": opt_int,
+                    "column": opt_int
+                },
+                "required": ["type", "message"],
+                "additionalProperties": false
+            })),
+            "final_answer": {"description": "What the script passed to answer(...), or null."},
+            "vars": {
+                "type": "object",
+                "properties": {
+                    "changed": {"type": "array", "items": {"type": "string"}},
+                    "deleted": {"type": "array", "items": {"type": "string"}},
+                    "dropped": {"type": "array", "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "type": {"type": "string"},
+                            "reason": {"type": "string"}
+                        },
+                        "required": ["name", "type", "reason"],
+                        "additionalProperties": false
+                    }}
+                },
+                "required": ["changed", "deleted", "dropped"],
+                "additionalProperties": false
+            },
+            "calls": {"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "cap": {"type": "string"},
+                    "outcome": {"type": "string"},
+                    "message": {"type": "string"},
+                    "run_id": {"type": "string"},
+                    "depth": count,
+                    "ms": count
+                },
+                "required": ["cap", "outcome", "run_id", "depth", "ms"],
+                "additionalProperties": false
+            }},
+            "usage": {
+                "type": "object",
+                "properties": {
+                    "wall_ms": count, "cpu_ms": count, "max_rss_kb": count, "calls": count
+                },
+                "required": ["wall_ms", "cpu_ms", "max_rss_kb", "calls"],
+                "additionalProperties": false
+            },
+            "run": {
+                "type": "object",
+                "properties": {
+                    "run_id": {"type": "string"},
+                    "parent_run_id": opt_str,
+                    "root_run_id": {"type": "string"},
+                    "depth": count
+                },
+                "required": ["run_id", "parent_run_id", "root_run_id", "depth"],
+                "additionalProperties": false
+            },
+            "sandbox": nullable(json!({
+                "type": "object",
+                "description": "The sandbox layers the worker actually got.",
+                "properties": {
+                    "profile": {"type": "string"},
+                    "layers": {"type": "array", "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "applied": {"type": "boolean"},
+                            "mode": {"type": "string"},
+                            "detail": {"type": "string"}
+                        },
+                        "required": ["name", "applied"]
+                    }},
+                    "landlock_abi": opt_int,
+                    "namespaces": {"type": "array", "items": {"type": "string"}}
+                },
+                "required": ["profile", "layers"]
+            })),
+            "exit": {
+                "type": "object",
+                "properties": {"code": opt_int, "signal": opt_int},
+                "required": ["code", "signal"],
+                "additionalProperties": false
+            }
+        },
+        "required": [
+            "status", "execution_count", "language", "stdout", "stderr", "truncated",
+            "value", "error", "final_answer", "vars", "calls", "usage", "run", "sandbox", "exit"
+        ],
+        "additionalProperties": false
+    }))
+}
+
+/// `create_session` result.
+pub fn created_session() -> Map<String, Value> {
+    object(json!({
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"},
+            "idle_expiry_seconds": {"type": "integer", "minimum": 1},
+            "sessions_open": {"type": "integer", "minimum": 1},
+            "max_sessions": {"type": "integer", "minimum": 1}
+        },
+        "required": ["session_id", "idle_expiry_seconds", "sessions_open", "max_sessions"],
+        "additionalProperties": false
+    }))
+}
+
+/// `reset_session` / `close_session` result.
+pub fn session_done() -> Map<String, Value> {
+    object(json!({
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"},
+            "done": {"type": "string", "enum": ["reset", "closed"]}
+        },
+        "required": ["session_id", "done"],
+        "additionalProperties": false
+    }))
+}
+
+/// `list_sessions` result.
+pub fn session_list() -> Map<String, Value> {
+    let count = json!({"type": "integer", "minimum": 0});
+    object(json!({
+        "type": "object",
+        "properties": {
+            "sessions": {"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "session_id": {"type": "string"},
+                    "created_unix_ms": count,
+                    "idle_seconds": count,
+                    "expires_in_seconds": count,
+                    "busy": {"type": "boolean"},
+                    "execution_count": count,
+                    "variables": {"type": "array", "items": {"type": "string"}}
+                },
+                "required": ["session_id", "created_unix_ms", "idle_seconds",
+                             "expires_in_seconds", "busy", "execution_count", "variables"],
+                "additionalProperties": false
+            }},
+            "max_sessions": {"type": "integer", "minimum": 1},
+            "idle_expiry_seconds": {"type": "integer", "minimum": 1}
+        },
+        "required": ["sessions", "max_sessions", "idle_expiry_seconds"],
+        "additionalProperties": false
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{DroppedVar, ScriptError};
+    use crate::sandbox::SandboxReport;
+    use crate::{CallRecord, CellResult, RunInfo, Status, Truncation};
+
+    fn validate(schema: Map<String, Value>, v: &Value) -> Vec<String> {
+        let schema = Value::Object(schema);
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        validator.iter_errors(v).map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn schemas_are_valid_json_schema() {
+        for s in [
+            execute_code_input(&[Language::Rhai], 30.0, 100),
+            session_id_input(),
+            no_input(),
+            cell_result(),
+            created_session(),
+            session_done(),
+            session_list(),
+        ] {
+            jsonschema::validator_for(&Value::Object(s)).unwrap();
+        }
+    }
+
+    #[test]
+    fn full_and_empty_results_validate() {
+        let run = RunInfo::root();
+        let empty = CellResult::new("rhai", run.clone());
+        let errs = validate(cell_result(), &serde_json::to_value(&empty).unwrap());
+        assert!(errs.is_empty(), "{errs:?}");
+
+        let mut full = CellResult::new("python", run.clone());
+        full.status = Status::Error;
+        full.truncated.stdout = Some(Truncation {
+            total_bytes: 10,
+            kept_head: 2,
+            kept_tail: 2,
+        });
+        full.value = json!({"a": [1, 2]});
+        full.error = Some(ScriptError {
+            kind: "ValueError".into(),
+            message: "bad".into(),
+            traceback: Some("Traceback ...".into()),
+            line: Some(3),
+            column: None,
+        });
+        full.final_answer = Some(json!(42));
+        full.vars.changed = vec!["x".into()];
+        full.vars.dropped = vec![DroppedVar {
+            name: "f".into(),
+            type_name: "file".into(),
+            reason: "no JSON form".into(),
+        }];
+        full.calls = vec![CallRecord {
+            cap: "emit".into(),
+            outcome: "denied".into(),
+            message: Some("not allowed".into()),
+            run_id: run.run_id.clone(),
+            depth: 0,
+            ms: 1,
+        }];
+        let sandbox: SandboxReport = serde_json::from_value(json!({
+            "profile": "python",
+            "layers": [{"name": "hygiene", "applied": true, "detail": ""}],
+            "landlock_abi": 7,
+            "namespaces": ["net"]
+        }))
+        .unwrap();
+        full.sandbox = Some(sandbox);
+        full.exit.signal = Some(9);
+        let v = serde_json::to_value(&full).unwrap();
+        let errs = validate(cell_result(), &v);
+        assert!(errs.is_empty(), "{errs:?}");
+
+        let mut bad = v.clone();
+        bad["status"] = json!("fine");
+        assert!(!validate(cell_result(), &bad).is_empty());
+        let mut bad = v;
+        bad["surprise"] = json!(1);
+        assert!(!validate(cell_result(), &bad).is_empty());
+    }
+}

@@ -1,0 +1,312 @@
+//! The server's named sessions: ids, a cap on how many exist, idle expiry.
+//!
+//! A session keeps its namespace and scratch directory between calls (that
+//! is [`crate::Session`]'s job); this table only decides which sessions
+//! exist. Ids are random (128 bits from the kernel), so on a shared HTTP
+//! listener one client cannot guess another's session.
+
+use crate::{Session, SessionConfig, Supervisor};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// Why a session operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error(
+        "no session {id:?}: it was closed, expired after {idle_secs} s without a call, or never \
+         existed; create one with create_session"
+    )]
+    Unknown { id: String, idle_secs: u64 },
+    #[error(
+        "the session limit of {max} is reached; close a session with close_session (idle \
+         sessions also expire after {idle_secs} s)"
+    )]
+    Full { max: usize, idle_secs: u64 },
+    #[error("failed to create a session: {0}")]
+    Create(String),
+}
+
+struct Entry {
+    session: Session,
+    created_unix_ms: u64,
+    last_used: Instant,
+    /// Calls holding this session right now; a busy session never expires.
+    busy: usize,
+    /// Cancelled when the session is closed, ending any cell running in it.
+    closed: CancellationToken,
+    /// Calls on one session run one at a time, in arrival order.
+    lane: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// What `list_sessions` reports about one session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub created_unix_ms: u64,
+    pub idle_seconds: u64,
+    pub expires_in_seconds: u64,
+    pub busy: bool,
+    pub execution_count: u64,
+    pub variables: Vec<String>,
+}
+
+/// A session handed to one call. Dropping it marks the session idle again.
+pub struct Lease {
+    table: Arc<TableInner>,
+    id: String,
+    pub session: Session,
+    pub closed: CancellationToken,
+    pub lane: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut map = self.table.lock();
+        if let Some(e) = map.get_mut(&self.id) {
+            e.busy = e.busy.saturating_sub(1);
+            e.last_used = Instant::now();
+        }
+    }
+}
+
+struct TableInner {
+    map: Mutex<HashMap<String, Entry>>,
+    max: usize,
+    idle: Duration,
+}
+
+impl TableInner {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        match self.map.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// All named sessions of one server.
+#[derive(Clone)]
+pub struct SessionTable {
+    inner: Arc<TableInner>,
+    sup: Supervisor,
+    config: SessionConfig,
+}
+
+impl std::fmt::Debug for SessionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTable")
+            .field("max", &self.inner.max)
+            .field("idle", &self.inner.idle)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A new unguessable session id.
+fn new_id() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("failed to read /dev/urandom for a session id: {e}"))?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("s-{hex}"))
+}
+
+impl SessionTable {
+    pub fn new(sup: Supervisor, config: SessionConfig, max: usize, idle: Duration) -> Self {
+        SessionTable {
+            inner: Arc::new(TableInner {
+                map: Mutex::new(HashMap::new()),
+                max,
+                idle,
+            }),
+            sup,
+            config,
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.inner.max
+    }
+
+    pub fn idle_expiry(&self) -> Duration {
+        self.inner.idle
+    }
+
+    fn idle_secs(&self) -> u64 {
+        self.inner.idle.as_secs()
+    }
+
+    /// Create a session, after dropping expired ones.
+    pub fn create(&self) -> Result<String, SessionError> {
+        self.sweep();
+        let mut map = self.inner.lock();
+        if map.len() >= self.inner.max {
+            return Err(SessionError::Full {
+                max: self.inner.max,
+                idle_secs: self.idle_secs(),
+            });
+        }
+        let session = self
+            .sup
+            .session(self.config.clone())
+            .map_err(|e| SessionError::Create(e.to_string()))?;
+        let id = new_id().map_err(SessionError::Create)?;
+        map.insert(
+            id.clone(),
+            Entry {
+                session,
+                created_unix_ms: now_unix_ms(),
+                last_used: Instant::now(),
+                busy: 0,
+                closed: CancellationToken::new(),
+                lane: Arc::new(tokio::sync::Mutex::new(())),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Take a session for one call.
+    pub fn lease(&self, id: &str) -> Result<Lease, SessionError> {
+        self.sweep();
+        let mut map = self.inner.lock();
+        let e = map.get_mut(id).ok_or_else(|| SessionError::Unknown {
+            id: id.to_owned(),
+            idle_secs: self.idle_secs(),
+        })?;
+        e.busy += 1;
+        e.last_used = Instant::now();
+        Ok(Lease {
+            table: self.inner.clone(),
+            id: id.to_owned(),
+            session: e.session.clone(),
+            closed: e.closed.clone(),
+            lane: e.lane.clone(),
+        })
+    }
+
+    /// Forget a session's variables and definitions (its files stay).
+    pub async fn reset(&self, id: &str) -> Result<(), SessionError> {
+        let lease = self.lease(id)?;
+        lease.session.reset().await;
+        Ok(())
+    }
+
+    /// Close a session: a cell running in it is killed, its scratch
+    /// directory is removed once the last call lets go of it.
+    pub fn close(&self, id: &str) -> Result<(), SessionError> {
+        let entry = self
+            .inner
+            .lock()
+            .remove(id)
+            .ok_or_else(|| SessionError::Unknown {
+                id: id.to_owned(),
+                idle_secs: self.idle_secs(),
+            })?;
+        entry.closed.cancel();
+        Ok(())
+    }
+
+    /// Close every session (server shutdown).
+    pub fn close_all(&self) {
+        let entries: Vec<Entry> = self.inner.lock().drain().map(|(_, e)| e).collect();
+        for e in entries {
+            e.closed.cancel();
+        }
+    }
+
+    /// Drop sessions idle longer than the expiry. Returns how many went.
+    pub fn sweep(&self) -> usize {
+        let idle = self.inner.idle;
+        let expired: Vec<Entry> = {
+            let mut map = self.inner.lock();
+            let ids: Vec<String> = map
+                .iter()
+                .filter(|(_, e)| e.busy == 0 && e.last_used.elapsed() >= idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            ids.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        for e in &expired {
+            tracing::info!(session = e.session.id(), "session expired after idling");
+            e.closed.cancel();
+        }
+        expired.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every live session, oldest first.
+    pub async fn list(&self) -> Vec<SessionInfo> {
+        self.sweep();
+        let snapshot: Vec<(String, Session, u64, Duration, bool)> = self
+            .inner
+            .lock()
+            .iter()
+            .map(|(k, e)| {
+                (
+                    k.clone(),
+                    e.session.clone(),
+                    e.created_unix_ms,
+                    e.last_used.elapsed(),
+                    e.busy > 0,
+                )
+            })
+            .collect();
+        let mut out = Vec::with_capacity(snapshot.len());
+        for (id, session, created, idle_for, busy) in snapshot {
+            // A busy session's state lock is held by its running cell; do
+            // not wait for it.
+            let peek = async {
+                let vars = session.vars().await;
+                (
+                    session.execution_count().await,
+                    vars.keys().cloned().collect::<Vec<String>>(),
+                )
+            };
+            let (busy, (count, variables)) = if busy {
+                (true, (0, Vec::new()))
+            } else {
+                match tokio::time::timeout(Duration::from_millis(200), peek).await {
+                    Ok(state) => (false, state),
+                    Err(_) => (true, (0, Vec::new())),
+                }
+            };
+            out.push(SessionInfo {
+                session_id: id,
+                created_unix_ms: created,
+                idle_seconds: if busy { 0 } else { idle_for.as_secs() },
+                expires_in_seconds: if busy {
+                    self.inner.idle.as_secs()
+                } else {
+                    self.inner.idle.saturating_sub(idle_for).as_secs()
+                },
+                busy,
+                execution_count: count,
+                variables,
+            });
+        }
+        out.sort_by(|a, b| {
+            a.created_unix_ms
+                .cmp(&b.created_unix_ms)
+                .then(a.session_id.cmp(&b.session_id))
+        });
+        out
+    }
+}

@@ -1,0 +1,1179 @@
+//! `cellbox serve` through a real MCP client (rmcp): over stdio with the
+//! server as a child process, and over streamable HTTP.
+
+use super::common::bin;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ProgressNotificationParam,
+    Request, Tool,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Generous bound for anything that should finish; a hang fails the test
+/// instead of stalling the suite.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: no answer within {PATIENCE:?}"),
+    }
+}
+
+/// An MCP client that records the progress notifications it receives.
+#[derive(Clone, Default)]
+struct Recorder {
+    progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for Recorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.lock().unwrap().push(params);
+    }
+}
+
+type Client = RunningService<RoleClient, Recorder>;
+
+/// A `cellbox serve` over stdio, spawned by rmcp's child-process transport.
+struct StdioServer {
+    client: Client,
+    pid: i32,
+    recorder: Recorder,
+}
+
+async fn stdio_server(args: &[&str]) -> StdioServer {
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("serve").args(args);
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    let pid = transport.id().unwrap() as i32;
+    let recorder = Recorder::default();
+    let client = within("initialize", recorder.clone().serve(transport))
+        .await
+        .unwrap();
+    StdioServer {
+        client,
+        pid,
+        recorder,
+    }
+}
+
+fn obj(v: Value) -> JsonObject {
+    match v {
+        Value::Object(m) => m,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResult {
+    within(
+        tool,
+        client.call_tool(CallToolRequestParams::new(tool).with_arguments(obj(args))),
+    )
+    .await
+    .unwrap()
+}
+
+/// Run `code` through execute_code; returns (structuredContent, isError, text).
+async fn exec(client: &Client, args: Value) -> (Value, bool, String) {
+    let r = call(client, "execute_code", args).await;
+    let text = r
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let structured = r.structured_content.clone().expect("structuredContent");
+    (structured, r.is_error.expect("isError is set"), text)
+}
+
+async fn tools(client: &Client) -> Vec<Tool> {
+    within("tools/list", client.list_all_tools()).await.unwrap()
+}
+
+fn tool<'a>(tools: &'a [Tool], name: &str) -> &'a Tool {
+    tools
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no tool {name}"))
+}
+
+/// A validator for the output schema `execute_code` declares.
+fn output_validator(tools: &[Tool]) -> jsonschema::Validator {
+    let schema = tool(tools, "execute_code")
+        .output_schema
+        .clone()
+        .expect("execute_code declares an outputSchema");
+    jsonschema::validator_for(&Value::Object((*schema).clone())).unwrap()
+}
+
+fn assert_conforms(v: &jsonschema::Validator, result: &Value) {
+    let errors: Vec<String> = v.iter_errors(result).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "result does not match outputSchema: {errors:?}\n{result:#}"
+    );
+}
+
+/// (pid, ppid, state) of every process.
+fn processes() -> Vec<(i32, i32, char)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rp) = stat.rfind(')') else { continue };
+        let rest: Vec<&str> = stat[rp + 2..].split_whitespace().collect();
+        if let (Some(state), Some(ppid)) = (rest.first(), rest.get(1)) {
+            if let Ok(ppid) = ppid.parse() {
+                out.push((pid, ppid, state.chars().next().unwrap_or('?')));
+            }
+        }
+    }
+    out
+}
+
+/// Every process below `root` (zombies included).
+fn descendants(root: i32) -> Vec<i32> {
+    let all = processes();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for (pid, ppid, _) in &all {
+            if *ppid == parent && !found.contains(pid) {
+                found.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Stat line and command line of each pid, for failure messages.
+fn show(pids: &[i32]) -> String {
+    pids.iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            format!("{p}: {} | {cmd}", stat.trim())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn exists(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Wait for the server to have processes beyond `baseline` (its idle
+/// helpers, such as a fork server), and return those: the cell's worker.
+async fn wait_for_workers(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
+    let t0 = Instant::now();
+    loop {
+        let d: Vec<i32> = descendants(server_pid)
+            .into_iter()
+            .filter(|p| !baseline.contains(p))
+            .collect();
+        if !d.is_empty() {
+            return d;
+        }
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "the server {server_pid} never started a worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Processes below the server that are not among its idle helpers.
+fn extra(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
+    descendants(server_pid)
+        .into_iter()
+        .filter(|p| !baseline.contains(p))
+        .collect()
+}
+
+/// Wait until none of `pids` exists any more (killed and reaped).
+async fn wait_gone(pids: &[i32], what: &str) {
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| exists(*p)).collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "{what}: processes {left:?} are still there: {:?}",
+            processes()
+                .into_iter()
+                .filter(|p| left.contains(&p.0))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------- stdio --
+
+#[tokio::test]
+async fn tools_are_listed_with_generated_descriptions_and_schemas() {
+    let s = stdio_server(&[
+        "--timeout",
+        "7",
+        "--max-output",
+        "2048",
+        "--max-sessions",
+        "5",
+        "--session-idle-expiry",
+        "90",
+        "--allow",
+        "emit",
+        "--max-concurrency",
+        "3",
+    ])
+    .await;
+    let tools = tools(&s.client).await;
+    let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "close_session",
+            "create_session",
+            "execute_code",
+            "list_sessions",
+            "reset_session"
+        ]
+    );
+    for t in &tools {
+        assert!(
+            t.output_schema.is_some(),
+            "{} declares no outputSchema",
+            t.name
+        );
+        jsonschema::validator_for(&Value::Object((*t.input_schema).clone())).unwrap();
+    }
+    let exec_tool = tool(&tools, "execute_code");
+    let d = exec_tool.description.as_deref().unwrap();
+    for needle in [
+        "wall clock 7 s",
+        "2 KiB of stdout",
+        "after 90 s",
+        "at most 5 sessions",
+        "emit(event)",
+        "At most 3 cells run at once",
+        "What persists",
+        "profile \"python\":",
+        "layers applied on this host:",
+        "network:",
+    ] {
+        assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
+    }
+    // Only what the policy allows is described.
+    assert!(!d.contains("answer("), "{d}");
+    // An allowed capability may reach out, so the world is not closed.
+    let hints = exec_tool.annotations.as_ref().unwrap();
+    assert_eq!(hints.open_world_hint, Some(true));
+    assert_eq!(hints.read_only_hint, Some(false));
+    let langs = &exec_tool.input_schema["properties"]["language"]["enum"];
+    assert_eq!(langs, &json!(["python", "rhai", "shell"]));
+    let required = &exec_tool.input_schema["required"];
+    assert_eq!(required, &json!(["language", "code"]));
+
+    let s2 = stdio_server(&["--language", "rhai"]).await;
+    let tools = self::tools(&s2.client).await;
+    let exec_tool = tool(&tools, "execute_code");
+    assert_eq!(
+        exec_tool.input_schema["properties"]["language"]["enum"],
+        json!(["rhai"])
+    );
+    let d = exec_tool.description.as_deref().unwrap();
+    assert!(d.contains("none are allowed"), "{d}");
+    assert!(!d.contains("python:"), "{d}");
+    // A disabled language is refused as invalid arguments.
+    let err = s2
+        .client
+        .call_tool(
+            CallToolRequestParams::new("execute_code")
+                .with_arguments(obj(json!({"language": "python", "code": "1"}))),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not available here"), "{err}");
+    s.client.cancel().await.unwrap();
+    s2.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn rhai_cell_result_matches_the_output_schema() {
+    let s = stdio_server(&[]).await;
+    let tools = tools(&s.client).await;
+    let v = output_validator(&tools);
+    let (r, is_error, text) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "print(\"hello\"); 6 * 7"}),
+    )
+    .await;
+    assert!(!is_error, "{r:#}");
+    assert_eq!(r["status"], "ok");
+    assert_eq!(r["value"], 42);
+    assert_eq!(r["stdout"], "hello\n");
+    assert!(text.contains("hello") && text.contains("=> 42"), "{text}");
+    assert_conforms(&v, &r);
+
+    // Truncation notes reach the text, and max_output_bytes only tightens.
+    let (r, is_error, text) = exec(
+        &s.client,
+        json!({"language": "rhai",
+               "code": "for i in 0..200 { print(\"line \" + i); }",
+               "max_output_bytes": 64}),
+    )
+    .await;
+    assert!(!is_error);
+    assert!(r["truncated"]["stdout"].is_object(), "{r:#}");
+    assert!(text.contains("stdout truncated"), "{text}");
+    assert_conforms(&v, &r);
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn python_cell_result_matches_the_output_schema() {
+    let s = stdio_server(&[]).await;
+    let tools = tools(&s.client).await;
+    let v = output_validator(&tools);
+    let (r, is_error, text) = exec(
+        &s.client,
+        json!({"language": "python", "code": "import math\nprint('hi')\nmath.factorial(5)"}),
+    )
+    .await;
+    assert!(!is_error, "{r:#}");
+    assert_eq!(r["status"], "ok", "{r:#}");
+    assert_eq!(r["value"], 120);
+    assert_eq!(r["stdout"], "hi\n");
+    assert!(text.contains("=> 120"), "{text}");
+    assert_conforms(&v, &r);
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn sessions_keep_variables_between_calls() {
+    let s = stdio_server(&["--max-sessions", "2"]).await;
+    let tools = tools(&s.client).await;
+    let v = output_validator(&tools);
+    let created = call(&s.client, "create_session", json!({})).await;
+    assert_eq!(created.is_error, Some(false));
+    let created = created.structured_content.unwrap();
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(created["max_sessions"], 2);
+
+    // Rhai: a variable set in one call is there in the next.
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "let x = 41;", "session_id": id}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["vars"]["changed"], json!(["x"]));
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "x + 1", "session_id": id}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], 42);
+    assert_eq!(r["execution_count"], 2);
+    assert_conforms(&v, &r);
+
+    // Python in the same session sees it too, and keeps its own.
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "python", "code": "y = x * 2\ndef f(a):\n    return a + y", "session_id": id}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "python", "code": "f(1)", "session_id": id}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], 83);
+
+    // Without a session nothing carries over.
+    let (r, e, _) = exec(&s.client, json!({"language": "rhai", "code": "x"})).await;
+    assert!(e);
+    assert_eq!(r["status"], "error");
+
+    let listed = call(&s.client, "list_sessions", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    let sessions = listed["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0]["session_id"], id.as_str());
+    assert!(sessions[0]["variables"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("x")));
+
+    // The cap on sessions.
+    let second = call(&s.client, "create_session", json!({})).await;
+    assert_eq!(second.is_error, Some(false));
+    let third = call(&s.client, "create_session", json!({})).await;
+    assert_eq!(third.is_error, Some(true));
+    let msg = third.content[0].as_text().unwrap().text.clone();
+    assert!(msg.contains("session limit of 2"), "{msg}");
+
+    // reset forgets the namespace but keeps the session.
+    let reset = call(&s.client, "reset_session", json!({"session_id": id})).await;
+    assert_eq!(reset.is_error, Some(false));
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "x", "session_id": id}),
+    )
+    .await;
+    assert!(e, "{r:#}");
+
+    // close ends it.
+    let closed = call(&s.client, "close_session", json!({"session_id": id})).await;
+    assert_eq!(closed.is_error, Some(false));
+    let (r, e, text) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "1", "session_id": id}),
+    )
+    .await;
+    assert!(e);
+    assert_eq!(r["error"]["type"], "UnknownSession");
+    assert!(text.contains("create_session"), "{text}");
+    assert_conforms(&v, &r);
+    let again = call(&s.client, "close_session", json!({"session_id": id})).await;
+    assert_eq!(again.is_error, Some(true));
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn closing_a_session_kills_its_running_cell() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let created = call(&s.client, "create_session", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    let peer = s.client.peer().clone();
+    let sid = id.clone();
+    let pending = tokio::spawn(async move {
+        peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(
+            json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600, "session_id": sid}),
+        )))
+        .await
+    });
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    let listed = call(&s.client, "list_sessions", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    assert_eq!(listed["sessions"][0]["busy"], true, "{listed:#}");
+    let closed = call(&s.client, "close_session", json!({"session_id": id})).await;
+    assert_eq!(closed.is_error, Some(false));
+    let r = within("the running call", pending).await.unwrap().unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let r = r.structured_content.unwrap();
+    assert_eq!(r["status"], "killed", "{r:#}");
+    wait_gone(&workers, "after close_session").await;
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn sessions_expire_when_idle() {
+    let s = stdio_server(&["--session-idle-expiry", "1"]).await;
+    let created = call(&s.client, "create_session", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    let t0 = Instant::now();
+    loop {
+        let listed = call(&s.client, "list_sessions", json!({}))
+            .await
+            .structured_content
+            .unwrap();
+        if listed["sessions"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(t0.elapsed() < PATIENCE, "session never expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "1", "session_id": id}),
+    )
+    .await;
+    assert!(e);
+    assert_eq!(r["error"]["type"], "UnknownSession");
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn exceptions_and_timeouts_are_errors() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    let tools = tools(&s.client).await;
+    let v = output_validator(&tools);
+
+    let (r, e, text) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "let a = 1;\nthrow \"boom\";"}),
+    )
+    .await;
+    assert!(e, "{r:#}");
+    assert_eq!(r["status"], "error");
+    assert!(
+        text.contains("boom") && text.contains("[status: error]"),
+        "{text}"
+    );
+    assert_conforms(&v, &r);
+
+    let (r, e, text) = exec(
+        &s.client,
+        json!({"language": "python", "code": "def f():\n    raise ValueError('boom')\nf()"}),
+    )
+    .await;
+    assert!(e, "{r:#}");
+    assert_eq!(r["status"], "error");
+    assert_eq!(r["error"]["type"], "ValueError");
+    assert!(text.contains("Traceback"), "{text}");
+    assert!(text.contains("ValueError: boom"), "{text}");
+    assert_conforms(&v, &r);
+
+    let (r, e, text) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 0.5}),
+    )
+    .await;
+    assert!(e, "{r:#}");
+    assert_eq!(r["status"], "timeout");
+    assert!(text.contains("[status: timeout]"), "{text}");
+    assert_conforms(&v, &r);
+
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "python", "code": "while True:\n    pass", "timeout_seconds": 0.5}),
+    )
+    .await;
+    assert!(e, "{r:#}");
+    assert_eq!(r["status"], "timeout");
+
+    // A per-call timeout above the configured one is lowered, not honoured
+    // (were it honoured, this call would outlast `within`'s patience).
+    let s2 = stdio_server(&["--timeout", "0.5", "--max-operations", "0"]).await;
+    let (r, e, _) = exec(
+        &s2.client,
+        json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 3600}),
+    )
+    .await;
+    assert!(e);
+    assert_eq!(r["status"], "timeout");
+    s.client.cancel().await.unwrap();
+    s2.client.cancel().await.unwrap();
+}
+
+/// Start a never-ending cell, cancel the request, and see the worker gone.
+async fn cancel_kills(language: &str, code: &str) {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    // tools/list waits for the startup probe, so its cells are gone; what
+    // is left are the supervisor's idle helpers.
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
+        json!({"language": language, "code": code, "timeout_seconds": 600}),
+    ));
+    let handle = within(
+        "send",
+        s.client.send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        ),
+    )
+    .await
+    .unwrap();
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    handle.cancel(Some("test".into())).await.unwrap();
+    wait_gone(&workers, "after notifications/cancelled").await;
+    let left = extra(s.pid, &baseline);
+    assert!(left.is_empty(), "{}", show(&left));
+    // The server goes on serving.
+    let (r, e, _) = exec(&s.client, json!({"language": "rhai", "code": "1 + 1"})).await;
+    assert!(!e);
+    assert_eq!(r["value"], 2);
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancelled_rhai_cell_is_killed_and_reaped() {
+    cancel_kills("rhai", "loop {}").await;
+}
+
+#[tokio::test]
+async fn cancelled_python_cell_is_killed_and_reaped() {
+    cancel_kills("python", "while True:\n    pass").await;
+}
+
+#[tokio::test]
+async fn cancelled_shell_cell_leaves_no_process() {
+    cancel_kills("shell", "sleep 600 & sleep 600; wait").await;
+}
+
+#[tokio::test]
+async fn client_disconnect_kills_the_cell_and_the_server_exits() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let peer = s.client.peer().clone();
+    let pending = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("execute_code").with_arguments(obj(
+                json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+            )),
+        )
+        .await
+    });
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    // Closing the client closes the server's stdin.
+    within("close", s.client.cancel()).await.unwrap();
+    wait_gone(&workers, "after the client went away").await;
+    // The server and its helpers are gone too.
+    wait_gone(&baseline, "the server's helpers after its client went away").await;
+    wait_gone(&[s.pid], "the server after its client went away").await;
+    assert!(within("pending call", pending).await.unwrap().is_err());
+}
+
+#[tokio::test]
+async fn sigterm_kills_running_cells_and_exits() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let peer = s.client.peer().clone();
+    let pending = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("execute_code").with_arguments(obj(
+                json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+            )),
+        )
+        .await
+    });
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // The call ends with an error instead of hanging.
+    let r = within("the pending call", pending).await.unwrap();
+    assert!(r.is_err(), "{r:?}");
+    wait_gone(&workers, "after SIGTERM").await;
+    wait_gone(&baseline, "the server's helpers after SIGTERM").await;
+    drop(s.client);
+    wait_gone(&[s.pid], "the server after SIGTERM").await;
+}
+
+#[test]
+fn a_client_that_leaves_before_initializing_ends_the_server() {
+    let t0 = Instant::now();
+    let mut child = std::process::Command::new(bin())
+        .arg("serve")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            break;
+        }
+        assert!(t0.elapsed() < PATIENCE, "the server outlived its stdin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn twenty_calls_run_concurrently() {
+    let s = stdio_server(&["--max-concurrency", "4"]).await;
+    let tools = tools(&s.client).await;
+    let v = Arc::new(output_validator(&tools));
+    let client = Arc::new(s.client);
+    let mut tasks = Vec::new();
+    for i in 0..20u64 {
+        let client = client.clone();
+        let v = v.clone();
+        tasks.push(tokio::spawn(async move {
+            let (lang, code) = if i % 2 == 0 {
+                ("rhai", format!("let n = {i}; n * 10"))
+            } else {
+                ("python", format!("n = {i}\nn * 10"))
+            };
+            let (r, e, _) = exec(&client, json!({"language": lang, "code": code})).await;
+            assert!(!e, "call {i}: {r:#}");
+            assert_eq!(r["value"], i * 10, "call {i}");
+            assert_conforms(&v, &r);
+        }));
+    }
+    for t in tasks {
+        within("a concurrent call", t).await.unwrap();
+    }
+    match Arc::try_unwrap(client) {
+        Ok(c) => {
+            c.cancel().await.unwrap();
+        }
+        Err(_) => panic!("client still shared"),
+    }
+}
+
+#[tokio::test]
+async fn calls_past_the_queue_limit_are_refused() {
+    let s = stdio_server(&[
+        "--max-concurrency",
+        "1",
+        "--max-queue",
+        "1",
+        "--max-operations",
+        "0",
+    ])
+    .await;
+    let tools = tools(&s.client).await;
+    let v = output_validator(&tools);
+    let baseline = descendants(s.pid);
+    let send_loop = || {
+        let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
+            json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+        ));
+        within(
+            "send",
+            s.client.send_cancellable_request(
+                ClientRequest::CallToolRequest(Request::new(params)),
+                PeerRequestOptions::no_options(),
+            ),
+        )
+    };
+    // One runs...
+    let running = send_loop().await.unwrap();
+    let workers = wait_for_workers(s.pid, &baseline).await;
+    // ...one waits (its progress says so: it was let in)...
+    let waiting = send_loop().await.unwrap();
+    let token = waiting.progress_token.clone();
+    let t0 = Instant::now();
+    loop {
+        let seen = s.recorder.progress.lock().unwrap().iter().any(|p| {
+            p.progress_token == token
+                && p.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("waiting for a free slot"))
+        });
+        if seen {
+            break;
+        }
+        assert!(t0.elapsed() < PATIENCE, "the second call never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let handles = [running, waiting];
+    // ...and the third is refused.
+    let (r, e, text) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
+    assert!(e, "{r:#}");
+    assert_eq!(r["status"], "limit_exceeded");
+    assert_eq!(r["error"]["type"], "ServerBusy");
+    assert!(text.contains("max_queue 1"), "{text}");
+    assert_conforms(&v, &r);
+    for h in handles {
+        h.cancel(None).await.unwrap();
+    }
+    wait_gone(&workers, "cancelled cells").await;
+    // Room again.
+    let t0 = Instant::now();
+    loop {
+        let (r, e, _) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
+        if !e {
+            assert_eq!(r["value"], 1);
+            break;
+        }
+        assert_eq!(r["error"]["type"], "ServerBusy");
+        assert!(t0.elapsed() < PATIENCE, "the queue never emptied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn long_cells_report_progress() {
+    let s = stdio_server(&["--max-operations", "0"]).await;
+    tools(&s.client).await;
+    let params = CallToolRequestParams::new("execute_code").with_arguments(obj(json!({
+        "language": "rhai",
+        "code": "let t = timestamp(); while t.elapsed < 2.5 {} \"done\""
+    })));
+    let handle = within(
+        "send",
+        s.client.send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        ),
+    )
+    .await
+    .unwrap();
+    let token = handle.progress_token.clone();
+    let resp = within("the cell", handle.await_response()).await.unwrap();
+    let rmcp::model::ServerResult::CallToolResult(r) = resp else {
+        panic!("unexpected response {resp:?}")
+    };
+    assert_eq!(r.is_error, Some(false));
+    assert_eq!(r.structured_content.unwrap()["value"], "done");
+    let progress = s.recorder.progress.lock().unwrap().clone();
+    let mine: Vec<_> = progress
+        .iter()
+        .filter(|p| p.progress_token == token)
+        .collect();
+    assert!(!mine.is_empty(), "no progress notifications: {progress:?}");
+    assert!(
+        mine.windows(2).all(|w| w[1].progress > w[0].progress),
+        "progress must increase: {mine:?}"
+    );
+    assert!(mine[0]
+        .message
+        .as_deref()
+        .unwrap_or("")
+        .contains("rhai cell running"));
+    s.client.cancel().await.unwrap();
+}
+
+#[test]
+fn bad_settings_are_usage_errors_that_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cellbox.toml");
+    std::fs::write(&cfg, "[server]\nmax_concurency = 2\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .arg("serve")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("max_concurency"), "{err}");
+
+    let (code, err) = run(&["--max-concurrency", "0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("server.max_concurrency (--max-concurrency)"),
+        "{err}"
+    );
+
+    let (code, err) = run(&["--allow", "launch_missiles"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("unknown capability \"launch_missiles\""),
+        "{err}"
+    );
+
+    let (code, err) = run(&["--http", "0.0.0.0:0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a loopback address"), "{err}");
+
+    let (code, err) = run(&["--http", "0.0.0.0:0", "--listen-public"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--token-file"), "{err}");
+
+    // The shipped example is a valid config.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/cellbox.toml");
+    let text = std::fs::read_to_string(example).unwrap();
+    let c: cellbox::serve::ServeConfig = toml::from_str(&text).unwrap();
+    c.validate().unwrap();
+}
+
+// ----------------------------------------------------------------- http --
+
+/// A `cellbox serve --http` child process; killed (SIGTERM) on drop.
+struct HttpServer {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl HttpServer {
+    fn start(extra: &[&str]) -> HttpServer {
+        let mut child = std::process::Command::new(bin())
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                eprintln!("[serve] {line}");
+                if let Some(rest) = line.split("at http://").nth(1) {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(rest.trim_end_matches('/').to_owned());
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(PATIENCE)
+            .expect("the server did not announce its address")
+            .parse()
+            .unwrap();
+        HttpServer { child, addr }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    async fn client(
+        &self,
+        token: Option<&str>,
+    ) -> Result<Client, rmcp::service::ClientInitializeError> {
+        let mut config =
+            StreamableHttpClientTransportConfig::with_uri(self.url()).max_concurrent_requests(64);
+        if let Some(t) = token {
+            config = config.auth_header(t);
+        }
+        let transport = StreamableHttpClientTransport::from_config(config);
+        within("initialize over HTTP", Recorder::default().serve(transport)).await
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Status line of a bare POST (no JSON-RPC body needed to be refused).
+    fn raw_status(&self, authorization: Option<&str>) -> String {
+        let mut s = std::net::TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let auth = authorization
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "POST / HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let mut buf = String::new();
+        let _ = s.read_to_string(&mut buf);
+        buf.lines().next().unwrap_or("").to_owned()
+    }
+
+    fn stop(mut self) -> Option<i32> {
+        use nix::sys::signal::{kill, Signal};
+        let _ = kill(nix::unistd::Pid::from_raw(self.pid()), Signal::SIGTERM);
+        let status = self.child.wait().unwrap();
+        status.code()
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn http_serves_cells_sessions_and_concurrent_calls() {
+    let server = HttpServer::start(&["--max-operations", "0"]);
+    let client = server.client(None).await.unwrap();
+    let tools = tools(&client).await;
+    let v = Arc::new(output_validator(&tools));
+
+    let (r, e, _) = exec(&client, json!({"language": "rhai", "code": "40 + 2"})).await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], 42);
+    assert_conforms(&v, &r);
+
+    let (r, e, _) = exec(
+        &client,
+        json!({"language": "python", "code": "import sys\nsys.version_info[0]"}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], 3);
+    assert_conforms(&v, &r);
+
+    let created = call(&client, "create_session", json!({}))
+        .await
+        .structured_content
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    let (_, e, _) = exec(
+        &client,
+        json!({"language": "python", "code": "total = 5", "session_id": id}),
+    )
+    .await;
+    assert!(!e);
+    let (r, e, _) = exec(
+        &client,
+        json!({"language": "python", "code": "total * 2", "session_id": id}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], 10);
+
+    let (r, e, _) = exec(
+        &client,
+        json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 0.3}),
+    )
+    .await;
+    assert!(e);
+    assert_eq!(r["status"], "timeout");
+
+    let client = Arc::new(client);
+    let mut tasks = Vec::new();
+    for i in 0..20u64 {
+        let client = client.clone();
+        let v = v.clone();
+        tasks.push(tokio::spawn(async move {
+            let (r, e, _) = exec(
+                &client,
+                json!({"language": "rhai", "code": format!("{i} * 3")}),
+            )
+            .await;
+            assert!(!e, "call {i}: {r:#}");
+            assert_eq!(r["value"], i * 3);
+            assert_conforms(&v, &r);
+        }));
+    }
+    for t in tasks {
+        within("a concurrent HTTP call", t).await.unwrap();
+    }
+
+    // Cancel a running cell over HTTP.
+    tools_then_cancel(&client, server.pid()).await;
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
+}
+
+async fn tools_then_cancel(client: &Client, server_pid: i32) {
+    tools(client).await;
+    let baseline = descendants(server_pid);
+    let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
+        json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+    ));
+    let handle = within(
+        "send",
+        client.send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        ),
+    )
+    .await
+    .unwrap();
+    let workers = wait_for_workers(server_pid, &baseline).await;
+    handle.cancel(Some("test".into())).await.unwrap();
+    wait_gone(&workers, "after notifications/cancelled over HTTP").await;
+    let left = extra(server_pid, &baseline);
+    assert!(left.is_empty(), "{}", show(&left));
+}
+
+#[tokio::test]
+async fn http_client_that_goes_away_gets_its_cell_killed() {
+    let server = HttpServer::start(&["--max-operations", "0"]);
+    let client = server.client(None).await.unwrap();
+    tools(&client).await;
+    let baseline = descendants(server.pid());
+    let peer = client.peer().clone();
+    let pending = tokio::spawn(async move {
+        peer.call_tool(
+            CallToolRequestParams::new("execute_code").with_arguments(obj(
+                json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+            )),
+        )
+        .await
+    });
+    let workers = wait_for_workers(server.pid(), &baseline).await;
+    // Drop the whole client: its connections close mid-call.
+    pending.abort();
+    within("close", client.cancel()).await.unwrap();
+    wait_gone(&workers, "after the HTTP client went away").await;
+    // The server is still up for others.
+    let other = server.client(None).await.unwrap();
+    let (r, e, _) = exec(&other, json!({"language": "rhai", "code": "7"})).await;
+    assert!(!e);
+    assert_eq!(r["value"], 7);
+    other.cancel().await.unwrap();
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[tokio::test]
+async fn http_with_a_token_rejects_requests_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "t0ken-for-the-test-0123456789";
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let server = HttpServer::start(&["--token-file", file.to_str().unwrap()]);
+
+    // Without a token, or with a wrong one: 401 with a Bearer challenge.
+    assert!(
+        server.raw_status(None).contains(" 401 "),
+        "{}",
+        server.raw_status(None)
+    );
+    assert!(server
+        .raw_status(Some("Bearer wrong-token-0123456789"))
+        .contains(" 401 "));
+    let err = server.client(None).await.err().expect("must be refused");
+    assert!(
+        err.auth_challenge()
+            .is_some_and(|c| c.starts_with("Bearer")),
+        "{err:?}"
+    );
+    let err = server
+        .client(Some("wrong-token-0123456789"))
+        .await
+        .err()
+        .expect("must be refused");
+    assert!(err.is_authorization_required(), "{err:?}");
+
+    // With it, everything works.
+    let client = server.client(Some(token)).await.unwrap();
+    let tools = tools(&client).await;
+    let v = output_validator(&tools);
+    let (r, e, _) = exec(&client, json!({"language": "rhai", "code": "\"ok\""})).await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], "ok");
+    assert_conforms(&v, &r);
+    let (r, e, _) = exec(&client, json!({"language": "python", "code": "'ok'"})).await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], "ok");
+    client.cancel().await.unwrap();
+    assert_eq!(server.stop(), Some(0));
+}
