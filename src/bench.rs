@@ -123,6 +123,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             Language::Python => "pass",
             Language::Shell => "true",
         };
+        let mut bare_python = None;
         if language == Language::Python {
             if let Ok(py) = cold.python() {
                 let exe = py.executable.to_string_lossy().into_owned();
@@ -134,7 +135,18 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                     ms(b.p99),
                     b.per_sec
                 );
+                let b = baseline_spawn(&[&exe, "-c", "pass"], n)?;
+                let _ = writeln!(
+                    out,
+                    "baseline python3 -c pass          p50 {}  p99 {}  {:.0}/s",
+                    ms(b.p50),
+                    ms(b.p99),
+                    b.per_sec
+                );
+                bare_python = Some(b);
             }
+            // The pool is measured warm, not while it starts.
+            warm.start_pools().await.map_err(|e| e.to_string())?;
         }
         for (mode, sup) in [("spawn", &cold), ("warm ", &warm)] {
             for conc in [1usize, 2] {
@@ -147,10 +159,91 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 f.per_sec,
                 f.p50.as_secs_f64() / base.p50.as_secs_f64().max(1e-9)
             );
+                if let (Some(b), true) = (&bare_python, mode == "warm ") {
+                    let _ = writeln!(
+                        out,
+                        "python cell, warm pool, concurrency {conc}: p50 = {:.2}x bare python3 -c pass (goal <= 0.25x, stretch <= 0.15x); {:.0} cells/s (goal >= 300/s at concurrency 2), p99 {}",
+                        f.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9),
+                        f.per_sec,
+                        ms(f.p99)
+                    );
+                }
             }
+        }
+        if language == Language::Python {
+            out.push_str(&idle_memory(&warm).await?);
         }
     }
     Ok(out)
+}
+
+/// Resident set size of a process and all its descendants, in KiB.
+fn tree_rss_kb(root: u32) -> u64 {
+    let mut procs = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0);
+            let rss = std::fs::read_to_string(e.path().join("status"))
+                .ok()
+                .and_then(|st| {
+                    st.lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))
+                        .and_then(|v| v.split_whitespace().next())
+                        .and_then(|v| v.parse::<u64>().ok())
+                })
+                .unwrap_or(0);
+            procs.push((pid, ppid, rss));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        for (pid, ppid, _) in &procs {
+            if *ppid == parent && !tree.contains(pid) {
+                tree.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    procs
+        .iter()
+        .filter(|(pid, _, _)| tree.contains(pid))
+        .map(|(_, _, rss)| rss)
+        .sum()
+}
+
+/// Supervisor + pool memory with 16 idle sessions that each ran one Python
+/// cell (RSS of this process and every process it started).
+async fn idle_memory(warm: &Supervisor) -> Result<String, String> {
+    let mut sessions = Vec::new();
+    for _ in 0..16 {
+        let s = warm
+            .session(SessionConfig::default())
+            .map_err(|e| e.to_string())?;
+        let r = s.run(CellRequest::new(Language::Python, "x = 1")).await;
+        if r.status != Status::Ok {
+            return Err(format!("an idle-session cell failed: {}", r.status));
+        }
+        sessions.push(s);
+    }
+    let kb = tree_rss_kb(std::process::id());
+    let zygotes = warm.pool_status().await.python.len();
+    drop(sessions);
+    Ok(format!(
+        "supervisor + pool memory, 16 idle sessions: {:.1} MiB RSS ({zygotes} Python zygotes, the Rhai fork server and the supervisor)\n",
+        kb as f64 / 1024.0
+    ))
 }
 
 /// The OS layers' own cost: the same trivial cell with and without them, and

@@ -19,7 +19,8 @@ fn processes() -> Vec<(i32, i32, String)> {
             let i = stat.rfind(')')?;
             let ppid = stat[i + 2..].split_whitespace().nth(1)?.parse().ok()?;
             let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            Some((pid, ppid, String::from_utf8_lossy(&cmd).replace('\0', " ")))
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            Some((pid, ppid, cmd.chars().take(60).collect()))
         })
         .collect()
 }
@@ -51,7 +52,7 @@ fn scratch_dirs() -> usize {
         .count()
 }
 
-async fn two_hundred_cells(sup: &Supervisor) {
+async fn two_hundred_and_fifty_cells(sup: &Supervisor) {
     for i in 0..200 {
         let code = match i % 4 {
             0 => "print(\"x\"); 1".to_string(),
@@ -64,22 +65,46 @@ async fn two_hundred_cells(sup: &Supervisor) {
         let r = sup.run(req, SessionConfig::default()).await;
         assert_ne!(r.status, Status::ProtocolError, "{r:?}");
         assert_ne!(r.status, Status::SandboxError, "{r:?}");
+        if i % 4 == 0 {
+            // Python too: a value, an error, a runaway, and a cell that
+            // leaves a file, a thread and a forked sleeper behind.
+            let code = match (i / 4) % 4 {
+                0 => "print('x'); 1",
+                1 => "raise ValueError('no')",
+                2 => "while True: pass",
+                _ => {
+                    "import os, threading, time
+open('f', 'w').write('x')
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+if os.fork() == 0:
+    time.sleep(60)
+1"
+                }
+            };
+            let mut req = CellRequest::new(Language::Python, code);
+            req.limits.timeout_ms = Some(300);
+            let r = sup.run(req, SessionConfig::default()).await;
+            assert_ne!(r.status, Status::ProtocolError, "{r:?}");
+            assert_ne!(r.status, Status::SandboxError, "{r:?}");
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_leaked_fds_zombies_or_dirs_after_200_cells_on_either_path() {
-    // A private temp dir, so other processes' scratch dirs in the shared one
-    // cannot disturb the count. Set before any thread reads it.
-    let private = tempfile::tempdir().unwrap();
-    std::env::set_var("TMPDIR", private.path());
+async fn no_leaked_fds_zombies_or_dirs_after_250_cells_on_either_path() {
+    // Count scratch dirs in a temp dir of our own: other programs come and
+    // go in the shared one.
+    let own_tmp = tempfile::Builder::new().prefix("leaks-").tempdir().unwrap();
+    std::env::set_var("TMPDIR", own_tmp.path());
     for warm in [false, true] {
         let sup = Supervisor::builder()
             .worker_exe(env!("CARGO_BIN_EXE_cellbox"))
             .warm(warm)
             .build()
             .unwrap();
-        // Warm up the runtime's own fds (threads, epoll) and the fork server.
+        // Warm up the runtime's own fds (threads, epoll), the fork server
+        // and the whole Python pool.
+        sup.start_pools().await.unwrap();
         let r = sup
             .run(
                 CellRequest::new(Language::Rhai, "1"),
@@ -87,11 +112,32 @@ async fn no_leaked_fds_zombies_or_dirs_after_200_cells_on_either_path() {
             )
             .await;
         assert_eq!(r.status, Status::Ok, "{r:?}");
+        let r = sup
+            .run(
+                CellRequest::new(Language::Python, "1"),
+                SessionConfig::default(),
+            )
+            .await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
         let fds = open_fds();
         let dirs = scratch_dirs();
+        let pool_root = sup.pool_status().await.scratch_root;
+        assert_eq!(pool_root.is_some(), warm);
+        let in_pool = || {
+            pool_root
+                .as_ref()
+                .map(|r| std::fs::read_dir(r).unwrap().count())
+                .unwrap_or(0)
+        };
+        let pool_dirs = in_pool();
         let procs = descendants();
-        two_hundred_cells(&sup).await;
+        two_hundred_and_fifty_cells(&sup).await;
         assert_eq!(open_fds(), fds, "file descriptors leaked (warm: {warm})");
+        assert_eq!(
+            in_pool(),
+            pool_dirs,
+            "scratch dirs left in the pool root (warm: {warm})"
+        );
         assert_eq!(
             scratch_dirs(),
             dirs,
@@ -107,6 +153,7 @@ async fn no_leaked_fds_zombies_or_dirs_after_200_cells_on_either_path() {
                 procs.iter().any(|p| p.1.contains("__forkserver")),
                 "{procs:?}"
             );
+            assert!(procs.iter().any(|p| p.1.contains("__zygote")), "{procs:?}");
         } else {
             assert!(procs.is_empty(), "{procs:?}");
         }

@@ -28,6 +28,8 @@ pub mod forkserver;
 pub mod process;
 pub mod spawn;
 pub mod syscalls;
+#[cfg(target_os = "linux")]
+pub mod zygote;
 
 #[cfg(target_os = "linux")]
 pub mod linux;

@@ -13,6 +13,8 @@ mod result;
 mod runner;
 mod session;
 mod warm;
+#[cfg(target_os = "linux")]
+mod zygote;
 
 pub use capability::{CallContext, Capability, CapabilityError, Registry};
 pub use events::EventSink;
@@ -23,6 +25,8 @@ pub use result::{
     CallRecord, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation, Usage, VarsReport,
 };
 pub use session::{HistoryEntry, Session, SessionConfig};
+#[cfg(target_os = "linux")]
+pub use zygote::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -137,6 +141,9 @@ pub(crate) struct Inner {
     python: OnceLock<Result<PythonInfo, String>>,
     warm: bool,
     forkserver: tokio::sync::Mutex<Option<Arc<warm::ForkServer>>>,
+    /// The Python zygote pools (warm supervisors on Linux only).
+    #[cfg(target_os = "linux")]
+    pub(crate) pools: Option<zygote::Pools>,
 }
 
 impl Inner {
@@ -165,6 +172,16 @@ impl Inner {
         }
     }
 
+    /// Where new scratch directories go: beneath the pool scratch root when
+    /// Python zygotes may run the cells, else the system temp dir.
+    pub(crate) fn scratch_parent(&self) -> PathBuf {
+        #[cfg(target_os = "linux")]
+        if let Some(p) = &self.pools {
+            return p.root().to_path_buf();
+        }
+        std::env::temp_dir()
+    }
+
     pub(crate) fn python(&self) -> Result<&PythonInfo, String> {
         self.python
             .get_or_init(|| python::resolve(self.python_path.as_deref()))
@@ -182,10 +199,19 @@ pub struct SupervisorBuilder {
     python: Option<PathBuf>,
     profiles: std::collections::BTreeMap<Language, String>,
     warm: bool,
+    #[cfg(target_os = "linux")]
+    pool: zygote::PoolConfig,
 }
 
 impl SupervisorBuilder {
-    /// Keep warm workers (a Rhai fork server) instead of spawning a fresh
+    /// Sizes and lifetimes of the Python zygote pools (used when warm).
+    #[cfg(target_os = "linux")]
+    pub fn python_pool(mut self, config: PoolConfig) -> Self {
+        self.pool = config;
+        self
+    }
+
+    /// Keep warm workers (a Rhai fork server, Python zygotes) instead of spawning a fresh
     /// process per cell. On by default; a one-shot caller that runs a single
     /// cell is faster with it off.
     pub fn warm(mut self, on: bool) -> Self {
@@ -243,8 +269,19 @@ impl SupervisorBuilder {
                 worker_exe.display()
             )));
         }
+        #[cfg(target_os = "linux")]
+        let pools = if self.warm {
+            Some(zygote::Pools::new(self.pool).map_err(|source| Error::Io {
+                what: "create the pool scratch root".into(),
+                source,
+            })?)
+        } else {
+            None
+        };
         Ok(Supervisor {
             inner: Arc::new(Inner {
+                #[cfg(target_os = "linux")]
+                pools,
                 registry: self.registry,
                 events: self.events,
                 worker_exe,
@@ -282,6 +319,8 @@ impl Supervisor {
             python: None,
             profiles: Default::default(),
             warm: true,
+            #[cfg(target_os = "linux")]
+            pool: zygote::PoolConfig::default(),
         }
     }
 
@@ -326,6 +365,50 @@ impl Supervisor {
     /// The capabilities this supervisor knows.
     pub fn capabilities(&self) -> impl Iterator<Item = &Capability> {
         self.inner.registry.iter()
+    }
+
+    /// Start the warm workers now (the Rhai fork server and every zygote of
+    /// the Python pool for the supervisor's Python profile) instead of on
+    /// the first cell. A no-op when warm workers are off.
+    pub async fn start_pools(&self) -> Result<(), Error> {
+        if !self.inner.warm {
+            return Ok(());
+        }
+        let _ = self.inner.fork_server().await;
+        #[cfg(target_os = "linux")]
+        if let Some(p) = &self.inner.pools {
+            let profile = self
+                .inner
+                .profiles
+                .get(&Language::Python)
+                .cloned()
+                .unwrap_or_else(|| Language::Python.default_profile().to_owned());
+            p.fill(&self.inner, &profile).await.map_err(Error::Config)?;
+        }
+        Ok(())
+    }
+
+    /// The state of the warm workers.
+    #[cfg(target_os = "linux")]
+    pub async fn pool_status(&self) -> PoolStatus {
+        let fs = self.inner.forkserver.lock().await;
+        let rhai = fs.as_ref().map(|f| !f.is_dead()).unwrap_or(false);
+        drop(fs);
+        let pools = self.inner.pools.as_ref();
+        let config = pools.map(|p| p.config.clone()).unwrap_or_default();
+        let python = match pools {
+            Some(p) => p.status().await,
+            None => Vec::new(),
+        };
+        PoolStatus {
+            warm: self.inner.warm,
+            rhai_fork_server: rhai,
+            scratch_root: pools.map(|p| p.root().to_path_buf()),
+            pool_size: config.size,
+            max_cells: config.max_cells,
+            max_age_ms: config.max_age.as_millis() as u64,
+            python,
+        }
     }
 
     /// The Python interpreter cells would use.

@@ -217,17 +217,38 @@ async fn run_worker(
         }
     };
     let max_frame = spec.limits.max_frame_bytes;
-    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
-        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
-    let worker_fd: OwnedFd = worker_sock.into();
-    let warm = if spec.language == Language::Rhai {
-        sup.fork_server().await
-    } else {
-        None
+    let pair = || {
+        std::os::unix::net::UnixStream::pair()
+            .map_err(|e| format!("failed to create the protocol socket pair: {e}"))
     };
-    let started_worker = match warm {
-        Some(fs) => start_forked(&fs, worker_fd).await?,
-        None => start_direct(sup, spec, worker_fd)?,
+    let (mut sup_sock, worker_sock) = pair()?;
+    let worker_fd: OwnedFd = worker_sock.into();
+    // A warm cell arrives sandboxed: no setup/ready exchange.
+    let mut pre_ready = None;
+    let started_worker = if spec.language == Language::Rhai {
+        match sup.fork_server().await {
+            Some(fs) => start_forked(&fs, worker_fd).await?,
+            None => start_direct(sup, spec, worker_fd)?,
+        }
+    } else if cfg!(not(target_os = "linux")) {
+        start_direct(sup, spec, worker_fd)?
+    } else {
+        #[cfg(target_os = "linux")]
+        match warm_python(sup, spec, &plan).await {
+            Some(z) => match start_zygote(&z, spec, worker_fd, &plan).await {
+                Ok(s) => {
+                    pre_ready = Some(z.cell_report());
+                    s
+                }
+                Err(e) => {
+                    tracing::warn!("warm Python cell failed to start ({e}); running it cold");
+                    let (a, b) = pair()?;
+                    sup_sock = a;
+                    start_direct(sup, spec, b.into())?
+                }
+            },
+            None => start_direct(sup, spec, worker_fd)?,
+        }
     };
     let Started {
         pid,
@@ -236,6 +257,7 @@ async fn run_worker(
         stdout: out_fd,
         stderr: err_fd,
         reap: reap_src,
+        in_flight,
     } = started_worker;
     let out_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
     let err_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
@@ -253,9 +275,11 @@ async fn run_worker(
         Ok(exit_fd) => {
             let o = converse(
                 sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame,
+                pre_ready,
             )
             .await;
-            finish_process(pid, &exit_fd, &o, matches!(reap_src, Reap::Server(..))).await;
+            let forked = !matches!(reap_src, Reap::Direct);
+            finish_process(pid, &exit_fd, &o, forked).await;
             o
         }
         Err(e) => {
@@ -275,7 +299,16 @@ async fn run_worker(
                 Err("the fork server did not report how the cell ended".to_owned())
             }
         },
+        #[cfg(target_os = "linux")]
+        Reap::Zygote(z, rx) => match tokio::time::timeout(Duration::from_secs(5), rx).await {
+            Ok(Ok(r)) => Ok(r),
+            _ => {
+                z.forget(pid);
+                Err("the Python zygote did not report how the cell ended".to_owned())
+            }
+        },
     };
+    drop(in_flight);
     if reaped.is_ok() {
         guard.disarm();
     }
@@ -337,6 +370,12 @@ enum Reap {
         Arc<super::warm::ForkServer>,
         tokio::sync::oneshot::Receiver<process::Reaped>,
     ),
+    /// A Python zygote's child: the zygote reports it.
+    #[cfg(target_os = "linux")]
+    Zygote(
+        Arc<super::zygote::Zygote>,
+        tokio::sync::oneshot::Receiver<process::Reaped>,
+    ),
 }
 
 struct Started {
@@ -346,6 +385,66 @@ struct Started {
     stdout: OwnedFd,
     stderr: OwnedFd,
     reap: Reap,
+    /// Held while a zygote's cell runs (its in-flight count).
+    in_flight: Option<Box<dyn Send>>,
+}
+
+/// The zygote to fork this Python cell from, if it can be warm: warm
+/// workers on, its scratch dir beneath the pool root, its limits under the
+/// pool's ceiling, and a zygote that starts.
+#[cfg(target_os = "linux")]
+async fn warm_python(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+) -> Option<Arc<super::zygote::Zygote>> {
+    let pools = sup.pools.as_ref()?;
+    if !super::zygote::eligible(pools, spec.language, &spec.scratch) {
+        return None;
+    }
+    let profile = spec
+        .profile
+        .clone()
+        .unwrap_or_else(|| spec.language.default_profile().to_owned());
+    let z = match pools.get(sup, &profile).await {
+        Ok(z) => z,
+        Err(e) => {
+            tracing::warn!("Python zygote unavailable, running the cell cold: {e}");
+            return None;
+        }
+    };
+    z.fits(&plan.limits).then_some(z)
+}
+
+/// Fork the cell from a Python zygote.
+#[cfg(target_os = "linux")]
+async fn start_zygote(
+    z: &Arc<super::zygote::Zygote>,
+    spec: &CellSpec,
+    worker_fd: OwnedFd,
+    plan: &SandboxPlan,
+) -> Result<Started, String> {
+    super::zygote::prepare_scratch(&spec.scratch, plan.uid, plan.gid)?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let (pid, pidfd, in_flight) = z
+        .spawn(worker_fd, out_w, err_w, &spec.scratch, &plan.limits)
+        .await?;
+    let guard = process::KillOnDrop::pidfd(
+        pidfd
+            .try_clone()
+            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+    );
+    let rx = z.exit_of(pid);
+    Ok(Started {
+        pid,
+        exit: process::ExitWatch::from_pidfd(pidfd),
+        guard,
+        stdout: out_r,
+        stderr: err_r,
+        reap: Reap::Zygote(z.clone(), rx),
+        in_flight: Some(Box::new(in_flight)),
+    })
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
@@ -374,6 +473,7 @@ async fn start_forked(
         stdout: out_r,
         stderr: err_r,
         reap: Reap::Server(fs.clone(), rx),
+        in_flight: None,
     })
 }
 
@@ -410,6 +510,7 @@ fn start_direct(sup: &Arc<Inner>, spec: &CellSpec, worker_fd: OwnedFd) -> Result
         stdout: OwnedFd::from(out),
         stderr: OwnedFd::from(err),
         reap: Reap::Direct,
+        in_flight: None,
     })
 }
 
@@ -424,6 +525,7 @@ async fn converse(
     backend: Backend,
     plan: SandboxPlan,
     max_frame: usize,
+    pre_ready: Option<crate::sandbox::SandboxReport>,
 ) -> Outcome {
     let stream = match sock
         .set_nonblocking(true)
@@ -468,8 +570,19 @@ async fn converse(
     let mut rx_open = true;
     let mut deny_seen = false;
     let deadline_t = tokio::time::Instant::from_std(deadline);
-    if let Err(SendError::Deadline) = send(&mut wr, &setup, max_frame, deadline_t).await {
-        return Outcome::Timeout;
+    // A warm cell arrives sandboxed: it reads `start` straight away.
+    let first = match pre_ready {
+        Some(report) => {
+            ready = true;
+            result.sandbox = Some(report);
+            start.take()
+        }
+        None => Some(setup),
+    };
+    if let Some(first) = first {
+        if let Err(SendError::Deadline) = send(&mut wr, &first, max_frame, deadline_t).await {
+            return Outcome::Timeout;
+        }
     }
     let outcome = loop {
         tokio::select! {
@@ -744,7 +857,7 @@ async fn run_sub_cell(
         .unwrap_or_default();
     let scratch = tempfile::Builder::new()
         .prefix("cellbox-sub-")
-        .tempdir()
+        .tempdir_in(sup.scratch_parent())
         .map_err(|e| {
             (
                 "failed".to_owned(),

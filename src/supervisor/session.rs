@@ -65,7 +65,7 @@ impl Session {
     pub(crate) fn new(sup: Arc<Inner>, config: SessionConfig) -> Result<Session, Error> {
         let scratch = tempfile::Builder::new()
             .prefix("cellbox-")
-            .tempdir()
+            .tempdir_in(sup.scratch_parent())
             .map_err(|source| Error::Io {
                 what: "create the session's scratch directory".into(),
                 source,

@@ -21,6 +21,9 @@ pub const WORKER_ARG: &str = "__worker";
 /// The hidden first argument that selects the Rhai fork server.
 pub const FORKSERVER_ARG: &str = "__forkserver";
 
+/// The hidden first argument that selects a Python zygote.
+pub const ZYGOTE_ARG: &str = "__zygote";
+
 /// Exit codes of the worker process itself (the supervisor maps them).
 const EXIT_SANDBOX: i32 = 6;
 const EXIT_PROTOCOL: i32 = 7;
@@ -40,6 +43,10 @@ pub fn dispatch() {
             }
         };
         std::process::exit(code);
+    }
+    #[cfg(target_os = "linux")]
+    if mode.as_deref() == Some(std::ffi::OsStr::new(ZYGOTE_ARG)) {
+        std::process::exit(run_zygote());
     }
     if mode.as_deref() == Some(std::ffi::OsStr::new(FORKSERVER_ARG)) {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
@@ -109,6 +116,72 @@ fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {
             127
         }
     }
+}
+
+/// A Python zygote's worker stage: read `setup` from the control channel,
+/// apply the pool-wide layers, report `ready` (with the namespace anchors
+/// for the cells' Landlock rulesets), then become the interpreter running
+/// the shim in zygote mode on the same fd 3.
+#[cfg(target_os = "linux")]
+fn run_zygote() -> i32 {
+    use crate::sandbox::zygote::{self, ZygoteMsg};
+    use std::os::fd::AsFd;
+    let ctl = match zygote::take_control_fd() {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("cellbox zygote: {e}");
+            return EXIT_PROTOCOL;
+        }
+    };
+    let (interpreter, plan) = match zygote::recv::<ZygoteMsg>(ctl.as_fd(), zygote::MAX_PACKET_BYTES)
+    {
+        Ok(Some((ZygoteMsg::Setup { interpreter, plan }, _))) => (interpreter, plan),
+        Ok(_) => {
+            eprintln!("cellbox zygote: expected a setup message");
+            return EXIT_PROTOCOL;
+        }
+        Err(e) => {
+            eprintln!("cellbox zygote: failed to read the setup message: {e}");
+            return EXIT_PROTOCOL;
+        }
+    };
+    let fail = |layer: &str, message: String| {
+        let _ = zygote::send(
+            ctl.as_fd(),
+            &ZygoteMsg::SandboxError {
+                layer: layer.to_owned(),
+                message,
+            },
+            &[],
+        );
+        EXIT_SANDBOX
+    };
+    let config = match zygote::python_config() {
+        Ok(c) => c,
+        Err(e) => return fail("seccomp", e),
+    };
+    let report = match crate::sandbox::enter(&plan) {
+        Ok(r) => r,
+        Err(e) => return fail(e.layer, e.message),
+    };
+    let in_mount_ns = report.namespaces.iter().any(|n| n == "mount");
+    let anchors = zygote::open_anchors(in_mount_ns);
+    let names = anchors.iter().map(|(n, _)| n.clone()).collect();
+    let fds: Vec<_> = anchors.iter().map(|(_, f)| f.as_fd()).collect();
+    let ready = ZygoteMsg::Ready {
+        report,
+        anchors: names,
+    };
+    if zygote::send(ctl.as_fd(), &ready, &fds).is_err() {
+        return EXIT_PROTOCOL;
+    }
+    drop(fds);
+    drop(anchors);
+    // fd 3 stays open (and inheritable) for the interpreter.
+    let err = python::exec_zygote(&interpreter, &config);
+    drop(ctl);
+    eprintln!("cellbox zygote: failed to start {interpreter}: {err}");
+    EXIT_PROTOCOL
 }
 
 #[doc(hidden)]

@@ -21,6 +21,30 @@ pub(crate) fn exec_shim(interpreter: &str) -> String {
     crate::sandbox::exec(&argv, &[]).to_string()
 }
 
+/// The zygote loop, run in the shim's globals (see zygote.py).
+pub const ZYGOTE: &str = include_str!("python/zygote.py");
+
+/// Replace this process with the interpreter running the shim in zygote
+/// mode (control channel on fd 3). Returns only on failure.
+#[cfg(target_os = "linux")]
+pub(crate) fn exec_zygote(interpreter: &str, config: &str) -> String {
+    let argv: Vec<String> = [
+        interpreter,
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        SHIM,
+        "--zygote",
+        ZYGOTE,
+        config,
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    crate::sandbox::exec(&argv, &[]).to_string()
+}
+
 /// Replace this process with `argv` (the protocol channel is closed at exec:
 /// a program run by `exec` speaks no protocol). Returns only on failure.
 pub(crate) fn exec_program(chan: Channel, argv: &[String]) -> String {

@@ -4,3 +4,4 @@ mod isolation;
 mod mcp;
 mod python;
 mod rhai;
+mod zygote;

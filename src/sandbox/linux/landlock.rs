@@ -17,6 +17,7 @@ use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// The newest Landlock ABI cellbox is tested against.
@@ -143,6 +144,8 @@ pub enum LandlockError {
     Ruleset(#[source] landlock::RulesetError),
     #[error("Landlock ruleset was only {0:?} (the filesystem rules must be fully enforced)")]
     NotEnforced(String),
+    #[error("failed to duplicate the rule fd for {0}: {1}")]
+    Dup(PathBuf, #[source] std::io::Error),
 }
 
 /// What was enforced.
@@ -200,6 +203,109 @@ pub fn apply(rules: &[Rule], kernel_abi: Option<u32>) -> Result<Enforced, Landlo
         abi: used,
         detail: format!("ABI {used} (kernel {version}): {}", detail.join(", ")),
     })
+}
+
+/// A cell's Landlock rules prepared once per zygote: every path opened
+/// (`O_PATH`) ahead of time, so each cell's ruleset costs only the syscalls
+/// that build it. See [`CellRules::ruleset`].
+#[derive(Debug)]
+pub struct CellRules {
+    fds: Vec<(OwnedFd, BitFlags<AccessFs>)>,
+    abi: ABI,
+    used: u32,
+}
+
+impl CellRules {
+    /// `rules` are host paths (bind-mounted at the same path in the zygote,
+    /// so the same inodes); `anchors` are fds of paths that exist only in
+    /// the zygote's mount namespace, with what each grants. The scratch rule
+    /// is added per cell.
+    pub fn prepare(
+        rules: &[Rule],
+        anchors: Vec<(OwnedFd, Kind, Grant)>,
+        kernel_abi: Option<u32>,
+    ) -> Result<CellRules, LandlockError> {
+        let version = kernel_abi.ok_or(LandlockError::Unavailable)?;
+        let abi = abi_of(version);
+        let mut fds = Vec::new();
+        for rule in rules {
+            let fd = match PathFd::new(&rule.path) {
+                Ok(fd) => fd,
+                Err(_) if is_optional(&rule.path) => continue,
+                Err(source) => {
+                    return Err(LandlockError::Open {
+                        path: rule.path.clone(),
+                        source,
+                    })
+                }
+            };
+            let owned = fd
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| LandlockError::Dup(rule.path.clone(), e))?;
+            fds.push((owned, access(rule, abi)));
+        }
+        for (fd, kind, grant) in anchors {
+            let rule = Rule {
+                path: PathBuf::new(),
+                kind,
+                grant,
+            };
+            fds.push((fd, access(&rule, abi)));
+        }
+        Ok(CellRules {
+            fds,
+            abi,
+            used: version.min(PINNED_ABI),
+        })
+    }
+
+    /// The ABI the rulesets are built for.
+    pub fn abi(&self) -> u32 {
+        self.used
+    }
+
+    /// A new ruleset (not enforced on anyone yet) granting the prepared
+    /// rules plus read-write beneath `scratch`, handling every filesystem
+    /// right, TCP bind/connect (ABI ≥ 4) and scoping signals and abstract
+    /// unix sockets (ABI ≥ 6). Whoever calls `landlock_restrict_self` with
+    /// it gets a domain nested in its current one.
+    pub fn ruleset(&self, scratch: &Path) -> Result<OwnedFd, LandlockError> {
+        let abi = self.abi;
+        let mut ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessFs::from_all(abi))
+            .map_err(LandlockError::Ruleset)?;
+        if self.used >= 4 {
+            ruleset = ruleset
+                .handle_access(AccessNet::from_all(abi))
+                .map_err(LandlockError::Ruleset)?;
+        }
+        if self.used >= 6 {
+            ruleset = ruleset
+                .scope(Scope::from_all(abi))
+                .map_err(LandlockError::Ruleset)?;
+        }
+        let mut created = ruleset.create().map_err(LandlockError::Ruleset)?;
+        for (fd, rights) in &self.fds {
+            created = created
+                .add_rule(PathBeneath::new(fd.as_fd(), *rights))
+                .map_err(LandlockError::Ruleset)?;
+        }
+        let scratch_fd = PathFd::new(scratch).map_err(|source| LandlockError::Open {
+            path: scratch.to_path_buf(),
+            source,
+        })?;
+        let rw = Rule {
+            path: scratch.to_path_buf(),
+            kind: Kind::Dir,
+            grant: Grant::ReadWrite,
+        };
+        created = created
+            .add_rule(PathBeneath::new(scratch_fd, access(&rw, abi)))
+            .map_err(LandlockError::Ruleset)?;
+        Option::<OwnedFd>::from(created).ok_or(LandlockError::Unavailable)
+    }
 }
 
 fn is_optional(path: &Path) -> bool {

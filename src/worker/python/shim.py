@@ -915,6 +915,13 @@ else:
         _STDOUT.reconfigure(line_buffering=True)  # output up to a kill is not lost
     except Exception:
         pass
+    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) == 4:
+        # `... -c <shim> --zygote <zygote.py> <config>`: stay resident and
+        # fork one child per cell; each child ends in _main() below.
+        _ZYGOTE_SRC, _ZYGOTE_CONFIG = sys.argv[2], sys.argv[3]
+        sys.argv = [_CELL]
+        exec(compile(_ZYGOTE_SRC, "<cellbox zygote>", "exec", 0, True), _G)
+        posix._exit(0)
     sys.argv = [_CELL]
     try:
         sys.path.append(posix.getcwd())  # modules in the scratch dir, after the stdlib

@@ -1,0 +1,430 @@
+//! Python zygotes: one sandboxed interpreter that has imported the runtime
+//! shim and forks one child per cell.
+//!
+//! A zygote starts like a worker (`cellbox __zygote`, re-exec'd by the
+//! supervisor) with a `SOCK_SEQPACKET` control channel on fd 3. The control
+//! channel carries one JSON object per packet (tag `"op"`) and, with some
+//! messages, fds (`SCM_RIGHTS`):
+//!
+//! - supervisor → zygote: `setup {interpreter, plan}` (once): the worker
+//!   stage applies the pool-wide layers with [`crate::sandbox::enter`];
+//! - zygote → supervisor: `ready {report, anchors}` with one `O_PATH` fd per
+//!   name in `anchors` (paths that exist only inside the zygote's mount
+//!   namespace: `/proc`, `/etc/passwd`, `/etc/group`), so the
+//!   supervisor can name them in each cell's Landlock ruleset; or
+//!   `sandbox_error {layer, message}`. Then the worker stage execs Python
+//!   running the shim in zygote mode, on the same fd 3;
+//! - supervisor → zygote: `spawn {id, scratch, rlimits}` with four fds: the
+//!   cell's protocol socket, its stdout and stderr pipe ends and its Landlock
+//!   ruleset (built by the supervisor, see
+//!   [`crate::sandbox::linux::landlock::CellRules`]);
+//! - zygote → supervisor: `spawned {id, pid}` with a pidfd, `error {id,
+//!   message}`, and `exited {pid, code, signal, cpu_ms, max_rss_kb}` — the
+//!   shapes of the Rhai fork server's messages
+//!   ([`crate::sandbox::forkserver::Control`]).
+//!
+//! Each child then tightens before the shim reads its `start` frame: own
+//! session, fds 0–3 only, per-cell rlimits, cwd/HOME/TMPDIR = its scratch
+//! dir, `landlock_restrict_self` with its own ruleset (a nested domain,
+//! scoped for signals and abstract sockets, so it can reach neither the
+//! zygote nor a sibling), and a second seccomp filter ([`cell_filter`]) that
+//! takes back every syscall the zygote needed and the cell profile denies.
+
+use super::{SandboxPlan, SandboxReport};
+use crate::profiles::{ArgAllow, DenyGroup, SeccompSpec, SyscallGroup};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Largest packet on a zygote's control channel (the setup carries a plan).
+pub const MAX_PACKET_BYTES: usize = 1 << 20;
+
+/// Per-cell rlimits the zygote's child sets (names as in [`super::OsLimits`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellRlimits {
+    pub cpu_seconds: u64,
+    pub memory_bytes: u64,
+    pub max_processes: u64,
+    pub max_open_files: u64,
+    pub max_file_size_bytes: u64,
+}
+
+impl From<&super::OsLimits> for CellRlimits {
+    fn from(l: &super::OsLimits) -> Self {
+        CellRlimits {
+            cpu_seconds: l.cpu_seconds,
+            memory_bytes: l.memory_bytes,
+            max_processes: l.max_processes,
+            max_open_files: l.max_open_files,
+            max_file_size_bytes: l.max_file_size_bytes,
+        }
+    }
+}
+
+/// Messages on a zygote's control channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ZygoteMsg {
+    Setup {
+        interpreter: String,
+        plan: Box<SandboxPlan>,
+    },
+    Ready {
+        report: SandboxReport,
+        anchors: Vec<String>,
+    },
+    SandboxError {
+        layer: String,
+        message: String,
+    },
+    Spawn {
+        id: u64,
+        scratch: String,
+        rlimits: CellRlimits,
+    },
+    Spawned {
+        id: u64,
+        pid: i32,
+    },
+    Error {
+        id: u64,
+        message: String,
+    },
+    Exited {
+        pid: i32,
+        code: Option<i32>,
+        signal: Option<i32>,
+        cpu_ms: u64,
+        max_rss_kb: u64,
+    },
+}
+
+/// Send one JSON packet with `fds` attached.
+pub fn send<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let data = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if data.len() > MAX_PACKET_BYTES {
+        return Err(io::Error::other(format!(
+            "a control message of {} bytes exceeds {MAX_PACKET_BYTES}",
+            data.len()
+        )));
+    }
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsgs = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    loop {
+        match sendmsg::<()>(
+            fd.as_raw_fd(),
+            &[IoSlice::new(&data)],
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receive one JSON packet and its fds. `Ok(None)`: the peer closed.
+/// A truncated packet or truncated fd list is an error (the fds that did
+/// arrive are closed).
+pub fn recv<T: DeserializeOwned>(
+    fd: BorrowedFd<'_>,
+    max: usize,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; max.min(MAX_PACKET_BYTES)];
+    let mut space = nix::cmsg_space!([RawFd; 8]);
+    let (n, fds, truncated) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        for r in raw {
+                            // SAFETY: SCM_RIGHTS just installed `r` in our fd
+                            // table; nothing else owns it.
+                            fds.push(unsafe { OwnedFd::from_raw_fd(r) });
+                        }
+                    }
+                }
+                let truncated = msg
+                    .flags
+                    .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+                break (msg.bytes, fds, truncated);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if truncated {
+        return Err(io::Error::other("a control message was truncated"));
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
+    Ok(Some((msg, fds)))
+}
+
+/// The paths inside the zygote's namespaces a cell may still read. Unlike
+/// a cold cell, a warm cell may not list the root: a grant to list
+/// directories beneath `/` would let it list the pool scratch root and its
+/// siblings' scratch dirs.
+pub const ANCHORS: &[&str] = &["/proc", "/etc/passwd", "/etc/group"];
+
+/// Open the anchors that exist (`O_PATH`), in the calling process's mount
+/// namespace. With no mount namespace only `/proc` is offered (the host's
+/// root and its `/etc` files are never granted to a cell).
+pub fn open_anchors(in_mount_ns: bool) -> Vec<(String, OwnedFd)> {
+    let mut out = Vec::new();
+    for a in ANCHORS {
+        if !in_mount_ns && *a != "/proc" {
+            continue;
+        }
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(a)
+        {
+            out.push(((*a).to_owned(), OwnedFd::from(f)));
+        }
+    }
+    out
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+/// Syscalls the zygote needs beyond the cell profile, and why each is safe
+/// to have in the zygote's own filter: every one is taken back by
+/// [`cell_filter`] in each child before cell code runs, and none widens what
+/// the zygote itself can reach.
+pub const ZYGOTE_EXTRAS: &[(&str, &str)] = &[
+    (
+        "pidfd_open",
+        "hand the supervisor a pidfd for each child (signals go through it)",
+    ),
+    (
+        "setsid",
+        "each child becomes its own session and process group",
+    ),
+    (
+        "landlock_restrict_self",
+        "each child enters its own nested Landlock domain (only ever narrows)",
+    ),
+    (
+        "seccomp",
+        "each child stacks the cell filter on top (only ever narrows)",
+    ),
+];
+
+/// The zygote's seccomp spec: the cell profile's, plus [`ZYGOTE_EXTRAS`] and
+/// `prctl(PR_SET_DUMPABLE)` (the zygote makes itself non-dumpable once).
+pub fn zygote_seccomp(cell: &SeccompSpec) -> SeccompSpec {
+    let mut spec = cell.clone();
+    let extra: Vec<&str> = ZYGOTE_EXTRAS.iter().map(|(n, _)| *n).collect();
+    spec.deny = spec
+        .deny
+        .into_iter()
+        .map(|g| DenyGroup {
+            syscalls: g
+                .syscalls
+                .into_iter()
+                .filter(|s| !extra.contains(&s.as_str()))
+                .collect(),
+            ..g
+        })
+        .filter(|g| !g.syscalls.is_empty())
+        .collect();
+    spec.allow.push(SyscallGroup {
+        group: "zygote".into(),
+        why: "the zygote forks and tightens each cell; its children drop these again".into(),
+        syscalls: extra.iter().map(|s| (*s).to_owned()).collect(),
+    });
+    let mut prctl = spec.prctl.allow.clone();
+    if !prctl.iter().any(|p| p == "PR_SET_DUMPABLE") {
+        prctl.push("PR_SET_DUMPABLE".into());
+    }
+    spec.prctl = ArgAllow {
+        why: format!(
+            "{}; the zygote clears its dumpable flag",
+            spec.prctl.why.clone()
+        ),
+        allow: prctl,
+    };
+    spec
+}
+
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_RET_K: u16 = 0x06;
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_EPERM: u32 = 0x0005_0000 | libc::EPERM as u32;
+
+fn audit_arch() -> Option<u32> {
+    match std::env::consts::ARCH {
+        "x86_64" => Some(0xC000_003E),
+        "aarch64" => Some(0xC000_00B7),
+        "riscv64" => Some(0xC000_00F3),
+        _ => None,
+    }
+}
+
+/// The filter each zygote child stacks on the zygote's: EPERM for
+/// [`ZYGOTE_EXTRAS`] and `setpgid`, and for `prctl(PR_SET_DUMPABLE)`;
+/// everything else falls through to the zygote's allowlist, which is the
+/// cell profile's. Returned as the kernel's `sock_filter` array bytes.
+pub fn cell_filter() -> Result<Vec<u8>, String> {
+    let arch = audit_arch().ok_or_else(|| {
+        format!(
+            "architecture {} is not supported by the seccomp layer",
+            std::env::consts::ARCH
+        )
+    })?;
+    let num = |n: &str| -> Result<u32, String> {
+        super::syscalls::number(n)
+            .and_then(|nr| u32::try_from(nr).ok())
+            .ok_or_else(|| format!("no syscall number for {n}"))
+    };
+    let mut denied = Vec::new();
+    for (n, _) in ZYGOTE_EXTRAS {
+        denied.push(num(n)?);
+    }
+    denied.push(num("setpgid")?);
+    let prctl = num("prctl")?;
+    let ins = |code: u16, jt: u8, jf: u8, k: u32| (code, jt, jf, k);
+    // [0] ld arch; [1] jeq arch ? next : allow; [2] ld nr;
+    // per denied: jeq nr ? ret eperm : next; then the prctl check; allow.
+    let mut prog = vec![
+        ins(BPF_LD_W_ABS, 0, 0, 4),
+        ins(BPF_JEQ_K, 0, 0, arch), // jf patched below
+        ins(BPF_LD_W_ABS, 0, 0, 0),
+    ];
+    for nr in denied {
+        prog.push(ins(BPF_JEQ_K, 0, 1, nr));
+        prog.push(ins(BPF_RET_K, 0, 0, RET_EPERM));
+    }
+    // prctl: option is args[0], low 32 bits at offset 16 (little-endian).
+    prog.push(ins(BPF_JEQ_K, 0, 3, prctl));
+    prog.push(ins(BPF_LD_W_ABS, 0, 0, 16));
+    prog.push(ins(BPF_JEQ_K, 0, 1, libc::PR_SET_DUMPABLE as u32));
+    prog.push(ins(BPF_RET_K, 0, 0, RET_EPERM));
+    prog.push(ins(BPF_RET_K, 0, 0, RET_ALLOW));
+    let to_allow = prog.len() - 1 - 2;
+    prog[1].2 = u8::try_from(to_allow).map_err(|_| "the cell filter is too long".to_owned())?;
+    let mut bytes = Vec::with_capacity(prog.len() * 8);
+    for (code, jt, jf, k) in prog {
+        bytes.extend_from_slice(&code.to_ne_bytes());
+        bytes.push(jt);
+        bytes.push(jf);
+        bytes.extend_from_slice(&k.to_ne_bytes());
+    }
+    Ok(bytes)
+}
+
+/// What the Python side of a zygote needs besides the shim, as JSON for its
+/// command line: the cell filter and the syscall numbers it calls by hand.
+pub fn python_config() -> Result<String, String> {
+    let filter = cell_filter()?;
+    let hex: String = filter.iter().map(|b| format!("{b:02x}")).collect();
+    let num =
+        |n: &str| super::syscalls::number(n).ok_or_else(|| format!("no syscall number for {n}"));
+    Ok(serde_json::json!({
+        "cell_filter": hex,
+        "nr_seccomp": num("seccomp")?,
+        "nr_landlock_restrict_self": num("landlock_restrict_self")?,
+    })
+    .to_string())
+}
+
+/// Take fd 3 as the zygote's control channel; it must be a socket.
+pub fn take_control_fd() -> io::Result<OwnedFd> {
+    super::spawn::take_protocol_channel().map(OwnedFd::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profiles::Profile;
+    use crate::sandbox::linux::seccomp::tests::run;
+
+    fn decode(bytes: &[u8]) -> Vec<seccompiler::sock_filter> {
+        bytes
+            .chunks(8)
+            .map(|c| seccompiler::sock_filter {
+                code: u16::from_ne_bytes([c[0], c[1]]),
+                jt: c[2],
+                jf: c[3],
+                k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect()
+    }
+
+    fn nr(n: &str) -> i64 {
+        crate::sandbox::syscalls::number(n).unwrap()
+    }
+
+    #[test]
+    fn cell_filter_takes_back_the_zygote_extras_only() {
+        let prog = decode(&cell_filter().unwrap());
+        for n in [
+            "pidfd_open",
+            "setsid",
+            "setpgid",
+            "landlock_restrict_self",
+            "seccomp",
+        ] {
+            assert_eq!(run(&prog, nr(n), [0; 6]), RET_EPERM, "{n}");
+        }
+        let prctl = nr("prctl");
+        assert_eq!(
+            run(&prog, prctl, [libc::PR_SET_DUMPABLE as u64, 1, 0, 0, 0, 0]),
+            RET_EPERM
+        );
+        assert_eq!(
+            run(&prog, prctl, [libc::PR_SET_NAME as u64, 0, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        for n in ["read", "write", "clone", "openat", "exit_group"] {
+            assert_eq!(run(&prog, nr(n), [0; 6]), RET_ALLOW, "{n}");
+        }
+    }
+
+    #[test]
+    fn zygote_spec_is_the_cell_spec_plus_the_extras() {
+        let p = Profile::load("python").unwrap();
+        let z = zygote_seccomp(&p.seccomp);
+        let allowed =
+            |s: &SeccompSpec, n: &str| s.allow.iter().any(|g| g.syscalls.iter().any(|x| x == n));
+        let denied =
+            |s: &SeccompSpec, n: &str| s.deny.iter().any(|g| g.syscalls.iter().any(|x| x == n));
+        for (n, _) in ZYGOTE_EXTRAS {
+            assert!(!allowed(&p.seccomp, n), "{n} allowed for cells");
+            assert!(allowed(&z, n) && !denied(&z, n), "{n}");
+        }
+        // Nothing else changed: ptrace and friends stay denied.
+        for n in [
+            "ptrace",
+            "process_vm_readv",
+            "pidfd_getfd",
+            "pidfd_send_signal",
+            "landlock_add_rule",
+        ] {
+            assert!(denied(&z, n), "{n}");
+        }
+        assert!(z.prctl.allow.iter().any(|o| o == "PR_SET_DUMPABLE"));
+        assert!(!p.seccomp.prctl.allow.iter().any(|o| o == "PR_SET_DUMPABLE"));
+    }
+}

@@ -1,0 +1,638 @@
+//! The supervisor's side of the Python zygotes (see
+//! `crate::sandbox::zygote`): a pool per Python profile, started lazily (or
+//! eagerly by [`super::Supervisor::start_pools`]), each zygote replaced when
+//! it dies, misbehaves (a bad message, no answer in time) or outlives its
+//! lifetime (cells or age).
+//!
+//! Every warm cell's scratch directory lives beneath one **pool scratch
+//! root** that the supervisor owns; each zygote sees that root at the same
+//! path, read-write for the zygote but, through each cell's own nested
+//! Landlock domain, only the cell's own directory for the cell.
+
+use super::{Inner, Language};
+use crate::sandbox::linux::landlock::{CellRules, Grant};
+use crate::sandbox::linux::view::Kind;
+use crate::sandbox::process::Reaped;
+use crate::sandbox::zygote::{self, CellRlimits, ZygoteMsg};
+use crate::sandbox::{OsLimits, SandboxPlan, SandboxReport};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Sizes and lifetimes of the Python zygote pools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Zygotes per Python profile (cells are spread over them).
+    pub size: usize,
+    /// A zygote is replaced after forking this many cells.
+    pub max_cells: u64,
+    /// A zygote is replaced once it is this old.
+    pub max_age: Duration,
+    /// A zygote that does not answer a spawn (or its setup) within this is
+    /// treated as broken and replaced.
+    pub answer_timeout: Duration,
+    /// The pool-wide resource limits a zygote runs under: the ceiling for
+    /// its cells. A cell asking for more runs cold, in its own worker.
+    pub ceiling: PoolCeiling,
+}
+
+/// Upper bounds for cells of a pool (see [`PoolConfig::ceiling`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCeiling {
+    pub memory_bytes: u64,
+    pub max_open_files: u64,
+    pub max_file_size_bytes: u64,
+    /// RLIMIT_NPROC is counted per user (namespace): the zygote and all its
+    /// cells share one count, so this is the zygote's, and each cell's
+    /// own limit is checked against the shared count.
+    pub max_processes: u64,
+    /// CPU seconds of the zygote itself over its lifetime (each cell's
+    /// CPU limit counts from zero in the cell's own process).
+    pub zygote_cpu_seconds: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 2,
+            max_cells: 2000,
+            max_age: Duration::from_secs(600),
+            answer_timeout: Duration::from_secs(10),
+            ceiling: PoolCeiling {
+                memory_bytes: 1 << 30,
+                max_open_files: 256,
+                max_file_size_bytes: 64 << 20,
+                max_processes: 256,
+                zygote_cpu_seconds: 24 * 3600,
+            },
+        }
+    }
+}
+
+/// One zygote's state, for [`PoolStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ZygoteStatus {
+    pub profile: String,
+    /// The supervisor's child (outside the zygote's PID namespace).
+    pub pid: i32,
+    pub cells: u64,
+    pub in_flight: u64,
+    pub age_ms: u64,
+    pub alive: bool,
+}
+
+/// What [`super::Supervisor::pool_status`] reports.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PoolStatus {
+    pub warm: bool,
+    pub rhai_fork_server: bool,
+    pub scratch_root: Option<PathBuf>,
+    pub pool_size: usize,
+    pub max_cells: u64,
+    pub max_age_ms: u64,
+    pub python: Vec<ZygoteStatus>,
+}
+
+type SpawnReply = Result<(i32, OwnedFd), String>;
+
+enum ExitSlot {
+    Waiting(oneshot::Sender<Reaped>),
+    Arrived(Reaped),
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
+    exits: HashMap<i32, ExitSlot>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// How a cell ended when its zygote vanished before reporting it: the
+/// kernel killed every process of the zygote's PID namespace.
+const LOST: Reaped = Reaped {
+    code: None,
+    signal: Some(libc::SIGKILL),
+    cpu_ms: 0,
+    max_rss_kb: 0,
+};
+
+/// One running zygote.
+pub(crate) struct Zygote {
+    profile: String,
+    ctl: Mutex<OwnedFd>,
+    shared: Arc<Mutex<Shared>>,
+    dead: Arc<AtomicBool>,
+    next_id: AtomicU64,
+    pid: i32,
+    born: Instant,
+    cells: AtomicU64,
+    in_flight: Arc<AtomicU64>,
+    rules: CellRules,
+    report: SandboxReport,
+    ceiling: OsLimits,
+    answer_timeout: Duration,
+}
+
+/// Decrements a zygote's in-flight count when a warm cell is over.
+pub(crate) struct InFlight(Arc<AtomicU64>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Zygote {
+    /// Start `worker_exe __zygote`, send it `setup`, wait for `ready`.
+    /// Blocking (run it off the async runtime).
+    fn start(
+        worker_exe: &Path,
+        profile: &str,
+        interpreter: &str,
+        plan: SandboxPlan,
+        ceiling: OsLimits,
+        answer_timeout: Duration,
+    ) -> Result<Zygote, String> {
+        let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
+            .map_err(|e| format!("failed to create the zygote channel: {e}"))?;
+        let mut cmd = std::process::Command::new(worker_exe);
+        cmd.arg(crate::worker::ZYGOTE_ARG)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("failed to start a Python zygote: {e}"))?;
+        drop(theirs);
+        let pid = child.id() as i32;
+        drop(child);
+        let guard = KillAndReap(pid);
+        // Host-side rules, resolved the way the worker resolves them.
+        let view = crate::sandbox::linux::view::resolve(&plan).map_err(|e| e.to_string())?;
+        let host_rules: Vec<_> = crate::sandbox::linux::landlock::rules(&view, false, false)
+            .into_iter()
+            .filter(|r| r.path != view.scratch && r.path != Path::new("/proc"))
+            .collect();
+        let setup = ZygoteMsg::Setup {
+            interpreter: interpreter.to_owned(),
+            plan: Box::new(plan),
+        };
+        zygote::send(ours.as_fd(), &setup, &[])
+            .map_err(|e| format!("failed to send the zygote its setup: {e}"))?;
+        if !wait_readable(&ours, answer_timeout) {
+            return Err("the Python zygote did not get ready in time".into());
+        }
+        let (report, anchors, fds) = match zygote::recv::<ZygoteMsg>(ours.as_fd(), 1 << 16) {
+            Ok(Some((ZygoteMsg::Ready { report, anchors }, fds))) => (report, anchors, fds),
+            Ok(Some((ZygoteMsg::SandboxError { layer, message }, _))) => {
+                return Err(format!(
+                    "the {layer} layer could not be applied to the Python zygote: {message}"
+                ))
+            }
+            Ok(Some(_)) => return Err("the Python zygote sent an unexpected message".into()),
+            Ok(None) => return Err("the Python zygote exited during setup".into()),
+            Err(e) => return Err(format!("failed to read the zygote's ready message: {e}")),
+        };
+        if anchors.len() != fds.len() {
+            return Err("the Python zygote sent a malformed ready message".into());
+        }
+        let mut anchor_rules = Vec::new();
+        for (name, fd) in anchors.iter().zip(fds) {
+            let (kind, grant) = match name.as_str() {
+                "/proc" => (Kind::Dir, Grant::Read),
+                "/etc/passwd" | "/etc/group" => (Kind::File, Grant::Read),
+                other => return Err(format!("the Python zygote offered an unknown path {other}")),
+            };
+            anchor_rules.push((fd, kind, grant));
+        }
+        let rules = CellRules::prepare(
+            &host_rules,
+            anchor_rules,
+            crate::sandbox::linux::sys::landlock_abi(),
+        )
+        .map_err(|e| format!("failed to prepare the cells' Landlock rules: {e}"))?;
+        let reader_fd = ours
+            .try_clone()
+            .map_err(|e| format!("failed to share the zygote channel: {e}"))?;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let dead = Arc::new(AtomicBool::new(false));
+        let (s2, d2) = (shared.clone(), dead.clone());
+        std::mem::forget(guard);
+        std::thread::Builder::new()
+            .name("cellbox-zygote".into())
+            .spawn(move || read_loop(reader_fd, s2, d2, pid))
+            .map_err(|e| {
+                let _ = crate::sandbox::process::kill_pid(pid);
+                format!("failed to start the zygote reader: {e}")
+            })?;
+        Ok(Zygote {
+            profile: profile.to_owned(),
+            ctl: Mutex::new(ours),
+            shared,
+            dead,
+            next_id: AtomicU64::new(1),
+            pid,
+            born: Instant::now(),
+            cells: AtomicU64::new(0),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            rules,
+            report,
+            ceiling,
+            answer_timeout,
+        })
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    fn retired(&self, cfg: &PoolConfig) -> bool {
+        self.is_dead()
+            || self.cells.load(Ordering::SeqCst) >= cfg.max_cells
+            || self.born.elapsed() >= cfg.max_age
+    }
+
+    fn mark_dead(&self) {
+        if !self.dead.swap(true, Ordering::SeqCst) {
+            // The reader thread sees EOF, resolves waiters and reaps.
+            let ctl = lock(&self.ctl);
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&*ctl),
+                nix::sys::socket::Shutdown::Both,
+            );
+            let _ = crate::sandbox::process::kill_pid(self.pid);
+        }
+    }
+
+    /// Whether a cell with these limits fits under the zygote's ceiling.
+    pub(crate) fn fits(&self, l: &OsLimits) -> bool {
+        let c = &self.ceiling;
+        l.memory_bytes <= c.memory_bytes
+            && l.max_open_files <= c.max_open_files
+            && l.max_file_size_bytes <= c.max_file_size_bytes
+            && l.max_processes <= c.max_processes
+            && l.cpu_seconds < c.cpu_seconds
+    }
+
+    /// The sandbox report of a cell forked from this zygote: the zygote's
+    /// layers plus what each child adds.
+    pub(crate) fn cell_report(&self) -> SandboxReport {
+        let mut r = self.report.clone();
+        for l in &mut r.layers {
+            let extra = match l.name.as_str() {
+                "hygiene" => "; warm: forked from a Python zygote, own session, fds 0-3 only",
+                "rlimits" => "; per-cell limits set in the cell's own process",
+                "landlock" => "; nested per-cell domain: own scratch dir only, signals and abstract sockets scoped",
+                "seccomp" => "; per-cell filter stacked on the zygote's",
+                _ => "",
+            };
+            l.detail.push_str(extra);
+        }
+        r
+    }
+
+    /// Fork one cell with these fds as its 3 (protocol), 1 and 2.
+    pub(crate) async fn spawn(
+        self: &Arc<Self>,
+        sock: OwnedFd,
+        out: OwnedFd,
+        err: OwnedFd,
+        scratch: &Path,
+        limits: &OsLimits,
+    ) -> Result<(i32, OwnedFd, InFlight), String> {
+        if self.is_dead() {
+            return Err("the Python zygote is not running".into());
+        }
+        let ruleset = self
+            .rules
+            .ruleset(scratch)
+            .map_err(|e| format!("failed to build the cell's Landlock ruleset: {e}"))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.shared).pending.insert(id, tx);
+        self.cells.fetch_add(1, Ordering::SeqCst);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let in_flight = InFlight(self.in_flight.clone());
+        let msg = ZygoteMsg::Spawn {
+            id,
+            scratch: scratch.to_string_lossy().into_owned(),
+            rlimits: CellRlimits::from(limits),
+        };
+        let sent = {
+            let ctl = lock(&self.ctl);
+            zygote::send(
+                ctl.as_fd(),
+                &msg,
+                &[sock.as_fd(), out.as_fd(), err.as_fd(), ruleset.as_fd()],
+            )
+        };
+        drop((sock, out, err, ruleset));
+        if let Err(e) = sent {
+            lock(&self.shared).pending.remove(&id);
+            self.mark_dead();
+            return Err(format!("failed to reach the Python zygote: {e}"));
+        }
+        match tokio::time::timeout(self.answer_timeout, rx).await {
+            Ok(Ok(Ok((pid, pidfd)))) => Ok((pid, pidfd, in_flight)),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err("the Python zygote went away".into()),
+            Err(_) => {
+                lock(&self.shared).pending.remove(&id);
+                self.mark_dead();
+                Err("the Python zygote did not answer in time; it is replaced".into())
+            }
+        }
+    }
+
+    /// How child `pid` ended (resolves once the zygote reaped it, or at
+    /// once with SIGKILL if the zygote is gone).
+    pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
+        let (tx, rx) = oneshot::channel();
+        let mut shared = lock(&self.shared);
+        match shared.exits.remove(&pid) {
+            Some(ExitSlot::Arrived(r)) => {
+                let _ = tx.send(r);
+            }
+            _ if self.is_dead() => {
+                let _ = tx.send(LOST);
+            }
+            _ => {
+                shared.exits.insert(pid, ExitSlot::Waiting(tx));
+            }
+        }
+        rx
+    }
+
+    /// Forget a child whose cell was abandoned.
+    pub(crate) fn forget(&self, pid: i32) {
+        lock(&self.shared).exits.remove(&pid);
+    }
+
+    fn status(&self) -> ZygoteStatus {
+        ZygoteStatus {
+            profile: self.profile.clone(),
+            pid: self.pid,
+            cells: self.cells.load(Ordering::SeqCst),
+            in_flight: self.in_flight.load(Ordering::SeqCst),
+            age_ms: self.born.elapsed().as_millis() as u64,
+            alive: !self.is_dead(),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        // Shut the socket down (the reader thread holds a second fd), so the
+        // zygote sees EOF, kills its cells and exits; the reader reaps it.
+        let ctl = lock(&self.ctl);
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&*ctl),
+            nix::sys::socket::Shutdown::Both,
+        );
+    }
+}
+
+/// Kills and reaps a zygote whose start failed half-way.
+struct KillAndReap(i32);
+
+impl Drop for KillAndReap {
+    fn drop(&mut self) {
+        let _ = crate::sandbox::process::kill_pid(self.0);
+        let _ = crate::sandbox::process::reap(self.0);
+    }
+}
+
+fn wait_readable(fd: &OwnedFd, timeout: Duration) -> bool {
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    loop {
+        let mut fds = [nix::poll::PollFd::new(
+            fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(n) => return n > 0,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid: i32) {
+    loop {
+        match zygote::recv::<ZygoteMsg>(fd.as_fd(), 4096) {
+            Ok(Some((ZygoteMsg::Spawned { id, pid }, mut fds))) => {
+                let tx = lock(&shared).pending.remove(&id);
+                let reply = match (fds.pop(), fds.is_empty()) {
+                    (Some(pidfd), true) => Ok((pid, pidfd)),
+                    _ => Err("the Python zygote sent a malformed spawned message".into()),
+                };
+                match tx {
+                    Some(tx) => {
+                        let _ = tx.send(reply);
+                    }
+                    // Nobody waits (timed out): the child must not run.
+                    None => {
+                        if let Ok((_, pidfd)) = &reply {
+                            let _ = crate::sandbox::process::pidfd_kill(pidfd.as_fd());
+                        }
+                    }
+                }
+            }
+            Ok(Some((ZygoteMsg::Error { id, message }, _))) => {
+                if let Some(tx) = lock(&shared).pending.remove(&id) {
+                    let _ = tx.send(Err(format!(
+                        "the Python zygote could not fork the cell: {message}"
+                    )));
+                }
+            }
+            Ok(Some((
+                ZygoteMsg::Exited {
+                    pid,
+                    code,
+                    signal,
+                    cpu_ms,
+                    max_rss_kb,
+                },
+                _,
+            ))) => {
+                let r = Reaped {
+                    code,
+                    signal,
+                    cpu_ms,
+                    max_rss_kb,
+                };
+                let mut s = lock(&shared);
+                match s.exits.remove(&pid) {
+                    Some(ExitSlot::Waiting(tx)) => {
+                        let _ = tx.send(r);
+                    }
+                    _ => {
+                        if s.exits.len() > 4096 {
+                            s.exits.clear();
+                        }
+                        s.exits.insert(pid, ExitSlot::Arrived(r));
+                    }
+                }
+            }
+            // Anything else from a zygote is a protocol violation: it is
+            // replaced.
+            Ok(Some(_)) | Ok(None) | Err(_) => break,
+        }
+    }
+    dead.store(true, Ordering::SeqCst);
+    let _ = crate::sandbox::process::kill_pid(pid);
+    let mut s = lock(&shared);
+    s.pending.clear();
+    for (_, slot) in s.exits.drain() {
+        if let ExitSlot::Waiting(tx) = slot {
+            let _ = tx.send(LOST);
+        }
+    }
+    drop(s);
+    let _ = crate::sandbox::process::reap(pid);
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The pools of one supervisor.
+pub(crate) struct Pools {
+    pub(crate) config: PoolConfig,
+    /// Zygotes are started from this one long-lived thread: a process's
+    /// parent-death signal fires when the *thread* that forked it ends, so
+    /// a zygote forked from a short-lived (blocking-pool) thread would be
+    /// killed when that thread retires. The thread ends with the pools, and
+    /// the zygotes with it.
+    launcher: Mutex<std::sync::mpsc::Sender<Job>>,
+    root: tempfile::TempDir,
+    zygotes: tokio::sync::Mutex<BTreeMap<String, Vec<Arc<Zygote>>>>,
+    next: AtomicUsize,
+}
+
+impl Pools {
+    pub(crate) fn new(config: PoolConfig) -> Result<Pools, std::io::Error> {
+        let root = tempfile::Builder::new().prefix("cellbox-pool-").tempdir()?;
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("cellbox-zygotes".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        Ok(Pools {
+            config,
+            launcher: Mutex::new(tx),
+            root,
+            zygotes: tokio::sync::Mutex::new(BTreeMap::new()),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// The pool scratch root (see the module docs).
+    pub(crate) fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// A live zygote for `profile`, starting or replacing zygotes as needed.
+    pub(crate) async fn get(&self, sup: &Inner, profile: &str) -> Result<Arc<Zygote>, String> {
+        let mut map = self.zygotes.lock().await;
+        let slot = map.entry(profile.to_owned()).or_default();
+        slot.retain(|z| !z.retired(&self.config));
+        let size = self.config.size.max(1);
+        if slot.len() < size {
+            // Start one now; the rest of the pool fills on later calls.
+            let z = self.start_one(sup, profile).await?;
+            slot.push(Arc::new(z));
+            return slot
+                .last()
+                .cloned()
+                .ok_or_else(|| "no Python zygote".to_owned());
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % slot.len();
+        // The least busy, starting from a rotating index.
+        let best = (0..slot.len())
+            .map(|k| (i + k) % slot.len())
+            .min_by_key(|&k| slot[k].in_flight.load(Ordering::SeqCst))
+            .unwrap_or(i);
+        Ok(slot[best].clone())
+    }
+
+    /// Start every zygote of `profile` now.
+    pub(crate) async fn fill(&self, sup: &Inner, profile: &str) -> Result<(), String> {
+        let mut map = self.zygotes.lock().await;
+        let slot = map.entry(profile.to_owned()).or_default();
+        slot.retain(|z| !z.retired(&self.config));
+        while slot.len() < self.config.size.max(1) {
+            let z = self.start_one(sup, profile).await?;
+            slot.push(Arc::new(z));
+        }
+        Ok(())
+    }
+
+    async fn start_one(&self, sup: &Inner, profile_name: &str) -> Result<Zygote, String> {
+        let py = sup.python()?.clone();
+        let profile = crate::profiles::Profile::load(profile_name).map_err(|e| e.to_string())?;
+        let c = &self.config.ceiling;
+        let ceiling = OsLimits {
+            cpu_seconds: c.zygote_cpu_seconds,
+            memory_bytes: c.memory_bytes,
+            max_processes: c.max_processes,
+            max_open_files: c.max_open_files,
+            max_file_size_bytes: c.max_file_size_bytes,
+        };
+        let mut plan = SandboxPlan::new(&profile, self.root().to_path_buf(), ceiling.clone());
+        plan.read_only.extend(py.read_only.iter().cloned());
+        plan.exec.push(py.executable.clone());
+        *plan.seccomp = zygote::zygote_seccomp(&plan.seccomp);
+        let exe = sup.worker_exe.clone();
+        let name = profile_name.to_owned();
+        let interp = py.executable.to_string_lossy().into_owned();
+        let timeout = self.config.answer_timeout;
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(Zygote::start(&exe, &name, &interp, plan, ceiling, timeout));
+        });
+        lock(&self.launcher)
+            .send(job)
+            .map_err(|_| "the zygote launcher thread is gone".to_owned())?;
+        rx.await
+            .map_err(|_| "the zygote launcher thread is gone".to_owned())?
+    }
+
+    pub(crate) async fn status(&self) -> Vec<ZygoteStatus> {
+        let map = self.zygotes.lock().await;
+        map.values().flatten().map(|z| z.status()).collect()
+    }
+}
+
+/// Whether cells of `language` under this scratch dir can be forked from a
+/// zygote of `pools`.
+pub(crate) fn eligible(pools: &Pools, language: Language, scratch: &Path) -> bool {
+    language == Language::Python && scratch.starts_with(pools.root()) && scratch != pools.root()
+}
+
+/// Give a cell's scratch dir to the sandbox uid, mode 0700 (as the worker's
+/// hygiene layer does for a cold cell).
+pub(crate) fn prepare_scratch(scratch: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    if nix::unistd::geteuid().is_root() {
+        std::os::unix::fs::lchown(scratch, Some(uid), Some(gid))
+            .map_err(|e| format!("failed to chown scratch dir {}: {e}", scratch.display()))?;
+    }
+    std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("failed to chmod scratch dir {}: {e}", scratch.display()))
+}

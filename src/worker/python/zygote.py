@@ -1,0 +1,233 @@
+# cellbox Python zygote: run in the shim's globals by
+#     python3 -I -S -B -c <shim.py> --zygote <this file> <config JSON>
+# after the worker stage applied the pool-wide sandbox layers. fd 3 is a
+# SOCK_SEQPACKET control channel to the supervisor (one JSON object per
+# packet, tag "op", fds as SCM_RIGHTS; see src/sandbox/zygote.rs).
+#
+# The zygote never runs cell code. Per `spawn` it forks a child that
+# tightens (own session, fds 0-3 only, per-cell rlimits, its scratch dir as
+# cwd/HOME/TMPDIR, its own nested Landlock domain from the ruleset fd the
+# supervisor built, the stacked cell seccomp filter) and then runs the shim's
+# _main() exactly like a cold cell. The zygote reaps its children, kills each
+# child's process group before reaping it, and reports how each ended.
+import _socket
+import resource
+import select
+import ctypes
+
+_ZC = _loads(_ZYGOTE_CONFIG)
+_CTL = _socket.socket(fileno=_FD)
+_EXIT_SANDBOX = 6
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.restype = ctypes.c_int
+_filter_bytes = bytes.fromhex(_ZC["cell_filter"])
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_filter_buf = ctypes.create_string_buffer(_filter_bytes, len(_filter_bytes))
+_fprog = _Fprog(len(_filter_bytes) // 8, ctypes.addressof(_filter_buf))
+_RLIMITS = {
+    "cpu_seconds": resource.RLIMIT_CPU,
+    "memory_bytes": resource.RLIMIT_AS,
+    "max_processes": resource.RLIMIT_NPROC,
+    "max_open_files": resource.RLIMIT_NOFILE,
+    "max_file_size_bytes": resource.RLIMIT_FSIZE,
+}
+_ANC_SPACE = _socket.CMSG_SPACE(8 * 4)
+
+
+def _zsys(nr, *args):
+    if _libc.syscall(ctypes.c_long(nr), *args) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, posix.strerror(e))
+
+
+def _zsend(obj, fds=()):
+    anc = []
+    if fds:
+        payload = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+        anc.append((_socket.SOL_SOCKET, _socket.SCM_RIGHTS, payload))
+    _CTL.sendmsg([_dumps(obj).encode("utf-8")], anc)
+
+
+def _zrecv():
+    """(message dict or None at EOF, fds)."""
+    data, anc, flags, _ = _CTL.recvmsg(65536, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
+    fds = []
+    for level, kind, payload in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            n = len(payload) - len(payload) % 4
+            fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+    if flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
+        for fd in fds:
+            posix.close(fd)
+        raise ValueError("a truncated control message")
+    if not data:
+        return None, fds
+    msg = _loads(data.decode("utf-8"))
+    if type(msg) is not dict:
+        raise ValueError("a control message is not an object")
+    return msg, fds
+
+
+def _child(msg, fds):
+    """In the forked child: tighten, then run the cell. Never returns."""
+    try:
+        _signal.set_wakeup_fd(-1)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        _CTL.detach()  # fd 3 is about to become the cell's protocol socket
+        posix.setsid()
+        null = posix.open("/dev/null", posix.O_RDONLY)
+        sock, out, err, rules = fds
+        if min(null, sock, out, err, rules) < 5:
+            raise OSError("unexpected fd layout")
+        for src, dst in ((null, 0), (out, 1), (err, 2), (sock, _FD), (rules, 4)):
+            posix.dup2(src, dst)
+        posix.closerange(5, 1 << 20)
+        rl = msg["rlimits"]
+        for name, res in _RLIMITS.items():
+            v = rl[name]
+            if type(v) is not int or v < 0:
+                raise ValueError("bad rlimit " + name)
+            hard = v + 1 if res == resource.RLIMIT_CPU else v
+            resource.setrlimit(res, (v, hard))
+        scratch = msg["scratch"]
+        if type(scratch) is not str or not scratch.startswith("/"):
+            raise ValueError("bad scratch dir")
+        # Its own nested Landlock domain, then the stacked cell filter
+        # (which refuses landlock_restrict_self, so the order matters).
+        _zsys(_ZC["nr_landlock_restrict_self"], ctypes.c_long(4), ctypes.c_long(0))
+        posix.close(4)
+        _zsys(_ZC["nr_seccomp"], ctypes.c_long(1), ctypes.c_long(0), ctypes.byref(_fprog))
+        posix.chdir(scratch)
+        import os
+
+        os.environ["HOME"] = scratch
+        os.environ["TMPDIR"] = scratch
+        sys.path.append(scratch)  # modules in the scratch dir, after the stdlib
+    except BaseException as e:
+        try:
+            posix.write(2, ("cellbox zygote: failed to prepare the cell: %s\n" % _clean(str(e))).encode("utf-8", "replace"))
+        finally:
+            posix._exit(_EXIT_SANDBOX)
+    _main()
+    posix._exit(0)
+
+
+def _spawn(msg, fds, cells):
+    cid = msg.get("id")
+    if type(cid) is not int or len(fds) != 4 or type(msg.get("rlimits")) is not dict:
+        for fd in fds:
+            posix.close(fd)
+        _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed spawn message"})
+        return
+    for stream in (_STDOUT, _STDERR):
+        stream.flush()
+    pid = posix.fork()
+    if pid == 0:
+        _child(msg, fds)
+    for fd in fds:
+        posix.close(fd)
+    cells[pid] = cid
+    try:
+        pidfd = posix.pidfd_open(pid)
+    except OSError as e:
+        posix.kill(pid, _signal.SIGKILL)
+        _zsend({"op": "error", "id": cid, "message": "pidfd_open failed: %s" % e})
+        return
+    try:
+        _zsend({"op": "spawned", "id": cid, "pid": pid}, (pidfd,))
+    finally:
+        posix.close(pidfd)
+
+
+def _reap(cells):
+    while True:
+        try:
+            info = posix.waitid(posix.P_ALL, 0, posix.WEXITED | posix.WNOHANG | posix.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or not info.si_pid:
+            return
+        pid = info.si_pid
+        if pid in cells:
+            # Whatever the cell left in its group goes first; the leader is
+            # still unreaped, so its pid and group id are not reused yet.
+            try:
+                posix.killpg(pid, _signal.SIGKILL)
+            except OSError:
+                pass
+        _, status, ru = posix.wait4(pid, 0)
+        if cells.pop(pid, None) is None:
+            continue  # an orphan a cell left behind
+        _zsend(
+            {
+                "op": "exited",
+                "pid": pid,
+                "code": posix.WEXITSTATUS(status) if posix.WIFEXITED(status) else None,
+                "signal": posix.WTERMSIG(status) if posix.WIFSIGNALED(status) else None,
+                "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000),
+                "max_rss_kb": int(ru.ru_maxrss),
+            }
+        )
+
+
+def _quit(cells):
+    for pid in cells:
+        try:
+            posix.killpg(pid, _signal.SIGKILL)
+        except OSError:
+            pass
+    posix._exit(0)
+
+
+def _zygote():
+    # Nothing in this process (and so in no child) can be read or traced by
+    # a process of the same uid.
+    if _libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        posix._exit(_EXIT_SANDBOX)
+    posix.set_inheritable(_FD, False)
+    wake_r, wake_w = posix.pipe()
+    posix.set_blocking(wake_r, False)
+    posix.set_blocking(wake_w, False)
+    _signal.set_wakeup_fd(wake_w)
+    _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+    poller = select.poll()
+    poller.register(_FD, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    cells = {}
+    while True:
+        events = poller.poll()
+        for fd, ev in events:
+            if fd == wake_r:
+                try:
+                    while posix.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            try:
+                msg, fds = _zrecv()
+            except (OSError, ValueError):
+                _quit(cells)
+            if msg is None:
+                _quit(cells)
+            if msg.get("op") == "spawn":
+                _spawn(msg, fds, cells)
+            else:
+                for f in fds:
+                    posix.close(f)
+        _reap(cells)
+
+
+try:
+    _zygote()
+except BaseException as e:
+    try:
+        posix.write(2, ("cellbox zygote: %s: %s\n" % (type(e).__name__, _clean(str(e)))).encode("utf-8", "replace"))
+    finally:
+        posix._exit(_EXIT_SANDBOX)

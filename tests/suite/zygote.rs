@@ -1,0 +1,444 @@
+//! Warm Python cells: forked from a sandboxed zygote of the pool. Each test
+//! first checks that its cells really came from a zygote.
+
+use super::common::*;
+use cellbox::{CellRequest, CellResult, Language, Session, SessionConfig, Status, Supervisor};
+use serde_json::{json, Value};
+
+async fn py_in(session: &Session, code: &str) -> CellResult {
+    session.run(CellRequest::new(Language::Python, code)).await
+}
+
+/// Panic unless the cell was forked from a zygote.
+fn require_warm(r: &CellResult) {
+    let report = r
+        .sandbox
+        .as_ref()
+        .unwrap_or_else(|| panic!("no sandbox report in {r:?}"));
+    let hygiene = report.layer("hygiene").map(|l| l.detail.clone());
+    assert!(
+        hygiene.as_deref().unwrap_or("").contains("Python zygote"),
+        "the cell did not come from a zygote: {report:?}"
+    );
+    for l in &report.layers {
+        assert!(l.applied, "layer {} not applied: {report:?}", l.name);
+    }
+}
+
+#[tokio::test]
+async fn warm_cells_come_from_a_live_zygote_and_cold_ones_do_not() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(&s, "import os\n[os.getpid(), os.getuid(), 6 * 7]").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    let v = r.value.as_array().unwrap().clone();
+    assert!(
+        v[0].as_i64().unwrap() > 1,
+        "a warm cell is a child, not PID 1: {v:?}"
+    );
+    assert_eq!(v[2], json!(42));
+    let status = sup.pool_status().await;
+    assert!(status.warm);
+    let live: Vec<_> = status.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{status:?}");
+    assert!(live[0].cells >= 1, "{status:?}");
+    assert!(s.scratch_dir().starts_with(status.scratch_root.unwrap()));
+
+    let cold = Supervisor::builder()
+        .worker_exe(bin())
+        .warm(false)
+        .build()
+        .unwrap();
+    let r = cold
+        .run(
+            CellRequest::new(Language::Python, "import os\nos.getpid()"),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        Value::from(1),
+        "a cold cell is PID 1 of its namespace"
+    );
+    assert!(!format!("{:?}", r.sandbox).contains("zygote"));
+    assert!(cold.pool_status().await.python.is_empty());
+}
+
+fn one_zygote(config: cellbox::PoolConfig) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .python_pool(config)
+        .build()
+        .unwrap()
+}
+
+fn pool(size: usize) -> cellbox::PoolConfig {
+    cellbox::PoolConfig {
+        size,
+        ..cellbox::PoolConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_cell_cannot_signal_trace_or_read_its_zygote() {
+    let sup = one_zygote(pool(1));
+    let code = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {"ppid": os.getppid()}
+def attempt(name, f):
+    try:
+        f()
+        out[name] = "allowed"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+attempt("kill", lambda: os.kill(1, 0))
+attempt("sigterm", lambda: os.kill(1, 15))
+attempt("killpg", lambda: os.killpg(0, 0) if False else os.killpg(1, 0))
+attempt("mem", lambda: open("/proc/1/mem", "rb").read(1))
+attempt("environ", lambda: open("/proc/1/environ", "rb").read())
+attempt("maps", lambda: open("/proc/1/maps", "rb").read())
+def trace():
+    if libc.ptrace(16, 1, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+attempt("ptrace", trace)
+def vm_read():
+    if libc.process_vm_readv(1, 0, 0, 0, 0, 0) < 0:
+        raise OSError(ctypes.get_errno(), "process_vm_readv")
+attempt("process_vm_readv", vm_read)
+attempt("setsid", os.setsid)
+attempt("setpgid", lambda: os.setpgid(0, 0))
+def dumpable():
+    if libc.prctl(4, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl")
+attempt("set_dumpable", dumpable)
+out["dumpable"] = libc.prctl(3, 0, 0, 0, 0)
+attempt("pidfd_open", lambda: os.close(os.pidfd_open(1)))
+out
+"#;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, code),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(
+        r.value["ppid"], 1,
+        "the zygote is the cell's parent, PID 1 of the pool's namespace"
+    );
+    for key in [
+        "kill",
+        "sigterm",
+        "killpg",
+        "mem",
+        "environ",
+        "maps",
+        "ptrace",
+        "process_vm_readv",
+        "setsid",
+        "setpgid",
+        "set_dumpable",
+        "pidfd_open",
+    ] {
+        let got = r.value[key].as_str().unwrap_or_default();
+        assert!(
+            got == "EPERM" || got == "EACCES" || got == "ESRCH",
+            "{key}: {got} (value {})",
+            r.value
+        );
+    }
+    assert_eq!(r.value["kill"], "EPERM", "Landlock's signal scope");
+    assert_eq!(r.value["ptrace"], "EPERM");
+    assert_eq!(
+        r.value["dumpable"], 0,
+        "the zygote's cells are not dumpable"
+    );
+    // The zygote is unharmed: the next cell works.
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "1 + 1"),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+}
+
+#[tokio::test]
+async fn a_cell_cannot_reach_a_concurrent_sibling() {
+    let sup = one_zygote(pool(1));
+    let a = sup.session(SessionConfig::default()).unwrap();
+    let b = sup.session(SessionConfig::default()).unwrap();
+    let a_dir = a.scratch_dir().to_path_buf();
+    let a2 = a.clone();
+    let running = tokio::spawn(async move {
+        py_in(
+            &a2,
+            "import os, time\nopen('secret', 'w').write('a-only')\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3)\n'done'",
+        )
+        .await
+    });
+    let pid_file = a_dir.join("pid");
+    let mut pid = String::new();
+    for _ in 0..200 {
+        if let Ok(p) = std::fs::read_to_string(&pid_file) {
+            if !p.is_empty() {
+                pid = p;
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(!pid.is_empty(), "the first cell never started");
+    let code = format!(
+        r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid, d = {pid}, {d:?}
+out = {{"visible": os.path.exists("/proc/%d" % pid)}}
+def attempt(name, f):
+    try:
+        f()
+        out[name] = "allowed"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+attempt("kill", lambda: os.kill(pid, 9))
+attempt("mem", lambda: open("/proc/%d/mem" % pid, "rb").read(1))
+attempt("environ", lambda: open("/proc/%d/environ" % pid, "rb").read())
+def trace():
+    if libc.ptrace(16, pid, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+attempt("ptrace", trace)
+attempt("read_secret", lambda: open(d + "/secret").read())
+attempt("list_scratch", lambda: os.listdir(d))
+attempt("write_scratch", lambda: open(d + "/planted", "w").write("x"))
+out
+"#,
+        pid = pid.trim(),
+        d = a_dir.display().to_string()
+    );
+    let r = py_in(&b, &code).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(
+        r.value["visible"], true,
+        "both cells share one zygote, so the sibling is in /proc: {}",
+        r.value
+    );
+    for key in ["kill", "ptrace"] {
+        assert_eq!(r.value[key], "EPERM", "{key}: {}", r.value);
+    }
+    for key in ["mem", "environ"] {
+        let got = r.value[key].as_str().unwrap_or_default();
+        assert!(got == "EPERM" || got == "EACCES", "{key}: {}", r.value);
+    }
+    for key in ["read_secret", "list_scratch", "write_scratch"] {
+        assert_eq!(r.value[key], "EACCES", "{key}: {}", r.value);
+    }
+    let ra = running.await.unwrap();
+    assert_eq!(ra.status, Status::Ok, "the sibling was disturbed: {ra:?}");
+    require_warm(&ra);
+    assert_eq!(ra.value, json!("done"));
+    assert!(!a_dir.join("planted").exists());
+}
+
+#[tokio::test]
+async fn leftovers_of_one_cell_are_never_seen_by_the_next() {
+    let sup = one_zygote(pool(1));
+    let first = r#"
+import json, os, sys, tempfile, threading, time
+open(os.path.join(tempfile.gettempdir(), "left.txt"), "w").write("x")
+try:
+    open("/tmp/left.txt", "w").write("x")
+    tmp = "written"
+except OSError as e:
+    tmp = type(e).__name__
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+json.dumps = lambda *a, **k: "patched"
+sys.modules["planted"] = sys
+os.environ["PLANTED"] = "1"
+count = threading.active_count()
+import builtins
+builtins.len = lambda x: 42
+[tmp, count]
+"#;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, first),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.value[1], 2, "{r:?}");
+    let second = r#"
+import json, os, sys, tempfile, threading
+[
+    os.path.exists(os.path.join(tempfile.gettempdir(), "left.txt")),
+    os.path.exists("/tmp/left.txt"),
+    threading.active_count(),
+    json.dumps([1]),
+    "planted" in sys.modules,
+    os.environ.get("PLANTED"),
+    len([1, 2]),
+]
+"#;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, second),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.value, json!([false, false, 1, "[1]", false, null, 2]));
+}
+
+#[tokio::test]
+async fn processes_a_cell_starts_die_with_it() {
+    let sup = one_zygote(pool(1));
+    let r = sup
+        .run(
+            CellRequest::new(
+                Language::Python,
+                "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\npid",
+            ),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    let orphan = r.value.as_i64().unwrap();
+    // The zygote killed the cell's group before reporting it: by the next
+    // cell the sleeper is gone from the zygote's PID namespace.
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, format!("import os\n[os.path.exists('/proc/{orphan}'), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())]")),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value[0], false, "{r:?}");
+    let pids = r.value[1].as_array().unwrap();
+    assert_eq!(pids.len(), 2, "only the zygote and this cell: {r:?}");
+}
+
+#[tokio::test]
+async fn killing_the_zygote_mid_cell_kills_the_cell_and_the_next_cell_gets_a_new_one() {
+    let sup = one_zygote(pool(1));
+    let s2 = sup.clone();
+    let running = tokio::spawn(async move {
+        s2.run(
+            CellRequest::new(Language::Python, "import time\ntime.sleep(30)"),
+            SessionConfig::default(),
+        )
+        .await
+    });
+    let mut old = None;
+    for _ in 0..300 {
+        let st = sup.pool_status().await;
+        if let Some(z) = st.python.iter().find(|z| z.in_flight == 1) {
+            old = Some(z.pid);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let old = old.expect("the cell never reached the zygote");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), running)
+        .await
+        .expect("the cell outlived its zygote")
+        .unwrap();
+    assert_eq!(r.status, Status::Killed, "{r:?}");
+    assert_eq!(r.exit.signal, Some(libc::SIGKILL), "{r:?}");
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "40 + 2"),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.value, json!(42));
+    let st = sup.pool_status().await;
+    let live: Vec<_> = st.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{st:?}");
+    assert_ne!(live[0].pid, old, "the zygote was replaced");
+}
+
+#[tokio::test]
+async fn a_zygote_is_replaced_after_its_cell_count() {
+    let sup = one_zygote(cellbox::PoolConfig {
+        size: 1,
+        max_cells: 2,
+        ..cellbox::PoolConfig::default()
+    });
+    let mut pids = Vec::new();
+    for _ in 0..5 {
+        let r = sup
+            .run(
+                CellRequest::new(Language::Python, "1"),
+                SessionConfig::default(),
+            )
+            .await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        require_warm(&r);
+        let st = sup.pool_status().await;
+        pids.push(st.python.iter().find(|z| z.alive).unwrap().pid);
+    }
+    assert_eq!(pids[0], pids[1], "{pids:?}");
+    assert_ne!(pids[1], pids[2], "{pids:?}");
+    assert_eq!(pids[2], pids[3], "{pids:?}");
+    assert_ne!(pids[3], pids[4], "{pids:?}");
+    // Retired zygotes are gone, not lingering.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for old in [pids[0], pids[2]] {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{old}")).exists(),
+            "retired zygote {old} still runs"
+        );
+    }
+}
+
+#[tokio::test]
+async fn cells_above_the_pool_ceiling_run_cold_and_per_cell_limits_apply_warm() {
+    let sup = one_zygote(pool(1));
+    let mut cfg = SessionConfig::default();
+    cfg.limits.memory_bytes = 4 << 30;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "import os\nos.getpid()"),
+            cfg,
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        json!(1),
+        "above the ceiling the cell runs cold: {r:?}"
+    );
+    let mut cfg = SessionConfig::default();
+    cfg.limits.memory_bytes = 256 << 20;
+    cfg.limits.max_open_files = 100;
+    cfg.limits.cpu_seconds = 7;
+    let r = sup
+        .run(
+            CellRequest::new(
+                Language::Python,
+                "import resource as r\n[r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NOFILE)[0], r.getrlimit(r.RLIMIT_CPU)[0], r.getrusage(r.RUSAGE_SELF).ru_utime < 1]",
+            ),
+            cfg,
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.value, json!([256 << 20, 100, 7, true]));
+}
