@@ -26,6 +26,8 @@ struct Shared {
 }
 
 pub(crate) struct ForkServer {
+    /// Keeps the thread that forked the server alive (see `start`).
+    _keep_parent: std::sync::mpsc::Sender<()>,
     ctl: Mutex<OwnedFd>,
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
@@ -53,12 +55,28 @@ impl ForkServer {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());
         crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs);
-        let child = cmd
-            .spawn()
+        // Fork from a thread that lives as long as this handle: the server's
+        // parent-death signal fires when the *thread* that forked it ends,
+        // and the caller's thread (a runtime worker) may not outlive us.
+        let (keep_tx, keep_rx) = std::sync::mpsc::channel::<()>();
+        let (res_tx, res_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("cellbox-forkserver-parent".into())
+            .spawn(move || {
+                let r = cmd.spawn().map(|c| c.id() as i32);
+                drop(theirs);
+                let ok = r.is_ok();
+                let _ = res_tx.send(r);
+                if ok {
+                    // Blocks until the ForkServer is dropped.
+                    let _ = keep_rx.recv();
+                }
+            })
+            .map_err(|e| format!("failed to start the fork server thread: {e}"))?;
+        let server_pid = res_rx
+            .recv()
+            .map_err(|_| "the fork server thread went away".to_owned())?
             .map_err(|e| format!("failed to start the fork server: {e}"))?;
-        drop(theirs);
-        let server_pid = child.id() as i32;
-        drop(child);
         let reader_fd = ours
             .try_clone()
             .map_err(|e| format!("failed to share the fork server channel: {e}"))?;
@@ -70,6 +88,7 @@ impl ForkServer {
             .spawn(move || read_loop(reader_fd, s2, d2, server_pid))
             .map_err(|e| format!("failed to start the fork server reader: {e}"))?;
         Ok(ForkServer {
+            _keep_parent: keep_tx,
             ctl: Mutex::new(ours),
             shared,
             dead,
