@@ -28,12 +28,25 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// Largest control message.
-pub const MAX_CONTROL_BYTES: usize = 4096;
+pub const MAX_CONTROL_BYTES: usize = 1 << 20;
 
 /// Messages on the control channel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Control {
+    /// First message: the pool-wide sandbox plan.
+    Init {
+        plan: Box<super::SandboxPlan>,
+    },
+    /// The pool layers are in place.
+    Ready {
+        report: super::SandboxReport,
+    },
+    /// The pool layers could not be applied.
+    Failed {
+        layer: String,
+        message: String,
+    },
     Spawn {
         id: u64,
     },

@@ -198,6 +198,43 @@ pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
     linux::enter(plan)
 }
 
+/// The layers a pool process (the Rhai fork server) shares with the cells
+/// it forks: hygiene, namespaces, privileges, Landlock. Like [`enter`] it
+/// may fork into the namespaces and return in the child.
+#[cfg(target_os = "linux")]
+pub fn enter_pool(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
+    linux::enter_stage(plan, linux::Stage::Pool)
+}
+
+/// The per-cell layers in a child forked from a pool process: its rlimits, a
+/// nested Landlock domain with no file or network access, seccomp.
+#[cfg(target_os = "linux")]
+pub fn enter_pool_child(
+    plan: &SandboxPlan,
+    pool: &SandboxReport,
+) -> Result<SandboxReport, SandboxError> {
+    linux::enter_pool_child(plan, pool)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn enter_pool(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
+    Err(SandboxError::new(
+        "hygiene",
+        "the OS sandbox is only implemented for Linux",
+    ))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn enter_pool_child(
+    _plan: &SandboxPlan,
+    _pool: &SandboxReport,
+) -> Result<SandboxReport, SandboxError> {
+    Err(SandboxError::new(
+        "hygiene",
+        "the OS sandbox is only implemented for Linux",
+    ))
+}
+
 /// Without Linux there is nothing here to apply the plan with.
 #[cfg(not(target_os = "linux"))]
 pub fn enter(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {

@@ -141,12 +141,29 @@ pub(crate) struct Inner {
     python: OnceLock<Result<PythonInfo, String>>,
     warm: bool,
     forkserver: tokio::sync::Mutex<Option<Arc<warm::ForkServer>>>,
+    profile_cache:
+        std::sync::Mutex<std::collections::HashMap<String, Arc<crate::profiles::Profile>>>,
     /// The Python zygote pools (warm supervisors on Linux only).
     #[cfg(target_os = "linux")]
     pub(crate) pools: Option<zygote::Pools>,
 }
 
 impl Inner {
+    /// A sandbox profile by name or path, parsed once per supervisor (a
+    /// profile file edited later takes effect with a new supervisor).
+    pub(crate) fn profile(&self, name: &str) -> Result<Arc<crate::profiles::Profile>, String> {
+        let mut cache = match self.profile_cache.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(p) = cache.get(name) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(crate::profiles::Profile::load(name).map_err(|e| e.to_string())?);
+        cache.insert(name.to_owned(), p.clone());
+        Ok(p)
+    }
+
     /// The running Rhai fork server, started (or restarted) on demand;
     /// `None` when warm workers are off or it cannot start.
     pub(crate) async fn fork_server(&self) -> Option<Arc<warm::ForkServer>> {
@@ -159,7 +176,11 @@ impl Inner {
                 return Some(fs.clone());
             }
         }
-        match warm::ForkServer::start(&self.worker_exe) {
+        let profile = self
+            .profiles
+            .get(&Language::Rhai)
+            .map_or("rhai", String::as_str);
+        match warm::ForkServer::start(&self.worker_exe, profile) {
             Ok(fs) => {
                 let fs = Arc::new(fs);
                 *slot = Some(fs.clone());
@@ -290,6 +311,7 @@ impl SupervisorBuilder {
                 python: OnceLock::new(),
                 warm: self.warm,
                 forkserver: tokio::sync::Mutex::new(None),
+                profile_cache: Default::default(),
             }),
         })
     }

@@ -106,7 +106,7 @@ fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), S
         .profile
         .clone()
         .unwrap_or_else(|| spec.language.default_profile().to_owned());
-    let profile = crate::profiles::Profile::load(&profile_name).map_err(|e| e.to_string())?;
+    let profile = sup.profile(&profile_name)?;
     let mut plan = SandboxPlan::new(&profile, spec.scratch.clone(), limits);
     let backend = match spec.language {
         Language::Rhai => Backend::Rhai,
@@ -227,8 +227,9 @@ async fn run_worker(
     let mut pre_ready = None;
     let started_worker = if spec.language == Language::Rhai {
         match sup.fork_server().await {
-            Some(fs) => start_forked(&fs, worker_fd).await?,
-            None => start_direct(sup, spec, worker_fd)?,
+            // Only cells of the profile whose pool layers the server holds.
+            Some(fs) if fs.profile == plan.profile => start_forked(&fs, worker_fd).await?,
+            _ => start_direct(sup, spec, worker_fd)?,
         }
     } else if cfg!(not(target_os = "linux")) {
         start_direct(sup, spec, worker_fd)?

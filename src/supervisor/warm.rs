@@ -26,6 +26,10 @@ struct Shared {
 }
 
 pub(crate) struct ForkServer {
+    /// The sandbox profile its pool layers come from.
+    pub(crate) profile: String,
+    /// Its working directory.
+    _dir: tempfile::TempDir,
     /// Keeps the thread that forked the server alive (see `start`).
     _keep_parent: std::sync::mpsc::Sender<()>,
     ctl: Mutex<OwnedFd>,
@@ -42,8 +46,19 @@ fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 impl ForkServer {
-    /// Start `worker_exe __forkserver` with the control channel on fd 3.
-    pub(crate) fn start(worker_exe: &Path) -> Result<ForkServer, String> {
+    /// Start `worker_exe __forkserver` with the control channel on fd 3 and
+    /// have it apply the pool-wide layers of `profile`.
+    pub(crate) fn start(worker_exe: &Path, profile: &str) -> Result<ForkServer, String> {
+        let loaded = crate::profiles::Profile::load(profile).map_err(|e| e.to_string())?;
+        let dir = tempfile::Builder::new()
+            .prefix("cellbox-forkserver-")
+            .tempdir()
+            .map_err(|e| format!("failed to create the fork server's directory: {e}"))?;
+        let plan = crate::sandbox::SandboxPlan::new(
+            &loaded,
+            dir.path().to_path_buf(),
+            super::Limits::default().os_limits(),
+        );
         let (ours, theirs) = forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the fork server channel: {e}"))?;
         let mut cmd = std::process::Command::new(worker_exe);
@@ -77,6 +92,25 @@ impl ForkServer {
             .recv()
             .map_err(|_| "the fork server thread went away".to_owned())?
             .map_err(|e| format!("failed to start the fork server: {e}"))?;
+        // Pool-wide layers first; a server that cannot apply them is not used.
+        let report = forkserver::send(
+            ours.as_fd(),
+            &Control::Init {
+                plan: Box::new(plan),
+            },
+            &[],
+        )
+        .and_then(|()| forkserver::recv(ours.as_fd()));
+        match report {
+            Ok(Some((Control::Ready { .. }, _))) => {}
+            Ok(Some((Control::Failed { layer, message }, _))) => {
+                return Err(format!(
+                    "the fork server could not apply the {layer} layer: {message}"
+                ))
+            }
+            Ok(_) => return Err("the fork server did not start".into()),
+            Err(e) => return Err(format!("the fork server did not start: {e}")),
+        }
         let reader_fd = ours
             .try_clone()
             .map_err(|e| format!("failed to share the fork server channel: {e}"))?;
@@ -88,6 +122,8 @@ impl ForkServer {
             .spawn(move || read_loop(reader_fd, s2, d2, server_pid))
             .map_err(|e| format!("failed to start the fork server reader: {e}"))?;
         Ok(ForkServer {
+            profile: profile.to_owned(),
+            _dir: dir,
             _keep_parent: keep_tx,
             ctl: Mutex::new(ours),
             shared,
@@ -210,7 +246,7 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, ser
                     }
                 }
             }
-            Ok(Some((Control::Spawn { .. }, _))) => {}
+            Ok(Some(_)) => {}
             Ok(None) | Err(_) => break,
         }
     }

@@ -50,10 +50,7 @@ pub fn dispatch() {
     }
     if mode.as_deref() == Some(std::ffi::OsStr::new(FORKSERVER_ARG)) {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
-            Ok(stream) => {
-                rhai::prewarm();
-                crate::sandbox::forkserver::serve(stream.into(), run_worker)
-            }
+            Ok(stream) => fork_server_main(stream.into()),
             Err(e) => {
                 eprintln!("cellbox fork server: {e}");
                 EXIT_PROTOCOL
@@ -63,9 +60,71 @@ pub fn dispatch() {
     }
 }
 
+/// The pool layers the fork server applied, inherited by every forked cell.
+static POOL_REPORT: std::sync::OnceLock<crate::sandbox::SandboxReport> = std::sync::OnceLock::new();
+
+/// The Rhai fork server: take the pool plan, apply the pool-wide layers
+/// once (namespaces included, so no cell pays for them), then fork a cell
+/// per request; each cell adds only its own rlimits, a nested Landlock
+/// domain and seccomp.
+fn fork_server_main(ctl: std::os::fd::OwnedFd) -> i32 {
+    use crate::sandbox::forkserver::{recv, send, Control};
+    use std::os::fd::AsFd;
+    let plan = match recv(ctl.as_fd()) {
+        Ok(Some((Control::Init { plan }, _))) => plan,
+        _ => return EXIT_PROTOCOL,
+    };
+    let report = match crate::sandbox::enter_pool(&plan) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = send(
+                ctl.as_fd(),
+                &Control::Failed {
+                    layer: e.layer.to_owned(),
+                    message: e.message.clone(),
+                },
+                &[],
+            );
+            return EXIT_SANDBOX;
+        }
+    };
+    if send(
+        ctl.as_fd(),
+        &Control::Ready {
+            report: report.clone(),
+        },
+        &[],
+    )
+    .is_err()
+    {
+        return EXIT_PROTOCOL;
+    }
+    let _ = POOL_REPORT.set(report);
+    rhai::prewarm();
+    crate::sandbox::forkserver::serve(ctl, run_forked_worker)
+}
+
+/// A cell forked from the fork server: like [`run_worker`], but only the
+/// per-cell layers remain to apply.
+fn run_forked_worker(stream: std::os::unix::net::UnixStream) -> i32 {
+    match POOL_REPORT.get() {
+        Some(pool) => run_worker_with(stream, |plan| crate::sandbox::enter_pool_child(plan, pool)),
+        None => EXIT_SANDBOX,
+    }
+}
+
 /// One cell, from the `setup` frame to `done`, on an open protocol channel.
 /// Returns the worker's exit code.
 fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {
+    run_worker_with(stream, crate::sandbox::enter)
+}
+
+fn run_worker_with(
+    stream: std::os::unix::net::UnixStream,
+    enter: impl FnOnce(
+        &crate::sandbox::SandboxPlan,
+    ) -> Result<crate::sandbox::SandboxReport, crate::sandbox::SandboxError>,
+) -> i32 {
     let mut chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     let setup = match read_frame_blocking::<ToWorker, _>(chan.stream(), DEFAULT_MAX_FRAME_BYTES) {
         Ok(ToWorker::Setup(s)) => s,
@@ -81,7 +140,7 @@ fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {
 
     // The jail, in order (DESIGN §3): hygiene → namespaces → rlimits →
     // privileges → Landlock → seccomp. Nothing untrusted has run yet.
-    let report = match crate::sandbox::enter(&setup.plan) {
+    let report = match enter(&setup.plan) {
         Ok(r) => r,
         Err(e) => {
             let _ = chan.send(&FromWorker::SandboxError(SandboxFailure {

@@ -88,13 +88,20 @@ fn all_processes() -> Vec<(i32, i32, char, String)> {
 pub fn children() -> Vec<(i32, char, String)> {
     let me = std::process::id() as i32;
     let all = all_processes();
-    let servers: Vec<i32> = all
+    // The fork server runs as two processes: the outer one (our child) waits
+    // for the inner one, PID 1 of the pool's namespaces, which forks cells.
+    let outer: Vec<i32> = all
         .iter()
         .filter(|p| p.1 == me && p.3.contains("__forkserver"))
         .map(|p| p.0)
         .collect();
+    let inner: Vec<i32> = all
+        .iter()
+        .filter(|p| outer.contains(&p.1))
+        .map(|p| p.0)
+        .collect();
     all.into_iter()
-        .filter(|p| (p.1 == me && !p.3.contains("__forkserver")) || servers.contains(&p.1))
+        .filter(|p| (p.1 == me && !p.3.contains("__forkserver")) || inner.contains(&p.1))
         .map(|p| (p.0, p.2, p.3))
         .collect()
 }

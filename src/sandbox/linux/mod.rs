@@ -43,8 +43,100 @@ fn layer<T>(
     }
 }
 
+/// Which layers [`enter_stage`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Every layer: the process runs one cell.
+    Full,
+    /// Everything a long-lived pool process (the Rhai fork server) shares
+    /// with the cells it forks: hygiene, namespaces, privileges, Landlock.
+    /// rlimits and seccomp are applied per cell by [`enter_pool_child`].
+    Pool,
+}
+
 /// See [`crate::sandbox::enter`].
 pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
+    enter_stage(plan, Stage::Full)
+}
+
+/// The per-cell layers in a child forked from a process that went through
+/// [`Stage::Pool`]: the cell's own rlimits (CPU time counts from zero in a
+/// new process), a nested Landlock domain with no filesystem or network
+/// access at all and scoped signals and abstract sockets (so the cell cannot
+/// touch its fork server or its siblings), then seccomp. `pool` is the
+/// report of the pool stage; the result is the cell's whole report.
+pub fn enter_pool_child(
+    plan: &SandboxPlan,
+    pool: &SandboxReport,
+) -> Result<SandboxReport, SandboxError> {
+    let mut report = SandboxReport {
+        profile: plan.profile.clone(),
+        landlock_abi: pool.landlock_abi,
+        namespaces: pool.namespaces.clone(),
+        ..SandboxReport::default()
+    };
+    for name in ["hygiene", "namespaces"] {
+        if let Some(l) = pool.layers.iter().find(|l| l.name == name) {
+            report.layers.push(l.clone());
+        }
+    }
+    let table = rlimits::table(plan);
+    layer(&mut report, "rlimits", plan.layers.rlimits, || {
+        rlimits::apply(&table)
+            .map(|d| ((), d))
+            .map_err(|e| e.to_string())
+    })?;
+    if let Some(l) = pool.layers.iter().find(|l| l.name == "privileges") {
+        report.layers.push(l.clone());
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Err(SandboxError::new(
+            "privileges",
+            "the pool process still runs as root; refusing",
+        ));
+    }
+    let pool_landlock = pool
+        .layers
+        .iter()
+        .find(|l| l.name == "landlock")
+        .map(|l| l.detail.clone())
+        .unwrap_or_default();
+    let kernel_abi = sys::landlock_abi();
+    let enforced = layer(&mut report, "landlock", plan.layers.landlock, || {
+        landlock::apply(&[], kernel_abi)
+            .map(|e| {
+                (
+                    e.abi,
+                    format!("{pool_landlock}; nested per-cell domain: no file or network access"),
+                )
+            })
+            .map_err(|e| e.to_string())
+    })?;
+    report.landlock_abi = enforced.or(pool.landlock_abi);
+    apply_seccomp(plan, &mut report)?;
+    Ok(report)
+}
+
+fn apply_seccomp(plan: &SandboxPlan, report: &mut SandboxReport) -> Result<(), SandboxError> {
+    let gate = (plan.seccomp.exec == ExecMode::Once).then(exec::gate_address);
+    layer(report, "seccomp", plan.layers.seccomp, || {
+        let program = seccomp::build_program(&plan.seccomp, gate).map_err(|e| e.to_string())?;
+        seccomp::apply(&program).map_err(|e| e.to_string())?;
+        let groups: usize = plan.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
+        Ok((
+            (),
+            format!(
+                "allowlist of {groups} syscalls, default EPERM, exec {:?}, {} instructions",
+                plan.seccomp.exec,
+                program.len()
+            ),
+        ))
+    })?;
+    Ok(())
+}
+
+/// Apply the plan's layers for `stage`.
+pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, SandboxError> {
     let mut report = SandboxReport {
         profile: plan.profile.clone(),
         ..SandboxReport::default()
@@ -112,13 +204,15 @@ pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
         report.push("namespaces", plan.layers.namespaces, true, detail);
     }
 
-    // 3. rlimits.
-    let table = rlimits::table(plan);
-    layer(&mut report, "rlimits", plan.layers.rlimits, || {
-        rlimits::apply(&table)
-            .map(|d| ((), d))
-            .map_err(|e| e.to_string())
-    })?;
+    // 3. rlimits (per cell in a pool).
+    if stage == Stage::Full {
+        let table = rlimits::table(plan);
+        layer(&mut report, "rlimits", plan.layers.rlimits, || {
+            rlimits::apply(&table)
+                .map(|d| ((), d))
+                .map_err(|e| e.to_string())
+        })?;
+    }
 
     // 4. Privileges. Running on as root is never acceptable, whatever the
     // profile says.
@@ -167,21 +261,10 @@ pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
     })?;
     report.landlock_abi = enforced;
 
-    // 6. seccomp, last.
-    let gate = (plan.seccomp.exec == ExecMode::Once).then(exec::gate_address);
-    layer(&mut report, "seccomp", plan.layers.seccomp, || {
-        let program = seccomp::build_program(&plan.seccomp, gate).map_err(|e| e.to_string())?;
-        seccomp::apply(&program).map_err(|e| e.to_string())?;
-        let groups: usize = plan.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
-        Ok((
-            (),
-            format!(
-                "allowlist of {groups} syscalls, default EPERM, exec {:?}, {} instructions",
-                plan.seccomp.exec,
-                program.len()
-            ),
-        ))
-    })?;
+    // 6. seccomp, last (per cell in a pool).
+    if stage == Stage::Full {
+        apply_seccomp(plan, &mut report)?;
+    }
     Ok(report)
 }
 
