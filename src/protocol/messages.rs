@@ -12,7 +12,13 @@ pub enum Backend {
     /// The Rhai engine, in the worker process itself.
     Rhai,
     /// `execve` of a Python interpreter running the runtime shim.
-    Python { interpreter: String },
+    Python {
+        interpreter: String,
+        /// The shim precompiled by this interpreter (a file the sandbox
+        /// opens read-only); `None` runs the shim from source.
+        #[serde(default)]
+        precompiled: Option<String>,
+    },
     /// `execve` of an arbitrary program (`cellbox exec`, shell cells).
     Exec { argv: Vec<String> },
 }

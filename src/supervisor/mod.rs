@@ -139,6 +139,7 @@ pub(crate) struct Inner {
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
     python_path: Option<PathBuf>,
     python: OnceLock<Result<PythonInfo, String>>,
+    shim: OnceLock<Option<PathBuf>>,
     warm: bool,
     forkserver: tokio::sync::Mutex<Option<Arc<warm::ForkServer>>>,
     profile_cache:
@@ -201,6 +202,23 @@ impl Inner {
             return p.root().to_path_buf();
         }
         std::env::temp_dir()
+    }
+
+    /// The precompiled shim for the interpreter, when it could be made
+    /// (otherwise cells run the shim from source).
+    pub(crate) fn precompiled_shim(&self) -> Option<&PathBuf> {
+        self.shim
+            .get_or_init(|| {
+                let info = self.python().ok()?;
+                match python::precompiled_shim(info) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::warn!("running the Python shim from source: {e}");
+                        None
+                    }
+                }
+            })
+            .as_ref()
     }
 
     pub(crate) fn python(&self) -> Result<&PythonInfo, String> {
@@ -309,6 +327,7 @@ impl SupervisorBuilder {
                 profiles: self.profiles,
                 python_path: self.python,
                 python: OnceLock::new(),
+                shim: OnceLock::new(),
                 warm: self.warm,
                 forkserver: tokio::sync::Mutex::new(None),
                 profile_cache: Default::default(),

@@ -74,6 +74,84 @@ pub(crate) fn resolve(explicit: Option<&Path>) -> Result<PythonInfo, String> {
     Err("no Python interpreter found: install python3 or pass --python PATH".into())
 }
 
+/// The shim precompiled by `info`'s interpreter, cached in a directory only
+/// the supervisor's user can write (`$TMPDIR/cellbox-shim-<euid>/`), keyed by
+/// the interpreter (path, size, mtime) and the shim's source. Compiling the
+/// shim is most of a fresh interpreter's extra start-up; a cell loads the
+/// ready-made code object instead (the file is opened read-only in the
+/// sandbox).
+pub(crate) fn precompiled_shim(info: &PythonInfo) -> Result<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let euid = nix::unistd::geteuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("cellbox-shim-{euid}"));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("failed to set up {}: {e}", dir.display()))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("failed to create {}: {e}", dir.display())),
+    }
+    // Trust the directory only if it is ours and nobody else can write it
+    // (a planted file would run inside every cell).
+    let trusted = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .map(|m| !m.file_type().is_symlink() && m.uid() == euid && m.mode() & 0o022 == 0)
+            .unwrap_or(false)
+    };
+    if !trusted(&dir) {
+        return Err(format!(
+            "{} is not owned by uid {euid} or is writable by others",
+            dir.display()
+        ));
+    }
+    let meta = std::fs::metadata(&info.executable)
+        .map_err(|e| format!("failed to stat {}: {e}", info.executable.display()))?;
+    let mut h = Sha256::new();
+    h.update(info.executable.as_os_str().as_encoded_bytes());
+    h.update(meta.len().to_le_bytes());
+    h.update(meta.mtime().to_le_bytes());
+    h.update(crate::worker::python::SHIM.as_bytes());
+    h.update(crate::worker::python::LOADER.as_bytes());
+    let name: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = dir.join(format!("{name}.shim"));
+    if path.is_file() && trusted(&path) {
+        return Ok(path);
+    }
+    let out = std::process::Command::new(&info.executable)
+        .args([
+            "-I",
+            "-S",
+            "-B",
+            "-c",
+            crate::worker::python::SHIM,
+            "--precompile",
+        ])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("failed to run {}: {e}", info.executable.display()))?;
+    if !out.status.success() || out.stdout.is_empty() {
+        return Err(format!(
+            "precompiling the shim failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let tmp = tempfile::NamedTempFile::new_in(&dir)
+        .map_err(|e| format!("failed to write in {}: {e}", dir.display()))?;
+    std::fs::write(tmp.path(), &out.stdout)
+        .and_then(|()| std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)))
+        .map_err(|e| format!("failed to write the precompiled shim: {e}"))?;
+    tmp.persist(&path)
+        .map_err(|e| format!("failed to store the precompiled shim: {e}"))?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +167,23 @@ mod tests {
             assert!(info.executable.starts_with("/usr"));
             assert_eq!(info.read_only, vec![PathBuf::from("/usr")]);
         }
+    }
+
+    #[test]
+    fn the_precompiled_shim_is_cached_and_private() {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(info) = info_for(Path::new("/usr/bin/python3")) else {
+            panic!("this test needs /usr/bin/python3");
+        };
+        let a = precompiled_shim(&info).unwrap();
+        let b = precompiled_shim(&info).unwrap();
+        assert_eq!(a, b);
+        let m = std::fs::metadata(&a).unwrap();
+        assert_eq!(
+            m.mode() & 0o022,
+            0,
+            "the cache file must not be writable by others"
+        );
+        assert!(m.len() > 1000);
     }
 }

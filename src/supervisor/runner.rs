@@ -114,8 +114,13 @@ fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), S
             let py = sup.python()?;
             plan.read_only.extend(py.read_only.iter().cloned());
             plan.exec.push(py.executable.clone());
+            let precompiled = sup.precompiled_shim().map(|p| {
+                plan.read_only.push(p.clone());
+                p.to_string_lossy().into_owned()
+            });
             Backend::Python {
                 interpreter: py.executable.to_string_lossy().into_owned(),
+                precompiled,
             }
         }
         Language::Shell => {

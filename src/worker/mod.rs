@@ -6,7 +6,7 @@
 
 mod channel;
 mod json;
-mod python;
+pub(crate) mod python;
 mod rhai;
 
 pub use self::rhai::hardened_engine;
@@ -164,8 +164,11 @@ fn run_worker_with(
             chan.set_max_frame(start.max_frame_bytes);
             rhai::run_cell(chan, start)
         }
-        Backend::Python { interpreter } => {
-            let err = python::exec_shim(&interpreter);
+        Backend::Python {
+            interpreter,
+            precompiled,
+        } => {
+            let err = python::exec_shim(&interpreter, precompiled.as_deref());
             eprintln!("cellbox worker: failed to start {interpreter}: {err}");
             EXIT_PROTOCOL
         }

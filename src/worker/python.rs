@@ -9,17 +9,25 @@ pub const SHIM: &str = include_str!("python/shim.py");
 
 /// Replace this process with the interpreter running the shim. The protocol
 /// channel stays open on fd 3 for the shim. Returns only on failure.
-pub(crate) fn exec_shim(interpreter: &str) -> String {
+pub(crate) fn exec_shim(interpreter: &str, precompiled: Option<&str>) -> String {
     // -I: isolated (no env vars, no user site, no cwd on sys.path);
     // -S: no site module; -B: write no .pyc files.
-    let argv: Vec<String> = [interpreter, "-I", "-S", "-B", "-c", SHIM]
+    let mut argv: Vec<String> = [interpreter, "-I", "-S", "-B", "-c"]
         .iter()
         .map(|a| a.to_string())
         .collect();
+    match precompiled {
+        // Compiling the shim is most of its start-up: load it ready-made.
+        Some(path) => argv.extend([LOADER.to_owned(), path.to_owned()]),
+        None => argv.push(SHIM.to_owned()),
+    }
     // Through the sandbox's exec gate: under `seccomp.exec = "once"` no
     // other execve is accepted.
     crate::sandbox::exec(&argv, &[]).to_string()
 }
+
+/// Runs the precompiled shim (see loader.py).
+pub const LOADER: &str = include_str!("python/loader.py");
 
 /// The zygote loop, run in the shim's globals (see zygote.py).
 pub const ZYGOTE: &str = include_str!("python/zygote.py");
