@@ -162,7 +162,7 @@ fn main() -> ExitCode {
                 json,
                 profile,
                 python,
-            } => cmd_doctor(json, profile, python),
+            } => cmd_doctor(json, profile, python).await,
         }
     })
 }
@@ -617,7 +617,32 @@ async fn cmd_bench(iterations: usize, langs: Vec<String>) -> ExitCode {
 }
 
 /// `cellbox doctor`: host support, per-profile layer table, Python.
-fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) -> ExitCode {
+/// Start the warm workers once (a Rhai and a Python cell on the warm path)
+/// and report the pools: what a long-lived surface would get here.
+async fn warm_workers(python: Option<&PathBuf>) -> serde_json::Value {
+    let mut b = Supervisor::builder().warm(true);
+    if let Some(p) = python {
+        b = b.python(p);
+    }
+    let sup = match b.build() {
+        Ok(s) => s,
+        Err(e) => return serde_json::json!({"error": e.to_string()}),
+    };
+    let mut cells = serde_json::Map::new();
+    for (lang, code) in [(Language::Rhai, "1"), (Language::Python, "1")] {
+        let r = sup
+            .run(CellRequest::new(lang, code), SessionConfig::default())
+            .await;
+        let outcome = match &r.error {
+            None => r.status.as_str().to_owned(),
+            Some(e) => format!("{}: {}", r.status, e.message),
+        };
+        cells.insert(lang.as_str().to_owned(), serde_json::json!(outcome));
+    }
+    serde_json::json!({"cells": cells, "pools": sup.pool_status().await})
+}
+
+async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) -> ExitCode {
     use cellbox::profiles::{Profile, BUILTIN_NAMES};
     use cellbox::sandbox::doctor;
     let names: Vec<String> = if profiles.is_empty() {
@@ -635,6 +660,7 @@ fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) -> Exi
     let host = doctor::probe();
     let assessments: Vec<doctor::ProfileAssessment> =
         loaded.iter().map(|p| doctor::assess(p, &host)).collect();
+    let python_path = python.clone();
     let mut b = Supervisor::builder();
     if let Some(p) = &python {
         b = b.python(p);
@@ -644,8 +670,10 @@ fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) -> Exi
         .map_err(|e| e.to_string())
         .and_then(|sup| sup.python());
     let ok = assessments.iter().all(|a| a.ok);
+    let warm = warm_workers(python_path.as_ref()).await;
     if json {
         let report = serde_json::json!({
+            "warm_workers": warm,
             "host": host,
             "python": match &python {
                 Ok(info) => serde_json::json!(info),
@@ -724,6 +752,32 @@ fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) -> Exi
                 );
             }
         }
+    }
+    if !json {
+        println!("warm workers (fork server, Python zygotes):");
+        let cells = &warm["cells"];
+        println!(
+            "  {:<16} rhai cell {}, python cell {}",
+            "trial cells",
+            cells["rhai"].as_str().unwrap_or("-"),
+            cells["python"].as_str().unwrap_or("-")
+        );
+        let pools = &warm["pools"];
+        println!(
+            "  {:<16} {}",
+            "rhai",
+            if pools["rhai_fork_server"] == serde_json::json!(true) {
+                "fork server running (pool layers applied once)"
+            } else {
+                "NO fork server (cells spawn a fresh worker)"
+            }
+        );
+        let zygotes = pools["python"].as_array().map_or(0, |z| {
+            z.iter()
+                .filter(|z| z["alive"] == serde_json::json!(true))
+                .count()
+        });
+        println!("  {:<16} {zygotes} live zygote(s)", "python");
     }
     if ok {
         ExitCode::SUCCESS

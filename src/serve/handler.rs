@@ -461,10 +461,22 @@ impl CellboxServer {
                         }
                     ));
                 }
+                let pools = self.state.sup.pool_status().await;
+                let alive = pools.python.iter().filter(|z| z.alive).count();
+                text.push_str(&format!(
+                    "\nWarm workers: Rhai fork server {}, {} live Python zygote(s).",
+                    if pools.rhai_fork_server {
+                        "running"
+                    } else {
+                        "not running"
+                    },
+                    alive
+                ));
                 let value = json!({
                     "sessions": list,
                     "max_sessions": sessions.max(),
                     "idle_expiry_seconds": idle,
+                    "pools": pools,
                 });
                 Ok(structured(text, value, false))
             }

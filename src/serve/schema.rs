@@ -270,9 +270,11 @@ pub fn session_list() -> Map<String, Value> {
                 "additionalProperties": false
             }},
             "max_sessions": {"type": "integer", "minimum": 1},
-            "idle_expiry_seconds": {"type": "integer", "minimum": 1}
+            "idle_expiry_seconds": {"type": "integer", "minimum": 1},
+            "pools": {"type": "object",
+                      "description": "warm workers: the Rhai fork server and the Python zygotes"}
         },
-        "required": ["sessions", "max_sessions", "idle_expiry_seconds"],
+        "required": ["sessions", "max_sessions", "idle_expiry_seconds", "pools"],
         "additionalProperties": false
     }))
 }

@@ -121,3 +121,27 @@ fn repl_keeps_a_session_and_answers_commands() {
     let after_reset = stdout.split("namespace cleared").nth(1).unwrap();
     assert!(!after_reset.contains("x = 40"), "{stdout}");
 }
+
+#[test]
+fn doctor_reports_the_warm_workers() {
+    let out = cellbox(&["doctor", "--json"], None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warm = &v["warm_workers"];
+    assert_eq!(warm["cells"]["rhai"], "ok", "{warm}");
+    assert_eq!(warm["cells"]["python"], "ok", "{warm}");
+    assert_eq!(warm["pools"]["rhai_fork_server"], true, "{warm}");
+    assert!(
+        warm["pools"]["python"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|z| z["alive"] == true),
+        "{warm}"
+    );
+}

@@ -433,6 +433,9 @@ async fn sessions_keep_variables_between_calls() {
         .as_array()
         .unwrap()
         .contains(&json!("x")));
+    // The warm pools are reported: a Rhai cell ran, so the fork server is up.
+    assert_eq!(listed["pools"]["warm"], true, "{listed}");
+    assert_eq!(listed["pools"]["rhai_fork_server"], true, "{listed}");
 
     // The cap on sessions.
     let second = call(&s.client, "create_session", json!({})).await;
