@@ -143,6 +143,51 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                     ms(b.p99),
                     b.per_sec
                 );
+                // One-shot `cellbox run` of a `pass` cell (the CLI's cold
+                // path), and bwrap running the same interpreter, as ratios.
+                if let (Ok(me), Ok(dir)) = (std::env::current_exe(), tempfile::tempdir()) {
+                    let script = dir.path().join("pass.py");
+                    if std::fs::write(&script, "pass\n").is_ok() {
+                        let me = me.to_string_lossy().into_owned();
+                        let sp = script.to_string_lossy().into_owned();
+                        let c = baseline_spawn(&[&me, "run", &sp], n)?;
+                        let _ = writeln!(
+                            out,
+                            "cellbox run pass.py (one-shot)    p50 {}  p99 {}  (p50 = {:.2}x python3 -c pass)",
+                            ms(c.p50),
+                            ms(c.p99),
+                            c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+                        );
+                        let bw = [
+                            "bwrap",
+                            "--unshare-all",
+                            "--die-with-parent",
+                            "--ro-bind",
+                            "/",
+                            "/",
+                            &exe,
+                            "-c",
+                            "pass",
+                        ];
+                        match baseline_spawn(&bw, n) {
+                            Ok(w) => {
+                                let _ = writeln!(
+                                    out,
+                                    "bwrap ... python3 -c pass         p50 {}  p99 {}  (cellbox run p50 = {:.2}x bwrap)",
+                                    ms(w.p50),
+                                    ms(w.p99),
+                                    c.p50.as_secs_f64() / w.p50.as_secs_f64().max(1e-9)
+                                );
+                            }
+                            Err(e) => {
+                                let _ = writeln!(
+                                    out,
+                                    "bwrap ... python3 -c pass         not measured: {e}"
+                                );
+                            }
+                        }
+                    }
+                }
                 bare_python = Some(b);
             }
             // The pool is measured warm, not while it starts.
