@@ -13,12 +13,15 @@ use super::describe::{self, Facts, Observations};
 use super::gate::Gate;
 use super::schema;
 use super::sessions::{SessionError, SessionTable};
+use crate::supervisor as cellbox_output;
 use crate::{CellRequest, CellResult, Language, RunInfo, Status, Supervisor};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
     ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
+#[allow(deprecated)] // see `execute_code`
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Deserialize;
@@ -235,6 +238,9 @@ impl CellboxServer {
         ]
     }
 
+    // Logging notifications are how MCP hosts show live output today;
+    // SEP-2577 deprecates them in favour of a successor not yet in rmcp.
+    #[allow(deprecated)]
     async fn execute_code(
         &self,
         args: Option<JsonObject>,
@@ -279,6 +285,15 @@ impl CellboxServer {
                 ));
             }
             request.limits.max_output_bytes = Some(m);
+        }
+        // A client that asked for progress also gets the cell's output live,
+        // as log notifications (logger "stdout" / "stderr").
+        let progress_token = ctx.meta.get_progress_token();
+        let mut live = None;
+        if progress_token.is_some() {
+            let (tx, rx) = tokio::sync::mpsc::channel::<cellbox_output::OutputChunk>(64);
+            request.output = Some(tx);
+            live = Some(rx);
         }
 
         let lease = match &a.session_id {
@@ -333,7 +348,6 @@ impl CellboxServer {
                 None => st.sup.run(request, st.settings.session.clone()).await,
             }
         };
-        let progress_token = ctx.meta.get_progress_token();
         let started = Instant::now();
         let mut ticks = tokio::time::interval_at(
             tokio::time::Instant::now() + st.settings.progress_interval,
@@ -347,6 +361,29 @@ impl CellboxServer {
                 _ = ctx.ct.cancelled() => break Err(Interrupted::Cancelled),
                 _ = st.shutdown.cancelled() => break Err(Interrupted::ShuttingDown),
                 _ = closed.cancelled() => break Err(Interrupted::SessionClosed),
+                Some(chunk) = async {
+                    match live.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let logger = match chunk.stream {
+                        cellbox_output::OutputStream::Stdout => "stdout",
+                        cellbox_output::OutputStream::Stderr => "stderr",
+                    };
+                    let param = LoggingMessageNotificationParam::new(
+                        LoggingLevel::Info,
+                        serde_json::json!({
+                            "stream": logger,
+                            "text": chunk.text,
+                            "session_id": a.session_id,
+                        }),
+                    )
+                    .with_logger(logger);
+                    if let Err(e) = ctx.peer.notify_logging_message(param).await {
+                        tracing::debug!("could not send output: {e}");
+                    }
+                }
                 _ = ticks.tick(), if progress_token.is_some() => {
                     if let Some(token) = &progress_token {
                         let elapsed = started.elapsed().as_secs_f64();
@@ -492,12 +529,20 @@ impl CellboxServer {
 }
 
 impl ServerHandler for CellboxServer {
+    // Logging notifications are how MCP hosts show live output today;
+    // SEP-2577 deprecates them in favour of a successor not yet in rmcp.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
         let st = &self.state;
         let facts = Facts::new(&st.sup, &st.settings, st.observed.get());
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("cellbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(facts.instructions())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(Implementation::new("cellbox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(facts.instructions())
     }
 
     async fn list_tools(

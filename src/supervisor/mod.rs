@@ -103,6 +103,21 @@ pub enum Error {
     Config(String),
 }
 
+/// Which output stream a live chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of a running cell's output, as it arrives.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OutputChunk {
+    pub stream: OutputStream,
+    pub text: String,
+}
+
 /// One cell to run.
 #[derive(Debug, Clone)]
 pub struct CellRequest {
@@ -110,6 +125,10 @@ pub struct CellRequest {
     pub code: String,
     /// Per-call limits; they can only tighten the session's.
     pub limits: LimitOverrides,
+    /// Receive a live copy of stdout/stderr while the cell runs (best
+    /// effort, at most `max_output_bytes` per stream; the result always
+    /// holds the captured output).
+    pub output: Option<tokio::sync::mpsc::Sender<OutputChunk>>,
 }
 
 impl CellRequest {
@@ -118,6 +137,7 @@ impl CellRequest {
             language,
             code: code.into(),
             limits: LimitOverrides::default(),
+            output: None,
         }
     }
 

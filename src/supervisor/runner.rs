@@ -40,6 +40,8 @@ pub(crate) struct CellSpec {
     pub profile: Option<String>,
     /// Copy the worker's stdout/stderr to ours as it arrives (`cellbox exec`).
     pub forward_output: bool,
+    /// A live copy of stdout/stderr as it arrives.
+    pub output: Option<tokio::sync::mpsc::Sender<super::OutputChunk>>,
     pub execution_count: u64,
 }
 
@@ -139,7 +141,19 @@ fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), S
     Ok((backend, plan))
 }
 
-async fn pump<R: AsyncRead + Unpin>(mut r: R, cap: Arc<Mutex<Capture>>, forward: Option<bool>) {
+/// Where a live copy of a stream's output goes (at most `budget` bytes).
+struct Tap {
+    tx: tokio::sync::mpsc::Sender<super::OutputChunk>,
+    stream: super::OutputStream,
+    budget: usize,
+}
+
+async fn pump<R: AsyncRead + Unpin>(
+    mut r: R,
+    cap: Arc<Mutex<Capture>>,
+    forward: Option<bool>,
+    mut tap: Option<Tap>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match r.read(&mut buf).await {
@@ -147,6 +161,20 @@ async fn pump<R: AsyncRead + Unpin>(mut r: R, cap: Arc<Mutex<Capture>>, forward:
             Ok(n) => n,
         };
         let chunk = &buf[..n];
+        if let Some(t) = tap.as_mut() {
+            // Live output is best effort (the result always has it): never
+            // wait for a slow consumer, never pass more than the cap.
+            let take = chunk.len().min(t.budget);
+            if take > 0 {
+                let c = super::OutputChunk {
+                    stream: t.stream,
+                    text: String::from_utf8_lossy(&chunk[..take]).into_owned(),
+                };
+                if t.tx.try_send(c).is_ok() {
+                    t.budget -= take;
+                }
+            }
+        }
         match forward {
             Some(true) => {
                 let _ = tokio::io::stdout().write_all(chunk).await;
@@ -270,11 +298,21 @@ async fn run_worker(
     let mut pumps = Vec::new();
     if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out_fd) {
         let fwd = spec.forward_output.then_some(true);
-        pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd)));
+        let tap = spec.output.clone().map(|tx| Tap {
+            tx,
+            stream: super::OutputStream::Stdout,
+            budget: spec.limits.max_output_bytes,
+        });
+        pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd, tap)));
     }
     if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(err_fd) {
         let fwd = spec.forward_output.then_some(false);
-        pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd)));
+        let tap = spec.output.clone().map(|tx| Tap {
+            tx,
+            stream: super::OutputStream::Stderr,
+            budget: spec.limits.max_output_bytes,
+        });
+        pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd, tap)));
     }
 
     let outcome = match exit_fd {
@@ -891,6 +929,7 @@ async fn run_sub_cell(
         scratch: scratch.path().to_path_buf(),
         profile: None,
         forward_output: false,
+        output: None,
         execution_count: 0,
     };
     let (sub, _) = run_cell(sup.clone(), child).await;

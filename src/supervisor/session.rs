@@ -138,6 +138,7 @@ impl Session {
             scratch: self.inner.scratch.path().to_path_buf(),
             profile: self.profile_for(request.language),
             forward_output: false,
+            output: request.output.clone(),
             execution_count: count,
         };
         let (mut result, done) = runner::run_cell(self.inner.sup.clone(), spec).await;
@@ -180,6 +181,7 @@ impl Session {
             scratch: self.inner.scratch.path().to_path_buf(),
             profile: self.profile_for(Language::Rhai),
             forward_output: false,
+            output: None,
             execution_count: 0,
         };
         runner::run_cell(self.inner.sup.clone(), spec).await.0
@@ -203,6 +205,7 @@ impl Session {
             scratch: self.inner.scratch.path().to_path_buf(),
             profile: self.profile_for(Language::Shell),
             forward_output,
+            output: None,
             execution_count: state.execution_count,
         };
         runner::run_cell(self.inner.sup.clone(), spec).await.0

@@ -31,9 +31,19 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 #[derive(Clone, Default)]
 struct Recorder {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    logs: Arc<Mutex<Vec<Value>>>,
 }
 
 impl ClientHandler for Recorder {
+    #[allow(deprecated)] // the server streams output as logging notifications
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.logs.lock().unwrap().push(params.data);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -862,6 +872,50 @@ async fn long_cells_report_progress() {
         .as_deref()
         .unwrap_or("")
         .contains("rhai cell running"));
+    s.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn output_is_streamed_live_to_a_client_that_asked_for_progress() {
+    let s = stdio_server(&[]).await;
+    tools(&s.client).await;
+    let params = CallToolRequestParams::new("execute_code").with_arguments(obj(json!({
+        "language": "python",
+        "code": "import sys, time\nprint('first line', flush=True)\ntime.sleep(1.5)\nprint('to stderr', file=sys.stderr)\n'end'"
+    })));
+    let handle = within(
+        "send",
+        s.client.send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        ),
+    )
+    .await
+    .unwrap();
+    let resp = within("the cell", handle.await_response()).await.unwrap();
+    let rmcp::model::ServerResult::CallToolResult(r) = resp else {
+        panic!("unexpected response {resp:?}")
+    };
+    assert_eq!(r.is_error, Some(false));
+    let result = r.structured_content.unwrap();
+    assert_eq!(result["stdout"], "first line\n");
+    // Notifications may trail the response by a moment.
+    let mut logs = Vec::new();
+    for _ in 0..50 {
+        logs = s.recorder.logs.lock().unwrap().clone();
+        if logs.iter().any(|l| l["stream"] == "stderr") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = |stream: &str| -> String {
+        logs.iter()
+            .filter(|l| l["stream"] == stream)
+            .filter_map(|l| l["text"].as_str())
+            .collect()
+    };
+    assert_eq!(text("stdout"), "first line\n", "{logs:?}");
+    assert!(text("stderr").contains("to stderr"), "{logs:?}");
     s.client.cancel().await.unwrap();
 }
 
