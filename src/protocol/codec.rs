@@ -17,6 +17,8 @@ pub enum FrameError {
     Closed,
     #[error("frame truncated: expected {expected} bytes, got {got}")]
     Truncated { expected: usize, got: usize },
+    #[error("frame body stalled: {got} of {expected} bytes arrived in time")]
+    Stalled { expected: usize, got: usize },
     #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
     Oversize { len: usize, max: usize },
     #[error("frame is not valid UTF-8: {0}")]
@@ -147,6 +149,17 @@ pub async fn read_frame_async<M: Tagged, R: AsyncRead + Unpin>(
     r: &mut R,
     max: usize,
 ) -> Result<M, FrameError> {
+    read_frame_async_within(r, max, None).await
+}
+
+/// Like [`read_frame_async`], but once a frame has begun its body must
+/// arrive within `body_within`: a peer that sends a length prefix and then
+/// stalls gets [`FrameError::Stalled`] instead of holding the reader.
+pub async fn read_frame_async_within<M: Tagged, R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+    body_within: Option<std::time::Duration>,
+) -> Result<M, FrameError> {
     let mut prefix = [0u8; LEN_PREFIX];
     let mut got = 0;
     while got < LEN_PREFIX {
@@ -169,15 +182,30 @@ pub async fn read_frame_async<M: Tagged, R: AsyncRead + Unpin>(
     let len = check_len(prefix, max)?;
     let mut body = vec![0u8; len];
     let mut got = 0;
-    while got < len {
-        let n = r
-            .read(&mut body[got..])
-            .await
-            .map_err(|source| FrameError::Io { op: "read", source })?;
-        if n == 0 {
-            return Err(FrameError::Truncated { expected: len, got });
+    let read_body = async {
+        while got < len {
+            let n = r
+                .read(&mut body[got..])
+                .await
+                .map_err(|source| FrameError::Io { op: "read", source })?;
+            if n == 0 {
+                return Err(FrameError::Truncated { expected: len, got });
+            }
+            got += n;
         }
-        got += n;
+        Ok(())
+    };
+    match body_within {
+        Some(t) => match tokio::time::timeout(t, read_body).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(FrameError::Stalled {
+                    expected: len,
+                    got: 0,
+                })
+            }
+        },
+        None => read_body.await?,
     }
     decode_body(&body)
 }

@@ -22,8 +22,8 @@ mod codec;
 mod messages;
 
 pub use codec::{
-    decode_body, encode_frame, read_frame_async, read_frame_blocking, write_frame_async,
-    write_frame_blocking, FrameError, DEFAULT_MAX_FRAME_BYTES, LEN_PREFIX,
+    decode_body, encode_frame, read_frame_async, read_frame_async_within, read_frame_blocking,
+    write_frame_async, write_frame_blocking, FrameError, DEFAULT_MAX_FRAME_BYTES, LEN_PREFIX,
 };
 pub use messages::*;
 
@@ -139,5 +139,22 @@ mod tests {
         let r: Result<FromWorker, _> =
             read_frame_async(&mut &frame(br#"{"t":"nope"}"#)[..], 1024).await;
         assert!(matches!(r, Err(FrameError::UnknownTag(_))));
+    }
+
+    #[tokio::test]
+    async fn a_stalled_body_is_an_error_not_a_wait() {
+        use tokio::io::AsyncWriteExt;
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        // A length prefix promising 100 bytes, then only 3, then silence.
+        a.write_all(&100u32.to_be_bytes()).await.unwrap();
+        a.write_all(b"abc").await.unwrap();
+        let r: Result<FromWorker, _> =
+            read_frame_async_within(&mut b, 1024, Some(std::time::Duration::from_millis(100)))
+                .await;
+        assert!(
+            matches!(r, Err(FrameError::Stalled { expected: 100, .. })),
+            "{r:?}"
+        );
+        drop(a);
     }
 }

@@ -7,8 +7,8 @@ use super::policy::{Budget, Policy};
 use super::result::{CallRecord, CellResult, ExitInfo, RunInfo, Status};
 use super::{Inner, Language, Limits};
 use crate::protocol::{
-    read_frame_async, write_frame_async, Backend, Call, Definition, Done, DoneStatus, FrameError,
-    FromWorker, Reply, ReplyError, ScriptError, Setup, Start, ToWorker,
+    read_frame_async_within, write_frame_async, Backend, Call, Definition, Done, DoneStatus,
+    FrameError, FromWorker, Reply, ReplyError, ScriptError, Setup, Start, ToWorker,
 };
 use crate::sandbox::{process, spawn, SandboxPlan};
 use serde_json::{json, Map, Value};
@@ -52,6 +52,9 @@ enum Outcome {
     Exited,
     Fatal(Status, &'static str, String),
 }
+
+/// How long a frame's body may take to arrive once its length came.
+const FRAME_BODY_WITHIN: Duration = Duration::from_secs(5);
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -588,7 +591,15 @@ async fn converse(
     let (tx, mut rx) = mpsc::channel::<Result<FromWorker, FrameError>>(8);
     let reader = tokio::spawn(async move {
         loop {
-            let msg = read_frame_async::<FromWorker, _>(&mut rd, max_frame).await;
+            // A started frame must finish promptly: a worker that sends a
+            // length prefix and then stalls is a protocol error, not a wait
+            // until the deadline.
+            let msg = read_frame_async_within::<FromWorker, _>(
+                &mut rd,
+                max_frame,
+                Some(FRAME_BODY_WITHIN),
+            )
+            .await;
             let stop = msg.is_err();
             if tx.send(msg).await.is_err() || stop {
                 return;

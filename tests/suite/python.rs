@@ -612,3 +612,21 @@ while True:
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn a_frame_that_starts_and_stalls_is_a_protocol_error() {
+    // A length prefix promising 1000 bytes, 10 of them, then silence: the
+    // supervisor must not wait for the rest until the wall-clock deadline.
+    let code = "import os, struct, time\nos.write(3, struct.pack('>I', 1000) + b'{\"t\":\"log\"')\ntime.sleep(60)\n";
+    let sup = supervisor();
+    let mut cfg = config(&[]);
+    cfg.limits.timeout_ms = 60_000;
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        sup.run(CellRequest::new(Language::Python, code), cfg),
+    )
+    .await
+    .expect("the supervisor waited on a stalled frame");
+    assert_eq!(r.status, Status::ProtocolError, "{r:?}");
+    assert!(r.error.unwrap().message.contains("stalled"));
+}
