@@ -17,18 +17,15 @@
 
 use super::process::{reap, Reaped};
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{
-    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockFlag, SockType,
-};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 /// Largest control message.
-pub const MAX_CONTROL_BYTES: usize = 1 << 20;
+pub const MAX_CONTROL_BYTES: usize = super::packet::MAX_PACKET_BYTES;
 
 /// Messages on the control channel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,63 +77,13 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Send one message with `fds` attached.
 pub fn send(fd: BorrowedFd<'_>, msg: &Control, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    let data = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsgs = if raw.is_empty() {
-        Vec::new()
-    } else {
-        vec![ControlMessage::ScmRights(&raw)]
-    };
-    loop {
-        match sendmsg::<()>(
-            fd.as_raw_fd(),
-            &[IoSlice::new(&data)],
-            &cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    super::packet::send(fd, msg, fds)
 }
 
 /// Receive one message and the fds attached to it. `Ok(None)` = the peer
 /// closed the channel.
 pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Option<(Control, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_CONTROL_BYTES];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let (n, fds) = loop {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        match recvmsg::<()>(
-            fd.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                for c in msg.cmsgs().map_err(io::Error::from)? {
-                    if let ControlMessageOwned::ScmRights(raw) = c {
-                        for r in raw {
-                            // SAFETY: SCM_RIGHTS just installed `r` in our fd
-                            // table; nothing else owns it.
-                            fds.push(unsafe { OwnedFd::from_raw_fd(r) });
-                        }
-                    }
-                }
-                break (msg.bytes, fds);
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
-    if n == 0 {
-        return Ok(None);
-    }
-    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
-    Ok(Some((msg, fds)))
+    super::packet::recv(fd, MAX_CONTROL_BYTES)
 }
 
 fn exited_message(pid: i32, r: Reaped) -> Control {

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod forkserver;
+pub mod packet;
 pub mod process;
 pub mod spawn;
 pub mod syscalls;

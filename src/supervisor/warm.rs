@@ -19,10 +19,66 @@ enum ExitSlot {
     Arrived(Reaped),
 }
 
+/// How forked children ended, as their parent (the fork server or a Python
+/// zygote) reports it, matched with whoever asks: a report may arrive
+/// before or after the question.
+#[derive(Default)]
+pub(crate) struct ExitTable(HashMap<i32, ExitSlot>);
+
+impl ExitTable {
+    /// Ask for `pid`'s end; `lost` answers at once when no report is here
+    /// and none can come any more.
+    pub(crate) fn ask(&mut self, pid: i32, lost: Option<Reaped>) -> oneshot::Receiver<Reaped> {
+        let (tx, rx) = oneshot::channel();
+        match (self.0.remove(&pid), lost) {
+            (Some(ExitSlot::Arrived(r)), _) => {
+                let _ = tx.send(r);
+            }
+            (_, Some(r)) => {
+                let _ = tx.send(r);
+            }
+            (_, None) => {
+                self.0.insert(pid, ExitSlot::Waiting(tx));
+            }
+        }
+        rx
+    }
+
+    /// A report arrived.
+    pub(crate) fn record(&mut self, pid: i32, r: Reaped) {
+        match self.0.remove(&pid) {
+            Some(ExitSlot::Waiting(tx)) => {
+                let _ = tx.send(r);
+            }
+            _ => {
+                // Bound the map: reports nobody claims are dropped.
+                if self.0.len() > 4096 {
+                    self.0.clear();
+                }
+                self.0.insert(pid, ExitSlot::Arrived(r));
+            }
+        }
+    }
+
+    /// Forget a child whose cell was abandoned.
+    pub(crate) fn forget(&mut self, pid: i32) {
+        self.0.remove(&pid);
+    }
+
+    /// The reporter is gone: answer every waiter with `lost` (or drop them).
+    pub(crate) fn close(&mut self, lost: Option<Reaped>) {
+        for (_, slot) in self.0.drain() {
+            if let (ExitSlot::Waiting(tx), Some(r)) = (slot, lost) {
+                let _ = tx.send(r);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
-    exits: HashMap<i32, ExitSlot>,
+    exits: ExitTable,
 }
 
 pub(crate) struct ForkServer {
@@ -178,22 +234,12 @@ impl ForkServer {
 
     /// How child `pid` ended (resolves once the server reaped it).
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
-        let (tx, rx) = oneshot::channel();
-        let mut shared = lock(&self.shared);
-        match shared.exits.remove(&pid) {
-            Some(ExitSlot::Arrived(r)) => {
-                let _ = tx.send(r);
-            }
-            _ => {
-                shared.exits.insert(pid, ExitSlot::Waiting(tx));
-            }
-        }
-        rx
+        lock(&self.shared).exits.ask(pid, None)
     }
 
     /// Forget a child whose cell was abandoned.
     pub(crate) fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.remove(&pid);
+        lock(&self.shared).exits.forget(pid);
     }
 }
 
@@ -231,20 +277,7 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, ser
                     cpu_ms,
                     max_rss_kb,
                 };
-                let mut s = lock(&shared);
-                match s.exits.remove(&pid) {
-                    Some(ExitSlot::Waiting(tx)) => {
-                        let _ = tx.send(r);
-                    }
-                    _ => {
-                        // Bound the map: results nobody claims are dropped
-                        // oldest-first by size.
-                        if s.exits.len() > 4096 {
-                            s.exits.clear();
-                        }
-                        s.exits.insert(pid, ExitSlot::Arrived(r));
-                    }
-                }
+                lock(&shared).exits.record(pid, r);
             }
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => break,
@@ -253,7 +286,7 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, ser
     dead.store(true, Ordering::SeqCst);
     let mut s = lock(&shared);
     s.pending.clear();
-    s.exits.clear();
+    s.exits.close(None);
     drop(s);
     let _ = crate::sandbox::process::kill_pid(server_pid);
     let _ = crate::sandbox::process::reap(server_pid);

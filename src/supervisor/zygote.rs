@@ -99,15 +99,10 @@ pub struct PoolStatus {
 
 type SpawnReply = Result<(i32, OwnedFd), String>;
 
-enum ExitSlot {
-    Waiting(oneshot::Sender<Reaped>),
-    Arrived(Reaped),
-}
-
 #[derive(Default)]
 struct Shared {
     pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
-    exits: HashMap<i32, ExitSlot>,
+    exits: super::warm::ExitTable,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -361,25 +356,13 @@ impl Zygote {
     /// How child `pid` ended (resolves once the zygote reaped it, or at
     /// once with SIGKILL if the zygote is gone).
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
-        let (tx, rx) = oneshot::channel();
-        let mut shared = lock(&self.shared);
-        match shared.exits.remove(&pid) {
-            Some(ExitSlot::Arrived(r)) => {
-                let _ = tx.send(r);
-            }
-            _ if self.is_dead() => {
-                let _ = tx.send(LOST);
-            }
-            _ => {
-                shared.exits.insert(pid, ExitSlot::Waiting(tx));
-            }
-        }
-        rx
+        let lost = self.is_dead().then_some(LOST);
+        lock(&self.shared).exits.ask(pid, lost)
     }
 
     /// Forget a child whose cell was abandoned.
     pub(crate) fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.remove(&pid);
+        lock(&self.shared).exits.forget(pid);
     }
 
     fn status(&self) -> ZygoteStatus {
@@ -475,18 +458,7 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid
                     cpu_ms,
                     max_rss_kb,
                 };
-                let mut s = lock(&shared);
-                match s.exits.remove(&pid) {
-                    Some(ExitSlot::Waiting(tx)) => {
-                        let _ = tx.send(r);
-                    }
-                    _ => {
-                        if s.exits.len() > 4096 {
-                            s.exits.clear();
-                        }
-                        s.exits.insert(pid, ExitSlot::Arrived(r));
-                    }
-                }
+                lock(&shared).exits.record(pid, r);
             }
             // Anything else from a zygote is a protocol violation: it is
             // replaced.
@@ -497,11 +469,7 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid
     let _ = crate::sandbox::process::kill_pid(pid);
     let mut s = lock(&shared);
     s.pending.clear();
-    for (_, slot) in s.exits.drain() {
-        if let ExitSlot::Waiting(tx) = slot {
-            let _ = tx.send(LOST);
-        }
-    }
+    s.exits.close(Some(LOST));
     drop(s);
     let _ = crate::sandbox::process::reap(pid);
 }
