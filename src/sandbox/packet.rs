@@ -47,7 +47,22 @@ pub fn recv<T: DeserializeOwned>(
     fd: BorrowedFd<'_>,
     max: usize,
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; max.min(MAX_PACKET_BYTES)];
+    // Size the buffer to the packet waiting (MSG_PEEK|MSG_TRUNC reports a
+    // seqpacket's whole length) instead of zeroing the largest one per call.
+    let cap = max.min(MAX_PACKET_BYTES);
+    let waiting = loop {
+        match nix::sys::socket::recv(
+            fd.as_raw_fd(),
+            &mut [],
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC,
+        ) {
+            Ok(n) => break n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    // One byte more than allowed, so an oversized packet shows as truncated.
+    let mut buf = vec![0u8; waiting.min(cap) + 1];
     let mut space = nix::cmsg_space!([RawFd; 8]);
     let (n, fds, truncated) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
