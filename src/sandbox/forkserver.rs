@@ -3,23 +3,34 @@
 //! initialized process is far cheaper than exec'ing the binary per cell, and
 //! the multi-threaded supervisor itself is never forked.
 //!
+//! Each child is made whole by the server: it creates the cell's protocol
+//! socket pair and output pipes, forks, and the child applies its per-cell
+//! layers at once and reports `ready` on its protocol socket, then waits for
+//! `start`. So the server can keep **spares**: children already sandboxed
+//! with the default limits, handed to the supervisor before anyone asks, and
+//! a cell only has to take one and send `start`.
+//!
 //! Control channel (a `SOCK_SEQPACKET` pair, one message per packet, JSON):
-//! - supervisor → server: `{"op":"spawn","id":N}` with three fds attached
-//!   (the cell's protocol socket, its stdout and its stderr pipe ends);
-//! - server → supervisor: `{"op":"spawned","id":N,"pid":P}` with the child's
-//!   pidfd attached, or `{"op":"error","id":N,"message":…}`;
-//! - server → supervisor: `{"op":"exited","pid":P,"code":…,"signal":…,
-//!   "cpu_ms":…,"max_rss_kb":…}` once the child is gone. Before reaping a
-//!   child the server SIGKILLs its whole process group, so nothing a cell
-//!   started in its group outlives it, and a pid is never reused while the
-//!   supervisor may still signal it (the supervisor signals through the
-//!   pidfd, which cannot hit a reused pid).
+//! - supervisor → server: `init` (the pool plan, the number of spares to
+//!   keep), then `spawn {id, limits}` (a child with these limits, now) or
+//!   `refill` (a spare was taken: make another);
+//! - server → supervisor: `spare {pid, limits}` or `spawned {id, pid}`, each
+//!   with four fds attached: the child's pidfd, the supervisor's end of its
+//!   protocol socket, and the read ends of its stdout and stderr pipes; or
+//!   `error {id, message}`;
+//! - server → supervisor: `exited {pid, code, signal, cpu_ms, max_rss_kb}`
+//!   once a child is gone. Before reaping a child the server SIGKILLs its
+//!   whole process group, so nothing a cell started in its group outlives
+//!   it, and a pid is never reused while the supervisor may still signal it
+//!   (the supervisor signals through the pidfd, which cannot hit a reused
+//!   pid).
 
 use super::process::{reap, Reaped};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -31,9 +42,12 @@ pub const MAX_CONTROL_BYTES: usize = super::packet::MAX_PACKET_BYTES;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Control {
-    /// First message: the pool-wide sandbox plan.
+    /// First message: the pool-wide sandbox plan and how many sandboxed
+    /// children to keep waiting.
     Init {
         plan: Box<super::SandboxPlan>,
+        #[serde(default)]
+        spares: usize,
     },
     /// The pool layers are in place.
     Ready {
@@ -44,12 +58,22 @@ pub enum Control {
         layer: String,
         message: String,
     },
+    /// A child with these limits, now.
     Spawn {
         id: u64,
+        limits: super::OsLimits,
     },
+    /// A spare was taken; make another.
+    Refill,
+    /// The answer to `spawn` (fds: pidfd, protocol socket, stdout, stderr).
     Spawned {
         id: u64,
         pid: i32,
+    },
+    /// A child made ahead of time with these limits (fds as `spawned`).
+    Spare {
+        pid: i32,
+        limits: super::OsLimits,
     },
     Error {
         id: u64,
@@ -126,10 +150,25 @@ fn child_setup(sock: &OwnedFd, out: &OwnedFd, err: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// The process name (`comm`) of a spare while it waits; a worker renames
+/// itself [`CELL_NAME`] once it has its cell, so `ps` tells them apart.
+pub const SPARE_NAME: &CStr = c"cellbox-spare";
+/// The process name of a worker running a cell.
+pub const CELL_NAME: &CStr = c"cellbox-cell";
+
+/// What a forked child runs: its protocol channel and its limits in, its
+/// exit code out.
+pub type RunCell = fn(UnixStream, &super::OsLimits) -> i32;
+
 /// The fork server's main loop. `ctl` is the control channel; `run_cell` is
-/// what a forked child runs with its protocol channel (it returns the exit
-/// code). Returns when the supervisor closes the channel.
-pub fn serve(ctl: OwnedFd, run_cell: fn(UnixStream) -> i32) -> i32 {
+/// what a forked child runs; `spares` children with `default_limits` are
+/// kept ready. Returns when the supervisor closes the channel.
+pub fn serve(
+    ctl: OwnedFd,
+    run_cell: RunCell,
+    default_limits: super::OsLimits,
+    spares: usize,
+) -> i32 {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     if mask.thread_block().is_err() {
@@ -145,10 +184,18 @@ pub fn serve(ctl: OwnedFd, run_cell: fn(UnixStream) -> i32) -> i32 {
     // Orphans of cells (daemons) are re-parented to us, so we reap them.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let mut cells: BTreeSet<i32> = BTreeSet::new();
+    let mut server = Server {
+        ctl,
+        mask,
+        run_cell,
+        cells: BTreeSet::new(),
+    };
+    for _ in 0..spares {
+        server.spare(&default_limits);
+    }
     loop {
         let mut fds = [
-            nix::poll::PollFd::new(ctl.as_fd(), nix::poll::PollFlags::POLLIN),
+            nix::poll::PollFd::new(server.ctl.as_fd(), nix::poll::PollFlags::POLLIN),
             nix::poll::PollFd::new(sigfd.as_fd(), nix::poll::PollFlags::POLLIN),
         ];
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
@@ -160,73 +207,131 @@ pub fn serve(ctl: OwnedFd, run_cell: fn(UnixStream) -> i32) -> i32 {
         let sig_ready = fds[1].any().unwrap_or(false);
         if sig_ready {
             while let Ok(Some(_)) = sigfd.read_signal() {}
-            reap_exited(&ctl, &mut cells);
+            reap_exited(&server.ctl, &mut server.cells);
         }
         if ctl_ready {
-            match recv(ctl.as_fd()) {
-                Ok(Some((Control::Spawn { id }, fds))) => {
-                    if let Err(message) = spawn_one(&ctl, id, fds, &mask, run_cell, &mut cells) {
-                        let _ = send(ctl.as_fd(), &Control::Error { id, message }, &[]);
+            match recv(server.ctl.as_fd()) {
+                Ok(Some((Control::Spawn { id, limits }, _))) => {
+                    let sent = match server.fork_cell(&limits, CELL_NAME) {
+                        Ok(child) => {
+                            child.send(&server.ctl, &Control::Spawned { id, pid: child.pid })
+                        }
+                        Err(message) => {
+                            send(server.ctl.as_fd(), &Control::Error { id, message }, &[])
+                        }
+                    };
+                    if sent.is_err() {
+                        return server.shut_down();
                     }
                 }
+                Ok(Some((Control::Refill, _))) => server.spare(&default_limits),
                 Ok(Some(_)) => {}
-                Ok(None) | Err(_) => {
-                    // The supervisor is gone: take every cell with us.
-                    for pid in &cells {
-                        // SAFETY: killpg with integer args; pids are our
-                        // unreaped children, so their groups are theirs.
-                        unsafe { libc::killpg(*pid, libc::SIGKILL) };
-                    }
-                    return 0;
-                }
+                Ok(None) | Err(_) => return server.shut_down(),
             }
         }
     }
 }
 
-fn spawn_one(
-    ctl: &OwnedFd,
-    id: u64,
-    fds: Vec<OwnedFd>,
-    mask: &SigSet,
-    run_cell: fn(UnixStream) -> i32,
-    cells: &mut BTreeSet<i32>,
-) -> Result<(), String> {
-    let [sock, out, err]: [OwnedFd; 3] = fds
-        .try_into()
-        .map_err(|v: Vec<OwnedFd>| format!("spawn needs 3 fds, got {}", v.len()))?;
-    // SAFETY: this process is single-threaded (the fork server never starts
-    // threads), so the child may run arbitrary code after fork.
-    match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            let _ = mask.thread_unblock();
-            let code = match child_setup(&sock, &out, &err) {
-                Ok(()) => {
-                    // The owned fds above 3 were closed by close_range;
-                    // forget them instead of closing twice.
-                    std::mem::forget((sock, out, err));
-                    match crate::sandbox::spawn::take_protocol_channel() {
-                        Ok(stream) => run_cell(stream),
-                        Err(_) => 7,
-                    }
-                }
-                Err(_) => 7,
+struct Server {
+    ctl: OwnedFd,
+    mask: SigSet,
+    run_cell: RunCell,
+    /// Every unreaped child (cells and spares).
+    cells: BTreeSet<i32>,
+}
+
+/// A forked child and the supervisor's ends of its channels.
+struct Child {
+    pid: i32,
+    pidfd: OwnedFd,
+    sock: OwnedFd,
+    out: OwnedFd,
+    err: OwnedFd,
+}
+
+impl Child {
+    fn send(&self, ctl: &OwnedFd, msg: &Control) -> io::Result<()> {
+        send(
+            ctl.as_fd(),
+            msg,
+            &[
+                self.pidfd.as_fd(),
+                self.sock.as_fd(),
+                self.out.as_fd(),
+                self.err.as_fd(),
+            ],
+        )
+    }
+}
+
+impl Server {
+    /// Make a spare and hand it over. A spare that cannot be made is not an
+    /// error here: the next cell asks with `spawn` and learns why.
+    fn spare(&mut self, limits: &super::OsLimits) {
+        if let Ok(child) = self.fork_cell(limits, SPARE_NAME) {
+            let msg = Control::Spare {
+                pid: child.pid,
+                limits: limits.clone(),
             };
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            // SAFETY: _exit ends the child without running the parent's
-            // atexit handlers or destructors a second time.
-            unsafe { libc::_exit(code) }
+            let _ = child.send(&self.ctl, &msg);
         }
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            drop((sock, out, err));
-            let pid = child.as_raw();
-            cells.insert(pid);
-            let pidfd = super::process::pidfd_open(pid).map_err(|e| e.to_string())?;
-            send(ctl.as_fd(), &Control::Spawned { id, pid }, &[pidfd.as_fd()])
-                .map_err(|e| e.to_string())
+    }
+
+    /// The supervisor is gone: take every child with us.
+    fn shut_down(&self) -> i32 {
+        for pid in &self.cells {
+            // SAFETY: killpg with integer args; pids are our unreaped
+            // children, so their groups are theirs.
+            unsafe { libc::killpg(*pid, libc::SIGKILL) };
         }
-        Err(e) => Err(format!("fork failed: {e}")),
+        0
+    }
+
+    fn fork_cell(&mut self, limits: &super::OsLimits, name: &CStr) -> Result<Child, String> {
+        let (sock, theirs) = UnixStream::pair()
+            .map_err(|e| format!("failed to create a protocol socket pair: {e}"))?;
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| format!("failed to create an output pipe: {e}"))
+        };
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let theirs = OwnedFd::from(theirs);
+        // SAFETY: this process is single-threaded (the fork server never
+        // starts threads), so the child may run arbitrary code after fork.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                let _ = self.mask.thread_unblock();
+                let _ = nix::sys::prctl::set_name(name);
+                let code = match child_setup(&theirs, &out_w, &err_w) {
+                    Ok(()) => match super::spawn::take_protocol_channel() {
+                        Ok(stream) => (self.run_cell)(stream, limits),
+                        Err(_) => 7,
+                    },
+                    Err(_) => 7,
+                };
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                // SAFETY: _exit ends the child without running the parent's
+                // atexit handlers or destructors a second time (the fds the
+                // Rust objects above own were closed by close_range).
+                unsafe { libc::_exit(code) }
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => {
+                drop((theirs, out_w, err_w));
+                let pid = child.as_raw();
+                self.cells.insert(pid);
+                let pidfd = super::process::pidfd_open(pid).map_err(|e| e.to_string())?;
+                Ok(Child {
+                    pid,
+                    pidfd,
+                    sock: OwnedFd::from(sock),
+                    out: out_r,
+                    err: err_r,
+                })
+            }
+            Err(e) => Err(format!("fork failed: {e}")),
+        }
     }
 }
 

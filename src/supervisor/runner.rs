@@ -257,14 +257,19 @@ async fn run_worker(
         std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("failed to create the protocol socket pair: {e}"))
     };
+    let mut handshake = Handshake::Setup;
     let (mut sup_sock, worker_sock) = pair()?;
     let worker_fd: OwnedFd = worker_sock.into();
-    // A warm cell arrives sandboxed: no setup/ready exchange.
-    let mut pre_ready = None;
     let started_worker = if spec.language == Language::Rhai {
         match sup.fork_server().await {
             // Only cells of the profile whose pool layers the server holds.
-            Some(fs) if fs.profile == plan.profile => start_forked(&fs, worker_fd).await?,
+            Some(fs) if fs.profile == plan.profile => {
+                // It arrives sandboxed and says `ready` by itself.
+                let (started, sock) = start_forked(&fs, &plan.limits).await?;
+                sup_sock = sock;
+                handshake = Handshake::SelfReady;
+                started
+            }
             _ => start_direct(sup, spec, worker_fd)?,
         }
     } else if cfg!(not(target_os = "linux")) {
@@ -274,7 +279,7 @@ async fn run_worker(
         match warm_python(sup, spec, &plan).await {
             Some(z) => match start_zygote(&z, spec, worker_fd, &plan).await {
                 Ok(s) => {
-                    pre_ready = Some(z.cell_report());
+                    handshake = Handshake::PreReady(z.cell_report());
                     s
                 }
                 Err(e) => {
@@ -322,7 +327,7 @@ async fn run_worker(
         Ok(exit_fd) => {
             let o = converse(
                 sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame,
-                pre_ready,
+                handshake,
             )
             .await;
             let forked = !matches!(reap_src, Reap::Direct);
@@ -499,29 +504,29 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
         .map_err(|e| format!("failed to create an output pipe: {e}"))
 }
 
-/// Fork the worker from the warm fork server.
+/// Take a sandboxed worker from the warm fork server (a spare when one
+/// fits). Returns it and the supervisor's end of its protocol socket.
 async fn start_forked(
     fs: &Arc<super::warm::ForkServer>,
-    worker_fd: OwnedFd,
-) -> Result<Started, String> {
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    let (pid, pidfd) = fs.spawn(worker_fd, out_w, err_w).await?;
+    limits: &crate::sandbox::OsLimits,
+) -> Result<(Started, std::os::unix::net::UnixStream), String> {
+    let f = fs.spawn(limits).await?;
     let guard = process::KillOnDrop::pidfd(
-        pidfd
+        f.pidfd
             .try_clone()
             .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
     );
-    let rx = fs.exit_of(pid);
-    Ok(Started {
-        pid,
-        exit: process::ExitWatch::from_pidfd(pidfd),
+    let rx = fs.exit_of(f.pid);
+    let started = Started {
+        pid: f.pid,
+        exit: process::ExitWatch::from_pidfd(f.pidfd),
         guard,
-        stdout: out_r,
-        stderr: err_r,
+        stdout: f.stdout,
+        stderr: f.stderr,
         reap: Reap::Server(fs.clone(), rx),
         in_flight: None,
-    })
+    };
+    Ok((started, f.sock.into()))
 }
 
 /// Spawn the worker by re-executing our binary.
@@ -561,6 +566,16 @@ fn start_direct(sup: &Arc<Inner>, spec: &CellSpec, worker_fd: OwnedFd) -> Result
     })
 }
 
+/// How a worker comes to be ready for `start`.
+enum Handshake {
+    /// It needs the `setup` frame and answers `ready`.
+    Setup,
+    /// It was sandboxed without one and sends `ready` by itself.
+    SelfReady,
+    /// It is ready already (the report is known).
+    PreReady(crate::sandbox::SandboxReport),
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn converse(
     sup: &Arc<Inner>,
@@ -572,7 +587,7 @@ async fn converse(
     backend: Backend,
     plan: SandboxPlan,
     max_frame: usize,
-    pre_ready: Option<crate::sandbox::SandboxReport>,
+    handshake: Handshake,
 ) -> Outcome {
     let stream = match sock
         .set_nonblocking(true)
@@ -625,14 +640,17 @@ async fn converse(
     let mut rx_open = true;
     let mut deny_seen = false;
     let deadline_t = tokio::time::Instant::from_std(deadline);
-    // A warm cell arrives sandboxed: it reads `start` straight away.
-    let first = match pre_ready {
-        Some(report) => {
+    let first = match handshake {
+        Handshake::Setup => Some(setup),
+        // A forked worker sandboxed itself from the server's plan; its
+        // `ready` is on the way.
+        Handshake::SelfReady => None,
+        // A zygote's cell arrives sandboxed: it reads `start` straight away.
+        Handshake::PreReady(report) => {
             ready = true;
             result.sandbox = Some(report);
             start.take()
         }
-        None => Some(setup),
     };
     if let Some(first) = first {
         if let Err(SendError::Deadline) = send(&mut wr, &first, max_frame, deadline_t).await {

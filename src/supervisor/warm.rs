@@ -4,7 +4,8 @@
 
 use crate::sandbox::forkserver::{self, Control};
 use crate::sandbox::process::Reaped;
-use std::collections::HashMap;
+use crate::sandbox::OsLimits;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +13,37 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-type SpawnReply = Result<(i32, OwnedFd), String>;
+/// Children the fork server keeps sandboxed and waiting, so a cell with the
+/// default limits only has to take one (one per core here).
+const SPARES: usize = 2;
+
+/// A sandboxed child of the fork server, waiting for its `start` frame, and
+/// the supervisor's ends of its channels.
+pub(crate) struct Forked {
+    pub(crate) pid: i32,
+    pub(crate) pidfd: OwnedFd,
+    /// The protocol socket (its `ready` may already be waiting in it).
+    pub(crate) sock: OwnedFd,
+    pub(crate) stdout: OwnedFd,
+    pub(crate) stderr: OwnedFd,
+}
+
+impl Forked {
+    fn from_fds(pid: i32, fds: Vec<OwnedFd>) -> Result<Forked, String> {
+        let [pidfd, sock, stdout, stderr]: [OwnedFd; 4] = fds
+            .try_into()
+            .map_err(|v: Vec<OwnedFd>| format!("the fork server sent {} fds, not 4", v.len()))?;
+        Ok(Forked {
+            pid,
+            pidfd,
+            sock,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+type SpawnReply = Result<Forked, String>;
 
 enum ExitSlot {
     Waiting(oneshot::Sender<Reaped>),
@@ -42,6 +73,11 @@ impl ExitTable {
             }
         }
         rx
+    }
+
+    /// Whether `pid`'s end was reported and not yet asked for.
+    pub(crate) fn arrived(&self, pid: i32) -> bool {
+        matches!(self.0.get(&pid), Some(ExitSlot::Arrived(_)))
     }
 
     /// A report arrived.
@@ -79,6 +115,30 @@ impl ExitTable {
 struct Shared {
     pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
     exits: ExitTable,
+    /// Spares handed over by the server, oldest first.
+    spares: VecDeque<(OsLimits, Forked)>,
+}
+
+impl Shared {
+    /// A live spare with exactly these limits, and how many dead ones were
+    /// dropped on the way (each needs a replacement).
+    fn take_spare(&mut self, limits: &OsLimits) -> (Option<Forked>, usize) {
+        let mut dropped = 0;
+        while let Some(i) = self.spares.iter().position(|(l, _)| l == limits) {
+            let Some((_, f)) = self.spares.remove(i) else {
+                break;
+            };
+            if self.exits.arrived(f.pid) {
+                // It died waiting (killed from outside, or its layers failed
+                // and it said so on a socket nobody read): not a cell.
+                self.exits.forget(f.pid);
+                dropped += 1;
+                continue;
+            }
+            return (Some(f), dropped);
+        }
+        (None, dropped)
+    }
 }
 
 pub(crate) struct ForkServer {
@@ -153,6 +213,7 @@ impl ForkServer {
             ours.as_fd(),
             &Control::Init {
                 plan: Box::new(plan),
+                spares: SPARES,
             },
             &[],
         )
@@ -192,36 +253,31 @@ impl ForkServer {
         self.dead.load(Ordering::SeqCst)
     }
 
-    /// Fork one cell child with these fds as its 3 (protocol), 1 and 2.
-    /// Returns its pid and a pidfd.
-    pub(crate) async fn spawn(
-        &self,
-        sock: OwnedFd,
-        out: OwnedFd,
-        err: OwnedFd,
-    ) -> Result<(i32, OwnedFd), String> {
+    /// A sandboxed child with these limits, waiting for `start`: a spare if
+    /// one fits, else one forked now.
+    pub(crate) async fn spawn(&self, limits: &OsLimits) -> Result<Forked, String> {
         if self.is_dead() {
             return Err("the fork server is not running".into());
+        }
+        let (spare, dropped) = lock(&self.shared).take_spare(limits);
+        let refills = dropped + usize::from(spare.is_some());
+        for _ in 0..refills {
+            // A lost refill only costs a later cell its head start.
+            let _ = self.control(&Control::Refill, None);
+        }
+        if let Some(f) = spare {
+            return Ok(f);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.shared).pending.insert(id, tx);
-        {
-            let ctl = match self.ctl.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            if let Err(e) = forkserver::send(
-                ctl.as_fd(),
-                &Control::Spawn { id },
-                &[sock.as_fd(), out.as_fd(), err.as_fd()],
-            ) {
-                lock(&self.shared).pending.remove(&id);
-                self.dead.store(true, Ordering::SeqCst);
-                return Err(format!("failed to reach the fork server: {e}"));
-            }
+        let msg = Control::Spawn {
+            id,
+            limits: limits.clone(),
+        };
+        if let Err(e) = self.control(&msg, Some(id)) {
+            return Err(format!("failed to reach the fork server: {e}"));
         }
-        drop((sock, out, err));
         match tokio::time::timeout(Duration::from_secs(10), rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err("the fork server went away".into()),
@@ -230,6 +286,22 @@ impl ForkServer {
                 Err("the fork server did not answer".into())
             }
         }
+    }
+
+    /// Send one control message; a failed send means the server is gone.
+    fn control(&self, msg: &Control, id: Option<u64>) -> std::io::Result<()> {
+        let ctl = match self.ctl.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let r = forkserver::send(ctl.as_fd(), msg, &[]);
+        if r.is_err() {
+            if let Some(id) = id {
+                lock(&self.shared).pending.remove(&id);
+            }
+            self.dead.store(true, Ordering::SeqCst);
+        }
+        r
     }
 
     /// How child `pid` ended (resolves once the server reaped it).
@@ -246,14 +318,16 @@ impl ForkServer {
 fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, server_pid: i32) {
     loop {
         match forkserver::recv(fd.as_fd()) {
-            Ok(Some((Control::Spawned { id, pid }, mut fds))) => {
+            Ok(Some((Control::Spawned { id, pid }, fds))) => {
                 let tx = lock(&shared).pending.remove(&id);
-                let reply = match fds.pop() {
-                    Some(pidfd) => Ok((pid, pidfd)),
-                    None => Err("the fork server sent no pidfd".into()),
-                };
+                let reply = Forked::from_fds(pid, fds);
                 if let Some(tx) = tx {
                     let _ = tx.send(reply);
+                }
+            }
+            Ok(Some((Control::Spare { pid, limits }, fds))) => {
+                if let Ok(f) = Forked::from_fds(pid, fds) {
+                    lock(&shared).spares.push_back((limits, f));
                 }
             }
             Ok(Some((Control::Error { id, message }, _))) => {
@@ -286,6 +360,7 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, ser
     dead.store(true, Ordering::SeqCst);
     let mut s = lock(&shared);
     s.pending.clear();
+    s.spares.clear();
     s.exits.close(None);
     drop(s);
     let _ = crate::sandbox::process::kill_pid(server_pid);

@@ -70,8 +70,8 @@ static POOL_REPORT: std::sync::OnceLock<crate::sandbox::SandboxReport> = std::sy
 fn fork_server_main(ctl: std::os::fd::OwnedFd) -> i32 {
     use crate::sandbox::forkserver::{recv, send, Control};
     use std::os::fd::AsFd;
-    let plan = match recv(ctl.as_fd()) {
-        Ok(Some((Control::Init { plan }, _))) => plan,
+    let (plan, spares) = match recv(ctl.as_fd()) {
+        Ok(Some((Control::Init { plan, spares }, _))) => (plan, spares),
         _ => return EXIT_PROTOCOL,
     };
     let report = match crate::sandbox::enter_pool(&plan) {
@@ -100,17 +100,32 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd) -> i32 {
         return EXIT_PROTOCOL;
     }
     let _ = POOL_REPORT.set(report);
+    let limits = plan.limits.clone();
+    let _ = POOL_PLAN.set(*plan);
     rhai::prewarm();
-    crate::sandbox::forkserver::serve(ctl, run_forked_worker)
+    crate::sandbox::forkserver::serve(ctl, run_forked_worker, limits, spares)
 }
 
-/// A cell forked from the fork server: like [`run_worker`], but only the
-/// per-cell layers remain to apply.
-fn run_forked_worker(stream: std::os::unix::net::UnixStream) -> i32 {
-    match POOL_REPORT.get() {
-        Some(pool) => run_worker_with(stream, |plan| crate::sandbox::enter_pool_child(plan, pool)),
-        None => EXIT_SANDBOX,
-    }
+/// The fork server's pool plan; a forked cell's plan is this one with the
+/// cell's limits.
+static POOL_PLAN: std::sync::OnceLock<crate::sandbox::SandboxPlan> = std::sync::OnceLock::new();
+
+/// A cell forked from the fork server: no `setup` frame (the server holds
+/// the plan); it applies the per-cell layers at once, reports `ready`, and
+/// waits for `start` like any Rhai worker.
+fn run_forked_worker(
+    stream: std::os::unix::net::UnixStream,
+    limits: &crate::sandbox::OsLimits,
+) -> i32 {
+    let (Some(pool), Some(plan)) = (POOL_REPORT.get(), POOL_PLAN.get()) else {
+        return EXIT_SANDBOX;
+    };
+    let mut plan = plan.clone();
+    plan.limits = limits.clone();
+    let chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
+    run_sandboxed(chan, &plan, Backend::Rhai, |plan| {
+        crate::sandbox::enter_pool_child(plan, pool)
+    })
 }
 
 /// One cell, from the `setup` frame to `done`, on an open protocol channel.
@@ -138,9 +153,21 @@ fn run_worker_with(
         }
     };
 
+    run_sandboxed(chan, &setup.plan, setup.backend, enter)
+}
+
+/// Sandbox this process by `plan`, report `ready`, run the backend.
+fn run_sandboxed(
+    mut chan: Channel,
+    plan: &crate::sandbox::SandboxPlan,
+    backend: Backend,
+    enter: impl FnOnce(
+        &crate::sandbox::SandboxPlan,
+    ) -> Result<crate::sandbox::SandboxReport, crate::sandbox::SandboxError>,
+) -> i32 {
     // The jail, in order (DESIGN §3): hygiene → namespaces → rlimits →
     // privileges → Landlock → seccomp. Nothing untrusted has run yet.
-    let report = match enter(&setup.plan) {
+    let report = match enter(plan) {
         Ok(r) => r,
         Err(e) => {
             let _ = chan.send(&FromWorker::SandboxError(SandboxFailure {
@@ -155,13 +182,15 @@ fn run_worker_with(
     }
 
     // From here on: untrusted code.
-    match setup.backend {
+    match backend {
         Backend::Rhai => {
             let start = match chan.recv() {
                 Ok(ToWorker::Start(s)) => s,
                 _ => return EXIT_PROTOCOL,
             };
             chan.set_max_frame(start.max_frame_bytes);
+            // A spare that waited under another name is a cell now.
+            let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);
             rhai::run_cell(chan, start)
         }
         Backend::Python {

@@ -83,25 +83,50 @@ fn all_processes() -> Vec<(i32, i32, char, String)> {
     out
 }
 
+/// Whether `pid` is a fork-server spare: a sandboxed child waiting for a
+/// cell it has not been given (it renames itself when it gets one).
+pub fn is_spare(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end() == "cellbox-spare")
+        .unwrap_or(false)
+}
+
 /// (pid, state, cmdline) of every cell worker descended from this process:
-/// direct workers and fork-server children alike (not the fork server).
+/// direct workers and fork-server children alike (not the fork server, not
+/// its waiting spares).
 pub fn children() -> Vec<(i32, char, String)> {
     let me = std::process::id() as i32;
     let all = all_processes();
-    // The fork server runs as two processes: the outer one (our child) waits
-    // for the inner one, PID 1 of the pool's namespaces, which forks cells.
+    let inner = fork_servers(&all);
+    all.into_iter()
+        .filter(|p| (p.1 == me && !p.3.contains("__forkserver")) || inner.contains(&p.1))
+        .filter(|p| !is_spare(p.0))
+        .map(|p| (p.0, p.2, p.3))
+        .collect()
+}
+
+/// The fork servers of this process's supervisors. A fork server runs as
+/// two processes: the outer one (our child) waits for the inner one, PID 1
+/// of the pool's namespaces, which forks cells; this is the inner one.
+fn fork_servers(all: &[(i32, i32, char, String)]) -> Vec<i32> {
+    let me = std::process::id() as i32;
     let outer: Vec<i32> = all
         .iter()
         .filter(|p| p.1 == me && p.3.contains("__forkserver"))
         .map(|p| p.0)
         .collect();
-    let inner: Vec<i32> = all
-        .iter()
+    all.iter()
         .filter(|p| outer.contains(&p.1))
         .map(|p| p.0)
-        .collect();
-    all.into_iter()
-        .filter(|p| (p.1 == me && !p.3.contains("__forkserver")) || inner.contains(&p.1))
-        .map(|p| (p.0, p.2, p.3))
+        .collect()
+}
+
+/// The spares waiting in this process's fork servers.
+pub fn spares() -> Vec<i32> {
+    let all = all_processes();
+    let inner = fork_servers(&all);
+    all.iter()
+        .filter(|p| inner.contains(&p.1) && is_spare(p.0))
+        .map(|p| p.0)
         .collect()
 }

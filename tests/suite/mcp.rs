@@ -1,7 +1,7 @@
 //! `cellbox serve` through a real MCP client (rmcp): over stdio with the
 //! server as a child process, and over streamable HTTP.
 
-use super::common::bin;
+use super::common::{bin, is_spare};
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ProgressNotificationParam,
     Request, Tool,
@@ -156,7 +156,8 @@ fn processes() -> Vec<(i32, i32, char)> {
     out
 }
 
-/// Every process below `root` (zombies included).
+/// Every process below `root` (zombies included), except fork-server spares
+/// waiting for a cell.
 fn descendants(root: i32) -> Vec<i32> {
     let all = processes();
     let mut found = vec![root];
@@ -171,6 +172,7 @@ fn descendants(root: i32) -> Vec<i32> {
         i += 1;
     }
     found.remove(0);
+    found.retain(|p| !is_spare(*p));
     found
 }
 

@@ -461,3 +461,83 @@ async fn a_cancelled_cell_leaves_no_process() {
     }
     assert!(left.is_empty(), "still running: {left:?}");
 }
+
+/// The fork server keeps sandboxed spares: a cell with the default OS limits
+/// runs in one (it renames itself from `cellbox-spare` to `cellbox-cell`),
+/// the pool refills, and a cell with other limits gets a child forked for it.
+#[tokio::test]
+async fn warm_cells_run_in_spares_and_the_pool_refills() {
+    let sup = supervisor();
+    sup.start_pools().await.unwrap();
+    let wait_spares = |n: usize| async move {
+        for _ in 0..200 {
+            let s = spares();
+            if s.len() >= n {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the fork server never had {n} spares: {:?}", spares());
+    };
+    let before = wait_spares(2).await;
+    assert_eq!(before.len(), 2, "{before:?}");
+    for p in &before {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .map(|l| l[k.len()..].trim().to_owned())
+                .unwrap_or_default()
+        };
+        // A spare waits fully sandboxed, before it has any cell.
+        assert_eq!(field("Seccomp:"), "2", "spare {p}: {status}");
+        assert_eq!(field("NoNewPrivs:"), "1", "spare {p}");
+        assert_ne!(field("Uid:").split_whitespace().next(), Some("0"));
+    }
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 0;
+    cfg.limits.timeout_ms = 1500;
+    let s2 = sup.clone();
+    let c2 = cfg.clone();
+    let task = tokio::spawn(async move {
+        s2.run(CellRequest::new(Language::Rhai, "loop {}"), c2)
+            .await
+    });
+    // The running cell is one of the spares, renamed.
+    let mut cell = None;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let running: Vec<i32> = before
+            .iter()
+            .copied()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .map(|c| c.trim_end() == "cellbox-cell")
+                    .unwrap_or(false)
+            })
+            .collect();
+        if let Some(p) = running.first() {
+            cell = Some(*p);
+            break;
+        }
+    }
+    let cell = cell.expect("no spare became the running cell");
+    // The pool is back to two spares while the cell runs.
+    let now = wait_spares(2).await;
+    assert!(!now.contains(&cell), "{now:?}");
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    // A cell with other OS limits is forked for it, not taken from spares.
+    let mut other = config(&[]);
+    other.limits.memory_bytes = 300 << 20;
+    let r = sup
+        .run(CellRequest::new(Language::Rhai, "40 + 2"), other)
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    let sandbox = r.sandbox.expect("a sandbox report");
+    let rl = sandbox.layers.iter().find(|l| l.name == "rlimits").unwrap();
+    assert!(rl.applied, "{rl:?}");
+    assert!(rl.detail.contains(&(300u64 << 20).to_string()), "{rl:?}");
+}
