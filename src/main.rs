@@ -486,7 +486,10 @@ async fn repl_command(
                     "limits timeout {} ms, output {} bytes, memory {} bytes",
                     c.limits.timeout_ms, c.limits.max_output_bytes, c.limits.memory_bytes
                 );
-                println!("scratch {}", session.scratch_dir().display());
+                match session.scratch_dir() {
+                    Ok(dir) => println!("scratch {}", dir.display()),
+                    Err(e) => println!("scratch: {e}"),
+                }
             }
             "history" => {
                 for h in session.history().await {

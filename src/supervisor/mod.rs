@@ -11,6 +11,7 @@ mod policy;
 mod python;
 mod result;
 mod runner;
+mod scratch;
 mod session;
 mod warm;
 #[cfg(target_os = "linux")]

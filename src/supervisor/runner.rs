@@ -14,7 +14,6 @@ use crate::sandbox::{process, spawn, SandboxPlan};
 use serde_json::{json, Map, Value};
 use std::future::Future;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,7 +35,8 @@ pub(crate) struct CellSpec {
     pub budget: Arc<Budget>,
     pub run: RunInfo,
     pub session_id: String,
-    pub scratch: PathBuf,
+    /// Made on first use: a cell from the Rhai fork server needs none.
+    pub scratch: Arc<super::scratch::Scratch>,
     pub profile: Option<String>,
     /// Copy the worker's stdout/stderr to ours as it arrives (`cellbox exec`).
     pub forward_output: bool,
@@ -52,6 +52,9 @@ enum Outcome {
     Exited,
     Fatal(Status, &'static str, String),
 }
+
+/// How long a worker that reported `done` may take to exit by itself.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// How long a frame's body may take to arrive once its length came.
 const FRAME_BODY_WITHIN: Duration = Duration::from_secs(5);
@@ -105,14 +108,21 @@ pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, O
     })
 }
 
+/// The sandbox profile a cell runs under (name or path).
+fn profile_name(spec: &CellSpec) -> String {
+    spec.profile
+        .clone()
+        .unwrap_or_else(|| spec.language.default_profile().to_owned())
+}
+
 fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), String> {
     let limits = spec.limits.os_limits();
-    let profile_name = spec
-        .profile
-        .clone()
-        .unwrap_or_else(|| spec.language.default_profile().to_owned());
-    let profile = sup.profile(&profile_name)?;
-    let mut plan = SandboxPlan::new(&profile, spec.scratch.clone(), limits);
+    let profile = sup.profile(&profile_name(spec))?;
+    let scratch = spec
+        .scratch
+        .path()
+        .map_err(|e| format!("failed to create the scratch directory: {e}"))?;
+    let mut plan = SandboxPlan::new(&profile, scratch.to_path_buf(), limits);
     let backend = match spec.language {
         Language::Rhai => Backend::Rhai,
         Language::Python => {
@@ -240,19 +250,41 @@ async fn run_worker(
     started: Instant,
 ) -> Result<Option<Box<Done>>, String> {
     let deadline = started + spec.limits.timeout();
+    let max_frame = spec.limits.max_frame_bytes;
+    let refuse = |result: &mut CellResult, message: String| {
+        result.status = Status::SandboxError;
+        result.error = Some(ScriptError {
+            kind: "SandboxError".into(),
+            message,
+            ..ScriptError::default()
+        });
+    };
+    // A Rhai cell of the fork server's profile arrives sandboxed by the
+    // server's plan and says `ready` by itself: no plan, no scratch dir.
+    let fork_server = if spec.language == Language::Rhai {
+        let name = profile_name(spec);
+        sup.fork_server().await.filter(|fs| fs.profile == name)
+    } else {
+        None
+    };
+    if let Some(fs) = fork_server {
+        let (started, sock) = start_forked(&fs, &spec.limits.os_limits()).await?;
+        let started_worker = Launched {
+            started,
+            sock,
+            backend: Backend::Rhai,
+            plan: None,
+            handshake: Handshake::SelfReady,
+        };
+        return finish_worker(sup, spec, result, started_worker, deadline, max_frame).await;
+    }
     let (backend, plan) = match backend_for(sup, spec) {
         Ok(b) => b,
         Err(e) => {
-            result.status = Status::SandboxError;
-            result.error = Some(ScriptError {
-                kind: "SandboxError".into(),
-                message: e,
-                ..ScriptError::default()
-            });
+            refuse(result, e);
             return Ok(None);
         }
     };
-    let max_frame = spec.limits.max_frame_bytes;
     let pair = || {
         std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("failed to create the protocol socket pair: {e}"))
@@ -260,24 +292,12 @@ async fn run_worker(
     let mut handshake = Handshake::Setup;
     let (mut sup_sock, worker_sock) = pair()?;
     let worker_fd: OwnedFd = worker_sock.into();
-    let started_worker = if spec.language == Language::Rhai {
-        match sup.fork_server().await {
-            // Only cells of the profile whose pool layers the server holds.
-            Some(fs) if fs.profile == plan.profile => {
-                // It arrives sandboxed and says `ready` by itself.
-                let (started, sock) = start_forked(&fs, &plan.limits).await?;
-                sup_sock = sock;
-                handshake = Handshake::SelfReady;
-                started
-            }
-            _ => start_direct(sup, spec, worker_fd)?,
-        }
-    } else if cfg!(not(target_os = "linux")) {
+    let started_worker = if spec.language == Language::Rhai || cfg!(not(target_os = "linux")) {
         start_direct(sup, spec, worker_fd)?
     } else {
         #[cfg(target_os = "linux")]
         match warm_python(sup, spec, &plan).await {
-            Some(z) => match start_zygote(&z, spec, worker_fd, &plan).await {
+            Some(z) => match start_zygote(&z, worker_fd, &plan).await {
                 Ok(s) => {
                     handshake = Handshake::PreReady(z.cell_report());
                     s
@@ -292,6 +312,43 @@ async fn run_worker(
             None => start_direct(sup, spec, worker_fd)?,
         }
     };
+    let launched = Launched {
+        started: started_worker,
+        sock: sup_sock,
+        backend,
+        plan: Some(plan),
+        handshake,
+    };
+    finish_worker(sup, spec, result, launched, deadline, max_frame).await
+}
+
+/// A started worker and how to talk to it.
+struct Launched {
+    started: Started,
+    sock: std::os::unix::net::UnixStream,
+    backend: Backend,
+    /// The plan for its `setup` frame (none when it needs no setup).
+    plan: Option<SandboxPlan>,
+    handshake: Handshake,
+}
+
+/// Converse with a started worker until it is done, then collect its end,
+/// its output and its result.
+async fn finish_worker(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    launched: Launched,
+    deadline: Instant,
+    max_frame: usize,
+) -> Result<Option<Box<Done>>, String> {
+    let Launched {
+        started: started_worker,
+        sock: sup_sock,
+        backend,
+        plan,
+        handshake,
+    } = launched;
     let Started {
         pid,
         exit: exit_fd,
@@ -323,6 +380,8 @@ async fn run_worker(
         pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd, tap)));
     }
 
+    let mut reap_src = reap_src;
+    let mut early = None;
     let outcome = match exit_fd {
         Ok(exit_fd) => {
             let o = converse(
@@ -330,8 +389,29 @@ async fn run_worker(
                 handshake,
             )
             .await;
-            let forked = !matches!(reap_src, Reap::Direct);
-            finish_process(pid, &exit_fd, &o, forked).await;
+            // A forked worker that reported exits by itself, and its parent's
+            // report of that exit means it is gone: no need to watch it too.
+            let mut graced = false;
+            if let Outcome::Done(_) = &o {
+                let rx = match &mut reap_src {
+                    Reap::Direct => None,
+                    Reap::Server(_, rx) => Some(rx),
+                    #[cfg(target_os = "linux")]
+                    Reap::Zygote(_, rx) => Some(rx),
+                };
+                if let Some(rx) = rx {
+                    graced = true;
+                    if let Ok(Ok(r)) = tokio::time::timeout(EXIT_GRACE, rx).await {
+                        early = Some(r);
+                    }
+                }
+            }
+            if early.is_none() {
+                let forked = !matches!(reap_src, Reap::Direct);
+                // Its grace after `done` is used up: kill it now.
+                let grace = matches!(o, Outcome::Done(_)) && !graced;
+                finish_process(pid, &exit_fd, grace, forked).await;
+            }
             o
         }
         Err(e) => {
@@ -339,26 +419,31 @@ async fn run_worker(
             return Err(format!("failed to watch the worker process: {e}"));
         }
     };
-    let reaped = match reap_src {
-        Reap::Direct => tokio::task::spawn_blocking(move || process::reap(pid))
+    let reaped = match (early, reap_src) {
+        (Some(r), _) => Ok(r),
+        (None, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string())),
-        Reap::Server(fs, rx) => match tokio::time::timeout(Duration::from_secs(5), rx).await {
-            Ok(Ok(r)) => Ok(r),
-            _ => {
-                fs.forget(pid);
-                Err("the fork server did not report how the cell ended".to_owned())
+        (None, Reap::Server(fs, rx)) => {
+            match tokio::time::timeout(Duration::from_secs(5), rx).await {
+                Ok(Ok(r)) => Ok(r),
+                _ => {
+                    fs.forget(pid);
+                    Err("the fork server did not report how the cell ended".to_owned())
+                }
             }
-        },
+        }
         #[cfg(target_os = "linux")]
-        Reap::Zygote(z, rx) => match tokio::time::timeout(Duration::from_secs(5), rx).await {
-            Ok(Ok(r)) => Ok(r),
-            _ => {
-                z.forget(pid);
-                Err("the Python zygote did not report how the cell ended".to_owned())
+        (None, Reap::Zygote(z, rx)) => {
+            match tokio::time::timeout(Duration::from_secs(5), rx).await {
+                Ok(Ok(r)) => Ok(r),
+                _ => {
+                    z.forget(pid);
+                    Err("the Python zygote did not report how the cell ended".to_owned())
+                }
             }
-        },
+        }
     };
     drop(in_flight);
     if reaped.is_ok() {
@@ -395,10 +480,11 @@ async fn run_worker(
 /// Wait for the worker to be gone, killing it (and its whole process group)
 /// as needed. Returns once the leader has exited (it stays a zombie until
 /// reaped, so its pid and pgid cannot be reused while we kill the group).
-async fn finish_process(pid: i32, exit: &process::ExitWatch, outcome: &Outcome, forked: bool) {
-    if let Outcome::Done(_) = outcome {
-        // A worker that reported exits by itself; give it a moment.
-        let _ = tokio::time::timeout(Duration::from_secs(2), exit.exited()).await;
+/// With `grace` (a worker that reported `done` exits by itself) it first
+/// gets [`EXIT_GRACE`] to do so.
+async fn finish_process(pid: i32, exit: &process::ExitWatch, grace: bool, forked: bool) {
+    if grace {
+        let _ = tokio::time::timeout(EXIT_GRACE, exit.exited()).await;
     }
     if forked {
         // The fork server kills the child's group before reaping it.
@@ -437,7 +523,8 @@ struct Started {
     stdout: OwnedFd,
     stderr: OwnedFd,
     reap: Reap,
-    /// Held while a zygote's cell runs (its in-flight count).
+    /// Held while the cell runs, dropped once it is reaped (a zygote's
+    /// in-flight count; a fork-server spare's replacement).
     in_flight: Option<Box<dyn Send>>,
 }
 
@@ -451,7 +538,7 @@ async fn warm_python(
     plan: &SandboxPlan,
 ) -> Option<Arc<super::zygote::Zygote>> {
     let pools = sup.pools.as_ref()?;
-    if !super::zygote::eligible(pools, spec.language, &spec.scratch) {
+    if !super::zygote::eligible(pools, spec.language, &plan.scratch) {
         return None;
     }
     let profile = spec
@@ -472,15 +559,14 @@ async fn warm_python(
 #[cfg(target_os = "linux")]
 async fn start_zygote(
     z: &Arc<super::zygote::Zygote>,
-    spec: &CellSpec,
     worker_fd: OwnedFd,
     plan: &SandboxPlan,
 ) -> Result<Started, String> {
-    super::zygote::prepare_scratch(&spec.scratch, plan.uid, plan.gid)?;
+    super::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let (pid, pidfd, in_flight) = z
-        .spawn(worker_fd, out_w, err_w, &spec.scratch, &plan.limits)
+        .spawn(worker_fd, out_w, err_w, &plan.scratch, &plan.limits)
         .await?;
     let guard = process::KillOnDrop::pidfd(
         pidfd
@@ -510,7 +596,7 @@ async fn start_forked(
     fs: &Arc<super::warm::ForkServer>,
     limits: &crate::sandbox::OsLimits,
 ) -> Result<(Started, std::os::unix::net::UnixStream), String> {
-    let f = fs.spawn(limits).await?;
+    let (f, refill) = fs.spawn(limits).await?;
     let guard = process::KillOnDrop::pidfd(
         f.pidfd
             .try_clone()
@@ -524,19 +610,23 @@ async fn start_forked(
         stdout: f.stdout,
         stderr: f.stderr,
         reap: Reap::Server(fs.clone(), rx),
-        in_flight: None,
+        in_flight: refill.map(|r| Box::new(r) as Box<dyn Send>),
     };
     Ok((started, f.sock.into()))
 }
 
 /// Spawn the worker by re-executing our binary.
 fn start_direct(sup: &Arc<Inner>, spec: &CellSpec, worker_fd: OwnedFd) -> Result<Started, String> {
+    let home = spec
+        .scratch
+        .path()
+        .map_err(|e| format!("failed to create the scratch directory: {e}"))?;
     let mut cmd = std::process::Command::new(&sup.worker_exe);
     cmd.arg(crate::worker::WORKER_ARG)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("LANG", "C.UTF-8")
-        .env("HOME", &spec.scratch)
+        .env("HOME", home)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -585,7 +675,7 @@ async fn converse(
     exit_fd: &process::ExitWatch,
     deadline: Instant,
     backend: Backend,
-    plan: SandboxPlan,
+    plan: Option<SandboxPlan>,
     max_frame: usize,
     handshake: Handshake,
 ) -> Outcome {
@@ -622,7 +712,7 @@ async fn converse(
         }
     });
     let is_exec = matches!(backend, Backend::Exec { .. });
-    let setup = ToWorker::Setup(Setup { backend, plan });
+    let setup = plan.map(|plan| ToWorker::Setup(Setup { backend, plan }));
     let mut start = if is_exec {
         None
     } else {
@@ -641,7 +731,14 @@ async fn converse(
     let mut deny_seen = false;
     let deadline_t = tokio::time::Instant::from_std(deadline);
     let first = match handshake {
-        Handshake::Setup => Some(setup),
+        Handshake::Setup if setup.is_none() => {
+            return Outcome::Fatal(
+                Status::SandboxError,
+                "SpawnError",
+                "a worker that needs a setup frame was started without a plan".into(),
+            )
+        }
+        Handshake::Setup => setup,
         // A forked worker sandboxed itself from the server's plan; its
         // `ready` is on the way.
         Handshake::SelfReady => None,
@@ -928,15 +1025,10 @@ async fn run_sub_cell(
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let scratch = tempfile::Builder::new()
-        .prefix("cellbox-sub-")
-        .tempdir_in(sup.scratch_parent())
-        .map_err(|e| {
-            (
-                "failed".to_owned(),
-                format!("failed to create a scratch dir: {e}"),
-            )
-        })?;
+    let scratch = Arc::new(super::scratch::Scratch::new(
+        sup.scratch_parent(),
+        "cellbox-sub-",
+    ));
     let mut limits = spec.limits.clone();
     limits.timeout_ms = limits.timeout_ms.min(remaining.as_millis() as u64);
     let child = CellSpec {
@@ -955,7 +1047,7 @@ async fn run_sub_cell(
             depth,
         },
         session_id: spec.session_id.clone(),
-        scratch: scratch.path().to_path_buf(),
+        scratch: scratch.clone(),
         profile: None,
         forward_output: false,
         output: None,

@@ -42,7 +42,7 @@ struct SessionInner {
     id: String,
     sup: Arc<Inner>,
     config: SessionConfig,
-    scratch: tempfile::TempDir,
+    scratch: Arc<super::scratch::Scratch>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -63,13 +63,11 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     pub(crate) fn new(sup: Arc<Inner>, config: SessionConfig) -> Result<Session, Error> {
-        let scratch = tempfile::Builder::new()
-            .prefix("cellbox-")
-            .tempdir_in(sup.scratch_parent())
-            .map_err(|source| Error::Io {
-                what: "create the session's scratch directory".into(),
-                source,
-            })?;
+        // Made when a cell first needs it.
+        let scratch = Arc::new(super::scratch::Scratch::new(
+            sup.scratch_parent(),
+            "cellbox-",
+        ));
         Ok(Session {
             inner: Arc::new(SessionInner {
                 id: runner::new_run_id(),
@@ -89,9 +87,13 @@ impl Session {
         &self.inner.config
     }
 
-    /// The session's persistent scratch directory (host path).
-    pub fn scratch_dir(&self) -> &std::path::Path {
-        self.inner.scratch.path()
+    /// The session's persistent scratch directory (host path), made now if
+    /// no cell has needed it yet.
+    pub fn scratch_dir(&self) -> Result<&std::path::Path, Error> {
+        self.inner.scratch.path().map_err(|source| Error::Io {
+            what: "create the session's scratch directory".into(),
+            source,
+        })
     }
 
     /// Run one cell. A cell that does not end `ok` changes nothing in the
@@ -135,7 +137,7 @@ impl Session {
             budget: Arc::new(super::Budget::default()),
             run,
             session_id: self.inner.id.clone(),
-            scratch: self.inner.scratch.path().to_path_buf(),
+            scratch: self.inner.scratch.clone(),
             profile: self.profile_for(request.language),
             forward_output: false,
             output: request.output.clone(),
@@ -178,7 +180,7 @@ impl Session {
             budget: Arc::new(super::Budget::default()),
             run: RunInfo::root(),
             session_id: self.inner.id.clone(),
-            scratch: self.inner.scratch.path().to_path_buf(),
+            scratch: self.inner.scratch.clone(),
             profile: self.profile_for(Language::Rhai),
             forward_output: false,
             output: None,
@@ -202,7 +204,7 @@ impl Session {
             budget: Arc::new(super::Budget::default()),
             run: RunInfo::root(),
             session_id: self.inner.id.clone(),
-            scratch: self.inner.scratch.path().to_path_buf(),
+            scratch: self.inner.scratch.clone(),
             profile: self.profile_for(Language::Shell),
             forward_output,
             output: None,

@@ -254,19 +254,32 @@ impl ForkServer {
     }
 
     /// A sandboxed child with these limits, waiting for `start`: a spare if
-    /// one fits, else one forked now.
-    pub(crate) async fn spawn(&self, limits: &OsLimits) -> Result<Forked, String> {
+    /// one fits, else one forked now. The second value, when present, asks
+    /// for the spare's replacement when dropped: while another spare is
+    /// waiting the replacement is made after the cell, so its fork and
+    /// sandboxing do not compete with the cell for the CPUs.
+    pub(crate) async fn spawn(
+        self: &Arc<Self>,
+        limits: &OsLimits,
+    ) -> Result<(Forked, Option<Refill>), String> {
         if self.is_dead() {
             return Err("the fork server is not running".into());
         }
-        let (spare, dropped) = lock(&self.shared).take_spare(limits);
-        let refills = dropped + usize::from(spare.is_some());
-        for _ in 0..refills {
+        let (spare, dropped, left) = {
+            let mut s = lock(&self.shared);
+            let (spare, dropped) = s.take_spare(limits);
+            (spare, dropped, s.spares.len())
+        };
+        for _ in 0..dropped {
             // A lost refill only costs a later cell its head start.
             let _ = self.control(&Control::Refill, None);
         }
         if let Some(f) = spare {
-            return Ok(f);
+            if left == 0 {
+                let _ = self.control(&Control::Refill, None);
+                return Ok((f, None));
+            }
+            return Ok((f, Some(Refill(self.clone()))));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -279,7 +292,7 @@ impl ForkServer {
             return Err(format!("failed to reach the fork server: {e}"));
         }
         match tokio::time::timeout(Duration::from_secs(10), rx).await {
-            Ok(Ok(r)) => r,
+            Ok(Ok(r)) => r.map(|f| (f, None)),
             Ok(Err(_)) => Err("the fork server went away".into()),
             Err(_) => {
                 lock(&self.shared).pending.remove(&id);
@@ -312,6 +325,17 @@ impl ForkServer {
     /// Forget a child whose cell was abandoned.
     pub(crate) fn forget(&self, pid: i32) {
         lock(&self.shared).exits.forget(pid);
+    }
+}
+
+/// Asks the fork server for a new spare when dropped.
+pub(crate) struct Refill(Arc<ForkServer>);
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        if !self.0.is_dead() {
+            let _ = self.0.control(&Control::Refill, None);
+        }
     }
 }
 

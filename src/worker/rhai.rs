@@ -356,7 +356,10 @@ pub(crate) fn run_cell(chan: Channel, start: Start) -> i32 {
     let _ = std::io::stdout().flush();
     let mut chan = chan.borrow_mut();
     match chan.send(&FromWorker::Done(Box::new(done))) {
-        Ok(()) => 0,
+        // Nothing is left to do: end now rather than free the engine and
+        // the script's data first (in a forked worker every page freed is a
+        // page copied from the fork server first).
+        Ok(()) => std::process::exit(0),
         Err(e) => {
             // An oversized result (e.g. a huge value) still ends the cell
             // cleanly with an error instead of silence.

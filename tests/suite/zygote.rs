@@ -43,7 +43,10 @@ async fn warm_cells_come_from_a_live_zygote_and_cold_ones_do_not() {
     let live: Vec<_> = status.python.iter().filter(|z| z.alive).collect();
     assert_eq!(live.len(), 1, "{status:?}");
     assert!(live[0].cells >= 1, "{status:?}");
-    assert!(s.scratch_dir().starts_with(status.scratch_root.unwrap()));
+    assert!(s
+        .scratch_dir()
+        .unwrap()
+        .starts_with(status.scratch_root.unwrap()));
 
     let cold = Supervisor::builder()
         .worker_exe(bin())
@@ -172,7 +175,7 @@ async fn a_cell_cannot_reach_a_concurrent_sibling() {
     let sup = one_zygote(pool(1));
     let a = sup.session(SessionConfig::default()).unwrap();
     let b = sup.session(SessionConfig::default()).unwrap();
-    let a_dir = a.scratch_dir().to_path_buf();
+    let a_dir = a.scratch_dir().unwrap().to_path_buf();
     let a2 = a.clone();
     let running = tokio::spawn(async move {
         py_in(
