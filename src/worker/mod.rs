@@ -122,6 +122,9 @@ fn run_forked_worker(
     };
     let mut plan = plan.clone();
     plan.limits = limits.clone();
+    // Before the sandbox (it makes a socket pair); the warm-up runs only
+    // our own fixed script.
+    rhai::warm_up();
     let chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     run_sandboxed(chan, &plan, Backend::Rhai, |plan| {
         crate::sandbox::enter_pool_child(plan, pool)
