@@ -313,6 +313,15 @@ impl SupervisorBuilder {
     }
 
     pub fn build(self) -> Result<Supervisor, Error> {
+        // A program started as one of our workers that did not branch off in
+        // `dispatch()` would start a supervisor of its own, whose workers do
+        // the same: refuse, loudly, instead of multiplying.
+        if let Some(mode) = crate::worker::hidden_mode() {
+            return Err(Error::Config(format!(
+                "this process was started as a cellbox {mode} but main() did not call \
+                 cellbox::worker::dispatch() before anything else"
+            )));
+        }
         let worker_exe = match self.worker_exe {
             Some(p) => p,
             None => match std::env::var_os("CELLBOX_WORKER_EXE") {

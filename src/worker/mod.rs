@@ -28,6 +28,42 @@ pub const ZYGOTE_ARG: &str = "__zygote";
 const EXIT_SANDBOX: i32 = 6;
 const EXIT_PROTOCOL: i32 = 7;
 
+/// Which hidden worker mode this process was started in, if any.
+pub(crate) fn hidden_mode() -> Option<&'static str> {
+    hidden_mode_of(&std::env::args_os().nth(1)?)
+}
+
+fn hidden_mode_of(mode: &std::ffi::OsStr) -> Option<&'static str> {
+    [
+        (WORKER_ARG, "worker"),
+        (FORKSERVER_ARG, "fork server"),
+        (ZYGOTE_ARG, "zygote"),
+    ]
+    .into_iter()
+    .find(|(arg, _)| mode == std::ffi::OsStr::new(arg))
+    .map(|(_, name)| name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn hidden_modes_are_recognised_and_nothing_else() {
+        assert_eq!(hidden_mode_of(OsStr::new("__worker")), Some("worker"));
+        assert_eq!(
+            hidden_mode_of(OsStr::new("__forkserver")),
+            Some("fork server")
+        );
+        assert_eq!(hidden_mode_of(OsStr::new("__zygote")), Some("zygote"));
+        assert_eq!(hidden_mode_of(OsStr::new("run")), None);
+        assert_eq!(hidden_mode_of(OsStr::new("__workerx")), None);
+        // The test harness itself is no worker: building a supervisor works.
+        assert_eq!(hidden_mode(), None);
+    }
+}
+
 /// Call first thing in `main`, before any thread or runtime exists: if this
 /// process was started as a cellbox worker, run the cell and exit; otherwise
 /// return and let `main` go on.
