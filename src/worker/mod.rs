@@ -44,26 +44,6 @@ fn hidden_mode_of(mode: &std::ffi::OsStr) -> Option<&'static str> {
     .map(|(_, name)| name)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::ffi::OsStr;
-
-    #[test]
-    fn hidden_modes_are_recognised_and_nothing_else() {
-        assert_eq!(hidden_mode_of(OsStr::new("__worker")), Some("worker"));
-        assert_eq!(
-            hidden_mode_of(OsStr::new("__forkserver")),
-            Some("fork server")
-        );
-        assert_eq!(hidden_mode_of(OsStr::new("__zygote")), Some("zygote"));
-        assert_eq!(hidden_mode_of(OsStr::new("run")), None);
-        assert_eq!(hidden_mode_of(OsStr::new("__workerx")), None);
-        // The test harness itself is no worker: building a supervisor works.
-        assert_eq!(hidden_mode(), None);
-    }
-}
-
 /// Call first thing in `main`, before any thread or runtime exists: if this
 /// process was started as a cellbox worker, run the cell and exit; otherwise
 /// return and let `main` go on.
@@ -317,4 +297,24 @@ fn run_zygote() -> i32 {
 #[doc(hidden)]
 pub fn write_frame_for_tests<W: std::io::Write>(w: &mut W, msg: &FromWorker) {
     let _ = write_frame_blocking(w, msg, DEFAULT_MAX_FRAME_BYTES);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn hidden_modes_are_recognised_and_nothing_else() {
+        assert_eq!(hidden_mode_of(OsStr::new("__worker")), Some("worker"));
+        assert_eq!(
+            hidden_mode_of(OsStr::new("__forkserver")),
+            Some("fork server")
+        );
+        assert_eq!(hidden_mode_of(OsStr::new("__zygote")), Some("zygote"));
+        assert_eq!(hidden_mode_of(OsStr::new("run")), None);
+        assert_eq!(hidden_mode_of(OsStr::new("__workerx")), None);
+        // The test harness itself is no worker: building a supervisor works.
+        assert_eq!(hidden_mode(), None);
+    }
 }
