@@ -47,6 +47,23 @@ pub fn recv<T: DeserializeOwned>(
     fd: BorrowedFd<'_>,
     max: usize,
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    recv_with(fd, max, MsgFlags::empty())
+}
+
+/// [`recv`] without blocking: `WouldBlock` when no packet is waiting (for
+/// a caller driven by readiness, e.g. tokio's `AsyncFd`).
+pub fn try_recv<T: DeserializeOwned>(
+    fd: BorrowedFd<'_>,
+    max: usize,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    recv_with(fd, max, MsgFlags::MSG_DONTWAIT)
+}
+
+fn recv_with<T: DeserializeOwned>(
+    fd: BorrowedFd<'_>,
+    max: usize,
+    extra: MsgFlags,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     // Size the buffer to the packet waiting (MSG_PEEK|MSG_TRUNC reports a
     // seqpacket's whole length) instead of zeroing the largest one per call.
     let cap = max.min(MAX_PACKET_BYTES);
@@ -54,7 +71,7 @@ pub fn recv<T: DeserializeOwned>(
         match nix::sys::socket::recv(
             fd.as_raw_fd(),
             &mut [],
-            MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC | extra,
         ) {
             Ok(n) => break n,
             Err(nix::errno::Errno::EINTR) => continue,
@@ -70,7 +87,7 @@ pub fn recv<T: DeserializeOwned>(
             fd.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | extra,
         ) {
             Ok(msg) => {
                 let mut fds = Vec::new();

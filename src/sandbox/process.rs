@@ -129,6 +129,16 @@ pub fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
 /// Becomes ready when a process exits (a pidfd registered with tokio).
 pub struct ExitWatch(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
 
+/// Register an fd we own with the runtime's reactor, for readiness to read.
+pub fn watch_readable(
+    fd: std::os::fd::OwnedFd,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and
+    // refers to the same file for the AsyncFd's whole lifetime.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
+}
+
 impl ExitWatch {
     /// Watch `pid`, which must be our unreaped child.
     pub fn open(pid: i32) -> io::Result<Self> {
@@ -137,13 +147,7 @@ impl ExitWatch {
 
     /// Watch the process behind a pidfd.
     pub fn from_pidfd(fd: std::os::fd::OwnedFd) -> io::Result<Self> {
-        // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and
-        // refers to the same pidfd for the AsyncFd's whole lifetime.
-        let afd = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-        }
-        .map_err(io::Error::from)?;
-        Ok(ExitWatch(afd))
+        Ok(ExitWatch(watch_readable(fd)?))
     }
 
     /// SIGKILL the watched process (safe against pid reuse).

@@ -231,13 +231,18 @@ impl ForkServer {
         let reader_fd = ours
             .try_clone()
             .map_err(|e| format!("failed to share the fork server channel: {e}"))?;
+        let reader = crate::sandbox::process::watch_readable(reader_fd)
+            .map_err(|e| format!("failed to watch the fork server channel: {e}"))?;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let dead = Arc::new(AtomicBool::new(false));
-        let (s2, d2) = (shared.clone(), dead.clone());
-        std::thread::Builder::new()
-            .name("cellbox-forkserver".into())
-            .spawn(move || read_loop(reader_fd, s2, d2, server_pid))
-            .map_err(|e| format!("failed to start the fork server reader: {e}"))?;
+        let ender = ServerEnd {
+            shared: shared.clone(),
+            dead: dead.clone(),
+            server_pid,
+        };
+        // Replies are read on the runtime: a report wakes the cell waiting
+        // for it directly, with no thread in between.
+        tokio::spawn(read_loop(reader, ender));
         Ok(ForkServer {
             profile: profile.to_owned(),
             _dir: dir,
@@ -339,27 +344,60 @@ impl Drop for Refill {
     }
 }
 
-fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, server_pid: i32) {
+/// Cleans up after the fork server once its channel is closed, or when the
+/// reading task is dropped with its runtime: nothing waits any more, the
+/// server is killed and reaped.
+struct ServerEnd {
+    shared: Arc<Mutex<Shared>>,
+    dead: Arc<AtomicBool>,
+    server_pid: i32,
+}
+
+impl Drop for ServerEnd {
+    fn drop(&mut self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let mut s = lock(&self.shared);
+        s.pending.clear();
+        s.spares.clear();
+        s.exits.close(None);
+        drop(s);
+        // SIGKILL, so the wait is short.
+        let _ = crate::sandbox::process::kill_pid(self.server_pid);
+        let _ = crate::sandbox::process::reap(self.server_pid);
+    }
+}
+
+async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ServerEnd) {
     loop {
-        match forkserver::recv(fd.as_fd()) {
-            Ok(Some((Control::Spawned { id, pid }, fds))) => {
-                let tx = lock(&shared).pending.remove(&id);
+        let Ok(mut ready) = fd.readable().await else {
+            break;
+        };
+        let msg = match ready.try_io(|fd| forkserver::try_recv(fd.get_ref().as_fd())) {
+            Ok(Ok(Some(msg))) => msg,
+            Ok(Ok(None)) | Ok(Err(_)) => break,
+            // Nothing waiting after all.
+            Err(_) => continue,
+        };
+        let shared = &end.shared;
+        match msg {
+            (Control::Spawned { id, pid }, fds) => {
+                let tx = lock(shared).pending.remove(&id);
                 let reply = Forked::from_fds(pid, fds);
                 if let Some(tx) = tx {
                     let _ = tx.send(reply);
                 }
             }
-            Ok(Some((Control::Spare { pid, limits }, fds))) => {
+            (Control::Spare { pid, limits }, fds) => {
                 if let Ok(f) = Forked::from_fds(pid, fds) {
-                    lock(&shared).spares.push_back((limits, f));
+                    lock(shared).spares.push_back((limits, f));
                 }
             }
-            Ok(Some((Control::Error { id, message }, _))) => {
-                if let Some(tx) = lock(&shared).pending.remove(&id) {
+            (Control::Error { id, message }, _) => {
+                if let Some(tx) = lock(shared).pending.remove(&id) {
                     let _ = tx.send(Err(format!("the fork server could not fork: {message}")));
                 }
             }
-            Ok(Some((
+            (
                 Control::Exited {
                     pid,
                     code,
@@ -368,27 +406,21 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, ser
                     max_rss_kb,
                 },
                 _,
-            ))) => {
+            ) => {
                 let r = Reaped {
                     code,
                     signal,
                     cpu_ms,
                     max_rss_kb,
                 };
-                lock(&shared).exits.record(pid, r);
+                lock(shared).exits.record(pid, r);
             }
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => break,
+            _ => {}
         }
     }
-    dead.store(true, Ordering::SeqCst);
-    let mut s = lock(&shared);
-    s.pending.clear();
-    s.spares.clear();
-    s.exits.close(None);
-    drop(s);
-    let _ = crate::sandbox::process::kill_pid(server_pid);
-    let _ = crate::sandbox::process::reap(server_pid);
+    // The server is gone or talks nonsense: `end` cleans up (on a blocking
+    // thread: reaping waits).
+    let _ = tokio::task::spawn_blocking(move || drop(end)).await;
 }
 
 impl Drop for ForkServer {
