@@ -25,6 +25,8 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod forkserver;
+#[cfg(target_os = "linux")]
+pub mod oneshot;
 pub mod packet;
 pub mod process;
 pub mod spawn;
