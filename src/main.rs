@@ -125,6 +125,10 @@ enum Command {
 fn main() -> ExitCode {
     // A worker must branch off before any thread or runtime exists.
     cellbox::worker::dispatch();
+    #[cfg(target_os = "linux")]
+    if let Some(code) = early_exec() {
+        return code;
+    }
     let cli = Cli::parse();
     // Diagnostics only when asked for: building a filter costs start-up time.
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
@@ -371,6 +375,45 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
         print_result(&result);
     }
     ExitCode::from(result.status.exit_code())
+}
+
+/// `cellbox exec` alone, so that a one-shot run does not build the whole
+/// command tree. The same options as [`Command::Exec`]; anything this parser
+/// rejects (including `--help`) goes to the full parser, which gives the
+/// canonical message.
+#[derive(Parser)]
+#[command(name = "cellbox")]
+struct ExecOnly {
+    #[command(subcommand)]
+    command: ExecCommand,
+}
+
+#[derive(Subcommand)]
+enum ExecCommand {
+    Exec {
+        #[command(flatten)]
+        opts: CellOpts,
+        #[arg(long)]
+        json: bool,
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        argv: Vec<String>,
+    },
+}
+
+/// Run `cellbox exec ...` if that is what was asked for and it parses.
+#[cfg(target_os = "linux")]
+fn early_exec() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    if args.nth(1).as_deref() != Some(std::ffi::OsStr::new("exec")) {
+        return None;
+    }
+    let ExecOnly {
+        command: ExecCommand::Exec { opts, json, argv },
+    } = ExecOnly::try_parse().ok()?;
+    if std::env::var_os("CELLBOX_LOG").is_some() {
+        return None;
+    }
+    Some(cmd_exec(opts, json, argv))
 }
 
 /// The exit code and output of `cellbox exec` for its result.

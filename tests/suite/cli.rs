@@ -438,3 +438,32 @@ fn exec_events_are_recorded() {
         .collect();
     assert_eq!(kinds, ["cell_start", "cell_end"]);
 }
+
+#[test]
+fn exec_help_and_usage_errors_are_the_full_clis() {
+    let out = cellbox(&["exec", "--help"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.starts_with("Run any program under the sandbox"),
+        "{help}"
+    );
+    assert!(
+        help.contains("Usage: cellbox exec [OPTIONS] <ARGV>..."),
+        "{help}"
+    );
+    assert!(help.contains("--max-output <BYTES>"), "{help}");
+
+    let out = cellbox(&["exec"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("required arguments were not provided"));
+
+    let out = cellbox(&["exec", "--timeout", "soon", "--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'soon'"));
+
+    // Options after the program belong to the program.
+    let out = cellbox(&["exec", "/bin/echo", "--json", "-x"], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "--json -x\n");
+}
