@@ -52,6 +52,36 @@ pub fn baseline_spawn(argv: &[&str], n: usize) -> Result<Figures, String> {
     Ok(figures(samples, t0.elapsed()))
 }
 
+/// Two commands run alternately, `n` times each, so that both see the same
+/// machine (a noisy neighbour slows both, not one block of samples).
+pub fn baseline_spawn_pair(a: &[&str], b: &[&str], n: usize) -> Result<(Figures, Figures), String> {
+    let run = |argv: &[&str]| -> Result<Duration, String> {
+        let (prog, args) = argv.split_first().ok_or("empty baseline command")?;
+        let t = Instant::now();
+        let st = std::process::Command::new(prog)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("failed to run {prog}: {e}"))?;
+        if !st.success() {
+            return Err(format!("{prog} failed: {st}"));
+        }
+        Ok(t.elapsed())
+    };
+    let (mut sa, mut sb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..n {
+        let d = run(a)?;
+        ta += d;
+        sa.push(d);
+        let d = run(b)?;
+        tb += d;
+        sb.push(d);
+    }
+    Ok((figures(sa, ta), figures(sb, tb)))
+}
+
 /// `n` trivial cells through the library at `concurrency`.
 pub async fn cells(
     sup: &Supervisor,
@@ -329,13 +359,7 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
     );
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let exe = exe.to_string_lossy().into_owned();
-    let exec = baseline_spawn(&[&exe, "exec", "--", "/bin/true"], n)?;
-    let _ = writeln!(
-        out,
-        "cellbox exec -- /bin/true         p50 {}  p99 {}",
-        ms(exec.p50),
-        ms(exec.p99)
-    );
+    let exec_argv = [exe.as_str(), "exec", "--", "/bin/true"];
     let bwrap = [
         "bwrap",
         "--unshare-all",
@@ -345,8 +369,15 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
         "/",
         "/bin/true",
     ];
-    match baseline_spawn(&bwrap, n) {
-        Ok(b) => {
+    // Alternated with bwrap, so the ratio compares like with like.
+    match baseline_spawn_pair(&exec_argv, &bwrap, n) {
+        Ok((exec, b)) => {
+            let _ = writeln!(
+                out,
+                "cellbox exec -- /bin/true         p50 {}  p99 {}",
+                ms(exec.p50),
+                ms(exec.p99)
+            );
             let _ = writeln!(
                 out,
                 "bwrap --unshare-all ... /bin/true p50 {}  p99 {}  (cellbox exec p50 = {:.2}x bwrap)",
@@ -356,6 +387,13 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
             );
         }
         Err(e) => {
+            let exec = baseline_spawn(&exec_argv, n)?;
+            let _ = writeln!(
+                out,
+                "cellbox exec -- /bin/true         p50 {}  p99 {}",
+                ms(exec.p50),
+                ms(exec.p99)
+            );
             let _ = writeln!(
                 out,
                 "bwrap baseline unavailable ({e}); .ci/bench installs bubblewrap"

@@ -125,6 +125,10 @@ enum Command {
 fn main() -> ExitCode {
     // A worker must branch off before any thread or runtime exists.
     cellbox::worker::dispatch();
+    #[cfg(target_os = "linux")]
+    if let Some(code) = early_exec() {
+        return code;
+    }
     let cli = Cli::parse();
     // Diagnostics only when asked for: building a filter costs start-up time.
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
@@ -133,6 +137,29 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .try_init();
     }
+    // One program in one cell: this process, still single-threaded, runs it
+    // itself (no runtime, no worker process).
+    #[cfg(target_os = "linux")]
+    let command = match cli.command {
+        Command::Exec { opts, json, argv } => return cmd_exec(opts, json, argv),
+        Command::Run {
+            opts,
+            json,
+            warm,
+            file,
+        } => match one_shot_shell(&opts, json, &file) {
+            Some(code) => return code,
+            None => Command::Run {
+                opts,
+                json,
+                warm,
+                file,
+            },
+        },
+        other => other,
+    };
+    #[cfg(not(target_os = "linux"))]
+    let command = cli.command;
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -144,7 +171,7 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
-        match cli.command {
+        match command {
             Command::Run {
                 opts,
                 json,
@@ -152,7 +179,10 @@ fn main() -> ExitCode {
                 file,
             } => cmd_run(opts, json, warm, &file).await,
             Command::Repl { opts } => cmd_repl(opts).await,
+            #[cfg(not(target_os = "linux"))]
             Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
+            #[cfg(target_os = "linux")]
+            Command::Exec { .. } => ExitCode::from(EXIT_INTERNAL),
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
             Command::Serve(args) => cellbox::serve::run(args).await,
             Command::SecurityTest(args) => {
@@ -177,10 +207,8 @@ fn build_supervisor(opts: &CellOpts, warm: bool) -> Result<Supervisor, String> {
     if let Some(p) = &opts.python {
         b = b.python(p);
     }
-    if let Some(path) = &opts.events {
-        let sink = EventSink::to_file(path)
-            .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
-        b = b.events(sink);
+    if opts.events.is_some() {
+        b = b.events(events_sink(opts)?);
     }
     b.build().map_err(|e| e.to_string())
 }
@@ -349,18 +377,49 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
     ExitCode::from(result.status.exit_code())
 }
 
-async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
-    let config = match session_config(&opts) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
-    let sup = match build_supervisor(&opts, false) {
-        Ok(s) => s,
-        Err(e) => return usage(e),
-    };
-    let result = sup.exec(argv, config, !json).await;
+/// `cellbox exec` alone, so that a one-shot run does not build the whole
+/// command tree. The same options as [`Command::Exec`]; anything this parser
+/// rejects (including `--help`) goes to the full parser, which gives the
+/// canonical message.
+#[derive(Parser)]
+#[command(name = "cellbox")]
+struct ExecOnly {
+    #[command(subcommand)]
+    command: ExecCommand,
+}
+
+#[derive(Subcommand)]
+enum ExecCommand {
+    Exec {
+        #[command(flatten)]
+        opts: CellOpts,
+        #[arg(long)]
+        json: bool,
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        argv: Vec<String>,
+    },
+}
+
+/// Run `cellbox exec ...` if that is what was asked for and it parses.
+#[cfg(target_os = "linux")]
+fn early_exec() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    if args.nth(1).as_deref() != Some(std::ffi::OsStr::new("exec")) {
+        return None;
+    }
+    let ExecOnly {
+        command: ExecCommand::Exec { opts, json, argv },
+    } = ExecOnly::try_parse().ok()?;
+    if std::env::var_os("CELLBOX_LOG").is_some() {
+        return None;
+    }
+    Some(cmd_exec(opts, json, argv))
+}
+
+/// The exit code and output of `cellbox exec` for its result.
+fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
     if json {
-        if let Err(code) = print_json(&result) {
+        if let Err(code) = print_json(result) {
             return code;
         }
     } else {
@@ -377,6 +436,77 @@ async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
         }
     }
     ExitCode::from(result.status.exit_code())
+}
+
+/// The events sink `--events` asks for.
+fn events_sink(opts: &CellOpts) -> Result<EventSink, String> {
+    match &opts.events {
+        Some(path) => EventSink::to_file(path)
+            .map_err(|e| format!("failed to open the events file {}: {e}", path.display())),
+        None => Ok(EventSink::default()),
+    }
+}
+
+/// `cellbox exec`: one program, one cell, run from this process.
+#[cfg(target_os = "linux")]
+fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let events = match events_sink(&opts) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let cell = cellbox::oneshot::OneShot::exec(argv, !json);
+    let result = cellbox::oneshot::run(cell, config, &events);
+    exec_exit(&result, json)
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let sup = match build_supervisor(&opts, false) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let result = sup.exec(argv, config, !json).await;
+    exec_exit(&result, json)
+}
+
+/// `cellbox run` of a shell cell, run from this process like `exec`.
+/// `None` when the cell is not a shell cell (or its language is unclear:
+/// the library path reports that).
+#[cfg(target_os = "linux")]
+fn one_shot_shell(opts: &CellOpts, json: bool, file: &str) -> Option<ExitCode> {
+    let path = (file != "-").then(|| Path::new(file));
+    if pick_language(opts, path).ok()? != Language::Shell {
+        return None;
+    }
+    let config = match session_config(opts) {
+        Ok(c) => c,
+        Err(e) => return Some(usage(e)),
+    };
+    let code = match read_source(file, config.limits.max_script_bytes) {
+        Ok(c) => c,
+        Err(e) => return Some(usage(e)),
+    };
+    let events = match events_sink(opts) {
+        Ok(s) => s,
+        Err(e) => return Some(usage(e)),
+    };
+    let result = cellbox::oneshot::run(cellbox::oneshot::OneShot::shell(&code), config, &events);
+    if json {
+        if let Err(code) = print_json(&result) {
+            return Some(code);
+        }
+    } else {
+        print_result(&result);
+    }
+    Some(ExitCode::from(result.status.exit_code()))
 }
 
 const REPL_HELP: &str = "\

@@ -4,7 +4,10 @@
 //! The shape follows "build the policy, then apply it": [`SandboxPlan`] is
 //! plain data the supervisor builds from a profile and sends to the worker in
 //! the `setup` frame; [`enter`] applies it inside the worker, in order, and
-//! returns a [`SandboxReport`] of what was actually enforced.
+//! returns a [`SandboxReport`] of what was actually enforced. A one-shot CLI
+//! run (`cellbox exec`) skips the worker: [`oneshot::spawn`] clones the cell
+//! from the still single-threaded CLI, and the cell applies the same layers
+//! with the same code.
 //!
 //! The translation steps (plan → mount list, Landlock rules, rlimit table,
 //! seccomp program) are pure functions in `linux/` and are unit-tested
@@ -25,6 +28,8 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod forkserver;
+#[cfg(target_os = "linux")]
+pub mod oneshot;
 pub mod packet;
 pub mod process;
 pub mod spawn;

@@ -13,7 +13,12 @@ pub fn is_known(name: &str) -> bool {
 
 /// The syscall number of `name` on this architecture, if it has one.
 pub fn number(name: &str) -> Option<i64> {
-    TABLE.iter().find(|(n, _)| *n == name).map(|(_, nr)| *nr)
+    // The table is sorted by name (checked by a test).
+    TABLE
+        .binary_search_by(|(n, _)| (*n).cmp(name))
+        .ok()
+        .and_then(|i| TABLE.get(i))
+        .map(|(_, nr)| *nr)
 }
 
 /// The name of syscall number `nr` on this architecture.
@@ -1068,6 +1073,14 @@ mod tests {
     #[test]
     fn names_are_sorted_for_binary_search() {
         assert!(ALL_NAMES.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_table_is_sorted_for_binary_search() {
+        assert!(TABLE.windows(2).all(|w| w[0].0 < w[1].0));
+        for (name, nr) in TABLE {
+            assert_eq!(number(name), Some(*nr), "{name}");
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@
 mod capability;
 mod events;
 mod limits;
+#[cfg(target_os = "linux")]
+pub mod oneshot;
 mod output;
 mod policy;
 mod python;

@@ -1,9 +1,24 @@
 //! The one result shape every surface returns (DESIGN §7).
 
+use super::limits::Limits;
 use crate::protocol::{DroppedVar, ScriptError};
 use crate::sandbox::SandboxReport;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGSYS => "SIGSYS".into(),
+        libc::SIGSEGV => "SIGSEGV".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGXCPU => "SIGXCPU".into(),
+        libc::SIGXFSZ => "SIGXFSZ".into(),
+        libc::SIGBUS => "SIGBUS".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        other => format!("signal {other}"),
+    }
+}
 
 /// How a cell ended. Stable names: surfaces and clients match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -138,6 +153,83 @@ pub struct CellResult {
 }
 
 impl CellResult {
+    /// End the cell with `status` and an error of `kind`.
+    pub(crate) fn fail(&mut self, status: Status, kind: &str, message: String) {
+        self.status = status;
+        self.error = Some(ScriptError {
+            kind: kind.to_owned(),
+            message,
+            ..ScriptError::default()
+        });
+    }
+
+    /// The cell ran past its wall-clock limit and was killed.
+    pub(crate) fn timed_out(&mut self, limits: &Limits) {
+        self.fail(
+            Status::Timeout,
+            "Timeout",
+            format!(
+                "the cell ran past its wall-clock limit of {} ms and was killed",
+                limits.timeout_ms
+            ),
+        );
+    }
+
+    /// Classify a cell whose process ended without reporting a result, from
+    /// `self.exit` (and, for a memory abort, `self.stderr`). `exec`: the
+    /// process is a program run by `exec`, whose exit code is its result.
+    pub(crate) fn classify_exit(&mut self, limits: &Limits, exec: bool) {
+        let exit = self.exit;
+        match (exit.code, exit.signal) {
+            (Some(0), _) if exec => self.status = Status::Ok,
+            (Some(code), _) if exec => self.fail(
+                Status::Error,
+                "ExitStatus",
+                format!("the program exited with status {code}"),
+            ),
+            (_, Some(libc::SIGXCPU)) => self.fail(
+                Status::LimitExceeded,
+                "LimitExceeded",
+                format!("CPU time limit of {} s exceeded", limits.cpu_seconds),
+            ),
+            (_, Some(libc::SIGXFSZ)) => self.fail(
+                Status::LimitExceeded,
+                "LimitExceeded",
+                format!(
+                    "file size limit of {} bytes exceeded",
+                    limits.max_file_size_bytes
+                ),
+            ),
+            (_, Some(libc::SIGSYS)) => self.fail(
+                Status::Killed,
+                "Killed",
+                "killed by SIGSYS: the cell made a system call the sandbox forbids".into(),
+            ),
+            (_, Some(sig)) if sig == libc::SIGABRT && self.stderr.contains("memory allocation") => {
+                self.fail(
+                    Status::LimitExceeded,
+                    "LimitExceeded",
+                    format!("memory limit of {} bytes exceeded", limits.memory_bytes),
+                )
+            }
+            (_, Some(sig)) => self.fail(
+                Status::Killed,
+                "Killed",
+                format!("the worker was killed by {}", signal_name(sig)),
+            ),
+            (Some(code), None) => self.fail(
+                Status::ProtocolError,
+                "ProtocolError",
+                format!("the worker exited with status {code} before reporting a result"),
+            ),
+            (None, None) => self.fail(
+                Status::ProtocolError,
+                "ProtocolError",
+                "the worker ended before reporting a result".into(),
+            ),
+        }
+    }
+
     pub(crate) fn new(language: &str, run: RunInfo) -> Self {
         CellResult {
             status: Status::Ok,

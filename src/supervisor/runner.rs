@@ -1071,20 +1071,6 @@ async fn run_sub_cell(
     }
 }
 
-fn signal_name(sig: i32) -> String {
-    match sig {
-        libc::SIGKILL => "SIGKILL".into(),
-        libc::SIGSYS => "SIGSYS".into(),
-        libc::SIGSEGV => "SIGSEGV".into(),
-        libc::SIGABRT => "SIGABRT".into(),
-        libc::SIGXCPU => "SIGXCPU".into(),
-        libc::SIGXFSZ => "SIGXFSZ".into(),
-        libc::SIGBUS => "SIGBUS".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        other => format!("signal {other}"),
-    }
-}
-
 /// Turn the outcome and exit information into the result's status/error.
 fn classify(
     spec: &CellSpec,
@@ -1121,15 +1107,7 @@ fn classify(
             Some(done)
         }
         Outcome::Timeout => {
-            set_err(
-                result,
-                Status::Timeout,
-                "Timeout",
-                format!(
-                    "the cell ran past its wall-clock limit of {} ms and was killed",
-                    spec.limits.timeout_ms
-                ),
-            );
+            result.timed_out(&spec.limits);
             None
         }
         Outcome::Fatal(status, kind, message) => {
@@ -1137,69 +1115,7 @@ fn classify(
             None
         }
         Outcome::Exited => {
-            let exit = result.exit;
-            let exec = spec.language == Language::Shell;
-            match (exit.code, exit.signal) {
-                (Some(0), _) if exec => result.status = Status::Ok,
-                (Some(code), _) if exec => set_err(
-                    result,
-                    Status::Error,
-                    "ExitStatus",
-                    format!("the program exited with status {code}"),
-                ),
-                (_, Some(libc::SIGXCPU)) => set_err(
-                    result,
-                    Status::LimitExceeded,
-                    "LimitExceeded",
-                    format!("CPU time limit of {} s exceeded", spec.limits.cpu_seconds),
-                ),
-                (_, Some(libc::SIGXFSZ)) => set_err(
-                    result,
-                    Status::LimitExceeded,
-                    "LimitExceeded",
-                    format!(
-                        "file size limit of {} bytes exceeded",
-                        spec.limits.max_file_size_bytes
-                    ),
-                ),
-                (_, Some(libc::SIGSYS)) => set_err(
-                    result,
-                    Status::Killed,
-                    "Killed",
-                    "killed by SIGSYS: the cell made a system call the sandbox forbids".into(),
-                ),
-                (_, Some(sig))
-                    if sig == libc::SIGABRT && result.stderr.contains("memory allocation") =>
-                {
-                    set_err(
-                        result,
-                        Status::LimitExceeded,
-                        "LimitExceeded",
-                        format!(
-                            "memory limit of {} bytes exceeded",
-                            spec.limits.memory_bytes
-                        ),
-                    )
-                }
-                (_, Some(sig)) => set_err(
-                    result,
-                    Status::Killed,
-                    "Killed",
-                    format!("the worker was killed by {}", signal_name(sig)),
-                ),
-                (Some(code), None) => set_err(
-                    result,
-                    Status::ProtocolError,
-                    "ProtocolError",
-                    format!("the worker exited with status {code} before reporting a result"),
-                ),
-                (None, None) => set_err(
-                    result,
-                    Status::ProtocolError,
-                    "ProtocolError",
-                    "the worker ended before reporting a result".into(),
-                ),
-            }
+            result.classify_exit(&spec.limits, spec.language == Language::Shell);
             None
         }
     }

@@ -145,3 +145,325 @@ fn doctor_reports_the_warm_workers() {
         "{warm}"
     );
 }
+
+// `cellbox exec` (and `cellbox run` of a shell cell) runs its cell from the
+// CLI process itself; these tests hold it to the library path's behaviour.
+
+/// `cellbox exec --json [extra] -- argv`: exit code and parsed result.
+fn exec_json(extra: &[&str], argv: &[&str]) -> (Option<i32>, Value) {
+    let mut args = vec!["exec", "--json"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = cellbox(&args, None);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON result ({e}): {:?} {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
+
+/// The same program through the library (worker process, tokio supervisor).
+async fn library_exec(argv: &[&str], timeout_ms: Option<u64>) -> Value {
+    let mut config = config(&[]);
+    if let Some(t) = timeout_ms {
+        config.limits.timeout_ms = t;
+    }
+    let argv = argv.iter().map(|s| s.to_string()).collect();
+    let r = supervisor().exec(argv, config, false).await;
+    serde_json::to_value(&r).unwrap()
+}
+
+/// The keys of a JSON object, recursively, as dotted paths.
+fn shape(v: &Value, prefix: &str, out: &mut Vec<String>) {
+    if let Value::Object(m) = v {
+        for (k, v) in m {
+            let p = format!("{prefix}.{k}");
+            out.push(p.clone());
+            shape(v, &p, out);
+        }
+    }
+}
+
+#[tokio::test]
+async fn exec_json_is_the_library_result() {
+    let cases: [&[&str]; 4] = [
+        &["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
+        &["/bin/sh", "-c", "echo fine"],
+        // A fault the kernel forces even on PID 1 of the cell.
+        &[
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import ctypes; ctypes.string_at(0)",
+        ],
+        &["/no/such/program"],
+    ];
+    for argv in cases {
+        let (code, fast) = exec_json(&[], argv);
+        let lib = library_exec(argv, None).await;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        shape(&fast, "", &mut a);
+        shape(&lib, "", &mut b);
+        assert_eq!(a, b, "{argv:?}: result shapes differ");
+        for key in [
+            "status",
+            "execution_count",
+            "language",
+            "stdout",
+            "stderr",
+            "truncated",
+            "value",
+            "error",
+            "final_answer",
+            "vars",
+            "calls",
+            "sandbox",
+            "exit",
+        ] {
+            assert_eq!(fast[key], lib[key], "{argv:?}: {key}");
+        }
+        let status = fast["status"].as_str().unwrap();
+        let want = match status {
+            "ok" => 0,
+            "error" => 1,
+            "killed" => 4,
+            "sandbox_error" => 6,
+            other => panic!("{argv:?}: unexpected status {other}"),
+        };
+        assert_eq!(code, Some(want), "{argv:?}");
+    }
+    // Every layer applied, as the library reports it.
+    let (_, r) = exec_json(&[], &["/bin/true"]);
+    let layers: Vec<(&str, bool)> = r["sandbox"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["name"].as_str().unwrap(), l["applied"] == true))
+        .collect();
+    assert_eq!(
+        layers,
+        [
+            ("hygiene", true),
+            ("namespaces", true),
+            ("rlimits", true),
+            ("privileges", true),
+            ("landlock", true),
+            ("seccomp", true)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn exec_timeout_is_the_library_timeout() {
+    let argv = ["/bin/sh", "-c", "echo started; sleep 30"];
+    let (code, fast) = exec_json(&["--timeout", "0.5"], &argv);
+    let lib = library_exec(&argv, Some(500)).await;
+    assert_eq!(code, Some(3));
+    for key in ["status", "error", "stdout", "exit"] {
+        assert_eq!(fast[key], lib[key], "{key}");
+    }
+    assert_eq!(fast["status"], "timeout");
+    assert_eq!(
+        fast["error"]["message"],
+        "the cell ran past its wall-clock limit of 500 ms and was killed"
+    );
+    assert_eq!(fast["exit"]["signal"], 9);
+    assert_eq!(fast["stdout"], "started\n");
+}
+
+/// Processes of the cell that are still running, found by a marker in
+/// their command line.
+fn running_with(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+#[test]
+fn exec_timeout_kills_the_whole_process_group() {
+    // With the cell's own PID namespace (shipped profile) and without one
+    // (namespaces off: only the group kill stops the background jobs).
+    let mut p = cellbox::profiles::Profile::load("shell").unwrap();
+    p.layers.namespaces = cellbox::profiles::LayerMode::Off;
+    let dir = tempfile::tempdir().unwrap();
+    let no_ns = dir.path().join("no-ns.toml");
+    std::fs::write(&no_ns, toml::to_string(&p).unwrap()).unwrap();
+    for (i, extra) in [vec![], vec!["--profile", no_ns.to_str().unwrap()]]
+        .into_iter()
+        .enumerate()
+    {
+        let marker = format!("{}.{}{}", 40 + i, std::process::id(), i);
+        let script = format!("sleep {marker} & sleep {marker} & echo up; wait");
+        let mut args = extra.clone();
+        args.extend(["--timeout", "1"]);
+        let (code, r) = exec_json(&args, &["/bin/sh", "-c", &script]);
+        assert_eq!(code, Some(3), "{r:#}");
+        assert_eq!(r["status"], "timeout");
+        assert_eq!(r["stdout"], "up\n");
+        let ns = r["sandbox"]["layers"][1]["applied"].clone();
+        assert_eq!(ns, i == 0, "namespaces applied: {r:#}");
+        assert_eq!(
+            running_with(&marker),
+            0,
+            "background jobs outlived the cell"
+        );
+    }
+}
+
+#[test]
+fn exec_output_is_capped_in_the_result_and_forwarded_whole() {
+    let script = "head -c 100000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero | tr '\\0' b >&2";
+    let (code, r) = exec_json(&["--max-output", "100"], &["/bin/sh", "-c", script]);
+    assert_eq!(code, Some(0), "{r:#}");
+    assert_eq!(
+        r["truncated"]["stdout"],
+        serde_json::json!({"total_bytes": 100000, "kept_head": 50, "kept_tail": 50})
+    );
+    assert_eq!(
+        r["truncated"]["stderr"],
+        serde_json::json!({"total_bytes": 3000, "kept_head": 50, "kept_tail": 50})
+    );
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with(&"a".repeat(50)) && stdout.ends_with(&"a".repeat(50)));
+    assert!(stdout.contains("[... 99900 bytes omitted ...]"), "{stdout}");
+
+    // Without --json the program's output passes through uncut.
+    let out = cellbox(
+        &["exec", "--max-output", "100", "--", "/bin/sh", "-c", script],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, vec![b'a'; 100_000]);
+    assert_eq!(out.stderr, vec![b'b'; 3000]);
+}
+
+#[test]
+fn exec_mirrors_the_exit_status_and_reports_failures() {
+    let out = cellbox(&["exec", "--", "/bin/sh", "-c", "exit 42"], None);
+    assert_eq!(out.status.code(), Some(42));
+    assert!(out.stderr.is_empty(), "{out:?}");
+
+    let out = cellbox(
+        &[
+            "exec",
+            "--",
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import ctypes; ctypes.string_at(0)",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cellbox: Killed: the worker was killed by SIGSEGV [killed]\n"
+    );
+
+    let out = cellbox(&["exec", "--", "no-such-program-here"], None);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("was not found"),
+        "{out:?}"
+    );
+
+    // The program cannot be executed inside the cell (Landlock: the
+    // scratch directory is not executable).
+    let (code, r) = exec_json(&[], &["/bin/sh", "-c", "cp /bin/true ./t && exec ./t"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(r["exit"]["code"], 126, "{r:#}");
+}
+
+#[test]
+fn a_shell_cell_runs_like_exec() {
+    let out = cellbox(
+        &["run", "--lang", "shell", "--json", "-"],
+        Some("echo hi; id -u; exit 3"),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["language"], "shell");
+    assert_eq!(r["stdout"], "hi\n65534\n");
+    assert_eq!(r["error"]["message"], "the program exited with status 3");
+    assert_eq!(r["sandbox"]["profile"], "shell");
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("s.sh");
+    std::fs::write(&f, "echo from-file").unwrap();
+    let out = cellbox(&["run", f.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from-file\n");
+
+    let out = cellbox(
+        &["run", "--lang", "shell", "--timeout", "0.3", "-"],
+        Some("sleep 5"),
+    );
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn exec_events_are_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let out = cellbox(
+        &[
+            "exec",
+            "--events",
+            events.to_str().unwrap(),
+            "--",
+            "/bin/true",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let kinds: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kinds, ["cell_start", "cell_end"]);
+}
+
+#[test]
+fn exec_help_and_usage_errors_are_the_full_clis() {
+    let out = cellbox(&["exec", "--help"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.starts_with("Run any program under the sandbox"),
+        "{help}"
+    );
+    assert!(
+        help.contains("Usage: cellbox exec [OPTIONS] <ARGV>..."),
+        "{help}"
+    );
+    assert!(help.contains("--max-output <BYTES>"), "{help}");
+
+    let out = cellbox(&["exec"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("required arguments were not provided"));
+
+    let out = cellbox(&["exec", "--timeout", "soon", "--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'soon'"));
+
+    // Options after the program belong to the program.
+    let out = cellbox(&["exec", "/bin/echo", "--json", "-x"], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "--json -x\n");
+}

@@ -135,14 +135,11 @@ fn apply_seccomp(plan: &SandboxPlan, report: &mut SandboxReport) -> Result<(), S
     Ok(())
 }
 
-/// Apply the plan's layers for `stage`.
-pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, SandboxError> {
-    let mut report = SandboxReport {
-        profile: plan.profile.clone(),
-        ..SandboxReport::default()
-    };
+/// Who the cell is on the host: the profile's ids when running as root,
+/// our own otherwise.
+pub(crate) fn host_ids(plan: &SandboxPlan) -> namespaces::HostIds {
     let root = nix::unistd::geteuid().is_root();
-    let ids = if root {
+    if root {
         namespaces::HostIds {
             root,
             uid: plan.uid,
@@ -154,15 +151,38 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
         }
-    };
+    }
+}
 
-    // 1. Hygiene: always, and always required.
-    let owner = root.then_some((ids.uid, ids.gid));
+/// Step 1, hygiene: always, and always required.
+pub(crate) fn apply_hygiene(
+    plan: &SandboxPlan,
+    ids: namespaces::HostIds,
+    report: &mut SandboxReport,
+) -> Result<(), SandboxError> {
+    let owner = ids.root.then_some((ids.uid, ids.gid));
     let detail = hygiene::apply(&plan.scratch, plan.tmp_bytes > 0, owner)
         .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
     report.push("hygiene", LayerMode::Required, true, detail);
-    // What the cell will see, resolved on the host while nothing is hidden.
-    let view = view::resolve(plan).map_err(|e| SandboxError::new("filesystem", e.to_string()))?;
+    Ok(())
+}
+
+/// What the cell will see, resolved on the host while nothing is hidden.
+pub(crate) fn resolve_view(plan: &SandboxPlan) -> Result<view::FsView, SandboxError> {
+    view::resolve(plan).map_err(|e| SandboxError::new("filesystem", e.to_string()))
+}
+
+/// Apply the plan's layers for `stage`.
+pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, SandboxError> {
+    let mut report = SandboxReport {
+        profile: plan.profile.clone(),
+        ..SandboxReport::default()
+    };
+    let ids = host_ids(plan);
+
+    // 1. Hygiene.
+    apply_hygiene(plan, ids, &mut report)?;
+    let view = resolve_view(plan)?;
 
     // 2. Namespaces. After a successful clone this is the cell process.
     let mut in_ns = None;
@@ -182,12 +202,27 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
             Err(e) => return Err(SandboxError::new("namespaces", e.to_string())),
         }
     }
-    if let Some(state) = &in_ns {
+    enter_cell(plan, stage, ids, &view, in_ns.as_ref(), report)
+}
+
+/// Everything after the clone, in the process that runs the cell: the
+/// contents of the namespaces (new root, hostname), then rlimits →
+/// privileges → Landlock → seccomp. `in_ns` is the state of the namespaces
+/// this process was cloned into (`None`: none, already reported).
+pub(crate) fn enter_cell(
+    plan: &SandboxPlan,
+    stage: Stage,
+    ids: namespaces::HostIds,
+    view: &view::FsView,
+    in_ns: Option<&namespaces::InNamespaces>,
+    mut report: SandboxReport,
+) -> Result<SandboxReport, SandboxError> {
+    if let Some(state) = in_ns {
         let cell = mounts::CellIds {
             uid: ids.uid,
             gid: ids.gid,
         };
-        mounts::build_root(&view, plan.tmp_bytes, cell)
+        mounts::build_root(view, plan.tmp_bytes, cell)
             .map_err(|e| SandboxError::new("namespaces", e.to_string()))?;
         nix::unistd::sethostname(&plan.hostname)
             .map_err(|e| SandboxError::new("namespaces", format!("failed to set hostname: {e}")))?;
@@ -216,7 +251,7 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
 
     // 4. Privileges. Running on as root is never acceptable, whatever the
     // profile says.
-    let may_setgroups = root;
+    let may_setgroups = ids.root;
     let dropped = layer(&mut report, "privileges", plan.layers.privileges, || {
         privileges::apply(ids.uid, ids.gid, may_setgroups)
             .map(|d| ((), d))
@@ -249,7 +284,7 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
 
     // 5. Landlock.
     let rules = landlock::rules(
-        &view,
+        view,
         plan.tmp_bytes > 0,
         report.namespaces.iter().any(|n| n == "mount"),
     );

@@ -101,6 +101,33 @@ impl NamespaceError {
 /// Clone into new namespaces. Returns only in the cell process; the worker
 /// waits for it and exits the same way.
 pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
+    match clone_split(ids)? {
+        Cloned::Parent { pid, sync, user_ns } => worker_side(pid, sync, user_ns, ids),
+        Cloned::Child { names, sync } => cell_side(names, sync),
+    }
+}
+
+/// The two sides of [`clone_split`].
+#[derive(Debug)]
+pub enum Cloned {
+    /// The calling process: it must finish the child's user namespace with
+    /// [`release`] before the child can go on.
+    Parent {
+        pid: libc::pid_t,
+        sync: UnixStream,
+        user_ns: bool,
+    },
+    /// The new process, PID 1 of the new namespaces; it must wait for the
+    /// parent with [`wait_for_parent`] before anything else.
+    Child {
+        names: Vec<&'static str>,
+        sync: UnixStream,
+    },
+}
+
+/// Clone into new namespaces (all of them; as root also without a user
+/// namespace if that fails) and return on both sides of the clone.
+pub fn clone_split(ids: HostIds) -> Result<Cloned, NamespaceError> {
     if !sys::mount_setattr_available() {
         // Checked before the clone, so a best-effort profile can go on
         // without namespaces rather than fail half-way through the mounts.
@@ -123,12 +150,23 @@ pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
         attempts.push(without_user);
     }
     let mut last_err = None;
-    let mut cloned = None;
     for names in attempts {
         match sys::clone_fork(flags(&names)) {
-            Ok(pid) => {
-                cloned = Some((names, pid));
-                break;
+            Ok(Some(pid)) => {
+                drop(child_end);
+                let user_ns = names.contains(&"user");
+                return Ok(Cloned::Parent {
+                    pid,
+                    sync: parent_end,
+                    user_ns,
+                });
+            }
+            Ok(None) => {
+                drop(parent_end);
+                return Ok(Cloned::Child {
+                    names,
+                    sync: child_end,
+                });
             }
             Err(source) => {
                 last_err = Some(NamespaceError::Clone {
@@ -138,25 +176,15 @@ pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
             }
         }
     }
-    match cloned {
-        Some((names, Some(pid))) => {
-            drop(child_end);
-            let user_ns = names.contains(&"user");
-            worker_side(pid, parent_end, user_ns, ids)
-        }
-        Some((names, None)) => {
-            drop(parent_end);
-            cell_side(names, child_end)
-        }
-        None => Err(last_err.unwrap_or(NamespaceError::Setup("no clone attempted".into()))),
-    }
+    Err(last_err.unwrap_or(NamespaceError::Setup("no clone attempted".into())))
 }
 
-fn cell_side(
-    names: Vec<&'static str>,
-    mut sync: UnixStream,
-) -> Result<InNamespaces, NamespaceError> {
+/// The child side after [`clone_split`]: set the parent-death signal and
+/// wait until the parent has finished the user namespace ("go"), or fail
+/// with the reason it sent.
+pub fn wait_for_parent(sync: &UnixStream) -> Result<(), NamespaceError> {
     sys::set_parent_death_signal(libc::SIGKILL).map_err(NamespaceError::DeathSignal)?;
+    let mut sync = sync;
     let mut msg = Vec::new();
     let mut byte = [0u8; 1];
     // The worker sends "G" (go) or "E<message>\n".
@@ -178,16 +206,21 @@ fn cell_side(
         }
     }
     match msg.first() {
-        Some(b'G') => Ok(InNamespaces {
-            user_ns: names.contains(&"user"),
-            names,
-            sync,
-        }),
+        Some(b'G') => Ok(()),
         Some(b'E') => Err(NamespaceError::Setup(
             String::from_utf8_lossy(&msg[1..]).into_owned(),
         )),
         _ => Err(NamespaceError::ParentGone),
     }
+}
+
+fn cell_side(names: Vec<&'static str>, sync: UnixStream) -> Result<InNamespaces, NamespaceError> {
+    wait_for_parent(&sync)?;
+    Ok(InNamespaces {
+        user_ns: names.contains(&"user"),
+        names,
+        sync,
+    })
 }
 
 fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), String> {
@@ -219,9 +252,15 @@ fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), String> {
     Ok(())
 }
 
-/// The worker after the clone: finish the cell's user namespace, let it go,
-/// then wait and mirror its end. Never returns.
-fn worker_side(pid: libc::pid_t, mut sync: UnixStream, user_ns: bool, ids: HostIds) -> ! {
+/// The parent after [`clone_split`]: write the child's uid/gid maps (when
+/// it has a user namespace) and tell it to go on, or why it cannot. The
+/// error, if any, is the child's too: it ends with it.
+pub fn release(
+    pid: libc::pid_t,
+    sync: &UnixStream,
+    user_ns: bool,
+    ids: HostIds,
+) -> Result<(), String> {
     let result = if user_ns {
         write_maps(pid, ids)
     } else {
@@ -231,8 +270,16 @@ fn worker_side(pid: libc::pid_t, mut sync: UnixStream, user_ns: bool, ids: HostI
         Ok(()) => "G".to_string(),
         Err(e) => format!("E{}\n", e.replace('\n', " ")),
     };
-    // If the cell is already gone the wait below reports it.
+    // If the child is already gone the caller's wait reports it.
+    let mut sync = sync;
     let _ = sync.write_all(msg.as_bytes());
+    result
+}
+
+/// The worker after the clone: finish the cell's user namespace, let it go,
+/// then wait and mirror its end. Never returns.
+fn worker_side(pid: libc::pid_t, sync: UnixStream, user_ns: bool, ids: HostIds) -> ! {
+    let _ = release(pid, &sync, user_ns, ids);
     // The supervisor must see EOF on the protocol channel when the cell
     // dies, so the worker keeps no copy of it.
     // SAFETY: fd 3 belongs to the protocol channel, which this process
@@ -264,15 +311,20 @@ pub fn wait_and_mirror(pid: libc::pid_t, _keep: UnixStream) -> ! {
 /// After the privilege drop (which clears the parent-death signal): set it
 /// again and make sure the worker is still alive, so the cell can never
 /// outlive it.
-pub fn confirm_parent(state: InNamespaces) -> Result<(), NamespaceError> {
+pub fn confirm_parent(state: &InNamespaces) -> Result<(), NamespaceError> {
     sys::set_parent_death_signal(libc::SIGKILL).map_err(NamespaceError::DeathSignal)?;
-    let mut sync = state.sync;
+    let mut sync = &state.sync;
     sync.set_nonblocking(true)
         .map_err(|e| NamespaceError::Setup(e.to_string()))?;
     let mut byte = [0u8; 1];
-    match sync.read(&mut byte) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
-        _ => Err(NamespaceError::ParentGone),
+    let alive =
+        matches!(sync.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    sync.set_nonblocking(false)
+        .map_err(|e| NamespaceError::Setup(e.to_string()))?;
+    if alive {
+        Ok(())
+    } else {
+        Err(NamespaceError::ParentGone)
     }
 }
 

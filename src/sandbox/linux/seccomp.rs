@@ -2,12 +2,12 @@
 //!
 //! [`build_program`] turns a profile's [`SeccompSpec`] into one BPF program:
 //!
-//! 1. a short hand-written prefix that, for this architecture only, answers
-//!    `clone3` with ENOSYS (so libc falls back to `clone`, whose flags the
-//!    filter can see) and kills the process for syscalls in `deny` groups
-//!    whose action is `kill`;
-//! 2. the allowlist compiled by `seccompiler`: listed syscalls are allowed,
-//!    some only with filtered arguments, everything else fails with EPERM.
+//! an architecture check, then a binary search over the syscall numbers
+//! that have a [`Verdict`] ([`verdicts`]): listed syscalls are allowed,
+//! some only with filtered arguments; `clone3` answers ENOSYS (so libc falls
+//! back to `clone`, whose flags the filter can see); syscalls in `deny`
+//! groups whose action is `kill` kill the process; everything else fails
+//! with EPERM.
 //!
 //! One program rather than several stacked filters, because the kernel keeps
 //! the first-seen errno among equal actions, and a filter installed after the
@@ -24,17 +24,14 @@
 //! - `prlimit64`: only on the calling process (pid 0);
 //! - `execve`: never, always, or only with the exec gate's pathname pointer.
 //!
-//! Syscall numbers are per architecture; the seccompiler program starts with
-//! an architecture check that kills on a foreign ABI (i386 via `int 0x80`),
-//! and x32 numbers (bit 30 set) simply match nothing and get EPERM.
+//! Syscall numbers are per architecture; the program starts with an
+//! architecture check that kills on a foreign ABI (i386 via `int 0x80`), and
+//! x32 numbers (bit 30 set) simply match nothing and get EPERM.
 
 use crate::profiles::{
     address_family, ioctl_request, prctl_option, DenyAction, ExecMode, SeccompSpec,
 };
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
+use seccompiler::{sock_filter, BpfProgram};
 use std::collections::BTreeMap;
 
 /// Every namespace-creating clone flag (CLONE_NEWTIME is not settable via
@@ -50,38 +47,44 @@ pub const CLONE_NEW_MASK: u64 = (libc::CLONE_NEWNS
 // struct seccomp_data offsets.
 const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
+const DATA_ARGS: u32 = 16;
 
-// Classic BPF opcodes used by the prefix.
+// Classic BPF opcodes.
 const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_ALU_AND_K: u16 = 0x54;
+const BPF_JA: u16 = 0x05;
 const BPF_JEQ_K: u16 = 0x15;
+const BPF_JGE_K: u16 = 0x35;
 const BPF_RET_K: u16 = 0x06;
 
 const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+/// What every syscall not in the allowlist gets.
+const RET_EPERM: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+
+/// Syscall numbers per leaf of the search tree: a leaf compares them one
+/// by one, an inner node splits the numbers in two halves.
+const LEAF_ENTRIES: usize = 8;
+/// The kernel's limit on a classic BPF program (BPF_MAXINSNS).
+const MAX_INSNS: usize = 4096;
+
+// The argument loads below read the low half of a 64-bit argument at its
+// own offset, which holds only on little-endian machines.
+const _: () = assert!(cfg!(target_endian = "little"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     #[error("architecture {0} is not supported by the seccomp layer")]
     Arch(&'static str),
-    #[error("failed to build the seccomp rule for {what}: {source}")]
-    Rule {
-        what: String,
-        #[source]
-        source: seccompiler::BackendError,
-    },
-    #[error("failed to compile the seccomp program: {0}")]
-    Compile(#[source] seccompiler::BackendError),
     #[error("the seccomp program has {0} instructions, more than the kernel accepts")]
     TooLong(usize),
+    #[error("the seccomp rule for syscall {nr} is too large for one jump ({len} instructions)")]
+    RuleTooLarge { nr: u32, len: usize },
     #[error("exec mode `once` needs the exec gate's address")]
     NoExecGate,
     #[error("failed to install the seccomp filter: {0}")]
     Install(#[source] seccompiler::Error),
-}
-
-fn target_arch() -> Result<TargetArch, SeccompError> {
-    TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|_| SeccompError::Arch(std::env::consts::ARCH))
 }
 
 fn audit_arch() -> Result<u32, SeccompError> {
@@ -93,107 +96,69 @@ fn audit_arch() -> Result<u32, SeccompError> {
     }
 }
 
-fn cond(
-    what: &str,
-    arg: u8,
-    len: SeccompCmpArgLen,
-    op: SeccompCmpOp,
-    value: u64,
-) -> Result<SeccompCondition, SeccompError> {
-    SeccompCondition::new(arg, len, op, value).map_err(|source| SeccompError::Rule {
-        what: what.to_owned(),
-        source,
-    })
+/// A check on a syscall's arguments: pass → allowed, fail → EPERM.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ArgCheck {
+    /// The low 32 bits of argument `arg` are one of `values`.
+    OneOf { arg: u8, values: Vec<u32> },
+    /// The low 32 bits of argument `arg` have none of the `mask` bits set.
+    NoneOf { arg: u8, mask: u32 },
+    /// Argument `arg`, all 64 bits, equals `value`.
+    Equals { arg: u8, value: u64 },
 }
 
-fn rule(what: &str, conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
-    SeccompRule::new(conds).map_err(|source| SeccompError::Rule {
-        what: what.to_owned(),
-        source,
-    })
+/// What the filter does with one syscall number. Numbers without a
+/// verdict fail with EPERM.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Return this action (allow, kill, an errno).
+    Ret(u32),
+    /// Allowed when the arguments pass the check.
+    Allow(ArgCheck),
 }
 
-/// One rule per allowed value of a 32-bit argument.
-fn value_rules(
-    what: &str,
-    arg: u8,
-    values: impl IntoIterator<Item = u32>,
-) -> Result<Vec<SeccompRule>, SeccompError> {
-    values
-        .into_iter()
-        .map(|v| {
-            rule(
-                what,
-                vec![cond(
-                    what,
-                    arg,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::Eq,
-                    u64::from(v),
-                )?],
-            )
-        })
-        .collect()
+fn number(name: &str) -> Option<u32> {
+    crate::sandbox::syscalls::number(name).and_then(|nr| u32::try_from(nr).ok())
 }
 
-fn insert(rules: &mut BTreeMap<i64, Vec<SeccompRule>>, name: &str, chain: Vec<SeccompRule>) {
-    // A name without a number on this architecture has nothing to allow.
-    if let Some(nr) = crate::sandbox::syscalls::number(name) {
-        rules.insert(nr, chain);
-    }
-}
-
-/// The allowlist as seccompiler rules: syscall number → rule chain (an empty
-/// chain allows the syscall unconditionally).
-pub fn allow_rules(
+/// The verdict for every syscall number the profile names, on this
+/// architecture (names without a number here have nothing to allow).
+///
+/// `clone3` answers ENOSYS (so libc falls back to `clone`, whose flags the
+/// filter can see), `kill` deny groups kill; these win over the allowlist.
+pub fn verdicts(
     spec: &SeccompSpec,
     exec_gate: Option<u64>,
-) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
-    let mut rules = BTreeMap::new();
+) -> Result<BTreeMap<u32, Verdict>, SeccompError> {
+    let mut out = BTreeMap::new();
+    let mut set = |name: &str, v: Verdict| {
+        if let Some(nr) = number(name) {
+            out.insert(nr, v);
+        }
+    };
+    let allow = Verdict::Ret(SECCOMP_RET_ALLOW);
     for group in &spec.allow {
         for name in &group.syscalls {
-            let chain = match name.as_str() {
-                "clone" => vec![rule(
-                    "clone",
-                    vec![cond(
-                        "clone",
-                        0,
-                        SeccompCmpArgLen::Dword,
-                        SeccompCmpOp::MaskedEq(CLONE_NEW_MASK),
-                        0,
-                    )?],
-                )?],
-                "prlimit64" => vec![rule(
-                    "prlimit64",
-                    vec![cond(
-                        "prlimit64",
-                        0,
-                        SeccompCmpArgLen::Dword,
-                        SeccompCmpOp::Eq,
-                        0,
-                    )?],
-                )?],
-                _ => Vec::new(),
+            let v = match name.as_str() {
+                "clone" => Verdict::Allow(ArgCheck::NoneOf {
+                    arg: 0,
+                    mask: CLONE_NEW_MASK as u32,
+                }),
+                "prlimit64" => Verdict::Allow(ArgCheck::OneOf {
+                    arg: 0,
+                    values: vec![0],
+                }),
+                _ => allow.clone(),
             };
-            insert(&mut rules, name, chain);
+            set(name, v);
         }
     }
     match spec.exec {
         ExecMode::None => {}
-        ExecMode::Any => insert(&mut rules, "execve", Vec::new()),
+        ExecMode::Any => set("execve", allow.clone()),
         ExecMode::Once => {
-            let addr = exec_gate.ok_or(SeccompError::NoExecGate)?;
-            let chain = vec![rule(
-                "execve",
-                vec![cond(
-                    "execve",
-                    0,
-                    SeccompCmpArgLen::Qword,
-                    SeccompCmpOp::Eq,
-                    addr,
-                )?],
-            )?];
-            insert(&mut rules, "execve", chain);
+            let value = exec_gate.ok_or(SeccompError::NoExecGate)?;
+            set("execve", Verdict::Allow(ArgCheck::Equals { arg: 0, value }));
         }
     }
     // Names were validated when the profile was loaded; unknown ones map to
@@ -237,17 +202,27 @@ pub fn allow_rules(
                 .collect(),
         ),
     ];
-    for (name, arg, values) in arg_lists {
+    for (name, arg, mut values) in arg_lists {
         if !values.is_empty() {
-            let chain = value_rules(name, arg, values)?;
-            insert(&mut rules, name, chain);
+            values.sort_unstable();
+            values.dedup();
+            set(name, Verdict::Allow(ArgCheck::OneOf { arg, values }));
         }
     }
-    Ok(rules)
+    for group in spec.deny.iter().filter(|g| g.action == DenyAction::Kill) {
+        for name in &group.syscalls {
+            set(name, Verdict::Ret(SECCOMP_RET_KILL_PROCESS));
+        }
+    }
+    set(
+        "clone3",
+        Verdict::Ret(SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    );
+    Ok(out)
 }
 
-fn stmt(code: u16, k: u32) -> seccompiler::sock_filter {
-    seccompiler::sock_filter {
+fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter {
         code,
         jt: 0,
         jf: 0,
@@ -255,72 +230,141 @@ fn stmt(code: u16, k: u32) -> seccompiler::sock_filter {
     }
 }
 
-fn jeq(k: u32, jt: u8, jf: u8) -> seccompiler::sock_filter {
-    seccompiler::sock_filter {
-        code: BPF_JEQ_K,
-        jt,
-        jf,
-        k,
-    }
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
 }
 
-/// Syscalls answered before the allowlist: `(number, return value)`.
-pub fn special_actions(spec: &SeccompSpec) -> Vec<(u32, u32)> {
-    let mut out = Vec::new();
-    if let Some(nr) = crate::sandbox::syscalls::number("clone3") {
-        if let Ok(nr) = u32::try_from(nr) {
-            out.push((nr, SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
-        }
-    }
-    for group in spec.deny.iter().filter(|g| g.action == DenyAction::Kill) {
-        for name in &group.syscalls {
-            if let Some(nr) = crate::sandbox::syscalls::number(name) {
-                if let Ok(nr) = u32::try_from(nr) {
-                    out.push((nr, SECCOMP_RET_KILL_PROCESS));
-                }
+/// Load the low (`high` false) or high half of argument `arg`.
+fn load_arg(arg: u8, high: bool) -> sock_filter {
+    stmt(
+        BPF_LD_W_ABS,
+        DATA_ARGS + 8 * u32::from(arg) + if high { 4 } else { 0 },
+    )
+}
+
+/// The instructions that decide one syscall, ending in a return on every
+/// path. Jumps stay inside the block.
+fn verdict_block(nr: u32, v: &Verdict) -> Result<Vec<sock_filter>, SeccompError> {
+    Ok(match v {
+        Verdict::Ret(k) => vec![stmt(BPF_RET_K, *k)],
+        Verdict::Allow(ArgCheck::NoneOf { arg, mask }) => vec![
+            load_arg(*arg, false),
+            stmt(BPF_ALU_AND_K, *mask),
+            jump(BPF_JEQ_K, 0, 0, 1),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+            stmt(BPF_RET_K, RET_EPERM),
+        ],
+        Verdict::Allow(ArgCheck::Equals { arg, value }) => vec![
+            load_arg(*arg, false),
+            jump(BPF_JEQ_K, *value as u32, 0, 3),
+            load_arg(*arg, true),
+            jump(BPF_JEQ_K, (*value >> 32) as u32, 0, 1),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+            stmt(BPF_RET_K, RET_EPERM),
+        ],
+        Verdict::Allow(ArgCheck::OneOf { arg, values }) => {
+            // ld; jeq v_i → allow (one per value); ret EPERM; ret ALLOW.
+            let n = values.len();
+            let mut b = Vec::with_capacity(n + 3);
+            b.push(load_arg(*arg, false));
+            for (i, v) in values.iter().enumerate() {
+                // From jeq i, the allow return is n - i instructions ahead.
+                let to_allow = u8::try_from(n - i)
+                    .map_err(|_| SeccompError::RuleTooLarge { nr, len: n + 3 })?;
+                b.push(jump(BPF_JEQ_K, *v, to_allow, 0));
             }
+            b.push(stmt(BPF_RET_K, RET_EPERM));
+            b.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+            b
         }
+    })
+}
+
+/// A leaf: compare the number with each entry, EPERM if none matches, and
+/// each distinct verdict's block after that.
+fn emit_leaf(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(), SeccompError> {
+    let mut blocks: Vec<(Verdict, Vec<sock_filter>)> = Vec::new();
+    // Offsets of each block from the end of the compare chain (the EPERM
+    // return comes first).
+    let mut block_of = Vec::with_capacity(entries.len());
+    let mut at = 1usize;
+    for (nr, v) in entries {
+        let idx = match blocks.iter().position(|(b, _)| b == v) {
+            Some(i) => i,
+            None => {
+                let code = verdict_block(*nr, v)?;
+                blocks.push((v.clone(), code));
+                blocks.len() - 1
+            }
+        };
+        block_of.push(idx);
     }
-    out
+    let mut starts = Vec::with_capacity(blocks.len());
+    for (_, code) in &blocks {
+        starts.push(at);
+        at += code.len();
+    }
+    let n = entries.len();
+    for (i, (nr, _)) in entries.iter().enumerate() {
+        // Jump from compare i to its block: past the rest of the chain.
+        let off = (n - 1 - i) + starts[block_of[i]];
+        let jt = u8::try_from(off).map_err(|_| SeccompError::RuleTooLarge { nr: *nr, len: off })?;
+        out.push(jump(BPF_JEQ_K, *nr, jt, 0));
+    }
+    out.push(stmt(BPF_RET_K, RET_EPERM));
+    for (_, code) in blocks {
+        out.extend(code);
+    }
+    Ok(())
+}
+
+/// A binary search over the sorted entries: numbers at or above the middle
+/// entry go right (through a long jump), the rest fall through to the left.
+fn emit_tree(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(), SeccompError> {
+    if entries.len() <= LEAF_ENTRIES {
+        return emit_leaf(entries, out);
+    }
+    let mid = entries.len() / 2;
+    let (left, right) = entries.split_at(mid);
+    // jge mid → the `ja` (to the right half); else skip it.
+    out.push(jump(BPF_JGE_K, right[0].0, 0, 1));
+    let ja = out.len();
+    out.push(stmt(BPF_JA, 0));
+    emit_tree(left, out)?;
+    let skip = out.len() - ja - 1;
+    out[ja].k = u32::try_from(skip).map_err(|_| SeccompError::TooLong(out.len()))?;
+    emit_tree(right, out)
 }
 
 /// The whole program for `spec`. `exec_gate` is the address of the exec
 /// gate's pathname buffer (needed for `exec = "once"`).
+///
+/// Shape: kill on a foreign architecture; load the number; a binary
+/// search over the numbers with a verdict. The search keeps both the
+/// program and each syscall's path short (a handful of compares), which
+/// also lets the kernel precompute its "always allowed" cache quickly when
+/// the filter is installed.
 pub fn build_program(
     spec: &SeccompSpec,
     exec_gate: Option<u64>,
 ) -> Result<BpfProgram, SeccompError> {
-    let arch = target_arch()?;
-    let rules = allow_rules(spec, exec_gate)?;
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Errno(libc::EPERM as u32),
-        SeccompAction::Allow,
-        arch,
-    )
-    .map_err(SeccompError::Compile)?;
-    let allowlist: BpfProgram = filter.try_into().map_err(SeccompError::Compile)?;
+    program_for(&verdicts(spec, exec_gate)?)
+}
 
-    // Prefix: [0] load arch; [1] if not ours skip the whole prefix (the
-    // allowlist's own arch check kills); [2] load nr; then per special
-    // syscall a `jeq nr → ret` pair; falling off the end enters the
-    // allowlist.
-    let specials = special_actions(spec);
-    let mut prefix = Vec::with_capacity(3 + 2 * specials.len());
-    let skip = 1 + 2 * specials.len();
-    let skip = u8::try_from(skip).map_err(|_| SeccompError::TooLong(skip))?;
-    prefix.push(stmt(BPF_LD_W_ABS, DATA_ARCH));
-    prefix.push(jeq(audit_arch()?, 0, skip));
-    prefix.push(stmt(BPF_LD_W_ABS, DATA_NR));
-    for (nr, ret) in specials {
-        prefix.push(jeq(nr, 0, 1));
-        prefix.push(stmt(BPF_RET_K, ret));
+/// The program deciding `verdicts` (see [`build_program`]).
+pub fn program_for(verdicts: &BTreeMap<u32, Verdict>) -> Result<BpfProgram, SeccompError> {
+    let arch = audit_arch()?;
+    let entries: Vec<(u32, Verdict)> = verdicts.iter().map(|(n, v)| (*n, v.clone())).collect();
+    let mut prog = Vec::with_capacity(16 + 2 * entries.len());
+    prog.push(stmt(BPF_LD_W_ABS, DATA_ARCH));
+    prog.push(jump(BPF_JEQ_K, arch, 1, 0));
+    prog.push(stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS));
+    prog.push(stmt(BPF_LD_W_ABS, DATA_NR));
+    emit_tree(&entries, &mut prog)?;
+    if prog.len() > MAX_INSNS {
+        return Err(SeccompError::TooLong(prog.len()));
     }
-    prefix.extend(allowlist);
-    if prefix.len() >= 4096 {
-        return Err(SeccompError::TooLong(prefix.len()));
-    }
-    Ok(prefix)
+    Ok(prog)
 }
 
 /// Install `program` on the calling thread (and its future children).
@@ -386,6 +430,378 @@ pub(crate) mod tests {
                 }
                 0x06 => return ins.k,
                 _ => panic!("unexpected instruction {:#x}", ins.code),
+            }
+        }
+    }
+
+    /// The allowlist as seccompiler compiles it (a linear chain per
+    /// syscall), with the same prefix for clone3 and kill groups: the
+    /// straightforward translation, kept as the reference the search tree
+    /// must agree with.
+    fn reference_program(spec: &SeccompSpec, exec_gate: Option<u64>) -> BpfProgram {
+        use seccompiler::{
+            SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+            SeccompRule, TargetArch,
+        };
+        let dword = |arg: u8, op: SeccompCmpOp, v: u64| {
+            SeccompRule::new(vec![SeccompCondition::new(
+                arg,
+                SeccompCmpArgLen::Dword,
+                op,
+                v,
+            )
+            .unwrap()])
+            .unwrap()
+        };
+        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+        let mut insert = |name: &str, chain: Vec<SeccompRule>| {
+            if let Some(nr) = crate::sandbox::syscalls::number(name) {
+                rules.insert(nr, chain);
+            }
+        };
+        for group in &spec.allow {
+            for name in &group.syscalls {
+                let chain = match name.as_str() {
+                    "clone" => vec![dword(0, SeccompCmpOp::MaskedEq(CLONE_NEW_MASK), 0)],
+                    "prlimit64" => vec![dword(0, SeccompCmpOp::Eq, 0)],
+                    _ => Vec::new(),
+                };
+                insert(name, chain);
+            }
+        }
+        match spec.exec {
+            ExecMode::None => {}
+            ExecMode::Any => insert("execve", Vec::new()),
+            ExecMode::Once => insert(
+                "execve",
+                vec![SeccompRule::new(vec![SeccompCondition::new(
+                    0,
+                    SeccompCmpArgLen::Qword,
+                    SeccompCmpOp::Eq,
+                    exec_gate.unwrap(),
+                )
+                .unwrap()])
+                .unwrap()],
+            ),
+        }
+        let lists: [(&str, u8, Vec<u32>); 4] = [
+            (
+                "ioctl",
+                1,
+                spec.ioctl
+                    .allow
+                    .iter()
+                    .filter(|n| n.as_str() != "TIOCSTI")
+                    .filter_map(|n| ioctl_request(n))
+                    .collect(),
+            ),
+            (
+                "socket",
+                0,
+                spec.socket
+                    .allow
+                    .iter()
+                    .filter_map(|n| address_family(n))
+                    .collect(),
+            ),
+            (
+                "socketpair",
+                0,
+                spec.socketpair
+                    .allow
+                    .iter()
+                    .filter_map(|n| address_family(n))
+                    .collect(),
+            ),
+            (
+                "prctl",
+                0,
+                spec.prctl
+                    .allow
+                    .iter()
+                    .filter_map(|n| prctl_option(n))
+                    .collect(),
+            ),
+        ];
+        for (name, arg, values) in lists {
+            if !values.is_empty() {
+                let chain = values
+                    .into_iter()
+                    .map(|v| dword(arg, SeccompCmpOp::Eq, u64::from(v)))
+                    .collect();
+                insert(name, chain);
+            }
+        }
+        let arch = TargetArch::try_from(std::env::consts::ARCH).unwrap();
+        let filter = SeccompFilter::new(
+            rules,
+            SeccompAction::Errno(libc::EPERM as u32),
+            SeccompAction::Allow,
+            arch,
+        )
+        .unwrap();
+        let allowlist: BpfProgram = filter.try_into().unwrap();
+        let mut specials = vec![(
+            number("clone3").unwrap(),
+            SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        )];
+        for group in spec.deny.iter().filter(|g| g.action == DenyAction::Kill) {
+            for name in &group.syscalls {
+                if let Some(nr) = number(name) {
+                    specials.push((nr, SECCOMP_RET_KILL_PROCESS));
+                }
+            }
+        }
+        let skip = u8::try_from(1 + 2 * specials.len()).unwrap();
+        let mut prog = vec![
+            stmt(BPF_LD_W_ABS, DATA_ARCH),
+            jump(BPF_JEQ_K, audit_arch().unwrap(), 0, skip),
+            stmt(BPF_LD_W_ABS, DATA_NR),
+        ];
+        for (nr, ret) in specials {
+            prog.push(jump(BPF_JEQ_K, nr, 0, 1));
+            prog.push(stmt(BPF_RET_K, ret));
+        }
+        prog.extend(allowlist);
+        prog
+    }
+
+    /// Argument vectors that hit every branch of the argument checks of
+    /// `spec`: each allowed value (with and without high bits), its
+    /// neighbours, the namespace flags, the exec gate and its neighbours.
+    fn probe_args(spec: &SeccompSpec, gate: u64) -> Vec<[u64; 6]> {
+        let mut values: Vec<u64> = vec![0, 1, 2, u64::MAX, gate, gate + 8, gate ^ (1 << 40)];
+        let names = spec
+            .ioctl
+            .allow
+            .iter()
+            .filter_map(|n| ioctl_request(n))
+            .chain(spec.socket.allow.iter().filter_map(|n| address_family(n)))
+            .chain(
+                spec.socketpair
+                    .allow
+                    .iter()
+                    .filter_map(|n| address_family(n)),
+            )
+            .chain(spec.prctl.allow.iter().filter_map(|n| prctl_option(n)))
+            .chain(ioctl_request("TIOCSTI"));
+        for v in names {
+            let v = u64::from(v);
+            values.extend([
+                v,
+                v + 1,
+                v.wrapping_sub(1),
+                v | 1 << 32,
+                v | 0xffff_ffff << 32,
+            ]);
+        }
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+        ] {
+            values.push(libc::SIGCHLD as u64 | flag as u64);
+        }
+        values.push(libc::SIGCHLD as u64 | libc::CLONE_VM as u64);
+        values
+            .into_iter()
+            .flat_map(|v| [[v, 0, 0, 0, 0, 0], [0, v, 0, 0, 0, 0], [v, v, v, v, v, v]])
+            .collect()
+    }
+
+    /// The search tree decides exactly as the straightforward linear
+    /// translation, for every syscall number (and x32 numbers, and numbers
+    /// past the table) and every argument branch, under every built-in
+    /// profile and every exec mode, with kill groups too.
+    #[test]
+    fn search_tree_agrees_with_the_linear_reference() {
+        let gate = 0x5555_0000_1000u64;
+        for name in crate::profiles::BUILTIN_NAMES {
+            let base = Profile::load(name).unwrap().seccomp;
+            let mut specs = vec![base.clone()];
+            for exec in [ExecMode::None, ExecMode::Any, ExecMode::Once] {
+                let mut s = base.clone();
+                s.exec = exec;
+                specs.push(s);
+            }
+            let mut killing = base.clone();
+            for g in &mut killing.deny {
+                g.syscalls.retain(|s| s != "socket");
+                g.action = DenyAction::Kill;
+            }
+            specs.push(killing);
+            for spec in specs {
+                let tree = build_program(&spec, Some(gate)).unwrap();
+                let linear = reference_program(&spec, Some(gate));
+                assert!(
+                    tree.len() < linear.len(),
+                    "{name}: {} instructions, the linear program has {}",
+                    tree.len(),
+                    linear.len()
+                );
+                let args = probe_args(&spec, gate);
+                let nrs = (0..1024i64)
+                    .chain((0..1024).map(|n| 0x4000_0000 | n))
+                    .chain([u32::MAX as i64, 0x7fff_ffff]);
+                for nr in nrs {
+                    for a in &args {
+                        assert_eq!(
+                            run(&tree, nr, *a),
+                            run(&linear, nr, *a),
+                            "{name} exec {:?}: syscall {nr} args {a:x?}",
+                            spec.exec
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_path_through_the_tree_is_short() {
+        // No syscall number walks more than a few dozen instructions.
+        let prog = program("shell");
+        let longest = (0..600i64).map(|nr| steps(&prog, nr)).max().unwrap();
+        assert!(longest <= 40, "a syscall walks {longest} instructions");
+    }
+
+    /// Instructions executed for `nr` (arguments all zero).
+    fn steps(prog: &[seccompiler::sock_filter], nr: i64) -> usize {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_ne_bytes());
+        data[4..8].copy_from_slice(&audit_arch().unwrap().to_ne_bytes());
+        let mut n = 0;
+        let mut acc = 0u32;
+        let mut pc = 0usize;
+        loop {
+            n += 1;
+            let ins = &prog[pc];
+            match ins.code {
+                BPF_LD_W_ABS => {
+                    let off = ins.k as usize;
+                    acc = u32::from_ne_bytes(data[off..off + 4].try_into().unwrap());
+                    pc += 1;
+                }
+                BPF_ALU_AND_K => {
+                    acc &= ins.k;
+                    pc += 1;
+                }
+                BPF_JA => pc += 1 + ins.k as usize,
+                BPF_JEQ_K | BPF_JGE_K => {
+                    let taken = if ins.code == BPF_JEQ_K {
+                        acc == ins.k
+                    } else {
+                        acc >= ins.k
+                    };
+                    pc += 1 + if taken { ins.jt } else { ins.jf } as usize;
+                }
+                _ => return n,
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_argument_list_is_an_error_not_a_wrong_jump() {
+        let mut v = BTreeMap::new();
+        v.insert(
+            16,
+            Verdict::Allow(ArgCheck::OneOf {
+                arg: 1,
+                values: (0..300).collect(),
+            }),
+        );
+        assert!(matches!(
+            program_for(&v),
+            Err(SeccompError::RuleTooLarge { nr: 16, .. })
+        ));
+        // 250 values still fit in one block.
+        v.insert(
+            16,
+            Verdict::Allow(ArgCheck::OneOf {
+                arg: 1,
+                values: (0..250).collect(),
+            }),
+        );
+        let prog = program_for(&v).unwrap();
+        assert_eq!(run(&prog, 16, [0, 249, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(run(&prog, 16, [0, 250, 0, 0, 0, 0]), EPERM);
+    }
+
+    /// A large, irregular table (deep tree, long jumps, every kind of
+    /// verdict, shared and unshared blocks) decides every number as the
+    /// table says.
+    #[test]
+    fn a_large_table_is_searched_correctly() {
+        let mut v = BTreeMap::new();
+        let mut x: u32 = 12345;
+        for i in 0..600u32 {
+            // A simple LCG spreads the numbers and verdict kinds.
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let nr = (x >> 8) % 2000;
+            let verdict = match i % 5 {
+                0 => Verdict::Ret(SECCOMP_RET_ALLOW),
+                1 => Verdict::Ret(SECCOMP_RET_KILL_PROCESS),
+                2 => Verdict::Allow(ArgCheck::OneOf {
+                    arg: (i % 6) as u8,
+                    values: vec![i, i + 7, 3],
+                }),
+                3 => Verdict::Allow(ArgCheck::NoneOf { arg: 0, mask: 0xf0 }),
+                _ => Verdict::Allow(ArgCheck::Equals {
+                    arg: 2,
+                    value: 0x1234_0000_0000 | u64::from(i),
+                }),
+            };
+            v.insert(nr, verdict);
+        }
+        let prog = program_for(&v).unwrap();
+        for nr in 0..2100u32 {
+            let arg_sets: Vec<[u64; 6]> = match v.get(&nr) {
+                Some(Verdict::Allow(ArgCheck::OneOf { arg, values })) => {
+                    let mut sets = Vec::new();
+                    for val in values.iter().map(|x| u64::from(*x)).chain([999_999]) {
+                        let mut a = [0u64; 6];
+                        a[*arg as usize] = val | 1 << 33;
+                        sets.push(a);
+                    }
+                    sets
+                }
+                Some(Verdict::Allow(ArgCheck::Equals { value, .. })) => vec![
+                    [0, 0, *value, 0, 0, 0],
+                    [0, 0, *value & 0xffff_ffff, 0, 0, 0],
+                ],
+                _ => vec![[0; 6], [0x10, 0, 0, 0, 0, 0]],
+            };
+            for a in arg_sets {
+                let want = match v.get(&nr) {
+                    None => EPERM,
+                    Some(Verdict::Ret(k)) => *k,
+                    Some(Verdict::Allow(ArgCheck::OneOf { arg, values })) => {
+                        if values.contains(&(a[*arg as usize] as u32)) {
+                            ALLOW
+                        } else {
+                            EPERM
+                        }
+                    }
+                    Some(Verdict::Allow(ArgCheck::NoneOf { arg, mask })) => {
+                        if (a[*arg as usize] as u32) & mask == 0 {
+                            ALLOW
+                        } else {
+                            EPERM
+                        }
+                    }
+                    Some(Verdict::Allow(ArgCheck::Equals { arg, value })) => {
+                        if a[*arg as usize] == *value {
+                            ALLOW
+                        } else {
+                            EPERM
+                        }
+                    }
+                };
+                assert_eq!(run(&prog, i64::from(nr), a), want, "nr {nr} args {a:x?}");
             }
         }
     }

@@ -71,7 +71,7 @@ pub fn no_new_privs() -> io::Result<bool> {
     check_int(unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) }).map(|v| v == 1)
 }
 
-/// `prctl(PR_SET_DUMPABLE, 1)`: /proc/<pid> of this process (and of a child
+/// `prctl(PR_SET_DUMPABLE, 1)`: `/proc/<pid>` of this process (and of a child
 /// forked from it) is owned by its uid again, as after a plain execve. A uid
 /// change clears it, and then the child's /proc files are root-owned.
 pub fn set_dumpable() -> io::Result<()> {

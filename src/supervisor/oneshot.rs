@@ -1,0 +1,413 @@
+//! One program run as a one-shot cell without a runtime: the fast path of
+//! `cellbox exec` (and of shell cells run once from the CLI).
+//!
+//! The library path spawns a worker (our binary again), sends it the plan
+//! in a `setup` frame and supervises it from tokio. Here the calling
+//! process, still single-threaded, builds the same plan, clones the cell
+//! itself ([`crate::sandbox::oneshot`]) and supervises it with `poll(2)`:
+//! the same wall-clock deadline, output caps and forwarding, the same kill
+//! of the whole process group, reap with rusage, and the same
+//! [`CellResult`], classified by the same code.
+
+use super::events::EventSink;
+use super::output::Capture;
+use super::result::{CellResult, ExitInfo, RunInfo, Status};
+use super::session::SessionConfig;
+use super::Limits;
+use crate::protocol::FromWorker;
+use crate::sandbox::oneshot::{self, Cell, SpawnError};
+use crate::sandbox::{process, SandboxPlan};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct OneShot {
+    /// The program and its arguments (the program is resolved like `exec`
+    /// resolves it).
+    pub argv: Vec<String>,
+    /// Copy the cell's stdout/stderr to ours as it arrives.
+    pub forward_output: bool,
+}
+
+impl OneShot {
+    /// `argv` as `cellbox exec` runs it.
+    pub fn exec(argv: Vec<String>, forward_output: bool) -> OneShot {
+        OneShot {
+            argv,
+            forward_output,
+        }
+    }
+
+    /// A shell script, as a shell cell runs it (`/bin/sh -c code`).
+    pub fn shell(code: &str) -> OneShot {
+        OneShot {
+            argv: vec!["/bin/sh".into(), "-c".into(), code.to_owned()],
+            forward_output: false,
+        }
+    }
+}
+
+/// How the cell ended, before it is classified.
+enum Outcome {
+    Exited,
+    Timeout,
+    Fatal(Status, &'static str, String),
+}
+
+/// Run one shell-language cell in a fresh session, as
+/// [`super::Supervisor::exec`] does, but in this process: it must have a
+/// single thread (no runtime started yet). The result has the same shape,
+/// statuses and messages as the library path's.
+pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResult {
+    let scratch = match tempfile::Builder::new()
+        .prefix("cellbox-")
+        .tempdir_in(std::env::temp_dir())
+    {
+        Ok(d) => d,
+        Err(source) => {
+            let e = super::Error::Io {
+                what: "create the session's scratch directory".into(),
+                source,
+            };
+            return CellResult::refused(
+                "shell",
+                RunInfo::root(),
+                Status::SandboxError,
+                "SandboxError",
+                e.to_string(),
+            );
+        }
+    };
+    let session_id = super::runner::new_run_id();
+    let started = Instant::now();
+    let run = RunInfo::root();
+    let mut result = CellResult::new("shell", run.clone());
+    result.execution_count = 1;
+    events.record(
+        "cell_start",
+        &run,
+        json!({"language": "shell", "session_id": session_id}),
+    );
+    let limits = config.limits.clone();
+    match plan_for(&cell.argv, &config, scratch.path()) {
+        Ok((plan, argv)) => {
+            let deadline = started + limits.timeout();
+            match oneshot::spawn(&plan, &argv) {
+                Ok(c) => supervise(c, &limits, cell.forward_output, deadline, &mut result),
+                Err(SpawnError::Sandbox(e)) => result.fail(
+                    Status::SandboxError,
+                    "SandboxError",
+                    format!("the {} layer could not be applied: {}", e.layer, e.message),
+                ),
+                Err(SpawnError::Spawn(e)) => {
+                    result.fail(Status::SandboxError, "SpawnError", e);
+                }
+            }
+        }
+        Err(e) => result.fail(Status::SandboxError, "SandboxError", e),
+    }
+    result.usage.wall_ms = started.elapsed().as_millis() as u64;
+    result.usage.calls = 0;
+    events.record(
+        "cell_end",
+        &run,
+        json!({"status": result.status, "wall_ms": result.usage.wall_ms,
+               "error": result.error.as_ref().map(|e| &e.message)}),
+    );
+    drop(scratch);
+    result
+}
+
+/// The plan and the resolved argv, as the library path builds them.
+fn plan_for(
+    argv: &[String],
+    config: &SessionConfig,
+    scratch: &std::path::Path,
+) -> Result<(SandboxPlan, Vec<String>), String> {
+    let name = config.profile.as_deref().unwrap_or("shell");
+    let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string())?;
+    let mut plan = SandboxPlan::new(&profile, scratch.to_path_buf(), config.limits.os_limits());
+    let prog = argv.first().ok_or("exec needs a program to run")?;
+    let resolved = super::resolve_program(prog)?;
+    plan.exec.push(resolved.clone());
+    let mut argv = argv.to_vec();
+    argv[0] = resolved.to_string_lossy().into_owned();
+    Ok((plan, argv))
+}
+
+/// One output stream of the cell: captured (capped) and maybe forwarded.
+struct Stream {
+    fd: Option<std::fs::File>,
+    capture: Capture,
+    forward: Option<bool>,
+}
+
+impl Stream {
+    fn new(fd: OwnedFd, cap: usize, forward: Option<bool>) -> Stream {
+        let open = set_nonblocking(&fd).is_ok();
+        Stream {
+            fd: open.then(|| std::fs::File::from(fd)),
+            capture: Capture::new(cap),
+            forward,
+        }
+    }
+
+    /// Read what is there; close on EOF or error.
+    fn pump(&mut self, buf: &mut [u8]) {
+        let Some(f) = self.fd.as_mut() else { return };
+        loop {
+            match f.read(buf) {
+                Ok(0) => {
+                    self.fd = None;
+                    return;
+                }
+                Ok(n) => {
+                    let chunk = &buf[..n];
+                    match self.forward {
+                        Some(true) => {
+                            let mut out = std::io::stdout().lock();
+                            let _ = out.write_all(chunk);
+                            let _ = out.flush();
+                        }
+                        Some(false) => {
+                            let _ = std::io::stderr().lock().write_all(chunk);
+                        }
+                        None => {}
+                    }
+                    self.capture.push(chunk);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.fd = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn set_nonblocking(fd: &impl AsFd) -> nix::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd.as_fd(), FcntlArg::F_GETFL)?);
+    fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(|_| ())
+}
+
+/// Milliseconds until `until`, rounded up, for poll.
+fn poll_timeout(until: Instant) -> PollTimeout {
+    let left = until.saturating_duration_since(Instant::now());
+    let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+}
+
+/// The largest report the cell may send.
+const MAX_REPORT_BYTES: usize = 1 << 20;
+/// How long output may keep arriving after the cell is gone (stragglers
+/// outside its PID namespace), as on the library path.
+const DRAIN_WITHIN: Duration = Duration::from_millis(500);
+/// How long a killed cell may take to be gone.
+const KILL_WITHIN: Duration = Duration::from_secs(10);
+
+/// Supervise a started cell to its end and fill in `result`.
+fn supervise(
+    cell: Cell,
+    limits: &Limits,
+    forward: bool,
+    deadline: Instant,
+    result: &mut CellResult,
+) {
+    let Cell {
+        pid,
+        pidfd,
+        stdout,
+        stderr,
+        control,
+    } = cell;
+    let cap = limits.max_output_bytes;
+    let mut out = Stream::new(stdout, cap, forward.then_some(true));
+    let mut err = Stream::new(stderr, cap, forward.then_some(false));
+    let mut control = Some(control).filter(|c| c.set_nonblocking(true).is_ok());
+    let mut report = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut exited = false;
+    let mut timed_out = false;
+    while !exited {
+        if Instant::now() >= deadline {
+            timed_out = true;
+            break;
+        }
+        let mut fds = vec![PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        let mut which = Vec::new();
+        if let Some(f) = &out.fd {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+            which.push(0);
+        }
+        if let Some(f) = &err.fd {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+            which.push(1);
+        }
+        if let Some(c) = &control {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            which.push(2);
+        }
+        match nix::poll::poll(&mut fds, poll_timeout(deadline)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => {
+                // Should not happen; do not spin: treat as the deadline.
+                timed_out = true;
+                break;
+            }
+        }
+        let ready = |i: usize| fds[i].any().unwrap_or(true);
+        exited = ready(0);
+        let streams: Vec<usize> = which
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ready(i + 1))
+            .map(|(_, w)| *w)
+            .collect();
+        drop(fds);
+        for w in streams {
+            match w {
+                0 => out.pump(&mut buf),
+                1 => err.pump(&mut buf),
+                _ => read_report(&mut control, &mut report, &mut buf),
+            }
+        }
+    }
+    if timed_out {
+        let _ = process::kill_group(pid);
+        let _ = process::pidfd_kill(pidfd.as_fd());
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        let until = Instant::now() + KILL_WITHIN;
+        while Instant::now() < until {
+            match nix::poll::poll(&mut fds, poll_timeout(until)) {
+                Ok(n) if n > 0 => break,
+                Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    // The cell is gone (a zombie until reaped, so its pid and process group
+    // id stay ours): take the rest of its report, then anything it left in
+    // its group dies too.
+    read_report(&mut control, &mut report, &mut buf);
+    let _ = process::kill_group(pid);
+    let reaped = process::reap(pid);
+    let until = Instant::now() + DRAIN_WITHIN;
+    while out.fd.is_some() || err.fd.is_some() {
+        out.pump(&mut buf);
+        err.pump(&mut buf);
+        let mut fds = Vec::new();
+        if let Some(f) = &out.fd {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(f) = &err.fd {
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+        }
+        if fds.is_empty() || Instant::now() >= until {
+            break;
+        }
+        match nix::poll::poll(&mut fds, poll_timeout(until)) {
+            Ok(0) => break,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+
+    let outcome = if timed_out {
+        Outcome::Timeout
+    } else {
+        match parse_report(&report) {
+            Ok(Some(FromWorker::Ready(r))) => {
+                result.sandbox = Some(r.report);
+                Outcome::Exited
+            }
+            Ok(Some(FromWorker::SandboxError(f))) => Outcome::Fatal(
+                Status::SandboxError,
+                "SandboxError",
+                format!("the {} layer could not be applied: {}", f.layer, f.message),
+            ),
+            Ok(Some(_)) => Outcome::Fatal(
+                Status::ProtocolError,
+                "ProtocolError",
+                "the cell sent an unexpected message before it started".into(),
+            ),
+            Ok(None) => Outcome::Exited,
+            Err(e) => Outcome::Fatal(
+                Status::ProtocolError,
+                "ProtocolError",
+                format!("the cell sent a bad report: {e}"),
+            ),
+        }
+    };
+    if timed_out {
+        // A report that arrived before the deadline still says what the
+        // cell was running under.
+        if let Ok(Some(FromWorker::Ready(r))) = parse_report(&report) {
+            result.sandbox = Some(r.report);
+        }
+    }
+    let (stdout, t_out) = out.capture.finish();
+    let (stderr, t_err) = err.capture.finish();
+    result.stdout = stdout;
+    result.stderr = stderr;
+    result.truncated.stdout = t_out;
+    result.truncated.stderr = t_err;
+    if let Ok(r) = &reaped {
+        result.exit = ExitInfo {
+            code: r.code,
+            signal: r.signal,
+        };
+        result.usage.cpu_ms = r.cpu_ms;
+        result.usage.max_rss_kb = r.max_rss_kb;
+    }
+    match outcome {
+        Outcome::Exited => result.classify_exit(limits, true),
+        Outcome::Timeout => result.timed_out(limits),
+        Outcome::Fatal(status, kind, message) => result.fail(status, kind, message),
+    }
+}
+
+/// Read what the control socket has; drop it at EOF.
+fn read_report(
+    control: &mut Option<std::os::unix::net::UnixStream>,
+    report: &mut Vec<u8>,
+    buf: &mut [u8],
+) {
+    let Some(c) = control.as_mut() else { return };
+    loop {
+        match c.read(buf) {
+            Ok(0) => {
+                *control = None;
+                return;
+            }
+            Ok(n) => {
+                if report.len() + n > MAX_REPORT_BYTES {
+                    *control = None;
+                    return;
+                }
+                report.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(_) => {
+                *control = None;
+                return;
+            }
+        }
+    }
+}
+
+fn parse_report(bytes: &[u8]) -> Result<Option<FromWorker>, serde_json::Error> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(bytes).map(Some)
+}
