@@ -739,9 +739,11 @@ async fn converse(
             )
         }
         Handshake::Setup => setup,
-        // A forked worker sandboxed itself from the server's plan; its
-        // `ready` is on the way.
-        Handshake::SelfReady => None,
+        // A forked worker sandboxes itself from the server's plan and says
+        // `ready` by itself; `start` can wait in its socket meanwhile (it
+        // reads nothing before its layers are on, and nothing it sends
+        // counts before its `ready`).
+        Handshake::SelfReady => start.take(),
         // A zygote's cell arrives sandboxed: it reads `start` straight away.
         Handshake::PreReady(report) => {
             ready = true;

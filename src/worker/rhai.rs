@@ -375,6 +375,10 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
         .collect();
     names.sort();
     names.dedup();
+    // The worker exits right after `done`: freeing the engine and the
+    // script's data first would only cost time (and, in a forked worker,
+    // pages copied from the fork server just to be freed).
+    std::mem::forget((engine, scope, full, cell_ast));
     let definitions = if names.is_empty() {
         Vec::new()
     } else {
@@ -401,10 +405,9 @@ pub(crate) fn run_cell(chan: Channel, start: Start) -> i32 {
     let _ = std::io::stdout().flush();
     let mut chan = chan.borrow_mut();
     match chan.send(&FromWorker::Done(Box::new(done))) {
-        // Nothing is left to do: end now rather than free the engine and
-        // the script's data first (in a forked worker every page freed is a
-        // page copied from the fork server first).
-        Ok(()) => std::process::exit(0),
+        // Nothing is left to do (stdout was flushed above): end now, without
+        // exit handlers or destructors.
+        Ok(()) => crate::sandbox::process::exit_now(0),
         Err(e) => {
             // An oversized result (e.g. a huge value) still ends the cell
             // cleanly with an error instead of silence.
