@@ -900,9 +900,12 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
             "  {:<16} {}",
             "rhai",
             if pools["rhai_fork_server"] == serde_json::json!(true) {
-                "fork server running (pool layers applied once)"
+                format!(
+                    "fork server running (pool layers applied once), {} sandboxed spare(s) waiting",
+                    pools["rhai_spares"]
+                )
             } else {
-                "NO fork server (cells spawn a fresh worker)"
+                "NO fork server (cells spawn a fresh worker)".to_owned()
             }
         );
         let zygotes = pools["python"].as_array().map_or(0, |z| {

@@ -503,9 +503,9 @@ impl CellboxServer {
                 text.push_str(&format!(
                     "\nWarm workers: Rhai fork server {}, {} live Python zygote(s).",
                     if pools.rhai_fork_server {
-                        "running"
+                        format!("running ({} sandboxed spare(s) waiting)", pools.rhai_spares)
                     } else {
-                        "not running"
+                        "not running".to_owned()
                     },
                     alive
                 ));

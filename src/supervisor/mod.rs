@@ -465,7 +465,10 @@ impl Supervisor {
     #[cfg(target_os = "linux")]
     pub async fn pool_status(&self) -> PoolStatus {
         let fs = self.inner.forkserver.lock().await;
-        let rhai = fs.as_ref().map(|f| !f.is_dead()).unwrap_or(false);
+        let live = fs.as_ref().filter(|f| !f.is_dead());
+        let rhai = live.is_some();
+        let rhai_pid = live.and_then(|f| u32::try_from(f.pid).ok());
+        let rhai_spares = live.map_or(0, |f| f.spares());
         drop(fs);
         let pools = self.inner.pools.as_ref();
         let config = pools.map(|p| p.config.clone()).unwrap_or_default();
@@ -476,6 +479,8 @@ impl Supervisor {
         PoolStatus {
             warm: self.inner.warm,
             rhai_fork_server: rhai,
+            rhai_fork_server_pid: rhai_pid,
+            rhai_spares,
             scratch_root: pools.map(|p| p.root().to_path_buf()),
             pool_size: config.size,
             max_cells: config.max_cells,

@@ -14,8 +14,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Children the fork server keeps sandboxed and waiting, so a cell with the
-/// default limits only has to take one (one per core here).
-const SPARES: usize = 2;
+/// default limits only has to take one. Three: at two cells at a time, the
+/// one made after a cell has the next cell's time to get ready.
+const SPARES: usize = 3;
 
 /// A sandboxed child of the fork server, waiting for its `start` frame, and
 /// the supervisor's ends of its channels.
@@ -152,6 +153,8 @@ pub(crate) struct ForkServer {
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
     next_id: AtomicU64,
+    /// The server's process id (the outer process, as the host sees it).
+    pub(crate) pid: i32,
 }
 
 fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
@@ -251,7 +254,13 @@ impl ForkServer {
             shared,
             dead,
             next_id: AtomicU64::new(1),
+            pid: server_pid,
         })
+    }
+
+    /// How many spares are waiting here.
+    pub(crate) fn spares(&self) -> usize {
+        lock(&self.shared).spares.len()
     }
 
     pub(crate) fn is_dead(&self) -> bool {

@@ -90,6 +90,10 @@ pub struct ZygoteStatus {
 pub struct PoolStatus {
     pub warm: bool,
     pub rhai_fork_server: bool,
+    /// The fork server's process id, when it runs.
+    pub rhai_fork_server_pid: Option<u32>,
+    /// Sandboxed Rhai workers waiting for a cell.
+    pub rhai_spares: usize,
     pub scratch_root: Option<PathBuf>,
     pub pool_size: usize,
     pub max_cells: u64,

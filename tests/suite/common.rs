@@ -121,6 +121,24 @@ fn fork_servers(all: &[(i32, i32, char, String)]) -> Vec<i32> {
         .collect()
 }
 
+/// The workers (pid, comm) forked by the fork server whose outer process is
+/// `server`: its spares and its running cells.
+pub fn forked_by(server: u32) -> Vec<(i32, String)> {
+    let all = all_processes();
+    let inner: Vec<i32> = all
+        .iter()
+        .filter(|p| p.1 == server as i32)
+        .map(|p| p.0)
+        .collect();
+    all.iter()
+        .filter(|p| inner.contains(&p.1))
+        .map(|p| {
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", p.0)).unwrap_or_default();
+            (p.0, comm.trim_end().to_owned())
+        })
+        .collect()
+}
+
 /// The spares waiting in this process's fork servers.
 pub fn spares() -> Vec<i32> {
     let all = all_processes();

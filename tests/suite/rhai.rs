@@ -462,25 +462,44 @@ async fn a_cancelled_cell_leaves_no_process() {
     assert!(left.is_empty(), "still running: {left:?}");
 }
 
-/// The fork server keeps sandboxed spares: a cell with the default OS limits
-/// runs in one (it renames itself from `cellbox-spare` to `cellbox-cell`),
-/// the pool refills, and a cell with other limits gets a child forked for it.
+/// The fork server keeps three sandboxed spares: a cell with the default OS
+/// limits runs in one (it renames itself from `cellbox-spare` to
+/// `cellbox-cell`), the pool refills after it, and a cell with other limits
+/// gets a child forked for it.
 #[tokio::test]
 async fn warm_cells_run_in_spares_and_the_pool_refills() {
     let sup = supervisor();
     sup.start_pools().await.unwrap();
-    let wait_spares = |n: usize| async move {
-        for _ in 0..200 {
-            let s = spares();
-            if s.len() >= n {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the fork server never had {n} spares: {:?}", spares());
+    let server = sup
+        .pool_status()
+        .await
+        .rhai_fork_server_pid
+        .expect("a running fork server");
+    let named = |name: &str| -> Vec<i32> {
+        forked_by(server)
+            .into_iter()
+            .filter(|(_, comm)| comm == name)
+            .map(|(pid, _)| pid)
+            .collect()
     };
-    let before = wait_spares(2).await;
-    assert_eq!(before.len(), 2, "{before:?}");
+    let wait_spares = |n: usize| {
+        let named = &named;
+        let sup = &sup;
+        async move {
+            for _ in 0..300 {
+                let s = named("cellbox-spare");
+                if s.len() == n && sup.pool_status().await.rhai_spares == n {
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!(
+                "the fork server never had {n} spares: {:?}",
+                forked_by(server)
+            );
+        }
+    };
+    let before = wait_spares(3).await;
     for p in &before {
         let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
         let field = |k: &str| {
@@ -508,26 +527,22 @@ async fn warm_cells_run_in_spares_and_the_pool_refills() {
     let mut cell = None;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let running: Vec<i32> = before
-            .iter()
-            .copied()
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/comm"))
-                    .map(|c| c.trim_end() == "cellbox-cell")
-                    .unwrap_or(false)
-            })
-            .collect();
-        if let Some(p) = running.first() {
-            cell = Some(*p);
+        if let [p] = named("cellbox-cell")[..] {
+            cell = Some(p);
             break;
         }
     }
     let cell = cell.expect("no spare became the running cell");
-    // The pool is back to two spares while the cell runs.
-    let now = wait_spares(2).await;
+    assert!(before.contains(&cell), "{cell} is not one of {before:?}");
+    // While it runs the others wait; its replacement comes once it ends
+    // (so making it does not compete with the cell for the CPUs).
+    let now = named("cellbox-spare");
+    assert_eq!(now.len(), 2, "{now:?}");
     assert!(!now.contains(&cell), "{now:?}");
     let r = task.await.unwrap();
     assert_eq!(r.status, Status::Timeout, "{r:?}");
+    let after = wait_spares(3).await;
+    assert!(!after.contains(&cell), "{after:?}");
     // A cell with other OS limits is forked for it, not taken from spares.
     let mut other = config(&[]);
     other.limits.memory_bytes = 300 << 20;
