@@ -268,15 +268,24 @@ async fn run_worker(
         None
     };
     if let Some(fs) = fork_server {
-        let (started, sock) = start_forked(&fs, &spec.limits.os_limits()).await?;
-        let started_worker = Launched {
-            started,
-            sock,
-            backend: Backend::Rhai,
-            plan: None,
-            handshake: Handshake::SelfReady,
-        };
-        return finish_worker(sup, spec, result, started_worker, deadline, max_frame).await;
+        match start_forked(&fs, &spec.limits.os_limits()).await {
+            Ok((started, sock)) => {
+                let launched = Launched {
+                    started,
+                    sock,
+                    backend: Backend::Rhai,
+                    plan: None,
+                    handshake: Handshake::SelfReady,
+                };
+                return finish_worker(sup, spec, result, launched, deadline, max_frame).await;
+            }
+            // It died under us (the next cell starts a new one): this cell
+            // runs in a fresh worker instead.
+            Err(e) if fs.is_dead() => {
+                tracing::warn!("the fork server is gone ({e}); running the cell cold");
+            }
+            Err(e) => return Err(e),
+        }
     }
     let (backend, plan) = match backend_for(sup, spec) {
         Ok(b) => b,
@@ -401,12 +410,14 @@ async fn finish_worker(
                 };
                 if let Some(rx) = rx {
                     graced = true;
-                    if let Ok(Ok(r)) = tokio::time::timeout(EXIT_GRACE, rx).await {
-                        early = Some(r);
+                    // Once it has answered (a report, or its reporter gone)
+                    // it must not be awaited again.
+                    if let Ok(answer) = tokio::time::timeout(EXIT_GRACE, rx).await {
+                        early = Some(answer.ok());
                     }
                 }
             }
-            if early.is_none() {
+            if !matches!(early, Some(Some(_))) {
                 let forked = !matches!(reap_src, Reap::Direct);
                 // Its grace after `done` is used up: kill it now.
                 let grace = matches!(o, Outcome::Done(_)) && !graced;
@@ -420,8 +431,17 @@ async fn finish_worker(
         }
     };
     let reaped = match (early, reap_src) {
-        (Some(r), _) => Ok(r),
-        (None, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
+        (Some(Some(r)), _) => Ok(r),
+        (Some(None), Reap::Server(fs, _)) => {
+            fs.forget(pid);
+            Err("the fork server went away before it reported how the cell ended".to_owned())
+        }
+        #[cfg(target_os = "linux")]
+        (Some(None), Reap::Zygote(z, _)) => {
+            z.forget(pid);
+            Err("the Python zygote went away before it reported how the cell ended".to_owned())
+        }
+        (_, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string())),

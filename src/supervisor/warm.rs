@@ -129,7 +129,7 @@ impl Shared {
             let Some((_, f)) = self.spares.remove(i) else {
                 break;
             };
-            if self.exits.arrived(f.pid) {
+            if self.exits.arrived(f.pid) || exited(&f.pidfd) {
                 // It died waiting (killed from outside, or its layers failed
                 // and it said so on a socket nobody read): not a cell.
                 self.exits.forget(f.pid);
@@ -340,6 +340,15 @@ impl ForkServer {
     pub(crate) fn forget(&self, pid: i32) {
         lock(&self.shared).exits.forget(pid);
     }
+}
+
+/// Whether the process behind `pidfd` has exited (a pidfd turns readable).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [nix::poll::PollFd::new(
+        pidfd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
 /// Asks the fork server for a new spare when dropped.

@@ -556,3 +556,52 @@ async fn warm_cells_run_in_spares_and_the_pool_refills() {
     assert!(rl.applied, "{rl:?}");
     assert!(rl.detail.contains(&(300u64 << 20).to_string()), "{rl:?}");
 }
+
+/// A fork server that dies (killed from outside) is replaced, and no cell
+/// started after its death fails for it: one that finds it gone runs in a
+/// fresh worker, and the next ones get a new server.
+#[tokio::test]
+async fn a_killed_fork_server_is_replaced_and_no_cell_fails() {
+    let sup = supervisor();
+    sup.start_pools().await.unwrap();
+    let first = sup.pool_status().await.rhai_fork_server_pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Once the supervisor has noticed (a cell in flight at that moment may
+    // fail, as with any worker killed from outside)...
+    for _ in 0..200 {
+        let status = sup.pool_status().await;
+        if status.rhai_fork_server_pid != Some(first) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_ne!(sup.pool_status().await.rhai_fork_server_pid, Some(first));
+    // ... every cell runs.
+    let mut seen_new = None;
+    for i in 0..50 {
+        let r = sup
+            .run(
+                CellRequest::new(Language::Rhai, format!("{i} + 1")),
+                config(&[]),
+            )
+            .await;
+        assert_eq!(r.status, Status::Ok, "cell {i}: {r:?}");
+        assert_eq!(r.value, json!(i + 1));
+        let status = sup.pool_status().await;
+        if let Some(pid) = status.rhai_fork_server_pid.filter(|p| *p != first) {
+            seen_new = Some(pid);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let new = seen_new.expect("the fork server was never replaced");
+    assert!(std::path::Path::new(&format!("/proc/{new}")).exists());
+    // The old one is gone, not a zombie of ours.
+    assert!(
+        !std::path::Path::new(&format!("/proc/{first}")).exists(),
+        "the killed fork server {first} was not reaped"
+    );
+}
