@@ -161,6 +161,7 @@ impl Zygote {
         plan: SandboxPlan,
         ceiling: OsLimits,
         answer_timeout: Duration,
+        runtime: tokio::runtime::Handle,
     ) -> Result<Zygote, String> {
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the zygote channel: {e}"))?;
@@ -229,15 +230,20 @@ impl Zygote {
             .map_err(|e| format!("failed to share the zygote channel: {e}"))?;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let dead = Arc::new(AtomicBool::new(false));
-        let (s2, d2) = (shared.clone(), dead.clone());
+        // Replies are read on the runtime: a report wakes the cell waiting
+        // for it directly, with no thread in between.
+        let reader = {
+            let _in_runtime = runtime.enter();
+            crate::sandbox::process::watch_readable(reader_fd)
+                .map_err(|e| format!("failed to watch the zygote channel: {e}"))?
+        };
         std::mem::forget(guard);
-        std::thread::Builder::new()
-            .name("cellbox-zygote".into())
-            .spawn(move || read_loop(reader_fd, s2, d2, pid))
-            .map_err(|e| {
-                let _ = crate::sandbox::process::kill_pid(pid);
-                format!("failed to start the zygote reader: {e}")
-            })?;
+        let end = ZygoteEnd {
+            shared: shared.clone(),
+            dead: dead.clone(),
+            pid,
+        };
+        runtime.spawn(read_loop(reader, end));
         Ok(Zygote {
             profile: profile.to_owned(),
             ctl: Mutex::new(ours),
@@ -267,7 +273,7 @@ impl Zygote {
 
     fn mark_dead(&self) {
         if !self.dead.swap(true, Ordering::SeqCst) {
-            // The reader thread sees EOF, resolves waiters and reaps.
+            // The reading task sees EOF, resolves waiters and reaps.
             let ctl = lock(&self.ctl);
             let _ = nix::sys::socket::shutdown(
                 std::os::fd::AsRawFd::as_raw_fd(&*ctl),
@@ -383,7 +389,7 @@ impl Zygote {
 
 impl Drop for Zygote {
     fn drop(&mut self) {
-        // Shut the socket down (the reader thread holds a second fd), so the
+        // Shut the socket down (the reading task holds a second fd), so the
         // zygote sees EOF, kills its cells and exits; the reader reaps it.
         let ctl = lock(&self.ctl);
         let _ = nix::sys::socket::shutdown(
@@ -418,11 +424,45 @@ fn wait_readable(fd: &OwnedFd, timeout: Duration) -> bool {
     }
 }
 
-fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid: i32) {
+/// Cleans up after a zygote once its channel is closed (or talks nonsense),
+/// or when the reading task is dropped with its runtime: waiters learn the
+/// cell was lost, the zygote is killed and reaped.
+struct ZygoteEnd {
+    shared: Arc<Mutex<Shared>>,
+    dead: Arc<AtomicBool>,
+    pid: i32,
+}
+
+impl Drop for ZygoteEnd {
+    fn drop(&mut self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let _ = crate::sandbox::process::kill_pid(self.pid);
+        let mut s = lock(&self.shared);
+        s.pending.clear();
+        s.exits.close(Some(LOST));
+        drop(s);
+        let _ = crate::sandbox::process::reap(self.pid);
+    }
+}
+
+async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
+    let shared = &end.shared;
     loop {
-        match zygote::recv::<ZygoteMsg>(fd.as_fd(), 4096) {
-            Ok(Some((ZygoteMsg::Spawned { id, pid }, mut fds))) => {
-                let tx = lock(&shared).pending.remove(&id);
+        let Ok(mut ready) = fd.readable().await else {
+            break;
+        };
+        let msg = match ready
+            .try_io(|fd| crate::sandbox::packet::try_recv::<ZygoteMsg>(fd.get_ref().as_fd(), 4096))
+        {
+            Ok(Ok(Some(msg))) => msg,
+            // Closed, or not a message.
+            Ok(Ok(None)) | Ok(Err(_)) => break,
+            // Nothing waiting after all.
+            Err(_) => continue,
+        };
+        match msg {
+            (ZygoteMsg::Spawned { id, pid }, mut fds) => {
+                let tx = lock(shared).pending.remove(&id);
                 let reply = match (fds.pop(), fds.is_empty()) {
                     (Some(pidfd), true) => Ok((pid, pidfd)),
                     _ => Err("the Python zygote sent a malformed spawned message".into()),
@@ -439,14 +479,14 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid
                     }
                 }
             }
-            Ok(Some((ZygoteMsg::Error { id, message }, _))) => {
-                if let Some(tx) = lock(&shared).pending.remove(&id) {
+            (ZygoteMsg::Error { id, message }, _) => {
+                if let Some(tx) = lock(shared).pending.remove(&id) {
                     let _ = tx.send(Err(format!(
                         "the Python zygote could not fork the cell: {message}"
                     )));
                 }
             }
-            Ok(Some((
+            (
                 ZygoteMsg::Exited {
                     pid,
                     code,
@@ -455,27 +495,22 @@ fn read_loop(fd: OwnedFd, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>, pid
                     max_rss_kb,
                 },
                 _,
-            ))) => {
+            ) => {
                 let r = Reaped {
                     code,
                     signal,
                     cpu_ms,
                     max_rss_kb,
                 };
-                lock(&shared).exits.record(pid, r);
+                lock(shared).exits.record(pid, r);
             }
             // Anything else from a zygote is a protocol violation: it is
             // replaced.
-            Ok(Some(_)) | Ok(None) | Err(_) => break,
+            _ => break,
         }
     }
-    dead.store(true, Ordering::SeqCst);
-    let _ = crate::sandbox::process::kill_pid(pid);
-    let mut s = lock(&shared);
-    s.pending.clear();
-    s.exits.close(Some(LOST));
-    drop(s);
-    let _ = crate::sandbox::process::reap(pid);
+    // `end` cleans up (on a blocking thread: reaping waits).
+    let _ = tokio::task::spawn_blocking(move || drop(end)).await;
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -574,9 +609,12 @@ impl Pools {
         let name = profile_name.to_owned();
         let interp = py.executable.to_string_lossy().into_owned();
         let timeout = self.config.answer_timeout;
+        let runtime = tokio::runtime::Handle::current();
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move || {
-            let _ = tx.send(Zygote::start(&exe, &name, &interp, plan, ceiling, timeout));
+            let _ = tx.send(Zygote::start(
+                &exe, &name, &interp, plan, ceiling, timeout, runtime,
+            ));
         });
         lock(&self.launcher)
             .send(job)
