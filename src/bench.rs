@@ -31,23 +31,28 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// One spawn + wait of a program, timed.
+fn spawn_once(argv: &[&str]) -> Result<Duration, String> {
+    let (prog, args) = argv.split_first().ok_or("empty baseline command")?;
+    let t = Instant::now();
+    let st = std::process::Command::new(prog)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("failed to run {prog}: {e}"))?;
+    if !st.success() {
+        return Err(format!("{prog} failed: {st}"));
+    }
+    Ok(t.elapsed())
+}
+
 /// spawn + wait of a program, `n` times, sequentially.
 pub fn baseline_spawn(argv: &[&str], n: usize) -> Result<Figures, String> {
-    let (prog, args) = argv.split_first().ok_or("empty baseline command")?;
     let mut samples = Vec::with_capacity(n);
     let t0 = Instant::now();
     for _ in 0..n {
-        let t = Instant::now();
-        let st = std::process::Command::new(prog)
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .map_err(|e| format!("failed to run {prog}: {e}"))?;
-        if !st.success() {
-            return Err(format!("{prog} failed: {st}"));
-        }
-        samples.push(t.elapsed());
+        samples.push(spawn_once(argv)?);
     }
     Ok(figures(samples, t0.elapsed()))
 }
@@ -55,27 +60,13 @@ pub fn baseline_spawn(argv: &[&str], n: usize) -> Result<Figures, String> {
 /// Two commands run alternately, `n` times each, so that both see the same
 /// machine (a noisy neighbour slows both, not one block of samples).
 pub fn baseline_spawn_pair(a: &[&str], b: &[&str], n: usize) -> Result<(Figures, Figures), String> {
-    let run = |argv: &[&str]| -> Result<Duration, String> {
-        let (prog, args) = argv.split_first().ok_or("empty baseline command")?;
-        let t = Instant::now();
-        let st = std::process::Command::new(prog)
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .map_err(|e| format!("failed to run {prog}: {e}"))?;
-        if !st.success() {
-            return Err(format!("{prog} failed: {st}"));
-        }
-        Ok(t.elapsed())
-    };
     let (mut sa, mut sb) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..n {
-        let d = run(a)?;
+        let d = spawn_once(a)?;
         ta += d;
         sa.push(d);
-        let d = run(b)?;
+        let d = spawn_once(b)?;
         tb += d;
         sb.push(d);
     }

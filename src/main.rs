@@ -83,16 +83,7 @@ enum Command {
         opts: CellOpts,
     },
     /// Run any program under the sandbox (default profile: shell).
-    Exec {
-        #[command(flatten)]
-        opts: CellOpts,
-        /// Print the result as JSON instead of passing output through.
-        #[arg(long)]
-        json: bool,
-        /// The program and its arguments.
-        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
-        argv: Vec<String>,
-    },
+    Exec(ExecArgs),
     /// Serve `execute_code` and session tools over MCP (stdio, or --http).
     Serve(cellbox::serve::ServeArgs),
     /// Which sandbox layers this host supports and what a cell would get
@@ -141,7 +132,7 @@ fn main() -> ExitCode {
     // itself (no runtime, no worker process).
     #[cfg(target_os = "linux")]
     let command = match cli.command {
-        Command::Exec { opts, json, argv } => return cmd_exec(opts, json, argv),
+        Command::Exec(ExecArgs { opts, json, argv }) => return cmd_exec(opts, json, argv),
         Command::Run {
             opts,
             json,
@@ -180,9 +171,9 @@ fn main() -> ExitCode {
             } => cmd_run(opts, json, warm, &file).await,
             Command::Repl { opts } => cmd_repl(opts).await,
             #[cfg(not(target_os = "linux"))]
-            Command::Exec { opts, json, argv } => cmd_exec(opts, json, argv).await,
+            Command::Exec(ExecArgs { opts, json, argv }) => cmd_exec(opts, json, argv).await,
             #[cfg(target_os = "linux")]
-            Command::Exec { .. } => ExitCode::from(EXIT_INTERNAL),
+            Command::Exec(_) => ExitCode::from(EXIT_INTERNAL),
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
             Command::Serve(args) => cellbox::serve::run(args).await,
             Command::SecurityTest(args) => {
@@ -390,14 +381,20 @@ struct ExecOnly {
 
 #[derive(Subcommand)]
 enum ExecCommand {
-    Exec {
-        #[command(flatten)]
-        opts: CellOpts,
-        #[arg(long)]
-        json: bool,
-        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
-        argv: Vec<String>,
-    },
+    Exec(ExecArgs),
+}
+
+/// The arguments of `cellbox exec` (both parsers).
+#[derive(Args)]
+struct ExecArgs {
+    #[command(flatten)]
+    opts: CellOpts,
+    /// Print the result as JSON instead of passing output through.
+    #[arg(long)]
+    json: bool,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    argv: Vec<String>,
 }
 
 /// Run `cellbox exec ...` if that is what was asked for and it parses.
@@ -408,7 +405,7 @@ fn early_exec() -> Option<ExitCode> {
         return None;
     }
     let ExecOnly {
-        command: ExecCommand::Exec { opts, json, argv },
+        command: ExecCommand::Exec(ExecArgs { opts, json, argv }),
     } = ExecOnly::try_parse().ok()?;
     if std::env::var_os("CELLBOX_LOG").is_some() {
         return None;

@@ -110,11 +110,6 @@ pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Option<(Control, Vec<OwnedFd>)>> {
     super::packet::recv(fd, MAX_CONTROL_BYTES)
 }
 
-/// [`recv`] without blocking (`WouldBlock` when nothing is waiting).
-pub fn try_recv(fd: BorrowedFd<'_>) -> io::Result<Option<(Control, Vec<OwnedFd>)>> {
-    super::packet::try_recv(fd, MAX_CONTROL_BYTES)
-}
-
 fn exited_message(pid: i32, r: Reaped) -> Control {
     Control::Exited {
         pid,

@@ -11,7 +11,7 @@
 
 use super::events::EventSink;
 use super::output::Capture;
-use super::result::{CellResult, ExitInfo, RunInfo, Status};
+use super::result::{CellResult, RunInfo, Status};
 use super::session::SessionConfig;
 use super::Limits;
 use crate::protocol::FromWorker;
@@ -354,20 +354,7 @@ fn supervise(
             result.sandbox = Some(r.report);
         }
     }
-    let (stdout, t_out) = out.capture.finish();
-    let (stderr, t_err) = err.capture.finish();
-    result.stdout = stdout;
-    result.stderr = stderr;
-    result.truncated.stdout = t_out;
-    result.truncated.stderr = t_err;
-    if let Ok(r) = &reaped {
-        result.exit = ExitInfo {
-            code: r.code,
-            signal: r.signal,
-        };
-        result.usage.cpu_ms = r.cpu_ms;
-        result.usage.max_rss_kb = r.max_rss_kb;
-    }
+    result.record_end(out.capture, err.capture, reaped.as_ref().ok());
     match outcome {
         Outcome::Exited => result.classify_exit(limits, true),
         Outcome::Timeout => result.timed_out(limits),

@@ -153,6 +153,29 @@ pub struct CellResult {
 }
 
 impl CellResult {
+    /// Take in what the worker wrote and how it ended (when that is known).
+    pub(crate) fn record_end(
+        &mut self,
+        stdout: super::output::Capture,
+        stderr: super::output::Capture,
+        reaped: Option<&crate::sandbox::process::Reaped>,
+    ) {
+        let (out, t_out) = stdout.finish();
+        let (err, t_err) = stderr.finish();
+        self.stdout = out;
+        self.stderr = err;
+        self.truncated.stdout = t_out;
+        self.truncated.stderr = t_err;
+        if let Some(r) = reaped {
+            self.exit = ExitInfo {
+                code: r.code,
+                signal: r.signal,
+            };
+            self.usage.cpu_ms = r.cpu_ms;
+            self.usage.max_rss_kb = r.max_rss_kb;
+        }
+    }
+
     /// End the cell with `status` and an error of `kind`.
     pub(crate) fn fail(&mut self, status: Status, kind: &str, message: String) {
         self.status = status;

@@ -4,7 +4,7 @@
 use super::capability::{CallContext, Handler};
 use super::output::Capture;
 use super::policy::{Budget, Policy};
-use super::result::{CallRecord, CellResult, ExitInfo, RunInfo, Status};
+use super::result::{CallRecord, CellResult, RunInfo, Status};
 use super::{Inner, Language, Limits};
 use crate::protocol::{
     read_frame_async_within, write_frame_async, Backend, Call, Definition, Done, DoneStatus,
@@ -404,9 +404,7 @@ async fn finish_worker(
             if let Outcome::Done(_) = &o {
                 let rx = match &mut reap_src {
                     Reap::Direct => None,
-                    Reap::Server(_, rx) => Some(rx),
-                    #[cfg(target_os = "linux")]
-                    Reap::Zygote(_, rx) => Some(rx),
+                    Reap::Parent(_, rx) => Some(rx),
                 };
                 if let Some(rx) = rx {
                     graced = true;
@@ -432,35 +430,26 @@ async fn finish_worker(
     };
     let reaped = match (early, reap_src) {
         (Some(Some(r)), _) => Ok(r),
-        (Some(None), Reap::Server(fs, _)) => {
-            fs.forget(pid);
-            Err("the fork server went away before it reported how the cell ended".to_owned())
-        }
-        #[cfg(target_os = "linux")]
-        (Some(None), Reap::Zygote(z, _)) => {
-            z.forget(pid);
-            Err("the Python zygote went away before it reported how the cell ended".to_owned())
-        }
         (_, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string())),
-        (None, Reap::Server(fs, rx)) => {
-            match tokio::time::timeout(Duration::from_secs(5), rx).await {
-                Ok(Ok(r)) => Ok(r),
-                _ => {
-                    fs.forget(pid);
-                    Err("the fork server did not report how the cell ended".to_owned())
-                }
-            }
+        (Some(None), Reap::Parent(parent, _)) => {
+            parent.forget(pid);
+            Err(format!(
+                "{} went away before it reported how the cell ended",
+                parent.name()
+            ))
         }
-        #[cfg(target_os = "linux")]
-        (None, Reap::Zygote(z, rx)) => {
+        (None, Reap::Parent(parent, rx)) => {
             match tokio::time::timeout(Duration::from_secs(5), rx).await {
                 Ok(Ok(r)) => Ok(r),
                 _ => {
-                    z.forget(pid);
-                    Err("the Python zygote did not report how the cell ended".to_owned())
+                    parent.forget(pid);
+                    Err(format!(
+                        "{} did not report how the cell ended",
+                        parent.name()
+                    ))
                 }
             }
         }
@@ -480,20 +469,11 @@ async fn finish_worker(
             abort.abort();
         }
     }
-    let (stdout, t_out) = take_capture(&out_cap).finish();
-    let (stderr, t_err) = take_capture(&err_cap).finish();
-    result.stdout = stdout;
-    result.stderr = stderr;
-    result.truncated.stdout = t_out;
-    result.truncated.stderr = t_err;
-    if let Ok(r) = &reaped {
-        result.exit = ExitInfo {
-            code: r.code,
-            signal: r.signal,
-        };
-        result.usage.cpu_ms = r.cpu_ms;
-        result.usage.max_rss_kb = r.max_rss_kb;
-    }
+    result.record_end(
+        take_capture(&out_cap),
+        take_capture(&err_cap),
+        reaped.as_ref().ok(),
+    );
     Ok(classify(spec, result, outcome, deadline))
 }
 
@@ -523,15 +503,9 @@ async fn finish_process(pid: i32, exit: &process::ExitWatch, grace: bool, forked
 enum Reap {
     /// Our own child: wait4 it.
     Direct,
-    /// A fork-server child: the server reports it.
-    Server(
-        Arc<super::warm::ForkServer>,
-        tokio::sync::oneshot::Receiver<process::Reaped>,
-    ),
-    /// A Python zygote's child: the zygote reports it.
-    #[cfg(target_os = "linux")]
-    Zygote(
-        Arc<super::zygote::Zygote>,
+    /// A child of the fork server or a Python zygote: its parent reports it.
+    Parent(
+        Arc<dyn super::warm::ForkingParent>,
         tokio::sync::oneshot::Receiver<process::Reaped>,
     ),
 }
@@ -600,7 +574,7 @@ async fn start_zygote(
         guard,
         stdout: out_r,
         stderr: err_r,
-        reap: Reap::Zygote(z.clone(), rx),
+        reap: Reap::Parent(z.clone(), rx),
         in_flight: Some(Box::new(in_flight)),
     })
 }
@@ -629,7 +603,7 @@ async fn start_forked(
         guard,
         stdout: f.stdout,
         stderr: f.stderr,
-        reap: Reap::Server(fs.clone(), rx),
+        reap: Reap::Parent(fs.clone(), rx),
         in_flight: refill.map(|r| Box::new(r) as Box<dyn Send>),
     };
     Ok((started, f.sock.into()))

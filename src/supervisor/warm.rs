@@ -13,6 +13,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+/// A process that forks cell workers and reports how they ended (the Rhai
+/// fork server, a Python zygote).
+pub(crate) trait ForkingParent: Send + Sync {
+    /// How errors name it.
+    fn name(&self) -> &'static str;
+    /// Forget a child whose end will not be asked for any more.
+    fn forget(&self, pid: i32);
+}
+
+impl ForkingParent for ForkServer {
+    fn name(&self) -> &'static str {
+        "the fork server"
+    }
+
+    fn forget(&self, pid: i32) {
+        lock(&self.shared).exits.forget(pid);
+    }
+}
+
 /// Children the fork server keeps sandboxed and waiting, so a cell with the
 /// default limits only has to take one. Three: at two cells at a time, the
 /// one made after a cell has the next cell's time to get ready.
@@ -335,11 +354,6 @@ impl ForkServer {
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
         lock(&self.shared).exits.ask(pid, None)
     }
-
-    /// Forget a child whose cell was abandoned.
-    pub(crate) fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.forget(pid);
-    }
 }
 
 /// Whether the process behind `pidfd` has exited (a pidfd turns readable).
@@ -385,17 +399,26 @@ impl Drop for ServerEnd {
     }
 }
 
-async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ServerEnd) {
+/// The next control packet from a forking parent (the fork server or a
+/// Python zygote) on a channel watched by the runtime. `None`: the channel
+/// closed or carried something that is not a message.
+pub(crate) async fn next_packet<T: serde::de::DeserializeOwned>(
+    fd: &tokio::io::unix::AsyncFd<OwnedFd>,
+    max: usize,
+) -> Option<(T, Vec<OwnedFd>)> {
     loop {
-        let Ok(mut ready) = fd.readable().await else {
-            break;
-        };
-        let msg = match ready.try_io(|fd| forkserver::try_recv(fd.get_ref().as_fd())) {
-            Ok(Ok(Some(msg))) => msg,
-            Ok(Ok(None)) | Ok(Err(_)) => break,
+        let mut ready = fd.readable().await.ok()?;
+        match ready.try_io(|fd| crate::sandbox::packet::try_recv(fd.get_ref().as_fd(), max)) {
+            Ok(Ok(msg)) => return msg,
+            Ok(Err(_)) => return None,
             // Nothing waiting after all.
             Err(_) => continue,
-        };
+        }
+    }
+}
+
+async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ServerEnd) {
+    while let Some(msg) = next_packet::<Control>(&fd, forkserver::MAX_CONTROL_BYTES).await {
         let shared = &end.shared;
         match msg {
             (Control::Spawned { id, pid }, fds) => {

@@ -370,11 +370,6 @@ impl Zygote {
         lock(&self.shared).exits.ask(pid, lost)
     }
 
-    /// Forget a child whose cell was abandoned.
-    pub(crate) fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.forget(pid);
-    }
-
     fn status(&self) -> ZygoteStatus {
         ZygoteStatus {
             profile: self.profile.clone(),
@@ -424,6 +419,16 @@ fn wait_readable(fd: &OwnedFd, timeout: Duration) -> bool {
     }
 }
 
+impl super::warm::ForkingParent for Zygote {
+    fn name(&self) -> &'static str {
+        "the Python zygote"
+    }
+
+    fn forget(&self, pid: i32) {
+        lock(&self.shared).exits.forget(pid);
+    }
+}
+
 /// Cleans up after a zygote once its channel is closed (or talks nonsense),
 /// or when the reading task is dropped with its runtime: waiters learn the
 /// cell was lost, the zygote is killed and reaped.
@@ -447,19 +452,7 @@ impl Drop for ZygoteEnd {
 
 async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
     let shared = &end.shared;
-    loop {
-        let Ok(mut ready) = fd.readable().await else {
-            break;
-        };
-        let msg = match ready
-            .try_io(|fd| crate::sandbox::packet::try_recv::<ZygoteMsg>(fd.get_ref().as_fd(), 4096))
-        {
-            Ok(Ok(Some(msg))) => msg,
-            // Closed, or not a message.
-            Ok(Ok(None)) | Ok(Err(_)) => break,
-            // Nothing waiting after all.
-            Err(_) => continue,
-        };
+    while let Some(msg) = super::warm::next_packet::<ZygoteMsg>(&fd, 4096).await {
         match msg {
             (ZygoteMsg::Spawned { id, pid }, mut fds) => {
                 let tx = lock(shared).pending.remove(&id);

@@ -161,9 +161,31 @@ pub fn verdicts(
             set("execve", Verdict::Allow(ArgCheck::Equals { arg: 0, value }));
         }
     }
+    for (name, arg, mut values) in arg_lists(spec) {
+        if !values.is_empty() {
+            values.sort_unstable();
+            values.dedup();
+            set(name, Verdict::Allow(ArgCheck::OneOf { arg, values }));
+        }
+    }
+    for group in spec.deny.iter().filter(|g| g.action == DenyAction::Kill) {
+        for name in &group.syscalls {
+            set(name, Verdict::Ret(SECCOMP_RET_KILL_PROCESS));
+        }
+    }
+    set(
+        "clone3",
+        Verdict::Ret(SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    );
+    Ok(out)
+}
+
+/// The syscalls allowed only for some values of one argument: name, which
+/// argument, the allowed values.
+fn arg_lists(spec: &SeccompSpec) -> [(&'static str, u8, Vec<u32>); 4] {
     // Names were validated when the profile was loaded; unknown ones map to
     // nothing and are therefore denied.
-    let arg_lists: [(&str, u8, Vec<u32>); 4] = [
+    [
         (
             "ioctl",
             1,
@@ -201,24 +223,7 @@ pub fn verdicts(
                 .filter_map(|n| prctl_option(n))
                 .collect(),
         ),
-    ];
-    for (name, arg, mut values) in arg_lists {
-        if !values.is_empty() {
-            values.sort_unstable();
-            values.dedup();
-            set(name, Verdict::Allow(ArgCheck::OneOf { arg, values }));
-        }
-    }
-    for group in spec.deny.iter().filter(|g| g.action == DenyAction::Kill) {
-        for name in &group.syscalls {
-            set(name, Verdict::Ret(SECCOMP_RET_KILL_PROCESS));
-        }
-    }
-    set(
-        "clone3",
-        Verdict::Ret(SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-    );
-    Ok(out)
+    ]
 }
 
 fn stmt(code: u16, k: u32) -> sock_filter {
@@ -484,46 +489,7 @@ pub(crate) mod tests {
                 .unwrap()],
             ),
         }
-        let lists: [(&str, u8, Vec<u32>); 4] = [
-            (
-                "ioctl",
-                1,
-                spec.ioctl
-                    .allow
-                    .iter()
-                    .filter(|n| n.as_str() != "TIOCSTI")
-                    .filter_map(|n| ioctl_request(n))
-                    .collect(),
-            ),
-            (
-                "socket",
-                0,
-                spec.socket
-                    .allow
-                    .iter()
-                    .filter_map(|n| address_family(n))
-                    .collect(),
-            ),
-            (
-                "socketpair",
-                0,
-                spec.socketpair
-                    .allow
-                    .iter()
-                    .filter_map(|n| address_family(n))
-                    .collect(),
-            ),
-            (
-                "prctl",
-                0,
-                spec.prctl
-                    .allow
-                    .iter()
-                    .filter_map(|n| prctl_option(n))
-                    .collect(),
-            ),
-        ];
-        for (name, arg, values) in lists {
+        for (name, arg, values) in arg_lists(spec) {
             if !values.is_empty() {
                 let chain = values
                     .into_iter()
