@@ -389,45 +389,67 @@ async fn finish_worker(
         pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd, tap)));
     }
 
-    let mut reap_src = reap_src;
-    let mut early = None;
-    let outcome = match exit_fd {
-        Ok(exit_fd) => {
-            let o = converse(
-                sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame,
-                handshake,
-            )
-            .await;
-            // A forked worker that reported exits by itself, and its parent's
-            // report of that exit means it is gone: no need to watch it too.
-            let mut graced = false;
-            if let Outcome::Done(_) = &o {
-                let rx = match &mut reap_src {
-                    Reap::Direct => None,
-                    Reap::Parent(_, rx) => Some(rx),
-                };
-                if let Some(rx) = rx {
-                    graced = true;
-                    // Once it has answered (a report, or its reporter gone)
-                    // it must not be awaited again.
-                    if let Ok(answer) = tokio::time::timeout(EXIT_GRACE, rx).await {
-                        early = Some(answer.ok());
-                    }
-                }
-            }
-            if !matches!(early, Some(Some(_))) {
-                let forked = !matches!(reap_src, Reap::Direct);
-                // Its grace after `done` is used up: kill it now.
-                let grace = matches!(o, Outcome::Done(_)) && !graced;
-                finish_process(pid, &exit_fd, grace, forked).await;
-            }
-            o
-        }
+    let exit_fd = match exit_fd {
+        Ok(f) => f,
         Err(e) => {
             drop(guard);
             return Err(format!("failed to watch the worker process: {e}"));
         }
     };
+    let o = converse(
+        sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame, handshake,
+    )
+    .await;
+    // A forked worker that closed its output and exits right after `done`:
+    // the cell is complete now. Its exit is awaited (and, past the grace,
+    // forced) after the result is returned.
+    let closing = match &o {
+        Outcome::Done(d) => d.closing,
+        _ => None,
+    };
+    let mut reap_src = match (closing, reap_src) {
+        (Some(c), Reap::Parent(parent, rx)) => {
+            tokio::spawn(reap_closed(pid, exit_fd, guard, parent, rx, in_flight));
+            let reaped = process::Reaped {
+                code: Some(0),
+                signal: None,
+                cpu_ms: c.cpu_ms,
+                max_rss_kb: c.max_rss_kb,
+            };
+            collect_output(pumps).await;
+            result.record_end(
+                take_capture(&out_cap),
+                take_capture(&err_cap),
+                Some(&reaped),
+            );
+            return Ok(classify(spec, result, o, deadline));
+        }
+        (_, r) => r,
+    };
+    let mut early = None;
+    // A forked worker that reported exits by itself, and its parent's
+    // report of that exit means it is gone: no need to watch it too.
+    let mut graced = false;
+    if let Outcome::Done(_) = &o {
+        let rx = match &mut reap_src {
+            Reap::Direct => None,
+            Reap::Parent(_, rx) => Some(rx),
+        };
+        if let Some(rx) = rx {
+            graced = true;
+            // Once it has answered (a report, or its reporter gone)
+            // it must not be awaited again.
+            if let Ok(answer) = tokio::time::timeout(EXIT_GRACE, rx).await {
+                early = Some(answer.ok());
+            }
+        }
+    }
+    if !matches!(early, Some(Some(_))) {
+        let forked = !matches!(reap_src, Reap::Direct);
+        // Its grace after `done` is used up: kill it now.
+        let grace = matches!(o, Outcome::Done(_)) && !graced;
+        finish_process(pid, &exit_fd, grace, forked).await;
+    }
     let reaped = match (early, reap_src) {
         (Some(Some(r)), _) => Ok(r),
         (_, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
@@ -458,8 +480,18 @@ async fn finish_worker(
     if reaped.is_ok() {
         guard.disarm();
     }
-    // Output pipes close once every process holding them is gone; give
-    // stragglers a moment, then take what was captured.
+    collect_output(pumps).await;
+    result.record_end(
+        take_capture(&out_cap),
+        take_capture(&err_cap),
+        reaped.as_ref().ok(),
+    );
+    Ok(classify(spec, result, o, deadline))
+}
+
+/// Output pipes close once every process holding them is gone (or has
+/// closed them); give stragglers a moment, then stop reading.
+async fn collect_output(pumps: Vec<tokio::task::JoinHandle<()>>) {
     for p in pumps {
         let abort = p.abort_handle();
         if tokio::time::timeout(Duration::from_millis(500), p)
@@ -469,12 +501,46 @@ async fn finish_worker(
             abort.abort();
         }
     }
-    result.record_end(
-        take_capture(&out_cap),
-        take_capture(&err_cap),
-        reaped.as_ref().ok(),
-    );
-    Ok(classify(spec, result, outcome, deadline))
+}
+
+/// The end of a forked worker whose cell is already complete (it closed its
+/// output and sent `done`): it gets [`EXIT_GRACE`] to exit by itself, then
+/// is killed; its parent's report releases the spare slot.
+async fn reap_closed(
+    pid: i32,
+    exit: process::ExitWatch,
+    mut guard: process::KillOnDrop,
+    parent: Arc<dyn super::warm::ForkingParent>,
+    mut rx: tokio::sync::oneshot::Receiver<process::Reaped>,
+    in_flight: Option<Box<dyn Send>>,
+) {
+    let report = match tokio::time::timeout(EXIT_GRACE, &mut rx).await {
+        Ok(answer) => answer.ok(),
+        Err(_) => {
+            tracing::warn!(
+                "a worker that said it was done had not exited after {EXIT_GRACE:?}; killing it"
+            );
+            finish_process(pid, &exit, false, true).await;
+            tokio::time::timeout(Duration::from_secs(5), rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+        }
+    };
+    match report {
+        Some(r) => {
+            if r.code != Some(0) {
+                tracing::warn!(
+                    "a worker that said it was done ended with code {:?}, signal {:?}",
+                    r.code,
+                    r.signal
+                );
+            }
+            guard.disarm();
+        }
+        None => parent.forget(pid),
+    }
+    drop(in_flight);
 }
 
 /// Wait for the worker to be gone, killing it (and its whole process group)

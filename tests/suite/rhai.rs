@@ -605,3 +605,53 @@ async fn a_killed_fork_server_is_replaced_and_no_cell_fails() {
         "the killed fork server {first} was not reaped"
     );
 }
+
+/// A fork-server cell is complete when its worker says `done` (the worker
+/// closed its output first): everything it printed is in the result, with
+/// its exit code and its own CPU time and peak RSS, and the worker is gone
+/// shortly after while the pool is back to its spares.
+#[tokio::test]
+async fn a_done_cell_has_all_its_output_and_its_worker_then_exits() {
+    let sup = supervisor();
+    sup.start_pools().await.unwrap();
+    let server = sup
+        .pool_status()
+        .await
+        .rhai_fork_server_pid
+        .expect("a running fork server");
+    let mut cfg = config(&[]);
+    cfg.limits.max_operations = 0;
+    cfg.limits.max_output_bytes = 1 << 20;
+    // 300 000 bytes (more than a pipe holds) to stdout, then some CPU.
+    let code = r#"
+        let line = "01234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678";
+        for i in 0..1000 { print(line); }
+        let n = 0;
+        for i in 0..1000000 { n += i % 7; }
+        n > 0
+    "#;
+    let r = sup.run(CellRequest::new(Language::Rhai, code), cfg).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(true));
+    assert_eq!(r.stdout.len(), 300_000, "stdout cut short");
+    assert!(r.truncated.stdout.is_none());
+    assert_eq!(r.exit.code, Some(0));
+    assert_eq!(r.exit.signal, None);
+    // A fixed amount of work (about 0.1 s here): CPU time, not wall time.
+    assert!(r.usage.cpu_ms >= 20, "{:?}", r.usage);
+    assert!(r.usage.max_rss_kb > 0, "{:?}", r.usage);
+    // The worker that ran it exits by itself and the pool refills.
+    let mut left = Vec::new();
+    for _ in 0..300 {
+        left = forked_by(server)
+            .into_iter()
+            .filter(|(_, comm)| comm == "cellbox-cell")
+            .collect();
+        if left.is_empty() && sup.pool_status().await.rhai_spares == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(left.is_empty(), "workers still running: {left:?}");
+    assert_eq!(sup.pool_status().await.rhai_spares, 3);
+}
