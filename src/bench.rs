@@ -117,6 +117,52 @@ pub async fn cells(
     Ok(figures(all, t0.elapsed()))
 }
 
+/// How long the alternating measurement lets the machine settle before
+/// each sample: what one sample leaves running (a worker exiting, a spare
+/// being made) is not charged to the next, and each starts the way a cell
+/// called between an agent's steps does.
+const SETTLE: Duration = Duration::from_millis(2);
+
+/// `n` trivial cells, each followed by a spawn + wait of `baseline`, so both
+/// are measured on the same machine at the same moments (a noisy neighbour
+/// slows both, not one block of samples).
+pub async fn cells_alternating(
+    sup: &Supervisor,
+    language: Language,
+    code: &str,
+    baseline: &[&str],
+    n: usize,
+) -> Result<(Figures, Figures), String> {
+    let config = SessionConfig {
+        policy: Policy::deny_all(),
+        ..SessionConfig::default()
+    };
+    let (mut cells, mut base) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut tc, mut tb) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..n {
+        tokio::time::sleep(SETTLE).await;
+        let t = Instant::now();
+        let r = sup
+            .run(CellRequest::new(language, code), config.clone())
+            .await;
+        if r.status != Status::Ok {
+            return Err(format!(
+                "a benchmark cell failed: {} {:?}",
+                r.status,
+                r.error.map(|e| e.message)
+            ));
+        }
+        let d = t.elapsed();
+        tc += d;
+        cells.push(d);
+        tokio::time::sleep(SETTLE).await;
+        let d = tokio::task::block_in_place(|| spawn_once(baseline))?;
+        tb += d;
+        base.push(d);
+    }
+    Ok((figures(cells, tc), figures(base, tb)))
+}
+
 /// The whole report.
 pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
     let cold = Supervisor::builder()
@@ -235,6 +281,18 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                     );
                 }
             }
+        }
+        if language == Language::Rhai {
+            let (c, b) = cells_alternating(&warm, language, code, &["/bin/true"], n).await?;
+            let _ = writeln!(
+                out,
+                "rhai   cell, warm, alternating with spawn+wait /bin/true: p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x /bin/true; goal <= 1x)",
+                ms(c.p50),
+                ms(b.p50),
+                ms(c.p99),
+                ms(b.p99),
+                c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+            );
         }
         if language == Language::Python {
             out.push_str(&idle_memory(&warm).await?);

@@ -222,6 +222,18 @@ pub fn enter_pool_child(
     linux::enter_pool_child(plan, pool)
 }
 
+/// Prepare, in a pool process, what each of its children applies (see
+/// [`enter_pool_child`]).
+#[cfg(target_os = "linux")]
+pub fn prepare_pool_children(plan: &SandboxPlan) -> Result<(), SandboxError> {
+    linux::prepare_pool_children(plan)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn prepare_pool_children(_plan: &SandboxPlan) -> Result<(), SandboxError> {
+    Ok(())
+}
+
 #[cfg(not(target_os = "linux"))]
 pub fn enter_pool(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
     Err(SandboxError::new(

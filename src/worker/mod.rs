@@ -115,6 +115,9 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd) -> i32 {
     {
         return EXIT_PROTOCOL;
     }
+    // A failure here is not fatal: each child then builds its own program
+    // (and reports that failure as its own).
+    let _ = crate::sandbox::prepare_pool_children(&plan);
     let _ = POOL_REPORT.set(report);
     let limits = plan.limits.clone();
     let _ = POOL_PLAN.set(*plan);
@@ -138,9 +141,6 @@ fn run_forked_worker(
     };
     let mut plan = plan.clone();
     plan.limits = limits.clone();
-    // Before the sandbox (it makes a socket pair); the warm-up runs only
-    // our own fixed script.
-    rhai::warm_up();
     let chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     run_sandboxed(chan, &plan, Backend::Rhai, |plan| {
         crate::sandbox::enter_pool_child(plan, pool)

@@ -30,51 +30,6 @@ pub fn prewarm() {
     let _ = standard_package();
 }
 
-/// Run one made-up cell end to end (frame parse, engine, compile, eval,
-/// result) without a supervisor. A forked spare does this while it waits
-/// for its cell: the heap and stack pages a cell writes are then its own
-/// already, instead of each one being copied from the fork server in the
-/// middle of the cell.
-pub(crate) fn warm_up() {
-    let Ok((ours, _peer)) = std::os::unix::net::UnixStream::pair() else {
-        return;
-    };
-    let mut vars = Map::new();
-    vars.insert(
-        "v".into(),
-        serde_json::json!([1, 2.5, "s", {"k": null, "l": [true]}]),
-    );
-    let start = Start {
-        language: "rhai".into(),
-        code: "fn f(x) { x * 2 }\nlet m = #{a: v.len(), b: \"t\" + 1};\nf(m.a) + 34".into(),
-        vars,
-        definitions: Vec::new(),
-        capabilities: vec![CapabilitySpec {
-            name: "emit".into(),
-            params: vec!["event".into()],
-        }],
-        limits: ScriptLimits {
-            timeout_ms: 10_000,
-            max_operations: 100_000,
-            max_call_levels: 64,
-            max_expr_depth: 64,
-            max_string_bytes: 1 << 20,
-            max_array_len: 100_000,
-            max_map_len: 100_000,
-        },
-        max_frame_bytes: 1 << 20,
-    };
-    let Ok(frame) = serde_json::to_vec(&ToWorker::Start(start)) else {
-        return;
-    };
-    if let Ok(ToWorker::Start(start)) = serde_json::from_slice::<ToWorker>(&frame) {
-        // (No `print`: stdout is already the cell's.)
-        let chan = Rc::new(RefCell::new(Channel::new(ours, 1 << 20)));
-        let done = evaluate(chan, &start);
-        let _ = serde_json::to_vec(&FromWorker::Done(Box::new(done)));
-    }
-}
-
 /// The engine every Rhai cell runs in. Built from `Engine::new_raw()`: only
 /// the standard package (no file or module access), every limit set, `eval`
 /// disabled, a deadline checked as the script runs, `print`/`debug` to

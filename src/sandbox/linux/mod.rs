@@ -117,10 +117,39 @@ pub fn enter_pool_child(
     Ok(report)
 }
 
+/// The seccomp program of a pool's cells (the same for every child), built
+/// once in the pool process before it forks them, with the spec it is for.
+static POOL_CHILD_SECCOMP: std::sync::OnceLock<(
+    crate::profiles::SeccompSpec,
+    seccompiler::BpfProgram,
+)> = std::sync::OnceLock::new();
+
+/// Build the seccomp program the children of this pool process will apply
+/// (see [`enter_pool_child`]), so that each child only installs it.
+pub fn prepare_pool_children(plan: &SandboxPlan) -> Result<(), SandboxError> {
+    let program = seccomp::build_program(&plan.seccomp, seccomp_gate(plan))
+        .map_err(|e| SandboxError::new("seccomp", e.to_string()))?;
+    let _ = POOL_CHILD_SECCOMP.set(((*plan.seccomp).clone(), program));
+    Ok(())
+}
+
+fn seccomp_gate(plan: &SandboxPlan) -> Option<u64> {
+    (plan.seccomp.exec == ExecMode::Once).then(exec::gate_address)
+}
+
 fn apply_seccomp(plan: &SandboxPlan, report: &mut SandboxReport) -> Result<(), SandboxError> {
-    let gate = (plan.seccomp.exec == ExecMode::Once).then(exec::gate_address);
     layer(report, "seccomp", plan.layers.seccomp, || {
-        let program = seccomp::build_program(&plan.seccomp, gate).map_err(|e| e.to_string())?;
+        let prepared = POOL_CHILD_SECCOMP
+            .get()
+            .filter(|(spec, _)| *spec == *plan.seccomp)
+            .map(|(_, p)| std::borrow::Cow::Borrowed(p));
+        let program = match prepared {
+            Some(p) => p,
+            None => std::borrow::Cow::Owned(
+                seccomp::build_program(&plan.seccomp, seccomp_gate(plan))
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
         seccomp::apply(&program).map_err(|e| e.to_string())?;
         let groups: usize = plan.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
         Ok((
