@@ -19,9 +19,19 @@ use std::path::{Component, Path, PathBuf};
 /// Names of the profiles compiled into the binary.
 pub const BUILTIN_NAMES: &[&str] = &["rhai", "python", "shell"];
 
+// The TOML sources (the tests compare them with the compiled-in form).
+#[cfg(test)]
 const BUILTIN_RHAI: &str = include_str!("../../sandbox-profiles/rhai.toml");
+#[cfg(test)]
 const BUILTIN_PYTHON: &str = include_str!("../../sandbox-profiles/python.toml");
+#[cfg(test)]
 const BUILTIN_SHELL: &str = include_str!("../../sandbox-profiles/shell.toml");
+
+// The same documents as JSON, made by build.rs: they load several times
+// faster, and `cellbox exec` loads one on every run.
+const BUILTIN_RHAI_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/rhai.json"));
+const BUILTIN_PYTHON_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/python.json"));
+const BUILTIN_SHELL_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/shell.json"));
 
 /// Largest profile file we agree to read.
 const MAX_PROFILE_BYTES: u64 = 1024 * 1024;
@@ -42,6 +52,12 @@ pub enum ProfileError {
         source_name: String,
         #[source]
         error: toml::de::Error,
+    },
+    #[error("failed to load sandbox profile {source_name}: {error}")]
+    Builtin {
+        source_name: String,
+        #[source]
+        error: serde_json::Error,
     },
     #[error("invalid sandbox profile {source_name}: key `{key}`: {problem}")]
     Invalid {
@@ -314,8 +330,16 @@ const NEVER_ALLOWED: &[&str] = &[
 impl Profile {
     /// Load a built-in profile by name, or a TOML file by path.
     pub fn load(name_or_path: &str) -> Result<Profile, ProfileError> {
-        if let Some(text) = builtin_text(name_or_path) {
-            return Profile::from_toml(text, &format!("built-in {name_or_path}"));
+        if let Some(json) = builtin_json(name_or_path) {
+            let source_name = format!("built-in {name_or_path}");
+            let mut profile: Profile =
+                serde_json::from_str(json).map_err(|error| ProfileError::Builtin {
+                    source_name: source_name.clone(),
+                    error,
+                })?;
+            profile.source = source_name;
+            profile.validate()?;
+            return Ok(profile);
         }
         let path = Path::new(name_or_path);
         let source_name = path.display().to_string();
@@ -534,11 +558,23 @@ impl Profile {
 /// A filtered-argument key, its value and the check for its names.
 type ArgCheck<'a> = (&'static str, &'a ArgAllow, fn(&str) -> bool);
 
+/// The TOML source of a built-in profile.
+#[cfg(test)]
 fn builtin_text(name: &str) -> Option<&'static str> {
     match name {
         "rhai" => Some(BUILTIN_RHAI),
         "python" => Some(BUILTIN_PYTHON),
         "shell" => Some(BUILTIN_SHELL),
+        _ => None,
+    }
+}
+
+/// A built-in profile as JSON (its TOML source converted at build time).
+fn builtin_json(name: &str) -> Option<&'static str> {
+    match name {
+        "rhai" => Some(BUILTIN_RHAI_JSON),
+        "python" => Some(BUILTIN_PYTHON_JSON),
+        "shell" => Some(BUILTIN_SHELL_JSON),
         _ => None,
     }
 }
@@ -620,6 +656,17 @@ pub fn prctl_option(name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builtin_json_is_the_toml_source() {
+        for name in BUILTIN_NAMES {
+            let compiled = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let text = builtin_text(name).unwrap_or_else(|| panic!("{name}: no source"));
+            let source = Profile::from_toml(text, &format!("built-in {name}"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(compiled, source, "{name}");
+        }
+    }
 
     #[test]
     fn builtins_load_and_validate() {
