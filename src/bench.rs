@@ -73,6 +73,27 @@ pub fn baseline_spawn_pair(a: &[&str], b: &[&str], n: usize) -> Result<(Figures,
     Ok((figures(sa, ta), figures(sb, tb)))
 }
 
+/// One cell through the library, timed; a cell that fails is an error.
+async fn timed_cell(
+    sup: &Supervisor,
+    language: Language,
+    code: &str,
+    config: &SessionConfig,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    let r = sup
+        .run(CellRequest::new(language, code), config.clone())
+        .await;
+    if r.status != Status::Ok {
+        return Err(format!(
+            "a benchmark cell failed: {} {:?}",
+            r.status,
+            r.error.map(|e| e.message)
+        ));
+    }
+    Ok(t.elapsed())
+}
+
 /// `n` trivial cells through the library at `concurrency`.
 pub async fn cells(
     sup: &Supervisor,
@@ -94,20 +115,9 @@ pub async fn cells(
                 ..SessionConfig::default()
             };
             for _ in 0..per {
-                let t = Instant::now();
-                let r = sup
-                    .run(CellRequest::new(language, code.clone()), config.clone())
-                    .await;
-                if r.status != Status::Ok {
-                    return Err(format!(
-                        "a benchmark cell failed: {} {:?}",
-                        r.status,
-                        r.error.map(|e| e.message)
-                    ));
-                }
-                samples.push(t.elapsed());
+                samples.push(timed_cell(&sup, language, &code, &config).await?);
             }
-            Ok(samples)
+            Ok::<_, String>(samples)
         }));
     }
     let mut all = Vec::new();
@@ -141,18 +151,7 @@ pub async fn cells_alternating(
     let (mut tc, mut tb) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..n {
         tokio::time::sleep(SETTLE).await;
-        let t = Instant::now();
-        let r = sup
-            .run(CellRequest::new(language, code), config.clone())
-            .await;
-        if r.status != Status::Ok {
-            return Err(format!(
-                "a benchmark cell failed: {} {:?}",
-                r.status,
-                r.error.map(|e| e.message)
-            ));
-        }
-        let d = t.elapsed();
+        let d = timed_cell(sup, language, code, &config).await?;
         tc += d;
         cells.push(d);
         tokio::time::sleep(SETTLE).await;

@@ -466,8 +466,8 @@ async fn a_cancelled_cell_leaves_no_process() {
 /// limits runs in one (it renames itself from `cellbox-spare` to
 /// `cellbox-cell`), the pool refills after it, and a cell with other limits
 /// gets a child forked for it.
-#[tokio::test]
-async fn warm_cells_run_in_spares_and_the_pool_refills() {
+/// A supervisor with its pools started, and its fork server's pid.
+async fn with_fork_server() -> (Supervisor, u32) {
     let sup = supervisor();
     sup.start_pools().await.unwrap();
     let server = sup
@@ -475,6 +475,12 @@ async fn warm_cells_run_in_spares_and_the_pool_refills() {
         .await
         .rhai_fork_server_pid
         .expect("a running fork server");
+    (sup, server)
+}
+
+#[tokio::test]
+async fn warm_cells_run_in_spares_and_the_pool_refills() {
+    let (sup, server) = with_fork_server().await;
     let named = |name: &str| -> Vec<i32> {
         forked_by(server)
             .into_iter()
@@ -612,13 +618,7 @@ async fn a_killed_fork_server_is_replaced_and_no_cell_fails() {
 /// shortly after while the pool is back to its spares.
 #[tokio::test]
 async fn a_done_cell_has_all_its_output_and_its_worker_then_exits() {
-    let sup = supervisor();
-    sup.start_pools().await.unwrap();
-    let server = sup
-        .pool_status()
-        .await
-        .rhai_fork_server_pid
-        .expect("a running fork server");
+    let (sup, server) = with_fork_server().await;
     let mut cfg = config(&[]);
     cfg.limits.max_operations = 0;
     cfg.limits.max_output_bytes = 1 << 20;
