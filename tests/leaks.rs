@@ -130,7 +130,19 @@ async fn no_leaked_fds_zombies_or_dirs_after_250_cells_on_either_path() {
             )
             .await;
         assert_eq!(r.status, Status::Ok, "{r:?}");
-        let fds = open_fds();
+        // A warm cell's result comes before its worker has exited: let the
+        // workers of the two cells above be reaped before counting.
+        let mut fds = open_fds();
+        let mut same = 0;
+        for _ in 0..200 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            let now = open_fds();
+            same = if now == fds { same + 1 } else { 0 };
+            fds = now;
+            if same == 10 {
+                break;
+            }
+        }
         let dirs = scratch_dirs();
         let pool_root = sup.pool_status().await.scratch_root;
         assert_eq!(pool_root.is_some(), warm);

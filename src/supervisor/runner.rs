@@ -43,6 +43,36 @@ pub(crate) struct CellSpec {
     /// A live copy of stdout/stderr as it arrives.
     pub output: Option<tokio::sync::mpsc::Sender<super::OutputChunk>>,
     pub execution_count: u64,
+    /// The end of the previous cell's worker (shared by a session's cells).
+    pub fence: Arc<Fence>,
+}
+
+/// A cell's result can be returned before its worker has exited (see
+/// `reap_closed`). The next cell of the same session (and the removal of a
+/// sub-cell's scratch dir) waits here until that worker and everything it
+/// started are gone, so nothing of one cell runs beside the next.
+#[derive(Debug, Default)]
+pub(crate) struct Fence(Mutex<Option<tokio::sync::oneshot::Receiver<()>>>);
+
+impl Fence {
+    fn set(&self, rx: tokio::sync::oneshot::Receiver<()>) {
+        match self.0.lock() {
+            Ok(mut g) => *g = Some(rx),
+            Err(p) => *p.into_inner() = Some(rx),
+        }
+    }
+
+    /// Wait for the previous cell's worker to be gone (at once if it is).
+    pub(crate) async fn wait(&self) {
+        let rx = match self.0.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(rx) = rx {
+            // Resolves (with an error) when `reap_closed` ends.
+            let _ = rx.await;
+        }
+    }
 }
 
 /// A cell's outcome before it is turned into a result.
@@ -76,6 +106,7 @@ pub(crate) fn new_run_id() -> String {
 /// Run one cell (and, through `run_cell` calls, its sub-cells).
 pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
     Box::pin(async move {
+        spec.fence.wait().await;
         let started = Instant::now();
         let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
         result.execution_count = spec.execution_count;
@@ -407,9 +438,23 @@ async fn finish_worker(
         Outcome::Done(d) => d.closing,
         _ => None,
     };
+    // Its output must have ended too (a process it started may still hold
+    // stdout): otherwise the cell ends the usual way, with its exit.
+    let closing = match closing {
+        Some(c) if matches!(reap_src, Reap::Parent(..)) => {
+            outputs_ended(&mut pumps, OUTPUT_END_WITHIN)
+                .await
+                .then_some(c)
+        }
+        _ => None,
+    };
     let mut reap_src = match (closing, reap_src) {
         (Some(c), Reap::Parent(parent, rx)) => {
-            tokio::spawn(reap_closed(pid, exit_fd, guard, parent, rx, in_flight));
+            let (gone, fence) = tokio::sync::oneshot::channel();
+            spec.fence.set(fence);
+            tokio::spawn(reap_closed(
+                pid, exit_fd, guard, parent, rx, in_flight, gone,
+            ));
             let reaped = process::Reaped {
                 code: Some(0),
                 signal: None,
@@ -489,6 +534,24 @@ async fn finish_worker(
     Ok(classify(spec, result, o, deadline))
 }
 
+/// How long a worker that closed its output before `done` may take for
+/// end-of-file to show on both pipes.
+const OUTPUT_END_WITHIN: Duration = Duration::from_millis(20);
+
+/// Whether every output pump reached end-of-file within `within`. The pumps
+/// that did are removed (a finished task must not be awaited again).
+async fn outputs_ended(pumps: &mut Vec<tokio::task::JoinHandle<()>>, within: Duration) -> bool {
+    let ended = tokio::time::timeout(within, async {
+        for p in pumps.iter_mut() {
+            let _ = p.await;
+        }
+    })
+    .await
+    .is_ok();
+    pumps.retain(|p| !p.is_finished());
+    ended
+}
+
 /// Output pipes close once every process holding them is gone (or has
 /// closed them); give stragglers a moment, then stop reading.
 async fn collect_output(pumps: Vec<tokio::task::JoinHandle<()>>) {
@@ -513,6 +576,7 @@ async fn reap_closed(
     parent: Arc<dyn super::warm::ForkingParent>,
     mut rx: tokio::sync::oneshot::Receiver<process::Reaped>,
     in_flight: Option<Box<dyn Send>>,
+    gone: tokio::sync::oneshot::Sender<()>,
 ) {
     let report = match tokio::time::timeout(EXIT_GRACE, &mut rx).await {
         Ok(answer) => answer.ok(),
@@ -541,6 +605,7 @@ async fn reap_closed(
         None => parent.forget(pid),
     }
     drop(in_flight);
+    drop(gone);
 }
 
 /// Wait for the worker to be gone, killing it (and its whole process group)
@@ -1114,8 +1179,11 @@ async fn run_sub_cell(
         forward_output: false,
         output: None,
         execution_count: 0,
+        fence: Arc::new(Fence::default()),
     };
+    let fence = child.fence.clone();
     let (sub, _) = run_cell(sup.clone(), child).await;
+    fence.wait().await;
     drop(scratch);
     result.calls.extend(sub.calls.iter().cloned());
     if sub.status == Status::Ok {

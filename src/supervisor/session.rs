@@ -43,6 +43,7 @@ struct SessionInner {
     sup: Arc<Inner>,
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
+    fence: Arc<runner::Fence>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -74,6 +75,7 @@ impl Session {
                 sup,
                 config,
                 scratch,
+                fence: Arc::new(runner::Fence::default()),
                 state: tokio::sync::Mutex::new(State::default()),
             }),
         })
@@ -138,6 +140,7 @@ impl Session {
             run,
             session_id: self.inner.id.clone(),
             scratch: self.inner.scratch.clone(),
+            fence: self.inner.fence.clone(),
             profile: self.profile_for(request.language),
             forward_output: false,
             output: request.output.clone(),
@@ -181,6 +184,7 @@ impl Session {
             run: RunInfo::root(),
             session_id: self.inner.id.clone(),
             scratch: self.inner.scratch.clone(),
+            fence: self.inner.fence.clone(),
             profile: self.profile_for(Language::Rhai),
             forward_output: false,
             output: None,
@@ -205,6 +209,7 @@ impl Session {
             run: RunInfo::root(),
             session_id: self.inner.id.clone(),
             scratch: self.inner.scratch.clone(),
+            fence: self.inner.fence.clone(),
             profile: self.profile_for(Language::Shell),
             forward_output,
             output: None,

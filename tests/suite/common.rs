@@ -84,11 +84,41 @@ fn all_processes() -> Vec<(i32, i32, char, String)> {
 }
 
 /// Whether `pid` is a fork-server spare: a sandboxed child waiting for a
-/// cell it has not been given (it renames itself when it gets one).
+/// cell it has not been given (it renames itself when it gets one), or one
+/// just forked that has not named itself yet (a child of the inner fork
+/// server not named `cellbox-cell`).
 pub fn is_spare(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end() == "cellbox-spare")
-        .unwrap_or(false)
+    let comm = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/comm"))
+            .map(|c| c.trim_end().to_owned())
+            .unwrap_or_default()
+    };
+    let name = comm(pid);
+    if name == "cellbox-spare" {
+        return true;
+    }
+    if name == "cellbox-cell" {
+        return false;
+    }
+    // Forked (not executed) from the fork server, so the same command
+    // line; its parent is the inner server, whose parent is the outer one.
+    let parent = |p: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let rp = stat.rfind(')')?;
+        stat[rp + 2..].split_whitespace().nth(1)?.parse().ok()
+    };
+    let forkserver = |p: i32| {
+        std::fs::read(format!("/proc/{p}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).contains("__forkserver"))
+            .unwrap_or(false)
+    };
+    let Some(inner) = parent(pid) else {
+        return false;
+    };
+    let Some(outer) = parent(inner) else {
+        return false;
+    };
+    forkserver(pid) && forkserver(inner) && forkserver(outer)
 }
 
 /// (pid, state, cmdline) of every cell worker descended from this process:

@@ -445,3 +445,63 @@ async fn cells_above_the_pool_ceiling_run_cold_and_per_cell_limits_apply_warm() 
     require_warm(&r);
     assert_eq!(r.value, json!([256 << 20, 100, 7, true]));
 }
+
+/// A warm cell is returned at `done` (its worker closed its output first),
+/// with all its output, exit code 0 and its own usage; a process it started
+/// that closed its output too is gone before the session's next cell runs;
+/// and one that still holds stdout makes the cell end the usual way.
+#[tokio::test]
+async fn a_warm_cell_ends_at_done_and_what_it_started_is_gone_before_the_next() {
+    let sup = one_zygote(pool(1));
+    let session = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &session,
+        "import sys\nfor i in range(3000):\n    print('x' * 99)\nsys.stderr.write('e' * 5000)\nn = sum(i % 7 for i in range(300000))\nn",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.stdout.len(), 300_000, "stdout cut short");
+    assert_eq!(r.stderr.len(), 5000, "stderr cut short");
+    assert_eq!(r.exit.code, Some(0), "{r:?}");
+    assert!(
+        r.usage.cpu_ms > 0 && r.usage.max_rss_kb > 0,
+        "{:?}",
+        r.usage
+    );
+
+    // A child that closes its output and sleeps: the cell returns at
+    // `done`, the child dies with the cell's worker, and the next cell of
+    // the session starts only after that.
+    let r = py_in(
+        &session,
+        // (300 MB touched: the worker's exit takes a while, and the child
+        // is killed only once the worker has exited.)
+        "import os, time\npid = os.fork()\nif pid == 0:\n    os.close(1)\n    os.close(2)\n    time.sleep(60)\n    os._exit(0)\nbig = bytearray(300 << 20)\nfor i in range(0, len(big), 4096):\n    big[i] = 1\ndel i\npid",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let orphan = r.value.as_i64().unwrap();
+    let r = py_in(
+        &session,
+        &format!("import os\nos.path.exists('/proc/{orphan}')"),
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        json!(false),
+        "the child of the previous cell is still running"
+    );
+
+    // A child that keeps stdout open: the cell still ends (with its exit),
+    // and what the parent printed is there.
+    let r = py_in(
+        &session,
+        "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nprint('parent')\n1",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.stdout, "parent\n");
+    assert_eq!(r.value, json!(1));
+}
