@@ -107,8 +107,8 @@ pub struct CallRecord {
 }
 
 /// What a cell used. `cpu_ms` and `max_rss_kb` come from the worker's
-/// rusage when it is reaped, or, for a fork-server Rhai cell (returned at
-/// `done`, before its worker exits), from the worker's own measure in `done`.
+/// rusage when it is reaped, or, for a warm cell returned at `done` (before
+/// its worker exits), from the worker's own measure in `done`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub wall_ms: u64,
@@ -126,9 +126,9 @@ pub struct RunInfo {
     pub depth: u32,
 }
 
-/// How the worker process ended. A fork-server Rhai cell is returned at
-/// `done`: its worker exits with code 0 right after it (one that does not
-/// is killed and logged), and `code` reads 0.
+/// How the worker process ended. A warm cell returned at `done`: its worker
+/// exits with code 0 right after it (one that does not is killed and
+/// logged), and `code` reads 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitInfo {
     pub code: Option<i32>,
