@@ -383,6 +383,23 @@ pub(crate) mod tests {
     use super::*;
     use crate::profiles::Profile;
 
+    /// Each namespace-creating clone flag on its own, written out here
+    /// rather than taken from `CLONE_NEW_MASK`, so a flag missing there is
+    /// caught.
+    fn namespace_flags() -> impl Iterator<Item = u64> {
+        [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+        ]
+        .into_iter()
+        .map(|f| f as u64)
+    }
+
     /// A classic-BPF interpreter for the instructions seccompiler and the
     /// prefix emit, so programs can be checked without installing them.
     pub(crate) fn run(prog: &[seccompiler::sock_filter], nr: i64, args: [u64; 6]) -> u32 {
@@ -561,16 +578,8 @@ pub(crate) mod tests {
                 v | 0xffff_ffff << 32,
             ]);
         }
-        for flag in [
-            libc::CLONE_NEWUSER,
-            libc::CLONE_NEWNS,
-            libc::CLONE_NEWPID,
-            libc::CLONE_NEWNET,
-            libc::CLONE_NEWIPC,
-            libc::CLONE_NEWUTS,
-            libc::CLONE_NEWCGROUP,
-        ] {
-            values.push(libc::SIGCHLD as u64 | flag as u64);
+        for flag in namespace_flags() {
+            values.push(libc::SIGCHLD as u64 | flag);
         }
         values.push(libc::SIGCHLD as u64 | libc::CLONE_VM as u64);
         values
@@ -898,16 +907,8 @@ pub(crate) mod tests {
             run(&prog, clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
             ALLOW
         );
-        for flag in [
-            libc::CLONE_NEWUSER,
-            libc::CLONE_NEWNS,
-            libc::CLONE_NEWPID,
-            libc::CLONE_NEWNET,
-            libc::CLONE_NEWIPC,
-            libc::CLONE_NEWUTS,
-            libc::CLONE_NEWCGROUP,
-        ] {
-            let f = libc::SIGCHLD as u64 | flag as u64;
+        for flag in namespace_flags() {
+            let f = libc::SIGCHLD as u64 | flag;
             assert_eq!(run(&prog, clone, [f, 0, 0, 0, 0, 0]), EPERM, "{flag:#x}");
         }
     }
