@@ -105,6 +105,33 @@ pub fn cell_tool_result(r: &CellResult) -> Result<CallToolResult, ErrorData> {
     Ok(structured(text, value, r.status != Status::Ok))
 }
 
+/// One chunk of a cell's output to the client, as a log notification
+/// (logger "stdout" / "stderr"). Deprecated by SEP-2577 (see
+/// `execute_code`), still how MCP hosts show live output.
+#[allow(deprecated)]
+async fn send_output(
+    peer: &rmcp::service::Peer<RoleServer>,
+    chunk: cellbox_output::OutputChunk,
+    session_id: &Option<String>,
+) {
+    let logger = match chunk.stream {
+        cellbox_output::OutputStream::Stdout => "stdout",
+        cellbox_output::OutputStream::Stderr => "stderr",
+    };
+    let param = LoggingMessageNotificationParam::new(
+        LoggingLevel::Info,
+        json!({
+            "stream": logger,
+            "text": chunk.text,
+            "session_id": session_id,
+        }),
+    )
+    .with_logger(logger);
+    if let Err(e) = peer.notify_logging_message(param).await {
+        tracing::debug!("could not send output: {e}");
+    }
+}
+
 fn refused(language: Language, status: Status, kind: &str, message: String) -> CellResult {
     CellResult::refused(language.as_str(), RunInfo::root(), status, kind, message)
 }
@@ -366,24 +393,7 @@ impl CellboxServer {
                         Some(rx) => rx.recv().await,
                         None => std::future::pending().await,
                     }
-                } => {
-                    let logger = match chunk.stream {
-                        cellbox_output::OutputStream::Stdout => "stdout",
-                        cellbox_output::OutputStream::Stderr => "stderr",
-                    };
-                    let param = LoggingMessageNotificationParam::new(
-                        LoggingLevel::Info,
-                        serde_json::json!({
-                            "stream": logger,
-                            "text": chunk.text,
-                            "session_id": a.session_id,
-                        }),
-                    )
-                    .with_logger(logger);
-                    if let Err(e) = ctx.peer.notify_logging_message(param).await {
-                        tracing::debug!("could not send output: {e}");
-                    }
-                }
+                } => send_output(&ctx.peer, chunk, &a.session_id).await,
                 _ = ticks.tick(), if progress_token.is_some() => {
                     if let Some(token) = &progress_token {
                         let elapsed = started.elapsed().as_secs_f64();
@@ -402,6 +412,13 @@ impl CellboxServer {
                 }
             }
         };
+        // Output the cell wrote just before it ended may still be queued:
+        // it goes out before the result.
+        if let (Ok(_), Some(rx)) = (&outcome, live.as_mut()) {
+            while let Ok(chunk) = rx.try_recv() {
+                send_output(&ctx.peer, chunk, &a.session_id).await;
+            }
+        }
         // Leaving the loop drops `work` with everything it holds: a cell
         // still running is killed and reaped, its slot and lane are freed.
         match outcome {
