@@ -4,22 +4,35 @@
 //! executed and no setup frame is sent: the child has the plan in memory.
 //!
 //! ```text
-//!  caller (host, supervises)  ──clone(CLONE_NEW*)──▶  cell (PID 1)
-//!   writes the uid/gid maps, "go" on fd 3             waits for "go"
-//!   reads the report from fd 3 (EOF at exec)          hygiene, new root,
-//!   pumps stdout/stderr, deadline on a pidfd          rlimits, ids, Landlock,
-//!   kills the group, reaps with rusage                seccomp; report on fd 3;
-//!                                                     execve the program
+//!  caller (host)             ──clone(CLONE_NEW* | CLONE_VM | CLONE_VFORK)──▶  cell (PID 1)
+//!   suspended until the cell                        writes its own uid/gid maps,
+//!   executes its program                            hygiene, new root, rlimits,
+//!   reads the report from fd 3 (EOF at exec)        ids, Landlock, seccomp;
+//!   pumps stdout/stderr, deadline on a pidfd        report on fd 3;
+//!   kills the group, reaps with rusage              execve the program
 //! ```
+//!
+//! The cell shares the caller's memory until it executes its program (as
+//! after `vfork`, on a stack of its own): nothing of the caller's address
+//! space is copied, and no copy is torn down at exec. It maps its own ids
+//! into its user namespace (as root the caller clones with the cell's ids as
+//! effective ids, so they are the namespace creator's), so it waits for
+//! nothing. Where that is refused (a user namespace made by an unprivileged
+//! id may be forbidden, or left without capabilities), or with
+//! `CELLBOX_CLONE=parent-maps`, the caller clones the usual way: a
+//! copy-on-write child that waits for "go" on fd 3 while the caller writes
+//! its maps.
 //!
 //! The cell applies exactly the layers of [`crate::sandbox::enter`], in the
 //! same order and with the same code; the only difference is who clones:
-//! here the caller is the host-side parent (it writes the maps and waits),
-//! so there is no intermediate worker process mirroring the cell's exit.
+//! here the caller is the host-side parent, so there is no intermediate
+//! worker process mirroring the cell's exit. It does not rewrite its
+//! environment (that memory is the caller's): the program is executed with
+//! the cell's fixed environment instead.
 //!
 //! The child's fds: 0 is `/dev/null`, 1 and 2 are the output pipes, 3 is
-//! its end of a socket pair (close-on-exec): it receives "go" there and
-//! sends one JSON message, `ready` with the [`SandboxReport`] or
+//! its end of a socket pair (close-on-exec): it may receive "go" there, and
+//! it sends one JSON message, `ready` with the [`SandboxReport`] or
 //! `sandbox_error`, before it executes the program.
 
 use super::linux::{self, namespaces, Stage};
@@ -27,13 +40,16 @@ use super::{SandboxError, SandboxPlan, SandboxReport};
 use crate::profiles::LayerMode;
 use crate::protocol::{FromWorker, Ready, SandboxFailure};
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 /// Exit code of a cell whose sandbox could not be applied (as a worker's).
 const EXIT_SANDBOX: i32 = 6;
 /// Exit code when the program could not be executed (as a worker's).
 const EXIT_EXEC: i32 = 127;
+/// Exit code of a self-mapped child that could not write its maps; seen
+/// only by the parent, which then clones the other way.
+const EXIT_NO_MAPS: i32 = 125;
 
 /// A started one-shot cell, seen from the caller. The caller must reap
 /// `pid` (it is our child) whatever happens.
@@ -63,6 +79,9 @@ pub enum SpawnError {
 
 /// The parent's decision about namespaces, carried into the child.
 enum Namespaces {
+    /// Cloned into them sharing the parent's memory; the child writes its
+    /// own maps ([`namespaces::clone_vfork_mapped`]).
+    SelfMapped(Vec<&'static str>),
     /// Cloned into them; the child must wait for "go".
     Cloned(Vec<&'static str>),
     /// Not used: the report line to push (mode, why).
@@ -93,6 +112,46 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
         UnixStream::pair()
             .map_err(|e| SpawnError::Spawn(format!("failed to create the control socket: {e}")))
     };
+
+    // Namespaces, the fast way: a child sharing our memory that maps itself.
+    if plan.layers.namespaces != LayerMode::Off && self_mapped_clone() {
+        if ids.root {
+            // The child is not root on the host and cannot hand the scratch
+            // directory over itself.
+            linux::hygiene::hand_over(&plan.scratch, ids.uid, ids.gid)
+                .map_err(|e| SpawnError::Sandbox(SandboxError::new("hygiene", e.to_string())))?;
+        }
+        let (parent_end, child_end) = plain_pair()?;
+        let fds = [
+            null.as_fd(),
+            out_w.as_fd(),
+            err_w.as_fd(),
+            child_end.as_fd(),
+        ];
+        let cloned = namespaces::clone_vfork_mapped(ids, &mut |names| {
+            cell_main(plan, ids, &view, Namespaces::SelfMapped(names), fds, argv)
+        });
+        drop(child_end);
+        match cloned {
+            Ok(pid) => {
+                if !gave_up_mapping(pid, &parent_end) {
+                    drop((out_w, err_w, null));
+                    return watch(pid, out_r, err_r, parent_end);
+                }
+            }
+            // No child was made: go on the usual way.
+            Err(e) if e.before_clone() => {}
+            Err(e) => {
+                return Err(SpawnError::Sandbox(SandboxError::new(
+                    "namespaces",
+                    e.to_string(),
+                )))
+            }
+        }
+        // Here the usual way is one that also works where a user namespace
+        // made by an unprivileged id is refused or left without
+        // capabilities (as root: the parent writes the maps).
+    }
 
     // Namespaces: cloned here, so that this process is the cell's parent.
     let (pid, ns, sync) = if plan.layers.namespaces == LayerMode::Off {
@@ -135,11 +194,21 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
             ids,
             &view,
             ns,
-            [null.into(), out_w, err_w, sync.into()],
+            [null.as_fd(), out_w.as_fd(), err_w.as_fd(), sync.as_fd()],
             argv,
         )
     };
     drop((out_w, err_w, null));
+    watch(pid, out_r, err_r, sync)
+}
+
+/// The caller's side of a started cell.
+fn watch(
+    pid: libc::pid_t,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    control: UnixStream,
+) -> Result<Cell, SpawnError> {
     let pidfd = match super::process::pidfd_open(pid) {
         Ok(fd) => fd,
         Err(e) => {
@@ -153,10 +222,50 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
     Ok(Cell {
         pid,
         pidfd,
-        stdout: out_r,
-        stderr: err_r,
-        control: sync,
+        stdout,
+        stderr,
+        control,
     })
+}
+
+/// Whether to clone the cell the fast way ([`namespaces::clone_vfork_mapped`]);
+/// `CELLBOX_CLONE=parent-maps` selects the other way, where this process
+/// writes the child's maps (what happens anyway when the fast way is
+/// refused), to compare or to rule the fast way out.
+fn self_mapped_clone() -> bool {
+    std::env::var_os("CELLBOX_CLONE").is_none_or(|v| v != "parent-maps")
+}
+
+/// After a self-mapped clone returned: whether the child ended because it
+/// could not map itself (it then exits with [`EXIT_NO_MAPS`] before sending
+/// anything; it is reaped here). Any other child has sent its report or
+/// error, or exited without one, which the caller's supervision reports.
+fn gave_up_mapping(pid: libc::pid_t, control: &UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    // The child has executed its program or exited by now (CLONE_VFORK), so
+    // its end is closed: this returns at once, with its first byte or EOF.
+    let peeked = loop {
+        match nix::sys::socket::recv(
+            control.as_raw_fd(),
+            &mut byte,
+            nix::sys::socket::MsgFlags::MSG_PEEK,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other,
+        }
+    };
+    if peeked != Ok(0) {
+        return false;
+    }
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    // Look without reaping: any other end is the caller's to supervise.
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let ended = waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT);
+    if ended != Ok(WaitStatus::Exited(pid, EXIT_NO_MAPS)) {
+        return false;
+    }
+    let _ = nix::sys::wait::waitpid(pid, None);
+    true
 }
 
 /// A plain fork (no namespaces).
@@ -172,9 +281,10 @@ fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Put `fds` (stdin, stdout, stderr, control) on 0..=3. The control fd is
-/// close-on-exec; the rest of the inherited fds are closed by hygiene.
-fn place_fds(fds: [OwnedFd; 4]) -> std::io::Result<()> {
+/// Put copies of `fds` (stdin, stdout, stderr, control) on 0..=3. The
+/// control fd is close-on-exec; the originals and the rest of the inherited
+/// fds are closed by hygiene.
+fn place_fds(fds: [BorrowedFd<'_>; 4]) -> std::io::Result<()> {
     // First move every source above the targets, so that a source that
     // already sits on 0..=3 cannot be overwritten before it is copied.
     let mut high = Vec::with_capacity(4);
@@ -187,7 +297,6 @@ fn place_fds(fds: [OwnedFd; 4]) -> std::io::Result<()> {
         // SAFETY: the kernel just returned this fd; nothing else owns it.
         high.push(unsafe { OwnedFd::from_raw_fd(rc) });
     }
-    drop(fds);
     for (target, fd) in high.iter().enumerate() {
         let target = target as libc::c_int;
         // SAFETY: dup2 onto a small fd number; whatever was there is ours to
@@ -209,7 +318,7 @@ fn cell_main(
     ids: namespaces::HostIds,
     view: &linux::view::FsView,
     ns: Namespaces,
-    fds: [OwnedFd; 4],
+    fds: [BorrowedFd<'_>; 4],
     argv: &[String],
 ) -> ! {
     if place_fds(fds).is_err() {
@@ -236,21 +345,42 @@ fn cell_main(
         profile: plan.profile.clone(),
         ..SandboxReport::default()
     };
-    let in_ns = match ns {
+    let owner = ids.root.then_some((ids.uid, ids.gid));
+    let (names, setgroups, owner, without) = match ns {
+        Namespaces::SelfMapped(names) => {
+            if let Err(e) = linux::sys::set_parent_death_signal(libc::SIGKILL) {
+                fail(SandboxError::new(
+                    "namespaces",
+                    format!("failed to set the parent-death signal: {e}"),
+                ));
+            }
+            if namespaces::map_self(ids).is_err() {
+                // The parent falls back to writing the maps itself.
+                exit_now(EXIT_NO_MAPS);
+            }
+            // The parent handed the scratch directory over before the clone.
+            (Some(names), false, None, None)
+        }
         Namespaces::Cloned(names) => {
             // The maps must exist before hygiene: it hands the scratch
             // directory to the cell's ids.
             if let Err(e) = namespaces::wait_for_parent(&control) {
                 fail(SandboxError::new("namespaces", e.to_string()));
             }
-            if let Err(e) = linux::apply_hygiene(plan, ids, &mut report) {
-                fail(e);
-            }
+            (Some(names), ids.root, owner, None)
+        }
+        Namespaces::Without(mode, why) => (None, ids.root, owner, Some((mode, why))),
+    };
+    if let Err(e) = linux::apply_hygiene(plan, owner, false, &mut report) {
+        fail(e);
+    }
+    let in_ns = match (names, without) {
+        (Some(names), _) => {
             // A second handle on the sync socket, made after hygiene closed
             // everything above fd 3 (close-on-exec, dropped before exec).
             match control.try_clone() {
                 Ok(sync) => Some(namespaces::InNamespaces {
-                    user_ns: names.contains(&"user"),
+                    setgroups,
                     names,
                     sync,
                 }),
@@ -260,11 +390,10 @@ fn cell_main(
                 )),
             }
         }
-        Namespaces::Without(mode, why) => {
-            if let Err(e) = linux::apply_hygiene(plan, ids, &mut report) {
-                fail(e);
+        (None, without) => {
+            if let Some((mode, why)) = without {
+                report.push("namespaces", mode, false, why);
             }
-            report.push("namespaces", mode, false, why);
             None
         }
     };
@@ -274,7 +403,7 @@ fn cell_main(
     };
     drop(in_ns);
     send(&FromWorker::Ready(Ready { report }));
-    let err = linux::exec::exec(argv, &[]);
+    let err = linux::exec::exec_in(argv, &linux::cell_environment(plan));
     eprintln!("cellbox: failed to execute {:?}: {err}", argv.first());
     exit_now(EXIT_EXEC)
 }

@@ -467,3 +467,76 @@ fn exec_help_and_usage_errors_are_the_full_clis() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "--json -x\n");
 }
+
+/// `cellbox exec` clones the cell sharing its memory, the cell writing its
+/// own one-id maps; `CELLBOX_CLONE=parent-maps` takes the other way (the
+/// one a refused fast way falls back to). Both end in the same sandbox and
+/// the same result.
+#[test]
+fn exec_clones_either_way_into_the_same_sandbox() {
+    let probe = "cat /proc/self/uid_map /proc/self/gid_map /proc/self/setgroups; \
+                 grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; \
+                 id -u; echo x > f && cat f; ls /proc | grep -c '^[0-9]'";
+    let root = nix::unistd::geteuid().is_root();
+    let mut results = Vec::new();
+    for way in [None, Some("parent-maps")] {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["exec", "--json", "--", "/bin/sh", "-c", probe]);
+        match way {
+            Some(w) => cmd.env("CELLBOX_CLONE", w),
+            None => cmd.env_remove("CELLBOX_CLONE"),
+        };
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{way:?}: {out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "ok", "{way:?}: {v}");
+        let stdout = v["stdout"].as_str().unwrap().to_owned();
+        let maps: Vec<Vec<&str>> = stdout
+            .lines()
+            .take_while(|l| !l.contains(':') && *l != "allow" && *l != "deny")
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let self_mapped = way.is_none();
+        if root {
+            let want: Vec<Vec<&str>> = if self_mapped {
+                vec![vec!["65534", "65534", "1"]; 2]
+            } else {
+                let two = [vec!["0", "0", "1"], vec!["65534", "65534", "1"]];
+                two.iter().chain(two.iter()).cloned().collect()
+            };
+            assert_eq!(maps, want, "{way:?}: {stdout}");
+            let setgroups = if self_mapped { "deny" } else { "allow" };
+            assert!(stdout.lines().any(|l| l == setgroups), "{way:?}: {stdout}");
+        }
+        for line in [
+            "Groups:\t",
+            "CapInh:\t0000000000000000",
+            "CapPrm:\t0000000000000000",
+            "CapEff:\t0000000000000000",
+            "CapBnd:\t0000000000000000",
+            "CapAmb:\t0000000000000000",
+            "NoNewPrivs:\t1",
+            "Seccomp:\t2",
+        ] {
+            assert!(
+                stdout.lines().any(|l| l.trim_end() == line.trim_end()),
+                "{way:?}: {line:?} missing in {stdout}"
+            );
+        }
+        let tail: Vec<&str> = stdout.lines().rev().take(3).collect();
+        // Only the cell's own processes (sh, ls, grep) are in its /proc.
+        let uid = if root {
+            "65534".to_owned()
+        } else {
+            nix::unistd::geteuid().to_string()
+        };
+        assert_eq!(tail[2], uid, "{stdout}");
+        assert_eq!(tail[1], "x", "{stdout}");
+        let procs: usize = tail[0].parse().unwrap();
+        assert!((1..=3).contains(&procs), "{stdout}");
+        results.push(v);
+    }
+    for key in ["status", "exit", "sandbox", "stderr"] {
+        assert_eq!(results[0][key], results[1][key], "{key}");
+    }
+}

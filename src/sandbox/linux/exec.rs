@@ -6,7 +6,7 @@
 //! rule applies on top).
 
 use crate::sandbox::SandboxError;
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::OnceLock;
 
@@ -32,20 +32,6 @@ fn err(message: String) -> SandboxError {
 /// Exec `argv[0]` (absolute path) with `argv`, the current environment plus
 /// `extra_env`. Returns only on failure.
 pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
-    let Some(program) = argv.first() else {
-        return err("empty argv".into());
-    };
-    if !program.starts_with('/') {
-        return err(format!("program path {program:?} is not absolute"));
-    }
-    let to_c = |s: &[u8]| CString::new(s).map_err(|_| err("argument contains NUL".into()));
-    let mut args = Vec::with_capacity(argv.len());
-    for a in argv {
-        match to_c(a.as_bytes()) {
-            Ok(c) => args.push(c),
-            Err(e) => return e,
-        }
-    }
     let mut env = Vec::new();
     for (k, v) in std::env::vars_os() {
         if extra_env
@@ -54,20 +40,56 @@ pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
         {
             continue;
         }
-        let mut kv = k.as_bytes().to_vec();
-        kv.push(b'=');
-        kv.extend_from_slice(v.as_bytes());
-        match to_c(&kv) {
-            Ok(c) => env.push(c),
-            Err(e) => return e,
-        }
+        env.push(env_entry(k.as_bytes(), v.as_bytes()));
     }
     for (k, v) in extra_env {
-        match to_c(format!("{k}={v}").as_bytes()) {
-            Ok(c) => env.push(c),
+        env.push(env_entry(k.as_bytes(), v.as_bytes()));
+    }
+    exec_with(argv, env)
+}
+
+/// Exec `argv[0]` (absolute path) with `argv` and exactly the environment
+/// `env`, leaving this process's own environment alone. Returns only on
+/// failure.
+pub fn exec_in(argv: &[String], env: &[(&str, OsString)]) -> SandboxError {
+    let env = env
+        .iter()
+        .map(|(k, v)| env_entry(k.as_bytes(), v.as_bytes()))
+        .collect();
+    exec_with(argv, env)
+}
+
+fn env_entry(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut kv = Vec::with_capacity(key.len() + value.len() + 1);
+    kv.extend_from_slice(key);
+    kv.push(b'=');
+    kv.extend_from_slice(value);
+    kv
+}
+
+fn exec_with(argv: &[String], env: Vec<Vec<u8>>) -> SandboxError {
+    let Some(program) = argv.first() else {
+        return err("empty argv".into());
+    };
+    if !program.starts_with('/') {
+        return err(format!("program path {program:?} is not absolute"));
+    }
+    let to_c = |s: Vec<u8>| CString::new(s).map_err(|_| err("argument contains NUL".into()));
+    let mut args = Vec::with_capacity(argv.len());
+    for a in argv {
+        match to_c(a.as_bytes().to_vec()) {
+            Ok(c) => args.push(c),
             Err(e) => return e,
         }
     }
+    let mut envp = Vec::with_capacity(env.len());
+    for kv in env {
+        match to_c(kv) {
+            Ok(c) => envp.push(c),
+            Err(e) => return e,
+        }
+    }
+    let env = envp;
     let path = program.as_bytes();
     let source = match GATE.get() {
         Some(&addr) => {
@@ -84,7 +106,7 @@ pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
                 super::sys::execve_raw(gate as *const libc::c_char, &args, &env)
             }
         }
-        None => match to_c(path) {
+        None => match to_c(path.to_vec()) {
             // SAFETY: the CString lives until execve returns.
             Ok(c) => unsafe { super::sys::execve_raw(c.as_ptr(), &args, &env) },
             Err(e) => return e,

@@ -56,18 +56,24 @@ pub fn set_environment(vars: &[(&str, OsString)]) {
 }
 
 /// Apply hygiene. `owner` is `Some((uid, gid))` when the worker is root and
-/// the scratch directory must be handed to the cell's ids.
+/// the scratch directory must be handed to the cell's ids. With `set_env`
+/// false the process's own environment is left alone: the caller passes
+/// [`environment`] to the program it executes instead (a child sharing its
+/// parent's memory must not rewrite the parent's environment).
 pub fn apply(
     scratch: &Path,
     private_tmp: bool,
     owner: Option<(u32, u32)>,
+    set_env: bool,
 ) -> Result<String, HygieneError> {
     let threads = sys::thread_count().map_err(call("count threads"))?;
     if threads != 1 {
         return Err(HygieneError::Threads(threads));
     }
     sys::close_from(4).map_err(call("close inherited fds"))?;
-    set_environment(&environment(scratch, private_tmp));
+    if set_env {
+        set_environment(&environment(scratch, private_tmp));
+    }
     // The spawn hook made us a session leader; a worker started some other
     // way gets its own session here (fails harmlessly if already a leader).
     if nix::unistd::getsid(None).ok() != Some(nix::unistd::getpid()) {
@@ -84,14 +90,19 @@ pub fn apply(
         });
     }
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::lchown(scratch, Some(uid), Some(gid))
-            .map_err(call(format!("chown scratch dir {}", scratch.display())))?;
-        std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700))
-            .map_err(call(format!("chmod scratch dir {}", scratch.display())))?;
+        hand_over(scratch, uid, gid)?;
     }
     std::env::set_current_dir(scratch)
         .map_err(call(format!("enter scratch dir {}", scratch.display())))?;
     Ok("fds 0-3 only, fixed environment, own session".into())
+}
+
+/// Give the scratch directory to the cell's ids, private to them.
+pub fn hand_over(scratch: &Path, uid: u32, gid: u32) -> Result<(), HygieneError> {
+    std::os::unix::fs::lchown(scratch, Some(uid), Some(gid))
+        .map_err(call(format!("chown scratch dir {}", scratch.display())))?;
+    std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700))
+        .map_err(call(format!("chmod scratch dir {}", scratch.display())))
 }
 
 #[cfg(test)]

@@ -183,17 +183,23 @@ pub(crate) fn host_ids(plan: &SandboxPlan) -> namespaces::HostIds {
     }
 }
 
-/// Step 1, hygiene: always, and always required.
+/// Step 1, hygiene: always, and always required. `owner`: hand the
+/// scratch directory to these ids; `set_env`: see [`hygiene::apply`].
 pub(crate) fn apply_hygiene(
     plan: &SandboxPlan,
-    ids: namespaces::HostIds,
+    owner: Option<(u32, u32)>,
+    set_env: bool,
     report: &mut SandboxReport,
 ) -> Result<(), SandboxError> {
-    let owner = ids.root.then_some((ids.uid, ids.gid));
-    let detail = hygiene::apply(&plan.scratch, plan.tmp_bytes > 0, owner)
+    let detail = hygiene::apply(&plan.scratch, plan.tmp_bytes > 0, owner, set_env)
         .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
     report.push("hygiene", LayerMode::Required, true, detail);
     Ok(())
+}
+
+/// The environment a cell's program starts with.
+pub(crate) fn cell_environment(plan: &SandboxPlan) -> Vec<(&'static str, std::ffi::OsString)> {
+    hygiene::environment(&plan.scratch, plan.tmp_bytes > 0)
 }
 
 /// What the cell will see, resolved on the host while nothing is hidden.
@@ -210,7 +216,12 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
     let ids = host_ids(plan);
 
     // 1. Hygiene.
-    apply_hygiene(plan, ids, &mut report)?;
+    apply_hygiene(
+        plan,
+        ids.root.then_some((ids.uid, ids.gid)),
+        true,
+        &mut report,
+    )?;
     let view = resolve_view(plan)?;
 
     // 2. Namespaces. After a successful clone this is the cell process.
@@ -280,7 +291,7 @@ pub(crate) fn enter_cell(
 
     // 4. Privileges. Running on as root is never acceptable, whatever the
     // profile says.
-    let may_setgroups = ids.root;
+    let may_setgroups = in_ns.map_or(ids.root, |s| s.setgroups);
     let dropped = layer(&mut report, "privileges", plan.layers.privileges, || {
         privileges::apply(ids.uid, ids.gid, may_setgroups)
             .map(|d| ((), d))

@@ -62,7 +62,10 @@ pub struct HostIds {
 #[derive(Debug)]
 pub struct InNamespaces {
     pub names: Vec<&'static str>,
-    pub user_ns: bool,
+    /// Whether `setgroups(2)` is allowed in the cell's user namespace (not
+    /// when the maps were written by an unprivileged writer, which must
+    /// deny it first).
+    pub setgroups: bool,
     /// Our end of the sync socket; EOF on it means the worker died.
     pub sync: UnixStream,
 }
@@ -103,7 +106,7 @@ impl NamespaceError {
 pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
     match clone_split(ids)? {
         Cloned::Parent { pid, sync, user_ns } => worker_side(pid, sync, user_ns, ids),
-        Cloned::Child { names, sync } => cell_side(names, sync),
+        Cloned::Child { names, sync } => cell_side(names, sync, ids.root),
     }
 }
 
@@ -179,6 +182,80 @@ pub fn clone_split(ids: HostIds) -> Result<Cloned, NamespaceError> {
     Err(last_err.unwrap_or(NamespaceError::Setup("no clone attempted".into())))
 }
 
+/// Clone into all six namespaces with a child that shares this process's
+/// memory while this thread waits (`CLONE_VM | CLONE_VFORK`, see
+/// [`sys::clone_vfork`]) and that writes its own one-id maps
+/// ([`map_self`]), so that no round trip with the parent is needed and
+/// nothing of the parent's address space is copied.
+///
+/// A process may map only its own effective ids into a user namespace it
+/// created, so as root the clone is made with the cell's ids as effective
+/// ids (real and saved ids stay root, and are restored at once after): the
+/// namespace's creator, and the only id mapped in it, is then the cell's,
+/// as on the host. Supplementary groups cannot be cleared in such a
+/// namespace, so as root they are cleared here, in the calling process,
+/// first.
+///
+/// `child` runs in the new process with the namespace names; it must end
+/// by executing a program or exiting. Returns the child's pid once it has
+/// done either. An error means no child was created (the caller may fall
+/// back to [`clone_split`]).
+pub fn clone_vfork_mapped(
+    ids: HostIds,
+    child: &mut dyn FnMut(Vec<&'static str>) -> libc::c_int,
+) -> Result<libc::pid_t, NamespaceError> {
+    if !sys::mount_setattr_available() {
+        return Err(NamespaceError::Unsupported(
+            "mount_setattr(2) is missing (Linux before 5.12)",
+        ));
+    }
+    let names: Vec<&'static str> = ALL.iter().map(|(n, _)| *n).collect();
+    let clone_err = |source| NamespaceError::Clone {
+        names: names.join(","),
+        source,
+    };
+    if ids.root {
+        nix::unistd::setgroups(&[]).map_err(|e| clone_err(e.into()))?;
+        sys::set_effective_ids(ids.uid, ids.gid).map_err(clone_err)?;
+    }
+    let flags = flags(&names);
+    let mut run = || child(names.clone());
+    let cloned = sys::clone_vfork(flags, &mut run);
+    if ids.root {
+        if let Err(e) = sys::restore_effective_ids() {
+            if let Ok(pid) = cloned {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            }
+            return Err(NamespaceError::Setup(format!(
+                "failed to restore the effective ids after the clone: {e}"
+            )));
+        }
+    }
+    cloned.map_err(clone_err)
+}
+
+/// The child side of [`clone_vfork_mapped`], first thing: map its own
+/// effective uid and gid (the namespace's creator's) to the same ids
+/// inside, denying `setgroups` as the kernel requires of such a writer.
+pub fn map_self(ids: HostIds) -> Result<(), NamespaceError> {
+    // A uid change made this process's /proc files root-owned; make them
+    // its own again so it may write its maps.
+    sys::set_dumpable()
+        .map_err(|e| NamespaceError::Setup(format!("failed to set dumpable: {e}")))?;
+    let write = |file: &str, text: &str| {
+        let path = format!("/proc/self/{file}");
+        std::fs::write(&path, text)
+            .map_err(|e| NamespaceError::Setup(format!("failed to write {path}: {e}")))
+    };
+    write("setgroups", "deny")?;
+    write("uid_map", &id_map_line(ids.uid, ids.uid))?;
+    write("gid_map", &id_map_line(ids.gid, ids.gid))
+}
+
 /// The child side after [`clone_split`]: set the parent-death signal and
 /// wait until the parent has finished the user namespace ("go"), or fail
 /// with the reason it sent.
@@ -214,10 +291,16 @@ pub fn wait_for_parent(sync: &UnixStream) -> Result<(), NamespaceError> {
     }
 }
 
-fn cell_side(names: Vec<&'static str>, sync: UnixStream) -> Result<InNamespaces, NamespaceError> {
+fn cell_side(
+    names: Vec<&'static str>,
+    sync: UnixStream,
+    root: bool,
+) -> Result<InNamespaces, NamespaceError> {
     wait_for_parent(&sync)?;
     Ok(InNamespaces {
-        user_ns: names.contains(&"user"),
+        // Root's maps are written without denying setgroups; an
+        // unprivileged worker's are not.
+        setgroups: root,
         names,
         sync,
     })

@@ -191,6 +191,107 @@ pub fn clone_fork(flags: libc::c_int) -> io::Result<Option<libc::pid_t>> {
     }
 }
 
+/// Stack of a [`clone_vfork`] child: what the sandbox set-up needs, with
+/// room to spare (only the pages it touches are ever allocated).
+const VFORK_STACK_BYTES: usize = 1 << 20;
+
+/// The child side of [`clone_vfork`]: runs `child` and leaves with its code.
+extern "C" fn vfork_trampoline(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `&mut &mut dyn FnMut` that clone_vfork passed;
+    // it lives in the parent's frame, which stays suspended (CLONE_VFORK)
+    // until this process executes a program or exits.
+    let child = unsafe { &mut *(arg as *mut &mut dyn FnMut() -> libc::c_int) };
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(127);
+    // SAFETY: _exit ends this process at once; it has no preconditions.
+    unsafe { libc::_exit(code) }
+}
+
+/// `clone(flags | CLONE_VM | CLONE_VFORK | SIGCHLD)`: the child shares this
+/// process's memory and runs `child` on a stack of its own, while the
+/// calling thread is suspended until the child executes a program or exits
+/// (so nothing here runs concurrently with it, as with `vfork`). Nothing of
+/// the parent's address space is copied, and the child's exec does not tear
+/// a copy down. Returns the child's pid.
+///
+/// Only for a single-threaded caller. The child must not change state that
+/// lives in the shared memory and that the parent relies on afterwards (the
+/// environment, buffered stdio); what it allocates stays allocated.
+pub fn clone_vfork(
+    flags: libc::c_int,
+    child: &mut dyn FnMut() -> libc::c_int,
+) -> io::Result<libc::pid_t> {
+    let page = 4096usize;
+    // SAFETY: a fresh private anonymous mapping; no existing memory is
+    // touched. Its lowest page is made inaccessible below as a guard.
+    let stack = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            VFORK_STACK_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if stack == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let unmap = || {
+        // SAFETY: unmapping exactly the mapping made above, once the child
+        // no longer runs on it (it has executed a program or exited).
+        unsafe { libc::munmap(stack, VFORK_STACK_BYTES) };
+    };
+    // SAFETY: the first page of our own mapping.
+    if unsafe { libc::mprotect(stack, page, libc::PROT_NONE) } < 0 {
+        let e = io::Error::last_os_error();
+        unmap();
+        return Err(e);
+    }
+    let mut child = child;
+    let arg = &mut child as *mut &mut dyn FnMut() -> libc::c_int as *mut libc::c_void;
+    // The stack grows down: pass its (16-byte aligned) top.
+    // SAFETY: the top of our mapping, one past its last byte.
+    let top = unsafe { (stack as *mut u8).add(VFORK_STACK_BYTES) } as *mut libc::c_void;
+    let flags = flags | libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    // SAFETY: the trampoline gets `arg`, a pointer into this frame, which
+    // outlives the child's use of it: with CLONE_VFORK this call returns
+    // only after the child has executed a program or exited. The child runs
+    // on its own stack (`top`), so this thread's stack is not disturbed.
+    let rc = unsafe { libc::clone(vfork_trampoline, top, flags, arg) };
+    let result = if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    };
+    unmap();
+    result
+}
+
+/// Set the effective uid and gid only (the real and saved ids stay), so
+/// that a child cloned now is created by `uid`; [`restore_effective_ids`]
+/// undoes it. The group goes first, while the uid may still change it.
+pub fn set_effective_ids(uid: u32, gid: u32) -> io::Result<()> {
+    let keep = libc::uid_t::MAX;
+    // SAFETY: integer-only syscalls.
+    check_int(unsafe { libc::setresgid(keep, gid, keep) })?;
+    // SAFETY: as above.
+    if let Err(e) = check_int(unsafe { libc::setresuid(keep, uid, keep) }) {
+        // SAFETY: as above; back to the real gid.
+        unsafe { libc::setresgid(keep, libc::getgid(), keep) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Back to the real uid and gid as effective ids.
+pub fn restore_effective_ids() -> io::Result<()> {
+    let keep = libc::uid_t::MAX;
+    // SAFETY: integer-only syscalls; the real ids are always allowed.
+    check_int(unsafe { libc::setresuid(keep, libc::getuid(), keep) })?;
+    // SAFETY: as above.
+    check_int(unsafe { libc::setresgid(keep, libc::getgid(), keep) }).map(|_| ())
+}
+
 /// `pivot_root(new_root, put_old)`.
 pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
     let new_root = cstring(new_root)?;
