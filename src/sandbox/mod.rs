@@ -65,6 +65,13 @@ pub struct SandboxPlan {
     /// besides a private `/tmp`. Must exist; the worker makes it owned by the
     /// cell's uid.
     pub scratch: PathBuf,
+    /// The scratch directory is not a host directory but a fresh tmpfs
+    /// mounted at `scratch` in the cell's new root, owned by the cell's ids
+    /// and as large as the private `/tmp` (or, without one, the largest
+    /// file the cell may write): for one-shot cells, whose scratch ends
+    /// with them. Needs the mount namespace.
+    #[serde(default)]
+    pub scratch_tmpfs: bool,
     pub limits: OsLimits,
     /// Extra read-only paths the backend needs (e.g. the Python prefix).
     #[serde(default)]
@@ -95,6 +102,7 @@ impl SandboxPlan {
         SandboxPlan {
             profile: profile.name.clone(),
             scratch,
+            scratch_tmpfs: false,
             limits,
             read_only: Vec::new(),
             exec: Vec::new(),
@@ -106,6 +114,15 @@ impl SandboxPlan {
             tmp_bytes: profile.filesystem.tmp_bytes,
             stack_bytes: profile.limits.stack_bytes,
             seccomp: Box::new(profile.seccomp.clone()),
+        }
+    }
+
+    /// Size of a tmpfs scratch directory (see `scratch_tmpfs`).
+    pub fn scratch_tmpfs_bytes(&self) -> u64 {
+        if self.tmp_bytes > 0 {
+            self.tmp_bytes
+        } else {
+            self.limits.max_file_size_bytes
         }
     }
 

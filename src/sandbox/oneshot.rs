@@ -63,6 +63,10 @@ pub struct Cell {
     /// Our end of the cell's fd 3: its report, then EOF when it executes
     /// the program (or exits).
     pub control: UnixStream,
+    /// A host scratch directory made for a plan whose scratch was to be a
+    /// tmpfs, when the cell runs without namespaces; removed when dropped,
+    /// so keep it until the cell is reaped.
+    pub scratch: Option<tempfile::TempDir>,
 }
 
 /// Why no cell was started.
@@ -115,7 +119,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
 
     // Namespaces, the fast way: a child sharing our memory that maps itself.
     if plan.layers.namespaces != LayerMode::Off && self_mapped_clone() {
-        if ids.root {
+        if ids.root && !plan.scratch_tmpfs {
             // The child is not root on the host and cannot hand the scratch
             // directory over itself.
             linux::hygiene::hand_over(&plan.scratch, ids.uid, ids.gid)
@@ -136,7 +140,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
             Ok(pid) => {
                 if !gave_up_mapping(pid, &parent_end) {
                     drop((out_w, err_w, null));
-                    return watch(pid, out_r, err_r, parent_end);
+                    return watch(pid, out_r, err_r, parent_end, None);
                 }
             }
             // No child was made: go on the usual way.
@@ -154,31 +158,27 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
     }
 
     // Namespaces: cloned here, so that this process is the cell's parent.
-    let (pid, ns, sync) = if plan.layers.namespaces == LayerMode::Off {
-        let (parent, child) = plain_pair()?;
-        let ns = Namespaces::Without(LayerMode::Off, "off in this profile".into());
-        match fork()? {
-            Some(pid) => (Some(pid), ns, parent),
-            None => (None, ns, child),
-        }
+    let without = if plan.layers.namespaces == LayerMode::Off {
+        Namespaces::Without(LayerMode::Off, "off in this profile".into())
     } else {
         match namespaces::clone_split(ids) {
             Ok(namespaces::Cloned::Parent { pid, sync, user_ns }) => {
                 // A failure here reaches the child as an error message on
                 // the sync socket; it reports it and exits.
                 let _ = namespaces::release(pid, &sync, user_ns, ids);
-                (Some(pid), Namespaces::Cloned(Vec::new()), sync)
+                drop((out_w, err_w, null));
+                return watch(pid, out_r, err_r, sync, None);
             }
-            Ok(namespaces::Cloned::Child { names, sync }) => {
-                (None, Namespaces::Cloned(names), sync)
-            }
+            Ok(namespaces::Cloned::Child { names, sync }) => cell_main(
+                plan,
+                ids,
+                &view,
+                Namespaces::Cloned(names),
+                [null.as_fd(), out_w.as_fd(), err_w.as_fd(), sync.as_fd()],
+                argv,
+            ),
             Err(e) if e.before_clone() && plan.layers.namespaces == LayerMode::BestEffort => {
-                let (parent, child) = plain_pair()?;
-                let ns = Namespaces::Without(LayerMode::BestEffort, e.to_string());
-                match fork()? {
-                    Some(pid) => (Some(pid), ns, parent),
-                    None => (None, ns, child),
-                }
+                Namespaces::Without(LayerMode::BestEffort, e.to_string())
             }
             Err(e) => {
                 return Err(SpawnError::Sandbox(SandboxError::new(
@@ -188,18 +188,42 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
             }
         }
     };
-    let Some(pid) = pid else {
-        cell_main(
+
+    // Without namespaces a tmpfs scratch directory cannot be made: the cell
+    // gets a host one for its lifetime.
+    let (host_plan, host_dir) = if plan.scratch_tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("cellbox-")
+            .tempdir_in(std::env::temp_dir())
+            .map_err(|e| {
+                SpawnError::Spawn(format!("failed to create the scratch directory: {e}"))
+            })?;
+        let mut p = plan.clone();
+        p.scratch = dir.path().to_path_buf();
+        p.scratch_tmpfs = false;
+        (Some(p), Some(dir))
+    } else {
+        (None, None)
+    };
+    let (plan, view) = match &host_plan {
+        Some(p) => (p, linux::resolve_view(p).map_err(SpawnError::Sandbox)?),
+        None => (plan, view),
+    };
+    let (parent, child) = plain_pair()?;
+    match fork()? {
+        Some(pid) => {
+            drop((out_w, err_w, null, child));
+            watch(pid, out_r, err_r, parent, host_dir)
+        }
+        None => cell_main(
             plan,
             ids,
             &view,
-            ns,
-            [null.as_fd(), out_w.as_fd(), err_w.as_fd(), sync.as_fd()],
+            without,
+            [null.as_fd(), out_w.as_fd(), err_w.as_fd(), child.as_fd()],
             argv,
-        )
-    };
-    drop((out_w, err_w, null));
-    watch(pid, out_r, err_r, sync)
+        ),
+    }
 }
 
 /// The caller's side of a started cell.
@@ -208,6 +232,7 @@ fn watch(
     stdout: OwnedFd,
     stderr: OwnedFd,
     control: UnixStream,
+    scratch: Option<tempfile::TempDir>,
 ) -> Result<Cell, SpawnError> {
     let pidfd = match super::process::pidfd_open(pid) {
         Ok(fd) => fd,
@@ -225,6 +250,7 @@ fn watch(
         stdout,
         stderr,
         control,
+        scratch,
     })
 }
 

@@ -14,6 +14,7 @@ use super::output::Capture;
 use super::result::{CellResult, RunInfo, Status};
 use super::session::SessionConfig;
 use super::Limits;
+use crate::profiles::LayerMode;
 use crate::protocol::FromWorker;
 use crate::sandbox::oneshot::{self, Cell, SpawnError};
 use crate::sandbox::{process, SandboxPlan};
@@ -63,24 +64,38 @@ enum Outcome {
 /// single thread (no runtime started yet). The result has the same shape,
 /// statuses and messages as the library path's.
 pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResult {
-    let scratch = match tempfile::Builder::new()
-        .prefix("cellbox-")
-        .tempdir_in(std::env::temp_dir())
-    {
-        Ok(d) => d,
-        Err(source) => {
-            let e = super::Error::Io {
-                what: "create the session's scratch directory".into(),
-                source,
-            };
-            return CellResult::refused(
-                "shell",
-                RunInfo::root(),
-                Status::SandboxError,
-                "SandboxError",
-                e.to_string(),
-            );
+    let name = config.profile.as_deref().unwrap_or("shell");
+    let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string());
+    // With a mount namespace the scratch directory is a tmpfs of the cell's
+    // own, made in its new root and gone with it; nothing is made on the
+    // host. Without one, a host directory removed at the end.
+    let tmpfs = matches!(&profile, Ok(p) if p.layers.namespaces != LayerMode::Off);
+    let scratch = if tmpfs {
+        None
+    } else {
+        match tempfile::Builder::new()
+            .prefix("cellbox-")
+            .tempdir_in(std::env::temp_dir())
+        {
+            Ok(d) => Some(d),
+            Err(source) => {
+                let e = super::Error::Io {
+                    what: "create the session's scratch directory".into(),
+                    source,
+                };
+                return CellResult::refused(
+                    "shell",
+                    RunInfo::root(),
+                    Status::SandboxError,
+                    "SandboxError",
+                    e.to_string(),
+                );
+            }
         }
+    };
+    let scratch_path = match &scratch {
+        Some(d) => d.path().to_path_buf(),
+        None => std::env::temp_dir().join(format!("cellbox-{:016x}", random_u64())),
     };
     let session_id = super::runner::new_run_id();
     let started = Instant::now();
@@ -93,7 +108,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         json!({"language": "shell", "session_id": session_id}),
     );
     let limits = config.limits.clone();
-    match plan_for(&cell.argv, &config, scratch.path()) {
+    match plan_for(&cell.argv, profile, &config, scratch_path, tmpfs) {
         Ok((plan, argv)) => {
             let deadline = started + limits.timeout();
             match oneshot::spawn(&plan, &argv) {
@@ -125,18 +140,27 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
 /// The plan and the resolved argv, as the library path builds them.
 fn plan_for(
     argv: &[String],
+    profile: Result<crate::profiles::Profile, String>,
     config: &SessionConfig,
-    scratch: &std::path::Path,
+    scratch: std::path::PathBuf,
+    scratch_tmpfs: bool,
 ) -> Result<(SandboxPlan, Vec<String>), String> {
-    let name = config.profile.as_deref().unwrap_or("shell");
-    let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string())?;
-    let mut plan = SandboxPlan::new(&profile, scratch.to_path_buf(), config.limits.os_limits());
+    let mut plan = SandboxPlan::new(&profile?, scratch, config.limits.os_limits());
+    plan.scratch_tmpfs = scratch_tmpfs;
     let prog = argv.first().ok_or("exec needs a program to run")?;
     let resolved = super::resolve_program(prog)?;
     plan.exec.push(resolved.clone());
     let mut argv = argv.to_vec();
     argv[0] = resolved.to_string_lossy().into_owned();
     Ok((plan, argv))
+}
+
+/// A random number for a name no one else picks (not a secret).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// One output stream of the cell: captured (capped) and maybe forwarded.
@@ -220,12 +244,14 @@ fn supervise(
     deadline: Instant,
     result: &mut CellResult,
 ) {
+    // `_scratch` (if any) is removed when this returns, after the reap.
     let Cell {
         pid,
         pidfd,
         stdout,
         stderr,
         control,
+        scratch: _scratch,
     } = cell;
     let cap = limits.max_output_bytes;
     let mut out = Stream::new(stdout, cap, forward.then_some(true));

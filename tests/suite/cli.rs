@@ -540,3 +540,63 @@ fn exec_clones_either_way_into_the_same_sandbox() {
         assert_eq!(results[0][key], results[1][key], "{key}");
     }
 }
+
+/// A one-shot cell's scratch directory is a tmpfs of its own in its new
+/// root: owned by the cell, private, as large as its `/tmp`, and nothing is
+/// made for it on the host. Without namespaces it is a host directory,
+/// removed when the cell ends.
+#[test]
+fn exec_scratch_is_the_cells_own_tmpfs_or_a_host_dir_removed_after() {
+    let probe = "pwd; stat -f -c %T .; stat -c '%u %a' .; \
+                 head -c 40000000 /dev/zero > a && echo first; \
+                 head -c 40000000 /dev/zero > b 2>/dev/null || echo second-refused";
+    let (code, v) = exec_json(&[], &["/bin/sh", "-c", probe]);
+    assert_eq!(code, Some(0), "{v}");
+    let out = v["stdout"].as_str().unwrap().to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    let scratch = std::path::Path::new(lines[0]);
+    assert!(lines[0].starts_with("/tmp/cellbox-"), "{out}");
+    assert_eq!(lines[1], "tmpfs", "{out}");
+    let uid = if nix::unistd::geteuid().is_root() {
+        "65534".to_owned()
+    } else {
+        nix::unistd::geteuid().to_string()
+    };
+    assert_eq!(lines[2], format!("{uid} 700"), "{out}");
+    // 64 MiB: one 40 MB file fits, a second does not.
+    assert_eq!(&lines[3..], ["first", "second-refused"], "{out}");
+    assert!(
+        !scratch.exists(),
+        "{} exists on the host",
+        scratch.display()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/sandbox-profiles/shell.toml"
+    ))
+    .unwrap()
+    .replace("namespaces = \"best_effort\"", "namespaces = \"off\"");
+    assert!(text.contains("namespaces = \"off\""));
+    let profile = dir.path().join("no-ns.toml");
+    std::fs::write(&profile, text).unwrap();
+    let (code, v) = exec_json(
+        &["--profile", profile.to_str().unwrap()],
+        &["/bin/sh", "-c", "pwd; echo x > f && cat f"],
+    );
+    assert_eq!(code, Some(0), "{v}");
+    let out = v["stdout"].as_str().unwrap().to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    let scratch = std::path::Path::new(lines[0]);
+    assert_eq!(lines[1], "x", "{out}");
+    assert!(
+        scratch.starts_with(std::env::temp_dir()),
+        "{} is not a host scratch dir",
+        scratch.display()
+    );
+    assert!(!scratch.exists(), "{} left on the host", scratch.display());
+    let layers = v["sandbox"]["layers"].as_array().unwrap();
+    let ns = layers.iter().find(|l| l["name"] == "namespaces").unwrap();
+    assert_eq!(ns["applied"], false, "{ns}");
+}

@@ -59,9 +59,12 @@ pub fn set_environment(vars: &[(&str, OsString)]) {
 /// the scratch directory must be handed to the cell's ids. With `set_env`
 /// false the process's own environment is left alone: the caller passes
 /// [`environment`] to the program it executes instead (a child sharing its
-/// parent's memory must not rewrite the parent's environment).
+/// parent's memory must not rewrite the parent's environment). Without
+/// `host_scratch` the scratch directory is made later, in the new root: it
+/// is neither checked nor entered here.
 pub fn apply(
     scratch: &Path,
+    host_scratch: bool,
     private_tmp: bool,
     owner: Option<(u32, u32)>,
     set_env: bool,
@@ -81,19 +84,21 @@ pub fn apply(
     }
     sys::set_parent_death_signal(libc::SIGKILL).map_err(call("set the parent-death signal"))?;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
-    let meta = std::fs::symlink_metadata(scratch)
-        .map_err(call(format!("inspect scratch dir {}", scratch.display())))?;
-    if !meta.is_dir() {
-        return Err(HygieneError::Call {
-            op: format!("use scratch dir {}", scratch.display()),
-            source: std::io::Error::from(std::io::ErrorKind::NotADirectory),
-        });
+    if host_scratch {
+        let meta = std::fs::symlink_metadata(scratch)
+            .map_err(call(format!("inspect scratch dir {}", scratch.display())))?;
+        if !meta.is_dir() {
+            return Err(HygieneError::Call {
+                op: format!("use scratch dir {}", scratch.display()),
+                source: std::io::Error::from(std::io::ErrorKind::NotADirectory),
+            });
+        }
+        if let Some((uid, gid)) = owner {
+            hand_over(scratch, uid, gid)?;
+        }
+        std::env::set_current_dir(scratch)
+            .map_err(call(format!("enter scratch dir {}", scratch.display())))?;
     }
-    if let Some((uid, gid)) = owner {
-        hand_over(scratch, uid, gid)?;
-    }
-    std::env::set_current_dir(scratch)
-        .map_err(call(format!("enter scratch dir {}", scratch.display())))?;
     Ok("fds 0-3 only, fixed environment, own session".into())
 }
 

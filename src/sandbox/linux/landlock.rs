@@ -336,6 +336,7 @@ mod tests {
             ],
             symlinks: vec![],
             scratch: dir.to_path_buf(),
+            scratch_tmpfs: None,
             skipped: vec![],
         }
     }

@@ -191,8 +191,14 @@ pub(crate) fn apply_hygiene(
     set_env: bool,
     report: &mut SandboxReport,
 ) -> Result<(), SandboxError> {
-    let detail = hygiene::apply(&plan.scratch, plan.tmp_bytes > 0, owner, set_env)
-        .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
+    let detail = hygiene::apply(
+        &plan.scratch,
+        !plan.scratch_tmpfs,
+        plan.tmp_bytes > 0,
+        owner,
+        set_env,
+    )
+    .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
     report.push("hygiene", LayerMode::Required, true, detail);
     Ok(())
 }

@@ -10,7 +10,8 @@
 //!    binds of the [`FsView`] entries, recreated symlinks, `/dev/{null,zero,
 //!    urandom,random}` and `/dev/fd` links, a fresh `/proc` for the PID
 //!    namespace, a private `/tmp` tmpfs, minimal `/etc/passwd` and
-//!    `/etc/group`, and the scratch directory read-write at its own path;
+//!    `/etc/group`, and the scratch directory read-write at its own path (a
+//!    bind of the host's, or a tmpfs of its own for a one-shot cell);
 //! 4. make the new root read-only, drop `/oldroot`, and `pivot_root` into
 //!    the new root, detaching the old one entirely.
 //!
@@ -275,13 +276,32 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
         }
     }
 
-    // The scratch directory, read-write, at its own path.
-    bind(
-        &under(old, &view.scratch),
-        &under(new, &view.scratch),
-        Kind::Dir,
-        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-    )?;
+    // The scratch directory, read-write, at its own path: the host's, or a
+    // fresh tmpfs of the cell's own.
+    let scratch = under(new, &view.scratch);
+    match view.scratch_tmpfs {
+        None => bind(
+            &under(old, &view.scratch),
+            &scratch,
+            Kind::Dir,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        )?,
+        Some(bytes) => {
+            mkdir_p(&scratch)?;
+            let data = format!(
+                "size={bytes},mode=700,nr_inodes=65536,uid={},gid={}",
+                ids.uid, ids.gid
+            );
+            mount(
+                Some("tmpfs"),
+                &scratch,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some(data.as_str()),
+            )
+            .map_err(nix_err("mount tmpfs on", &scratch))?;
+        }
+    }
 
     sys::mount_setattr(new, MOUNT_ATTR_RDONLY, false).map_err(err("make read-only", new))?;
     umount2(old, MntFlags::MNT_DETACH).map_err(nix_err("detach", old))?;

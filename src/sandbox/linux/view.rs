@@ -45,6 +45,9 @@ pub struct FsView {
     pub symlinks: Vec<Symlink>,
     /// Canonical scratch directory.
     pub scratch: PathBuf,
+    /// The scratch directory is a tmpfs of this size made in the new root,
+    /// not a host directory.
+    pub scratch_tmpfs: Option<u64>,
     /// Optional paths that do not exist on this host.
     pub skipped: Vec<PathBuf>,
 }
@@ -68,6 +71,26 @@ pub enum ViewError {
     TooDeep(PathBuf),
 }
 
+/// The plan's scratch directory on the host, canonical.
+fn host_scratch(plan: &SandboxPlan, scratch_why: &str) -> Result<PathBuf, ViewError> {
+    let scratch = plan
+        .scratch
+        .canonicalize()
+        .map_err(|source| ViewError::Resolve {
+            path: plan.scratch.clone(),
+            why: scratch_why.to_owned(),
+            source,
+        })?;
+    if !scratch.is_dir() {
+        return Err(ViewError::BadPath {
+            path: plan.scratch.clone(),
+            why: scratch_why.to_owned(),
+            problem: "not a directory".into(),
+        });
+    }
+    Ok(scratch)
+}
+
 /// Resolve the plan's paths on the host.
 pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
     let mut view = FsView::default();
@@ -77,20 +100,11 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
         why: scratch_why.clone(),
         problem,
     })?;
-    view.scratch = plan
-        .scratch
-        .canonicalize()
-        .map_err(|source| ViewError::Resolve {
-            path: plan.scratch.clone(),
-            why: scratch_why.clone(),
-            source,
-        })?;
-    if !view.scratch.is_dir() {
-        return Err(ViewError::BadPath {
-            path: plan.scratch.clone(),
-            why: scratch_why,
-            problem: "not a directory".into(),
-        });
+    if plan.scratch_tmpfs {
+        view.scratch = plan.scratch.clone();
+        view.scratch_tmpfs = Some(plan.scratch_tmpfs_bytes());
+    } else {
+        view.scratch = host_scratch(plan, &scratch_why)?;
     }
 
     // (path, access, optional, why, depth)
