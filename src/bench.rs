@@ -211,7 +211,8 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 );
                 // One-shot `cellbox run` of a `pass` cell (the CLI's cold
                 // path), and bwrap running the same interpreter, as ratios.
-                if let (Ok(me), Ok(dir)) = (std::env::current_exe(), tempfile::tempdir()) {
+                // Through the front binary, as users run it.
+                if let (Ok(me), Ok(dir)) = (crate::cli::front_binary(), tempfile::tempdir()) {
                     let script = dir.path().join("pass.py");
                     if std::fs::write(&script, "pass\n").is_ok() {
                         let me = me.to_string_lossy().into_owned();
@@ -405,7 +406,8 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
         ms(on.p99),
         on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
     );
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // The front binary, as users run it (it runs `exec` itself).
+    let exe = crate::cli::front_binary().map_err(|e| e.to_string())?;
     let exe = exe.to_string_lossy().into_owned();
     let exec_argv = [exe.as_str(), "exec", "--", "/bin/true"];
     let bwrap = [

@@ -3,6 +3,7 @@
 //!
 
 pub mod bench;
+pub mod cli;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]

@@ -1,17 +1,18 @@
 //! The cellbox command line. Parsing and printing only; the work is in the
 //! library.
 
-use cellbox::{
-    CellRequest, CellResult, EventSink, Language, Policy, Session, SessionConfig, Status,
-    Supervisor,
+#[cfg(not(target_os = "linux"))]
+use cellbox::cli::exec_exit;
+#[cfg(target_os = "linux")]
+use cellbox::cli::{cmd_exec, early_exec};
+use cellbox::cli::{
+    events_sink, print_json, session_config, usage, CellOpts, ExecArgs, EXIT_INTERNAL,
 };
-use clap::{Args, Parser, Subcommand};
+use cellbox::{CellRequest, CellResult, Language, Session, SessionConfig, Status, Supervisor};
+use clap::{Parser, Subcommand};
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-const EXIT_USAGE: u8 = 2;
-const EXIT_INTERNAL: u8 = 7;
 
 #[derive(Parser)]
 #[command(
@@ -26,38 +27,6 @@ const EXIT_INTERNAL: u8 = 7;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Args, Clone)]
-struct CellOpts {
-    /// Language of the code: rhai, python or shell (default: from the file
-    /// extension, else rhai).
-    #[arg(long = "lang", short = 'l')]
-    lang: Option<String>,
-    /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
-    #[arg(long)]
-    profile: Option<String>,
-    /// Allow a capability by name (repeatable); everything else is denied.
-    #[arg(long = "allow", value_name = "CAP")]
-    allow: Vec<String>,
-    /// Wall-clock limit in seconds.
-    #[arg(long, value_name = "SECS")]
-    timeout: Option<f64>,
-    /// Bytes of stdout (and of stderr) kept; the rest is cut from the middle.
-    #[arg(long = "max-output", value_name = "BYTES")]
-    max_output: Option<usize>,
-    /// Rhai: operations before the engine stops the script (0 = no limit).
-    #[arg(long = "max-operations", value_name = "N")]
-    max_operations: Option<u64>,
-    /// Memory limit in bytes.
-    #[arg(long = "memory", value_name = "BYTES")]
-    memory: Option<u64>,
-    /// Append run events (JSON lines) to this file.
-    #[arg(long, value_name = "FILE")]
-    events: Option<PathBuf>,
-    /// Python interpreter to use (default: the real python3 found on PATH).
-    #[arg(long, value_name = "PATH")]
-    python: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -188,11 +157,6 @@ fn main() -> ExitCode {
     })
 }
 
-fn usage(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("cellbox: {msg}");
-    ExitCode::from(EXIT_USAGE)
-}
-
 fn build_supervisor(opts: &CellOpts, warm: bool) -> Result<Supervisor, String> {
     let mut b = Supervisor::builder().warm(warm);
     if let Some(p) = &opts.python {
@@ -202,41 +166,6 @@ fn build_supervisor(opts: &CellOpts, warm: bool) -> Result<Supervisor, String> {
         b = b.events(events_sink(opts)?);
     }
     b.build().map_err(|e| e.to_string())
-}
-
-fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
-    let mut policy = Policy::deny_all();
-    for a in &opts.allow {
-        for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !name.starts_with(|c: char| c.is_ascii_digit());
-            if !ok {
-                return Err(format!("--allow {name:?}: not a capability name"));
-            }
-            policy.allow.insert(name.to_owned());
-        }
-    }
-    let mut config = SessionConfig {
-        policy,
-        ..SessionConfig::default()
-    };
-    if let Some(t) = opts.timeout {
-        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
-            return Err(format!("--timeout {t}: give seconds between 0 and 86400"));
-        }
-        config.limits.timeout_ms = (t * 1000.0).ceil() as u64;
-    }
-    if let Some(m) = opts.max_output {
-        config.limits.max_output_bytes = m;
-    }
-    if let Some(n) = opts.max_operations {
-        config.limits.max_operations = n;
-    }
-    if let Some(m) = opts.memory {
-        config.limits.memory_bytes = m;
-    }
-    config.profile = opts.profile.clone();
-    Ok(config)
 }
 
 fn pick_language(opts: &CellOpts, file: Option<&Path>) -> Result<Language, String> {
@@ -325,19 +254,6 @@ fn print_result(r: &CellResult) {
     }
 }
 
-fn print_json(r: &CellResult) -> Result<(), ExitCode> {
-    match serde_json::to_string(r) {
-        Ok(s) => {
-            println!("{s}");
-            Ok(())
-        }
-        Err(e) => {
-            eprintln!("cellbox: failed to encode the result: {e}");
-            Err(ExitCode::from(EXIT_INTERNAL))
-        }
-    }
-}
-
 async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode {
     let path = (file != "-").then(|| Path::new(file));
     let language = match pick_language(&opts, path) {
@@ -366,98 +282,6 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
         print_result(&result);
     }
     ExitCode::from(result.status.exit_code())
-}
-
-/// `cellbox exec` alone, so that a one-shot run does not build the whole
-/// command tree. The same options as [`Command::Exec`]; anything this parser
-/// rejects (including `--help`) goes to the full parser, which gives the
-/// canonical message.
-#[derive(Parser)]
-#[command(name = "cellbox")]
-struct ExecOnly {
-    #[command(subcommand)]
-    command: ExecCommand,
-}
-
-#[derive(Subcommand)]
-enum ExecCommand {
-    Exec(ExecArgs),
-}
-
-/// The arguments of `cellbox exec` (both parsers).
-#[derive(Args)]
-struct ExecArgs {
-    #[command(flatten)]
-    opts: CellOpts,
-    /// Print the result as JSON instead of passing output through.
-    #[arg(long)]
-    json: bool,
-    /// The program and its arguments.
-    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
-    argv: Vec<String>,
-}
-
-/// Run `cellbox exec ...` if that is what was asked for and it parses.
-#[cfg(target_os = "linux")]
-fn early_exec() -> Option<ExitCode> {
-    let mut args = std::env::args_os();
-    if args.nth(1).as_deref() != Some(std::ffi::OsStr::new("exec")) {
-        return None;
-    }
-    let ExecOnly {
-        command: ExecCommand::Exec(ExecArgs { opts, json, argv }),
-    } = ExecOnly::try_parse().ok()?;
-    if std::env::var_os("CELLBOX_LOG").is_some() {
-        return None;
-    }
-    Some(cmd_exec(opts, json, argv))
-}
-
-/// The exit code and output of `cellbox exec` for its result.
-fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
-    if json {
-        if let Err(code) = print_json(result) {
-            return code;
-        }
-    } else {
-        if let Some(e) = &result.error {
-            if result.status != Status::Error {
-                eprintln!("cellbox: {}: {} [{}]", e.kind, e.message, result.status);
-            }
-        }
-        // Mirror the program's own exit status when it ran to the end.
-        if result.status == Status::Error {
-            if let Some(code) = result.exit.code {
-                return ExitCode::from(u8::try_from(code).unwrap_or(1));
-            }
-        }
-    }
-    ExitCode::from(result.status.exit_code())
-}
-
-/// The events sink `--events` asks for.
-fn events_sink(opts: &CellOpts) -> Result<EventSink, String> {
-    match &opts.events {
-        Some(path) => EventSink::to_file(path)
-            .map_err(|e| format!("failed to open the events file {}: {e}", path.display())),
-        None => Ok(EventSink::default()),
-    }
-}
-
-/// `cellbox exec`: one program, one cell, run from this process.
-#[cfg(target_os = "linux")]
-fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
-    let config = match session_config(&opts) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
-    let events = match events_sink(&opts) {
-        Ok(s) => s,
-        Err(e) => return usage(e),
-    };
-    let cell = cellbox::oneshot::OneShot::exec(argv, !json);
-    let result = cellbox::oneshot::run(cell, config, &events);
-    exec_exit(&result, json)
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -40,7 +40,8 @@ pub struct SecurityTestArgs {
     /// long-lived surfaces use, instead of a fresh worker per cell.
     #[arg(long)]
     pub warm: bool,
-    /// The cellbox binary to attack (default: this one).
+    /// The cellbox binary to attack (default: the `cellbox` front binary
+    /// next to this one, else this one).
     #[arg(long, value_name = "PATH")]
     pub cellbox: Option<PathBuf>,
 }
@@ -51,7 +52,12 @@ const EXIT_USAGE: u8 = 2;
 /// Run the suite as the CLI does: table on stdout, exit 1 on any escape or
 /// error, 2 on a usage problem.
 pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
-    let exe = match args.cellbox.clone().map_or_else(std::env::current_exe, Ok) {
+    // By default the front binary, which users run (it runs `exec` itself).
+    let exe = match args
+        .cellbox
+        .clone()
+        .map_or_else(crate::cli::front_binary, Ok)
+    {
         Ok(e) => e,
         Err(e) => {
             eprintln!("cellbox security-test: cannot find the running binary: {e}");

@@ -600,3 +600,39 @@ fn exec_scratch_is_the_cells_own_tmpfs_or_a_host_dir_removed_after() {
     let ns = layers.iter().find(|l| l["name"] == "namespaces").unwrap();
     assert_eq!(ns["applied"], false, "{ns}");
 }
+
+/// The front binary runs `exec` itself and hands everything else to
+/// `cellbox-engine` next to it; without the engine it says so.
+#[test]
+fn the_front_binary_hands_other_commands_to_the_engine() {
+    let engine = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cellbox-engine"));
+    assert_eq!(bin().parent(), engine.parent());
+    let front = std::fs::metadata(bin()).unwrap().len();
+    let full = std::fs::metadata(&engine).unwrap().len();
+    assert!(front * 3 < full, "front {front} bytes, engine {full} bytes");
+    // Through the front: the engine's answer, arguments and stdin intact.
+    let out = cellbox(&["run", "--lang", "rhai", "-"], Some("40 + 2"));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("42"),
+        "{out:?}"
+    );
+    // Alone, the front binary still runs exec, and names what is missing
+    // for anything else.
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("cellbox");
+    std::fs::copy(bin(), &alone).unwrap();
+    let out = std::process::Command::new(&alone)
+        .args(["exec", "--", "/bin/echo", "fine"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
+    let out = std::process::Command::new(&alone)
+        .args(["run", "x.rhai"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cellbox-engine"), "{err}");
+}

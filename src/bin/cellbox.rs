@@ -1,0 +1,14 @@
+//! `cellbox`, the front binary: small, so that it starts fast. It runs
+//! `cellbox exec` itself (the one-shot sandboxed program: no async runtime,
+//! no interpreter) and hands every other command, unchanged, to
+//! `cellbox-engine`, the full command line, installed next to it.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    #[cfg(target_os = "linux")]
+    if let Some(code) = cellbox::cli::early_exec() {
+        return code;
+    }
+    cellbox::cli::hand_to_engine()
+}

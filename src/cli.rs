@@ -1,0 +1,232 @@
+//! The parts of the command line that both binaries share: the options of
+//! a cell and the whole of `cellbox exec`, which the small `cellbox` front
+//! binary runs itself (see `src/bin/cellbox.rs`) and `cellbox-engine`
+//! runs the same way.
+
+use crate::{CellResult, EventSink, Policy, SessionConfig, Status};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit code of a usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code of an internal or protocol error.
+pub const EXIT_INTERNAL: u8 = 7;
+
+/// Options every cell-running command takes.
+#[derive(Args, Clone)]
+pub struct CellOpts {
+    /// Language of the code: rhai, python or shell (default: from the file
+    /// extension, else rhai).
+    #[arg(long = "lang", short = 'l')]
+    pub lang: Option<String>,
+    /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Allow a capability by name (repeatable); everything else is denied.
+    #[arg(long = "allow", value_name = "CAP")]
+    pub allow: Vec<String>,
+    /// Wall-clock limit in seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Bytes of stdout (and of stderr) kept; the rest is cut from the middle.
+    #[arg(long = "max-output", value_name = "BYTES")]
+    pub max_output: Option<usize>,
+    /// Rhai: operations before the engine stops the script (0 = no limit).
+    #[arg(long = "max-operations", value_name = "N")]
+    pub max_operations: Option<u64>,
+    /// Memory limit in bytes.
+    #[arg(long = "memory", value_name = "BYTES")]
+    pub memory: Option<u64>,
+    /// Append run events (JSON lines) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+    /// Python interpreter to use (default: the real python3 found on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+}
+
+/// Report a usage error and return its exit code.
+pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("cellbox: {msg}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// The session configuration the options ask for.
+pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
+    let mut policy = Policy::deny_all();
+    for a in &opts.allow {
+        for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !ok {
+                return Err(format!("--allow {name:?}: not a capability name"));
+            }
+            policy.allow.insert(name.to_owned());
+        }
+    }
+    let mut config = SessionConfig {
+        policy,
+        ..SessionConfig::default()
+    };
+    if let Some(t) = opts.timeout {
+        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+            return Err(format!("--timeout {t}: give seconds between 0 and 86400"));
+        }
+        config.limits.timeout_ms = (t * 1000.0).ceil() as u64;
+    }
+    if let Some(m) = opts.max_output {
+        config.limits.max_output_bytes = m;
+    }
+    if let Some(n) = opts.max_operations {
+        config.limits.max_operations = n;
+    }
+    if let Some(m) = opts.memory {
+        config.limits.memory_bytes = m;
+    }
+    config.profile = opts.profile.clone();
+    Ok(config)
+}
+
+/// Print a result as one JSON line.
+pub fn print_json(r: &CellResult) -> Result<(), ExitCode> {
+    match serde_json::to_string(r) {
+        Ok(s) => {
+            println!("{s}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("cellbox: failed to encode the result: {e}");
+            Err(ExitCode::from(EXIT_INTERNAL))
+        }
+    }
+}
+
+/// `cellbox exec` alone, so that a one-shot run does not build the whole
+/// command tree. The same options as the full command line's `exec`;
+/// anything this parser rejects (including `--help`) goes to the full
+/// parser, which gives the canonical message.
+#[derive(Parser)]
+#[command(name = "cellbox")]
+struct ExecOnly {
+    #[command(subcommand)]
+    command: ExecCommand,
+}
+
+#[derive(Subcommand)]
+enum ExecCommand {
+    Exec(ExecArgs),
+}
+
+/// The arguments of `cellbox exec` (both parsers).
+#[derive(Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub opts: CellOpts,
+    /// Print the result as JSON instead of passing output through.
+    #[arg(long)]
+    pub json: bool,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    pub argv: Vec<String>,
+}
+
+/// Run `cellbox exec ...` if that is what was asked for and it parses.
+#[cfg(target_os = "linux")]
+pub fn early_exec() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    if args.nth(1).as_deref() != Some(std::ffi::OsStr::new("exec")) {
+        return None;
+    }
+    let ExecOnly {
+        command: ExecCommand::Exec(ExecArgs { opts, json, argv }),
+    } = ExecOnly::try_parse().ok()?;
+    if std::env::var_os("CELLBOX_LOG").is_some() {
+        return None;
+    }
+    Some(cmd_exec(opts, json, argv))
+}
+
+/// The exit code and output of `cellbox exec` for its result.
+pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
+    if json {
+        if let Err(code) = print_json(result) {
+            return code;
+        }
+    } else {
+        if let Some(e) = &result.error {
+            if result.status != Status::Error {
+                eprintln!("cellbox: {}: {} [{}]", e.kind, e.message, result.status);
+            }
+        }
+        // Mirror the program's own exit status when it ran to the end.
+        if result.status == Status::Error {
+            if let Some(code) = result.exit.code {
+                return ExitCode::from(u8::try_from(code).unwrap_or(1));
+            }
+        }
+    }
+    ExitCode::from(result.status.exit_code())
+}
+
+/// The events sink `--events` asks for.
+pub fn events_sink(opts: &CellOpts) -> Result<EventSink, String> {
+    match &opts.events {
+        Some(path) => EventSink::to_file(path)
+            .map_err(|e| format!("failed to open the events file {}: {e}", path.display())),
+        None => Ok(EventSink::default()),
+    }
+}
+
+/// `cellbox exec`: one program, one cell, run from this process.
+#[cfg(target_os = "linux")]
+pub fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let events = match events_sink(&opts) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let cell = crate::oneshot::OneShot::exec(argv, !json);
+    let result = crate::oneshot::run(cell, config, &events);
+    exec_exit(&result, json)
+}
+
+/// File name of the full command line, installed next to `cellbox`.
+pub const ENGINE: &str = "cellbox-engine";
+/// File name of the front binary.
+pub const FRONT: &str = "cellbox";
+
+/// Replace this process with `cellbox-engine` (next to this binary), same
+/// arguments, environment and file descriptors. Returns only on failure.
+pub fn hand_to_engine() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let engine = match std::env::current_exe() {
+        Ok(me) => me.with_file_name(ENGINE),
+        Err(e) => {
+            eprintln!("cellbox: cannot find this binary's directory to run {ENGINE}: {e}");
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| FRONT.into());
+    let err = std::process::Command::new(&engine)
+        .arg0(arg0)
+        .args(args)
+        .exec();
+    eprintln!(
+        "cellbox: cannot run {} ({err}); it is built and installed with cellbox (`cargo build --release`)",
+        engine.display()
+    );
+    ExitCode::from(EXIT_INTERNAL)
+}
+
+/// The front binary next to the running one (the one users run as
+/// `cellbox`), or the running one if there is none.
+pub fn front_binary() -> std::io::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let front = me.with_file_name(FRONT);
+    Ok(if front.is_file() { front } else { me })
+}
