@@ -338,7 +338,9 @@ impl Profile {
                     error,
                 })?;
             profile.source = source_name;
-            profile.validate()?;
+            // Compiled in from the TOML source, which the unit tests
+            // validate (`builtins_are_valid`): not validated again on every
+            // start (it is a noticeable part of a one-shot `cellbox exec`).
             return Ok(profile);
         }
         let path = Path::new(name_or_path);
@@ -665,6 +667,14 @@ mod tests {
             let source = Profile::from_toml(text, &format!("built-in {name}"))
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(compiled, source, "{name}");
+        }
+    }
+
+    #[test]
+    fn builtins_are_valid() {
+        for name in BUILTIN_NAMES {
+            let p = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            p.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }
 
