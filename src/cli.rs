@@ -14,7 +14,7 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_INTERNAL: u8 = 7;
 
 /// Options every cell-running command takes.
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct CellOpts {
     /// Language of the code: rhai, python or shell (default: from the file
     /// extension, else rhai).
@@ -119,7 +119,7 @@ enum ExecCommand {
 }
 
 /// The arguments of `cellbox exec` (both parsers).
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct ExecArgs {
     #[command(flatten)]
     pub opts: CellOpts,
@@ -138,13 +138,44 @@ pub fn early_exec() -> Option<ExitCode> {
     if args.nth(1).as_deref() != Some(std::ffi::OsStr::new("exec")) {
         return None;
     }
-    let ExecOnly {
-        command: ExecCommand::Exec(ExecArgs { opts, json, argv }),
-    } = ExecOnly::try_parse().ok()?;
     if std::env::var_os("CELLBOX_LOG").is_some() {
         return None;
     }
+    let rest: Vec<std::ffi::OsString> = args.collect();
+    let ExecArgs { opts, json, argv } = match plain_exec(&rest) {
+        Some(a) => a,
+        None => match ExecOnly::try_parse() {
+            Ok(ExecOnly {
+                command: ExecCommand::Exec(a),
+            }) => a,
+            Err(_) => return None,
+        },
+    };
     Some(cmd_exec(opts, json, argv))
+}
+
+/// `exec [--json] -- PROGRAM [ARGS...]`, the common form, read without
+/// building a parser: exactly what the parser makes of it. Anything else
+/// (another option, no `--`, arguments that are not UTF-8) is `None`, for
+/// the parser.
+fn plain_exec(rest: &[std::ffi::OsString]) -> Option<ExecArgs> {
+    let (json, rest) = match rest.split_first() {
+        Some((first, tail)) if first == "--json" => (true, tail),
+        _ => (false, rest),
+    };
+    let (dashes, argv) = rest.split_first()?;
+    if dashes != "--" || argv.is_empty() {
+        return None;
+    }
+    let argv = argv
+        .iter()
+        .map(|a| a.to_str().map(str::to_owned))
+        .collect::<Option<Vec<String>>>()?;
+    Some(ExecArgs {
+        opts: CellOpts::default(),
+        json,
+        argv,
+    })
 }
 
 /// The exit code and output of `cellbox exec` for its result.
@@ -229,4 +260,41 @@ pub fn front_binary() -> std::io::Result<PathBuf> {
     let me = std::env::current_exe()?;
     let front = me.with_file_name(FRONT);
     Ok(if front.is_file() { front } else { me })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plain_exec_form_is_read_as_the_parser_reads_it() {
+        let cases: &[&[&str]] = &[
+            &["--", "/bin/true"],
+            &["--json", "--", "/bin/sh", "-c", "echo hi"],
+            &["--", "ls", "--json", "--", "-l"],
+            &["--", "--json"],
+        ];
+        for case in cases {
+            let rest: Vec<std::ffi::OsString> = case.iter().map(Into::into).collect();
+            let fast = plain_exec(&rest).unwrap_or_else(|| panic!("{case:?}: not read"));
+            let full = ["cellbox", "exec"].iter().chain(case.iter());
+            let ExecOnly {
+                command: ExecCommand::Exec(parsed),
+            } = ExecOnly::try_parse_from(full).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            assert_eq!(format!("{fast:?}"), format!("{parsed:?}"), "{case:?}");
+        }
+        // Left to the parser: options, a missing program or `--`.
+        let others: &[&[&str]] = &[
+            &["--"],
+            &["--json", "--"],
+            &["/bin/true"],
+            &["--profile", "shell", "--", "/bin/true"],
+            &["--json", "--timeout", "1", "--", "/bin/true"],
+            &[],
+        ];
+        for case in others {
+            let rest: Vec<std::ffi::OsString> = case.iter().map(Into::into).collect();
+            assert!(plain_exec(&rest).is_none(), "{case:?}");
+        }
+    }
 }

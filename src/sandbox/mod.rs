@@ -65,11 +65,12 @@ pub struct SandboxPlan {
     /// besides a private `/tmp`. Must exist; the worker makes it owned by the
     /// cell's uid.
     pub scratch: PathBuf,
-    /// The scratch directory is not a host directory but a fresh tmpfs
-    /// mounted at `scratch` in the cell's new root, owned by the cell's ids
-    /// and as large as the private `/tmp` (or, without one, the largest
-    /// file the cell may write): for one-shot cells, whose scratch ends
-    /// with them. Needs the mount namespace.
+    /// The scratch directory is not a host directory but one made in the
+    /// cell's new root, owned by the cell's ids: a directory of the private
+    /// `/tmp` when `scratch` is directly in `/tmp`, else a tmpfs of its own
+    /// as large as the private `/tmp` (or, without one, the largest file
+    /// the cell may write). For one-shot cells, whose scratch ends with
+    /// them. Needs the mount namespace.
     #[serde(default)]
     pub scratch_tmpfs: bool,
     pub limits: OsLimits,

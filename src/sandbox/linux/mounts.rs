@@ -6,12 +6,14 @@
 //! 2. mount a scratch tmpfs over a base directory (`/tmp`) and `pivot_root`
 //!    into it: the host is now at `/oldroot`, and every bind below reads its
 //!    source from there, so a host path is never hidden by our own mounts;
-//! 3. mount the new root (a small tmpfs) at `/newroot` and fill it: read-only
-//!    binds of the [`FsView`] entries, recreated symlinks, `/dev/{null,zero,
+//! 3. bind `/newroot` (a directory of that tmpfs) onto itself, so that it
+//!    is a mount of its own, and fill it: read-only binds of the [`FsView`]
+//!    entries, recreated symlinks, `/dev/{null,zero,
 //!    urandom,random}` and `/dev/fd` links, a fresh `/proc` for the PID
 //!    namespace, a private `/tmp` tmpfs, minimal `/etc/passwd` and
 //!    `/etc/group`, and the scratch directory read-write at its own path (a
-//!    bind of the host's, or a tmpfs of its own for a one-shot cell);
+//!    bind of the host's, or for a one-shot cell a directory of its own in
+//!    the private `/tmp`, else a tmpfs of its own);
 //! 4. make the new root read-only, drop `/oldroot`, and `pivot_root` into
 //!    the new root, detaching the old one entirely.
 //!
@@ -187,12 +189,17 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
 
     let old = Path::new("/oldroot");
     let new = Path::new("/newroot");
-    tmpfs(
+    // The new root is the base tmpfs's `newroot` directory, bound onto
+    // itself so that it is a mount of its own (made read-only and pivoted
+    // into below); the rest of the base tmpfs goes with the old root.
+    mount(
+        Some(new),
         new,
-        NEWROOT_BYTES,
-        0o755,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-    )?;
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(nix_err("bind-mount", new))?;
 
     // Private /tmp first: host paths below /tmp (a program to run) get their
     // mount points inside it rather than being hidden by it.
@@ -286,6 +293,19 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
             Kind::Dir,
             MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
         )?,
+        // Inside the private /tmp: a directory of the cell's own there.
+        Some(_) if tmp_bytes > 0 && view.scratch.parent() == Some(Path::new("/tmp")) => {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&scratch)
+                .map_err(err("create directory", &scratch))?;
+            nix::unistd::chown(
+                &scratch,
+                Some(nix::unistd::Uid::from_raw(ids.uid)),
+                Some(nix::unistd::Gid::from_raw(ids.gid)),
+            )
+            .map_err(nix_err("chown", &scratch))?;
+        }
         Some(bytes) => {
             mkdir_p(&scratch)?;
             let data = format!(
