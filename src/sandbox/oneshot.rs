@@ -32,13 +32,12 @@
 //!
 //! The child's fds: 0 is `/dev/null`, 1 and 2 are the output pipes, 3 is
 //! its end of a socket pair (close-on-exec): it may receive "go" there, and
-//! it sends one JSON message, `ready` with the [`SandboxReport`] or
-//! `sandbox_error`, before it executes the program.
+//! it sends one [`Report`] before it executes the program.
 
 use super::linux::{self, namespaces, Stage};
 use super::{SandboxError, SandboxPlan, SandboxReport};
 use crate::profiles::LayerMode;
-use crate::protocol::{FromWorker, Ready, SandboxFailure};
+use crate::protocol::SandboxFailure;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -67,6 +66,19 @@ pub struct Cell {
     /// tmpfs, when the cell runs without namespaces; removed when dropped,
     /// so keep it until the cell is reaped.
     pub scratch: Option<tempfile::TempDir>,
+}
+
+/// The one message a cell sends on fd 3 before it executes its program
+/// (JSON, externally tagged: `{"ready": {...}}`, `{"sandbox_error": {...}}`).
+/// Not the worker protocol's `ready`/`sandbox_error`: this channel is
+/// private to one binary, and its plain shape is cheaper to read.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Report {
+    /// Every layer is in place; the program is executed next.
+    Ready(SandboxReport),
+    /// A layer could not be applied; the cell exits.
+    SandboxError(SandboxFailure),
 }
 
 /// Why no cell was started.
@@ -355,13 +367,13 @@ fn cell_main(
     // SAFETY: fd 3 was just placed and belongs to nothing else in this
     // process.
     let control = unsafe { UnixStream::from_raw_fd(3) };
-    let send = |msg: &FromWorker| {
+    let send = |msg: &Report| {
         if let Ok(bytes) = serde_json::to_vec(msg) {
             let _ = (&control).write_all(&bytes);
         }
     };
     let fail = |e: SandboxError| -> ! {
-        send(&FromWorker::SandboxError(SandboxFailure {
+        send(&Report::SandboxError(SandboxFailure {
             layer: e.layer.to_owned(),
             message: e.message,
         }));
@@ -428,7 +440,7 @@ fn cell_main(
         Err(e) => fail(e),
     };
     drop(in_ns);
-    send(&FromWorker::Ready(Ready { report }));
+    send(&Report::Ready(report));
     let err = linux::exec::exec_in(argv, &linux::cell_environment(plan));
     eprintln!("cellbox: failed to execute {:?}: {err}", argv.first());
     exit_now(EXIT_EXEC)

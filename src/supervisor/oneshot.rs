@@ -15,8 +15,7 @@ use super::result::{CellResult, RunInfo, Status};
 use super::session::SessionConfig;
 use super::Limits;
 use crate::profiles::LayerMode;
-use crate::protocol::FromWorker;
-use crate::sandbox::oneshot::{self, Cell, SpawnError};
+use crate::sandbox::oneshot::{self, Cell, Report, SpawnError};
 use crate::sandbox::{process, SandboxPlan};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use serde_json::json;
@@ -351,19 +350,14 @@ fn supervise(
         Outcome::Timeout
     } else {
         match parse_report(&report) {
-            Ok(Some(FromWorker::Ready(r))) => {
-                result.sandbox = Some(r.report);
+            Ok(Some(Report::Ready(r))) => {
+                result.sandbox = Some(r);
                 Outcome::Exited
             }
-            Ok(Some(FromWorker::SandboxError(f))) => Outcome::Fatal(
+            Ok(Some(Report::SandboxError(f))) => Outcome::Fatal(
                 Status::SandboxError,
                 "SandboxError",
                 format!("the {} layer could not be applied: {}", f.layer, f.message),
-            ),
-            Ok(Some(_)) => Outcome::Fatal(
-                Status::ProtocolError,
-                "ProtocolError",
-                "the cell sent an unexpected message before it started".into(),
             ),
             Ok(None) => Outcome::Exited,
             Err(e) => Outcome::Fatal(
@@ -376,8 +370,8 @@ fn supervise(
     if timed_out {
         // A report that arrived before the deadline still says what the
         // cell was running under.
-        if let Ok(Some(FromWorker::Ready(r))) = parse_report(&report) {
-            result.sandbox = Some(r.report);
+        if let Ok(Some(Report::Ready(r))) = parse_report(&report) {
+            result.sandbox = Some(r);
         }
     }
     result.record_end(out.capture, err.capture, reaped.as_ref().ok());
@@ -418,7 +412,7 @@ fn read_report(
     }
 }
 
-fn parse_report(bytes: &[u8]) -> Result<Option<FromWorker>, serde_json::Error> {
+fn parse_report(bytes: &[u8]) -> Result<Option<Report>, serde_json::Error> {
     if bytes.is_empty() {
         return Ok(None);
     }

@@ -192,14 +192,8 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
     // The new root is the base tmpfs's `newroot` directory, bound onto
     // itself so that it is a mount of its own (made read-only and pivoted
     // into below); the rest of the base tmpfs goes with the old root.
-    mount(
-        Some(new),
-        new,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(nix_err("bind-mount", new))?;
+    mount(Some(new), new, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(nix_err("bind-mount", new))?;
 
     // Private /tmp first: host paths below /tmp (a program to run) get their
     // mount points inside it rather than being hidden by it.
