@@ -541,12 +541,12 @@ fn exec_clones_either_way_into_the_same_sandbox() {
     }
 }
 
-/// A one-shot cell's scratch directory is a tmpfs of its own in its new
-/// root: owned by the cell, private, as large as its `/tmp`, and nothing is
-/// made for it on the host. Without namespaces it is a host directory,
-/// removed when the cell ends.
+/// A one-shot cell's scratch directory is made in its new root (a
+/// directory of its private `/tmp` tmpfs): owned by the cell, private,
+/// bounded by that tmpfs, and nothing is made for it on the host. Without
+/// namespaces it is a host directory, removed when the cell ends.
 #[test]
-fn exec_scratch_is_the_cells_own_tmpfs_or_a_host_dir_removed_after() {
+fn exec_scratch_is_made_in_the_cell_or_is_a_host_dir_removed_after() {
     let probe = "pwd; stat -f -c %T .; stat -c '%u %a' .; \
                  head -c 40000000 /dev/zero > a && echo first; \
                  head -c 40000000 /dev/zero > b 2>/dev/null || echo second-refused";
@@ -563,7 +563,7 @@ fn exec_scratch_is_the_cells_own_tmpfs_or_a_host_dir_removed_after() {
         nix::unistd::geteuid().to_string()
     };
     assert_eq!(lines[2], format!("{uid} 700"), "{out}");
-    // 64 MiB: one 40 MB file fits, a second does not.
+    // 64 MiB of /tmp: one 40 MB file fits, a second does not.
     assert_eq!(&lines[3..], ["first", "second-refused"], "{out}");
     assert!(
         !scratch.exists(),
