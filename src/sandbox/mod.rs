@@ -72,7 +72,7 @@ pub struct SandboxPlan {
     /// the cell may write). For one-shot cells, whose scratch ends with
     /// them. Needs the mount namespace.
     #[serde(default)]
-    pub scratch_tmpfs: bool,
+    pub scratch_in_cell: bool,
     pub limits: OsLimits,
     /// Extra read-only paths the backend needs (e.g. the Python prefix).
     #[serde(default)]
@@ -103,7 +103,7 @@ impl SandboxPlan {
         SandboxPlan {
             profile: profile.name.clone(),
             scratch,
-            scratch_tmpfs: false,
+            scratch_in_cell: false,
             limits,
             read_only: Vec::new(),
             exec: Vec::new(),
@@ -118,8 +118,9 @@ impl SandboxPlan {
         }
     }
 
-    /// Size of a tmpfs scratch directory (see `scratch_tmpfs`).
-    pub fn scratch_tmpfs_bytes(&self) -> u64 {
+    /// Size of a scratch directory made in the cell with a tmpfs of its own
+    /// (see `scratch_in_cell`).
+    pub fn scratch_in_cell_bytes(&self) -> u64 {
         if self.tmp_bytes > 0 {
             self.tmp_bytes
         } else {

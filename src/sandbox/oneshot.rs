@@ -62,8 +62,8 @@ pub struct Cell {
     /// Our end of the cell's fd 3: its report, then EOF when it executes
     /// the program (or exits).
     pub control: UnixStream,
-    /// A host scratch directory made for a plan whose scratch was to be a
-    /// tmpfs, when the cell runs without namespaces; removed when dropped,
+    /// A host scratch directory made for a plan whose scratch was to be
+    /// made in the cell, when the cell runs without namespaces; removed when dropped,
     /// so keep it until the cell is reaped.
     pub scratch: Option<tempfile::TempDir>,
 }
@@ -131,7 +131,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
 
     // Namespaces, the fast way: a child sharing our memory that maps itself.
     if plan.layers.namespaces != LayerMode::Off && self_mapped_clone() {
-        if ids.root && !plan.scratch_tmpfs {
+        if ids.root && !plan.scratch_in_cell {
             // The child is not root on the host and cannot hand the scratch
             // directory over itself.
             linux::hygiene::hand_over(&plan.scratch, ids.uid, ids.gid)
@@ -201,9 +201,9 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
         }
     };
 
-    // Without namespaces a tmpfs scratch directory cannot be made: the cell
+    // Without namespaces a scratch directory cannot be made in the cell: it
     // gets a host one for its lifetime.
-    let (host_plan, host_dir) = if plan.scratch_tmpfs {
+    let (host_plan, host_dir) = if plan.scratch_in_cell {
         let dir = tempfile::Builder::new()
             .prefix("cellbox-")
             .tempdir_in(std::env::temp_dir())
@@ -212,7 +212,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
             })?;
         let mut p = plan.clone();
         p.scratch = dir.path().to_path_buf();
-        p.scratch_tmpfs = false;
+        p.scratch_in_cell = false;
         (Some(p), Some(dir))
     } else {
         (None, None)

@@ -142,10 +142,10 @@ fn plan_for(
     profile: Result<crate::profiles::Profile, String>,
     config: &SessionConfig,
     scratch: std::path::PathBuf,
-    scratch_tmpfs: bool,
+    scratch_in_cell: bool,
 ) -> Result<(SandboxPlan, Vec<String>), String> {
     let mut plan = SandboxPlan::new(&profile?, scratch, config.limits.os_limits());
-    plan.scratch_tmpfs = scratch_tmpfs;
+    plan.scratch_in_cell = scratch_in_cell;
     let prog = argv.first().ok_or("exec needs a program to run")?;
     let resolved = super::resolve_program(prog)?;
     plan.exec.push(resolved.clone());

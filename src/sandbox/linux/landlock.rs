@@ -336,7 +336,7 @@ mod tests {
             ],
             symlinks: vec![],
             scratch: dir.to_path_buf(),
-            scratch_tmpfs: None,
+            scratch_in_cell: None,
             skipped: vec![],
         }
     }

@@ -193,7 +193,7 @@ pub(crate) fn apply_hygiene(
 ) -> Result<(), SandboxError> {
     let detail = hygiene::apply(
         &plan.scratch,
-        !plan.scratch_tmpfs,
+        !plan.scratch_in_cell,
         plan.tmp_bytes > 0,
         owner,
         set_env,

@@ -280,7 +280,7 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
     // The scratch directory, read-write, at its own path: the host's, or a
     // fresh tmpfs of the cell's own.
     let scratch = under(new, &view.scratch);
-    match view.scratch_tmpfs {
+    match view.scratch_in_cell {
         None => bind(
             &under(old, &view.scratch),
             &scratch,

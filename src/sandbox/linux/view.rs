@@ -45,9 +45,9 @@ pub struct FsView {
     pub symlinks: Vec<Symlink>,
     /// Canonical scratch directory.
     pub scratch: PathBuf,
-    /// The scratch directory is a tmpfs of this size made in the new root,
-    /// not a host directory.
-    pub scratch_tmpfs: Option<u64>,
+    /// The scratch directory is made in the new root, not a host directory
+    /// (the size of its own tmpfs, if it gets one: see [`SandboxPlan`]).
+    pub scratch_in_cell: Option<u64>,
     /// Optional paths that do not exist on this host.
     pub skipped: Vec<PathBuf>,
 }
@@ -100,9 +100,9 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
         why: scratch_why.clone(),
         problem,
     })?;
-    if plan.scratch_tmpfs {
+    if plan.scratch_in_cell {
         view.scratch = plan.scratch.clone();
-        view.scratch_tmpfs = Some(plan.scratch_tmpfs_bytes());
+        view.scratch_in_cell = Some(plan.scratch_in_cell_bytes());
     } else {
         view.scratch = host_scratch(plan, &scratch_why)?;
     }
