@@ -34,10 +34,7 @@ pub fn apply(uid: u32, gid: u32, may_setgroups: bool) -> Result<String, Privileg
     let (_, permitted, _) = sys::capabilities().map_err(call("read capabilities"))?;
     if may_setgroups {
         nix::unistd::setgroups(&[]).map_err(|e| call("clear supplementary groups")(e.into()))?;
-    } else if !nix::unistd::getgroups()
-        .map_err(|e| call("read supplementary groups")(e.into()))?
-        .is_empty()
-    {
+    } else if sys::supplementary_group_count().map_err(call("read supplementary groups"))? > 0 {
         // A root parent clears them before the clone; an unprivileged one
         // cannot, and the kernel keeps them here.
         notes.push("supplementary groups kept by the kernel (unprivileged user namespace)");

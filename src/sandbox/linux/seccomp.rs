@@ -345,10 +345,12 @@ fn emit_tree(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(
 /// gate's pathname buffer (needed for `exec = "once"`).
 ///
 /// Shape: kill on a foreign architecture; load the number; a binary
-/// search over the numbers with a verdict. The search keeps both the
-/// program and each syscall's path short (a handful of compares), which
-/// also lets the kernel precompute its "always allowed" cache quickly when
-/// the filter is installed.
+/// search over runs of numbers with one verdict ([`range_tree`], or for a
+/// program too large for its short jumps a search over the numbers,
+/// [`emit_tree`]). The search keeps both the program and each syscall's
+/// path short (a handful of compares), which also lets the kernel
+/// precompute its "always allowed" cache quickly when the filter is
+/// installed.
 pub fn build_program(
     spec: &SeccompSpec,
     exec_gate: Option<u64>,
@@ -365,11 +367,132 @@ pub fn program_for(verdicts: &BTreeMap<u32, Verdict>) -> Result<BpfProgram, Secc
     prog.push(jump(BPF_JEQ_K, arch, 1, 0));
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS));
     prog.push(stmt(BPF_LD_W_ABS, DATA_NR));
-    emit_tree(&entries, &mut prog)?;
+    match range_tree(&entries)? {
+        Some(tree) => prog.extend(tree),
+        None => emit_tree(&entries, &mut prog)?,
+    }
     if prog.len() > MAX_INSNS {
         return Err(SeccompError::TooLong(prog.len()));
     }
     Ok(prog)
+}
+
+/// The number line cut into runs of one verdict: `(first number, verdict)`,
+/// each run ending where the next begins, the first at 0. Numbers without
+/// an entry are denied (EPERM).
+fn segments(entries: &[(u32, Verdict)]) -> Vec<(u32, Verdict)> {
+    let deny = Verdict::Ret(RET_EPERM);
+    let mut segs: Vec<(u32, Verdict)> = vec![(0, deny.clone())];
+    let mut push = |start: u32, v: &Verdict| {
+        if let Some(last) = segs.last_mut() {
+            if last.1 == *v {
+                return;
+            }
+            if last.0 == start {
+                last.1 = v.clone();
+                // It may now continue the run before it.
+                let n = segs.len();
+                if n >= 2 && segs[n - 2].1 == segs[n - 1].1 {
+                    segs.pop();
+                }
+                return;
+            }
+        }
+        segs.push((start, v.clone()));
+    };
+    for (nr, v) in entries {
+        push(*nr, v);
+        if let Some(next) = nr.checked_add(1) {
+            push(next, &deny);
+        }
+    }
+    segs
+}
+
+/// A jump target while the range tree is laid out.
+#[derive(Clone, Copy)]
+enum Target {
+    /// The node at this index of the tree's instructions.
+    Node(usize),
+    /// The verdict block with this index (placed after the tree).
+    Block(usize),
+}
+
+/// A binary search over the runs of [`segments`]: one `jge` per boundary,
+/// each jumping straight to the next node or to the shared block of its
+/// run's verdict, so a run of allowed numbers costs one instruction and the
+/// program stays short (a shorter program is quicker to install: the
+/// kernel checks, converts, compiles and emulates every instruction for its
+/// constant-verdict cache). `None` when a jump would not fit in the 8-bit
+/// offsets of a conditional jump: the caller then uses [`emit_tree`].
+fn range_tree(entries: &[(u32, Verdict)]) -> Result<Option<Vec<sock_filter>>, SeccompError> {
+    let segs = segments(entries);
+    let mut blocks: Vec<(Verdict, Vec<sock_filter>)> = Vec::new();
+    let mut block_of = Vec::with_capacity(segs.len());
+    for (nr, v) in &segs {
+        let idx = match blocks.iter().position(|(b, _)| b == v) {
+            Some(i) => i,
+            None => {
+                blocks.push((v.clone(), verdict_block(*nr, v)?));
+                blocks.len() - 1
+            }
+        };
+        block_of.push(idx);
+    }
+    // Nodes in pre-order: (boundary, target if >=, target if <).
+    let mut nodes: Vec<(u32, Target, Target)> = Vec::new();
+    fn build(
+        lo: usize,
+        hi: usize,
+        segs: &[(u32, Verdict)],
+        block_of: &[usize],
+        nodes: &mut Vec<(u32, Target, Target)>,
+    ) -> Target {
+        if hi - lo == 1 {
+            return Target::Block(block_of[lo]);
+        }
+        let mid = (lo + hi) / 2;
+        let at = nodes.len();
+        nodes.push((segs[mid].0, Target::Block(0), Target::Block(0)));
+        let below = build(lo, mid, segs, block_of, nodes);
+        let above = build(mid, hi, segs, block_of, nodes);
+        nodes[at] = (segs[mid].0, above, below);
+        Target::Node(at)
+    }
+    let root = build(0, segs.len(), &segs, &block_of, &mut nodes);
+    let mut starts = Vec::with_capacity(blocks.len());
+    let mut at = nodes.len();
+    for (_, code) in &blocks {
+        starts.push(at);
+        at += code.len();
+    }
+    let mut out = Vec::with_capacity(at);
+    if let Target::Block(b) = root {
+        // One run only: its block is the whole decision.
+        for (i, (_, code)) in blocks.into_iter().enumerate() {
+            if i == b {
+                out.extend(code);
+            }
+        }
+        return Ok(Some(out));
+    }
+    for (i, (boundary, above, below)) in nodes.iter().enumerate() {
+        let offset = |t: &Target| {
+            let to = match t {
+                Target::Node(n) => *n,
+                Target::Block(b) => starts[*b],
+            };
+            to.checked_sub(i + 1).and_then(|d| u8::try_from(d).ok())
+        };
+        let (Some(jt), Some(jf)) = (offset(above), offset(below)) else {
+            return Ok(None);
+        };
+        out.push(jump(BPF_JGE_K, *boundary, jt, jf));
+    }
+    for (_, code) in blocks {
+        out.extend(code);
+    }
+    Ok(Some(out))
 }
 
 /// Install `program` on the calling thread (and its future children).
@@ -708,12 +831,34 @@ pub(crate) mod tests {
 
     /// A large, irregular table (deep tree, long jumps, every kind of
     /// verdict, shared and unshared blocks) decides every number as the
-    /// table says.
+    /// table says: one too large for the range tree's short jumps (searched
+    /// number by number) and one that fits (searched by runs).
     #[test]
     fn a_large_table_is_searched_correctly() {
+        let large = table(600);
+        let entries: Vec<(u32, Verdict)> = large.iter().map(|(n, v)| (*n, v.clone())).collect();
+        assert!(range_tree(&entries).unwrap().is_none());
+        check_table(&large);
+        let medium = table(60);
+        let entries: Vec<(u32, Verdict)> = medium.iter().map(|(n, v)| (*n, v.clone())).collect();
+        assert!(range_tree(&entries).unwrap().is_some());
+        check_table(&medium);
+        // Adjacent numbers with one verdict make one run.
+        let mut runs = BTreeMap::new();
+        for nr in (10..20).chain(30..31) {
+            runs.insert(nr, Verdict::Ret(SECCOMP_RET_ALLOW));
+        }
+        let entries: Vec<(u32, Verdict)> = runs.iter().map(|(n, v)| (*n, v.clone())).collect();
+        let starts: Vec<u32> = segments(&entries).iter().map(|(n, _)| *n).collect();
+        assert_eq!(starts, [0, 10, 20, 30, 31]);
+        check_table(&runs);
+    }
+
+    /// `n` irregular entries of every verdict kind, numbers below 2000.
+    fn table(n: u32) -> BTreeMap<u32, Verdict> {
         let mut v = BTreeMap::new();
         let mut x: u32 = 12345;
-        for i in 0..600u32 {
+        for i in 0..n {
             // A simple LCG spreads the numbers and verdict kinds.
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
             let nr = (x >> 8) % 2000;
@@ -732,7 +877,12 @@ pub(crate) mod tests {
             };
             v.insert(nr, verdict);
         }
-        let prog = program_for(&v).unwrap();
+        v
+    }
+
+    /// The program for `v` decides every number below 2100 as `v` says.
+    fn check_table(v: &BTreeMap<u32, Verdict>) {
+        let prog = program_for(v).unwrap();
         for nr in 0..2100u32 {
             let arg_sets: Vec<[u64; 6]> = match v.get(&nr) {
                 Some(Verdict::Allow(ArgCheck::OneOf { arg, values })) => {

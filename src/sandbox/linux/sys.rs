@@ -115,6 +115,14 @@ pub fn bounding_set_empty() -> io::Result<bool> {
     Ok(true)
 }
 
+/// How many supplementary groups the calling process has.
+pub fn supplementary_group_count() -> io::Result<usize> {
+    // SAFETY: with a size of 0 getgroups only returns the count and writes
+    // nothing.
+    let n = check_int(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
+    Ok(n as usize)
+}
+
 /// Clear the ambient capability set.
 pub fn clear_ambient_caps() -> io::Result<()> {
     const PR_CAP_AMBIENT: libc::c_int = 47;
