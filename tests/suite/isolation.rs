@@ -7,8 +7,9 @@
 //! the kernel look like it lacks Landlock or namespaces, to check that a
 //! profile requiring a missing layer refuses to run.
 
-use super::common::{bin, cellbox};
+use super::common::{bin, cellbox, run_once};
 use cellbox::profiles::{DenyAction, LayerMode, Profile};
+use cellbox::{Language, Status};
 use serde_json::Value;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -594,4 +595,45 @@ fn every_denied_syscall_is_caught_by_the_filter() {
         });
         std::fs::remove_file(&path).unwrap();
     }
+}
+
+/// The cell's mount table holds its own mounts and nothing of the host's:
+/// no old root, no `/sys`, `/run`, `/dev/pts` or `/boot`, one-shot and
+/// through a worker alike.
+#[tokio::test]
+async fn the_cell_mount_table_holds_only_its_own_mounts() {
+    fn check(mountinfo: &str, what: &str) {
+        let points: Vec<&str> = mountinfo
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .collect();
+        assert!(points.contains(&"/"), "{what}: {mountinfo}");
+        assert!(points.contains(&"/proc"), "{what}: {mountinfo}");
+        let allowed = |p: &str| {
+            p == "/"
+                || p == "/tmp"
+                || p == "/proc"
+                || p.starts_with("/tmp/cellbox-")
+                || [
+                    "/usr",
+                    "/etc/",
+                    "/dev/null",
+                    "/dev/zero",
+                    "/dev/urandom",
+                    "/dev/random",
+                ]
+                .iter()
+                .any(|a| p.starts_with(a))
+        };
+        for p in &points {
+            assert!(allowed(p), "{what}: unexpected mount {p} in {mountinfo}");
+        }
+        assert!(points.len() <= 14, "{what}: {mountinfo}");
+    }
+    let r = exec_json(&[], &["/bin/cat", "/proc/self/mountinfo"]);
+    assert_eq!(r["status"], "ok", "{r:#}");
+    check(r["stdout"].as_str().unwrap(), "exec");
+    let r = run_once(Language::Shell, "cat /proc/self/mountinfo", &[]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    check(r.stdout.as_str(), "worker");
 }

@@ -14,8 +14,8 @@
 //!    `/etc/group`, and the scratch directory read-write at its own path (a
 //!    bind of the host's, or for a one-shot cell a directory of its own in
 //!    the private `/tmp`, else a tmpfs of its own);
-//! 4. make the new root read-only, drop `/oldroot`, and `pivot_root` into
-//!    the new root, detaching the old one entirely.
+//! 4. make the new root read-only and `pivot_root` into it, detaching the
+//!    old root and the host's tree below it entirely.
 //!
 //! All binds are `nosuid,nodev` (device nodes keep dev), writable ones also
 //! `noexec`.
@@ -318,9 +318,11 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
     }
 
     sys::mount_setattr(new, MOUNT_ATTR_RDONLY, false).map_err(err("make read-only", new))?;
-    umount2(old, MntFlags::MNT_DETACH).map_err(nix_err("detach", old))?;
     std::env::set_current_dir(new).map_err(err("enter", new))?;
     sys::pivot_root(Path::new("."), Path::new(".")).map_err(err("pivot into", new))?;
+    // The old root (the base tmpfs) is now stacked on the new one; detaching
+    // it takes everything mounted below it along, the host's tree at
+    // `oldroot` included (one detach, one RCU grace period, not two).
     umount2(".", MntFlags::MNT_DETACH).map_err(nix_err("detach the old root", root))?;
     std::env::set_current_dir("/").map_err(err("enter", root))?;
     Ok(())
