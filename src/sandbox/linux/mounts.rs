@@ -101,29 +101,52 @@ fn mkdir_p(path: &Path) -> Result<(), MountError> {
         .map_err(err("create directory", path))
 }
 
-fn touch(path: &Path) -> Result<(), MountError> {
-    if let Some(parent) = path.parent() {
-        mkdir_p(parent)?;
-    }
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
-        Err(e) => Err(err("create mount point", path)(e)),
+/// Run `make` (which creates `path`); if `path`'s parent is missing,
+/// create it and try once more. `Ok(false)`: something is already at
+/// `path`, left as it is. One call in the usual case, where the parent
+/// exists: these run for every mount point and file of every cell.
+fn create_with_parents(
+    path: &Path,
+    what: &'static str,
+    make: impl Fn() -> io::Result<()>,
+) -> Result<bool, MountError> {
+    let outcome = match make() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent() {
+                mkdir_p(parent)?;
+            }
+            make()
+        }
+        other => other,
+    };
+    match outcome {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(err(what, path)(e)),
     }
 }
 
+/// A new empty file at `path` (`Ok(false)` if anything is there already).
+fn create_file(path: &Path, what: &'static str) -> Result<bool, MountError> {
+    create_with_parents(path, what, || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(path)
+            .map(drop)
+    })
+}
+
+/// Something to mount on at `path`: what is there already, or a new
+/// directory or empty file.
 fn mount_point(path: &Path, kind: Kind) -> Result<(), MountError> {
-    if path.symlink_metadata().is_ok() {
-        return Ok(());
-    }
     match kind {
-        Kind::Dir => mkdir_p(path),
-        Kind::File => touch(path),
+        Kind::Dir => create_with_parents(path, "create directory", || {
+            std::fs::DirBuilder::new().mode(0o755).create(path)
+        })
+        .map(drop),
+        Kind::File => create_file(path, "create mount point").map(drop),
     }
 }
 
@@ -221,13 +244,8 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
     }
     for s in &view.symlinks {
         let link = under(new, &s.link);
-        if link.symlink_metadata().is_ok() {
-            continue;
-        }
-        if let Some(parent) = link.parent() {
-            mkdir_p(parent)?;
-        }
-        symlink(&s.target, &link).map_err(err("create symlink", &link))?;
+        // Something already there (a bound path) stays.
+        create_with_parents(&link, "create symlink", || symlink(&s.target, &link))?;
     }
 
     // /proc for the new PID namespace.
@@ -247,13 +265,22 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
     mkdir_p(&dev)?;
     for node in DEVICES {
         let src = under(old, Path::new(node));
-        if src.exists() {
-            bind(
-                &src,
-                &under(new, Path::new(node)),
-                Kind::File,
-                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
-            )?;
+        let target = under(new, Path::new(node));
+        create_file(&target, "create mount point")?;
+        match mount(
+            Some(&src),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        ) {
+            Ok(()) => sys::mount_setattr(&target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false)
+                .map_err(err("set mount attributes on", &target))?,
+            // A node this host does not have: none in the cell either.
+            Err(nix::errno::Errno::ENOENT) => {
+                std::fs::remove_file(&target).map_err(err("remove", &target))?
+            }
+            Err(e) => return Err(nix_err("bind-mount", &target)(e)),
         }
     }
     for (name, target) in [
@@ -271,10 +298,16 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
     let (passwd, group) = passwd_files(ids, &view.scratch);
     for (name, text) in [("passwd", passwd), ("group", group)] {
         let path = etc.join(name);
-        if path.symlink_metadata().is_err() {
-            mkdir_p(&etc)?;
-            std::fs::write(&path, text).map_err(err("write", &path))?;
-        }
+        // Already there: the profile binds its own.
+        create_with_parents(&path, "write", || {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)?
+                .write_all(text.as_bytes())
+        })?;
     }
 
     // The scratch directory, read-write, at its own path: the host's, or a
