@@ -409,7 +409,9 @@ fn cell_main(
         }
         Namespaces::Without(mode, why) => (None, ids.root, owner, Some((mode, why))),
     };
-    if let Err(e) = linux::apply_hygiene(plan, owner, false, &mut report) {
+    if let Err(e) =
+        linux::apply_hygiene(plan, owner, linux::hygiene::Caller::FreshClone, &mut report)
+    {
         fail(e);
     }
     let in_ns = match (names, without) {

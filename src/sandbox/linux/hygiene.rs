@@ -55,11 +55,21 @@ pub fn set_environment(vars: &[(&str, OsString)]) {
     }
 }
 
+/// Who applies hygiene.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// A worker process, whatever ran in it before: it must check that it
+    /// has one thread, and sets its own environment to [`environment`].
+    Worker,
+    /// A one-shot cell just cloned (without `CLONE_THREAD`) by a caller that
+    /// checked it had one thread: one thread by construction. It leaves its
+    /// environment alone (it may share its parent's memory) and executes
+    /// its program with [`environment`] instead.
+    FreshClone,
+}
+
 /// Apply hygiene. `owner` is `Some((uid, gid))` when the worker is root and
-/// the scratch directory must be handed to the cell's ids. With `set_env`
-/// false the process's own environment is left alone: the caller passes
-/// [`environment`] to the program it executes instead (a child sharing its
-/// parent's memory must not rewrite the parent's environment). Without
+/// the scratch directory must be handed to the cell's ids. Without
 /// `host_scratch` the scratch directory is made later, in the new root: it
 /// is neither checked nor entered here.
 pub fn apply(
@@ -67,14 +77,16 @@ pub fn apply(
     host_scratch: bool,
     private_tmp: bool,
     owner: Option<(u32, u32)>,
-    set_env: bool,
+    caller: Caller,
 ) -> Result<String, HygieneError> {
-    let threads = sys::thread_count().map_err(call("count threads"))?;
-    if threads != 1 {
-        return Err(HygieneError::Threads(threads));
+    if caller == Caller::Worker {
+        let threads = sys::thread_count().map_err(call("count threads"))?;
+        if threads != 1 {
+            return Err(HygieneError::Threads(threads));
+        }
     }
     sys::close_from(4).map_err(call("close inherited fds"))?;
-    if set_env {
+    if caller == Caller::Worker {
         set_environment(&environment(scratch, private_tmp));
     }
     // The spawn hook made us a session leader; a worker started some other

@@ -184,11 +184,11 @@ pub(crate) fn host_ids(plan: &SandboxPlan) -> namespaces::HostIds {
 }
 
 /// Step 1, hygiene: always, and always required. `owner`: hand the
-/// scratch directory to these ids; `set_env`: see [`hygiene::apply`].
+/// scratch directory to these ids; `caller`: see [`hygiene::Caller`].
 pub(crate) fn apply_hygiene(
     plan: &SandboxPlan,
     owner: Option<(u32, u32)>,
-    set_env: bool,
+    caller: hygiene::Caller,
     report: &mut SandboxReport,
 ) -> Result<(), SandboxError> {
     let detail = hygiene::apply(
@@ -196,7 +196,7 @@ pub(crate) fn apply_hygiene(
         !plan.scratch_in_cell,
         plan.tmp_bytes > 0,
         owner,
-        set_env,
+        caller,
     )
     .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
     report.push("hygiene", LayerMode::Required, true, detail);
@@ -225,7 +225,7 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
     apply_hygiene(
         plan,
         ids.root.then_some((ids.uid, ids.gid)),
-        true,
+        hygiene::Caller::Worker,
         &mut report,
     )?;
     let view = resolve_view(plan)?;
