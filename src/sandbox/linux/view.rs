@@ -10,6 +10,7 @@
 
 use crate::profiles::{check_sandbox_path, PathAccess};
 use crate::sandbox::SandboxPlan;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// What kind of object an entry is.
@@ -91,6 +92,21 @@ fn host_scratch(plan: &SandboxPlan, scratch_why: &str) -> Result<PathBuf, ViewEr
     Ok(scratch)
 }
 
+/// The canonical form of `path`'s parent, from `cache` or resolved (and
+/// kept there).
+fn canonical_parent(
+    cache: &mut HashMap<PathBuf, PathBuf>,
+    path: &Path,
+) -> std::io::Result<PathBuf> {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    if let Some(c) = cache.get(parent) {
+        return Ok(c.clone());
+    }
+    let c = parent.canonicalize()?;
+    cache.insert(parent.to_path_buf(), c.clone());
+    Ok(c)
+}
+
 /// Resolve the plan's paths on the host.
 pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
     let mut view = FsView::default();
@@ -114,6 +130,8 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
         .map(|r| (r.path, r.access, r.optional, r.why, 0))
         .collect();
     let mut entries: Vec<ViewEntry> = Vec::new();
+    // Canonical parents, each resolved once: most paths share a few.
+    let mut parents: HashMap<PathBuf, PathBuf> = HashMap::new();
     while let Some((path, access, optional, why, depth)) = work.pop() {
         if depth > 8 {
             return Err(ViewError::TooDeep(path));
@@ -137,8 +155,7 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
             source,
         };
         if meta.file_type().is_symlink() {
-            let parent = path.parent().unwrap_or(Path::new("/"));
-            let canon_parent = parent.canonicalize().map_err(resolve_err)?;
+            let canon_parent = canonical_parent(&mut parents, &path).map_err(resolve_err)?;
             let target = std::fs::read_link(&path).map_err(resolve_err)?;
             let resolved = match path.canonicalize() {
                 Ok(p) => p,
@@ -157,7 +174,14 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
             work.push((resolved, access, optional, why, depth + 1));
             continue;
         }
-        let canonical = path.canonicalize().map_err(resolve_err)?;
+        // Not a symlink itself: its canonical path is its parent's and its
+        // own name (`.` and `..` were refused above).
+        let canonical = match path.file_name() {
+            Some(name) => canonical_parent(&mut parents, &path)
+                .map_err(resolve_err)?
+                .join(name),
+            None => path.canonicalize().map_err(resolve_err)?,
+        };
         let kind = if meta.is_dir() { Kind::Dir } else { Kind::File };
         match entries.iter_mut().find(|e| e.path == canonical) {
             Some(e) => e.access = e.access.max(access),
@@ -228,6 +252,8 @@ mod tests {
                 rule(&root.join("bin"), PathAccess::Exec, false),
                 rule(&root.join("usr/bin/alias"), PathAccess::Exec, false),
                 rule(&root.join("missing"), PathAccess::Read, true),
+                // Beneath a symlinked directory: resolved through it.
+                rule(&root.join("bin/tool"), PathAccess::Read, false),
             ],
             &scratch,
         );
@@ -265,6 +291,15 @@ mod tests {
             .unwrap();
         assert_eq!(tool.kind, Kind::File);
         assert_eq!(tool.access, PathAccess::Exec);
+        // bin/tool is usr/bin/tool, not a path of its own.
+        assert!(!view.entries.iter().any(|e| e.path == root.join("bin/tool")));
+        assert_eq!(
+            view.entries
+                .iter()
+                .filter(|e| e.path == root.join("usr/bin/tool"))
+                .count(),
+            1
+        );
     }
 
     #[test]
