@@ -14,7 +14,6 @@ use super::output::Capture;
 use super::result::{CellResult, RunInfo, Status};
 use super::session::SessionConfig;
 use super::Limits;
-use crate::profiles::LayerMode;
 use crate::sandbox::oneshot::{self, Cell, Report, SpawnError};
 use crate::sandbox::{process, SandboxPlan};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -63,39 +62,10 @@ enum Outcome {
 /// single thread (no runtime started yet). The result has the same shape,
 /// statuses and messages as the library path's.
 pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResult {
-    let name = config.profile.as_deref().unwrap_or("shell");
-    let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string());
-    // With a mount namespace the scratch directory is a tmpfs of the cell's
-    // own, made in its new root and gone with it; nothing is made on the
-    // host. Without one, a host directory removed at the end.
-    let tmpfs = matches!(&profile, Ok(p) if p.layers.namespaces != LayerMode::Off);
-    let scratch = if tmpfs {
-        None
-    } else {
-        match tempfile::Builder::new()
-            .prefix("cellbox-")
-            .tempdir_in(std::env::temp_dir())
-        {
-            Ok(d) => Some(d),
-            Err(source) => {
-                let e = super::Error::Io {
-                    what: "create the session's scratch directory".into(),
-                    source,
-                };
-                return CellResult::refused(
-                    "shell",
-                    RunInfo::root(),
-                    Status::SandboxError,
-                    "SandboxError",
-                    e.to_string(),
-                );
-            }
-        }
-    };
-    let scratch_path = match &scratch {
-        Some(d) => d.path().to_path_buf(),
-        None => std::env::temp_dir().join(format!("cellbox-{:016x}", random_u64())),
-    };
+    // The scratch directory is made in the cell's new root and goes with
+    // it; a cell without a mount namespace gets a host directory from
+    // `spawn` instead, removed when it has ended.
+    let scratch = std::env::temp_dir().join(format!("cellbox-{:016x}", random_u64()));
     let session_id = super::runner::new_run_id();
     let started = Instant::now();
     let run = RunInfo::root();
@@ -107,7 +77,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         json!({"language": "shell", "session_id": session_id}),
     );
     let limits = config.limits.clone();
-    match plan_for(&cell.argv, profile, &config, scratch_path, tmpfs) {
+    match plan_for(&cell.argv, &config, scratch) {
         Ok((plan, argv)) => {
             let deadline = started + limits.timeout();
             match oneshot::spawn(&plan, &argv) {
@@ -132,20 +102,19 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         json!({"status": result.status, "wall_ms": result.usage.wall_ms,
                "error": result.error.as_ref().map(|e| &e.message)}),
     );
-    drop(scratch);
     result
 }
 
 /// The plan and the resolved argv, as the library path builds them.
 fn plan_for(
     argv: &[String],
-    profile: Result<crate::profiles::Profile, String>,
     config: &SessionConfig,
     scratch: std::path::PathBuf,
-    scratch_in_cell: bool,
 ) -> Result<(SandboxPlan, Vec<String>), String> {
-    let mut plan = SandboxPlan::new(&profile?, scratch, config.limits.os_limits());
-    plan.scratch_in_cell = scratch_in_cell;
+    let name = config.profile.as_deref().unwrap_or("shell");
+    let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string())?;
+    let mut plan = SandboxPlan::new(&profile, scratch, config.limits.os_limits());
+    plan.scratch_in_cell = true;
     let prog = argv.first().ok_or("exec needs a program to run")?;
     let resolved = super::resolve_program(prog)?;
     plan.exec.push(resolved.clone());

@@ -163,8 +163,18 @@ fn bind(source: &Path, target: &Path, kind: Kind, attrs: u64) -> Result<(), Moun
     sys::mount_setattr(target, attrs, true).map_err(err("set mount attributes on", target))
 }
 
-fn tmpfs(target: &Path, bytes: u64, mode: u32, flags: MsFlags) -> Result<(), MountError> {
-    let data = format!("size={bytes},mode={mode:o},nr_inodes=65536");
+/// A tmpfs at `target`, its root owned by `owner` if given (else by us).
+fn tmpfs(
+    target: &Path,
+    bytes: u64,
+    mode: u32,
+    flags: MsFlags,
+    owner: Option<CellIds>,
+) -> Result<(), MountError> {
+    let mut data = format!("size={bytes},mode={mode:o},nr_inodes=65536");
+    if let Some(o) = owner {
+        data.push_str(&format!(",uid={},gid={}", o.uid, o.gid));
+    }
     mount(
         Some("tmpfs"),
         target,
@@ -202,6 +212,7 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
         NEWROOT_BYTES,
         0o755,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
     )?;
     std::env::set_current_dir(base).map_err(err("enter", base))?;
     for d in ["newroot", "oldroot"] {
@@ -228,6 +239,7 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
             tmp_bytes,
             0o1777,
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None,
         )?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
             .map_err(err("set mode of", &tmp))?;
@@ -335,18 +347,13 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
         }
         Some(bytes) => {
             mkdir_p(&scratch)?;
-            let data = format!(
-                "size={bytes},mode=700,nr_inodes=65536,uid={},gid={}",
-                ids.uid, ids.gid
-            );
-            mount(
-                Some("tmpfs"),
+            tmpfs(
                 &scratch,
-                Some("tmpfs"),
+                bytes,
+                0o700,
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some(data.as_str()),
-            )
-            .map_err(nix_err("mount tmpfs on", &scratch))?;
+                Some(ids),
+            )?;
         }
     }
 

@@ -246,14 +246,7 @@ pub fn map_self(ids: HostIds) -> Result<(), NamespaceError> {
     // its own again so it may write its maps.
     sys::set_dumpable()
         .map_err(|e| NamespaceError::Setup(format!("failed to set dumpable: {e}")))?;
-    let write = |file: &str, text: &str| {
-        let path = format!("/proc/self/{file}");
-        std::fs::write(&path, text)
-            .map_err(|e| NamespaceError::Setup(format!("failed to write {path}: {e}")))
-    };
-    write("setgroups", "deny")?;
-    write("uid_map", &id_map_line(ids.uid, ids.uid))?;
-    write("gid_map", &id_map_line(ids.gid, ids.gid))
+    write_own_id_maps("self", ids).map_err(NamespaceError::Setup)
 }
 
 /// The child side after [`clone_split`]: set the parent-death signal and
@@ -306,11 +299,23 @@ fn cell_side(
     })
 }
 
+/// Write `text` to `/proc/<entry>/<file>` (`entry`: a pid, or `self`).
+fn write_proc(entry: &str, file: &str, text: &str) -> Result<(), String> {
+    let path = format!("/proc/{entry}/{file}");
+    std::fs::write(&path, text).map_err(|e| format!("failed to write {path}: {e}"))
+}
+
+/// The maps an unprivileged writer may write for `/proc/<entry>`: its own
+/// ids only, after giving up setgroups.
+fn write_own_id_maps(entry: &str, ids: HostIds) -> Result<(), String> {
+    write_proc(entry, "setgroups", "deny")?;
+    write_proc(entry, "uid_map", &id_map_line(ids.uid, ids.uid))?;
+    write_proc(entry, "gid_map", &id_map_line(ids.gid, ids.gid))
+}
+
 fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), String> {
-    let write = |file: &str, text: &str| {
-        let path = format!("/proc/{pid}/{file}");
-        std::fs::write(&path, text).map_err(|e| format!("failed to write {path}: {e}"))
-    };
+    let entry = pid.to_string();
+    let write = |file: &str, text: &str| write_proc(&entry, file, text);
     if ids.root {
         // Root inside is root outside: the setup code before the privilege
         // drop is host root either way, and needs a mapped id to create its
@@ -326,11 +331,7 @@ fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), String> {
             &format!("{}{}", id_map_line(0, 0), id_map_line(ids.gid, ids.gid)),
         )?;
     } else {
-        // An unprivileged writer may map only its own ids, and must give up
-        // setgroups first.
-        write("setgroups", "deny")?;
-        write("uid_map", &id_map_line(ids.uid, ids.uid))?;
-        write("gid_map", &id_map_line(ids.gid, ids.gid))?;
+        write_own_id_maps(&entry, ids)?;
     }
     Ok(())
 }
