@@ -20,7 +20,7 @@ fn processes() -> Vec<(i32, i32, String)> {
             let ppid = stat[i + 2..].split_whitespace().nth(1)?.parse().ok()?;
             let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            Some((pid, ppid, cmd.chars().take(60).collect()))
+            Some((pid, ppid, cmd.chars().take(300).collect()))
         })
         .collect()
 }
