@@ -628,6 +628,24 @@ async fn the_cell_mount_table_holds_only_its_own_mounts() {
         for p in &points {
             assert!(allowed(p), "{what}: unexpected mount {p} in {mountinfo}");
         }
+        // The flags of each mount: host binds read-only, nothing writable
+        // executable, nothing but the device nodes with dev.
+        for line in mountinfo.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (point, opts) = (fields[4], fields[5]);
+            let opts: Vec<&str> = opts.split(',').collect();
+            let want: &[&str] =
+                if point == "/" || point.starts_with("/usr") || point.starts_with("/etc/") {
+                    &["ro", "nosuid", "nodev"]
+                } else if point.starts_with("/dev/") {
+                    &["nosuid", "noexec"]
+                } else {
+                    &["rw", "nosuid", "nodev", "noexec"]
+                };
+            for w in want {
+                assert!(opts.contains(w), "{what}: {point} is not {w}: {line}");
+            }
+        }
         assert!(points.len() <= 14, "{what}: {mountinfo}");
     }
     let r = exec_json(&[], &["/bin/cat", "/proc/self/mountinfo"]);

@@ -7,18 +7,21 @@
 //!    into it: the host is now at `/oldroot`, and every bind below reads its
 //!    source from there, so a host path is never hidden by our own mounts;
 //! 3. bind `/newroot` (a directory of that tmpfs) onto itself, so that it
-//!    is a mount of its own, and fill it: read-only binds of the [`FsView`]
-//!    entries, recreated symlinks, `/dev/{null,zero,
-//!    urandom,random}` and `/dev/fd` links, a fresh `/proc` for the PID
-//!    namespace, a private `/tmp` tmpfs, minimal `/etc/passwd` and
-//!    `/etc/group`, and the scratch directory read-write at its own path (a
-//!    bind of the host's, or for a one-shot cell a directory of its own in
-//!    the private `/tmp`, else a tmpfs of its own);
+//!    is a mount of its own, and fill it: a private `/tmp` tmpfs,
+//!    `/dev/{null,zero,urandom,random}` and `/dev/fd` links, the scratch
+//!    directory read-write at its own path (a bind of the host's, or for a
+//!    one-shot cell a directory of its own in the private `/tmp`, else a
+//!    tmpfs of its own); then the host's tree at `/oldroot` (our private
+//!    copy of it) is made `ro,nosuid,nodev` in one recursive call, and the
+//!    read-only binds of the [`FsView`] entries follow: a bind mount copies
+//!    the flags of its source, so each arrives read-only without a call of
+//!    its own; then recreated symlinks, a fresh `/proc` for the PID
+//!    namespace, minimal `/etc/passwd` and `/etc/group`;
 //! 4. make the new root read-only and `pivot_root` into it, detaching the
 //!    old root and the host's tree below it entirely.
 //!
-//! All binds are `nosuid,nodev` (device nodes keep dev), writable ones also
-//! `noexec`.
+//! Host binds are `ro,nosuid,nodev`, device nodes `nosuid,noexec`, writable
+//! mounts `nosuid,nodev,noexec`.
 
 use super::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 use super::view::{FsView, Kind};
@@ -150,19 +153,6 @@ fn mount_point(path: &Path, kind: Kind) -> Result<(), MountError> {
     }
 }
 
-fn bind(source: &Path, target: &Path, kind: Kind, attrs: u64) -> Result<(), MountError> {
-    mount_point(target, kind)?;
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(nix_err("bind-mount", target))?;
-    sys::mount_setattr(target, attrs, true).map_err(err("set mount attributes on", target))
-}
-
 /// A tmpfs at `target`, its root owned by `owner` if given (else by us).
 fn tmpfs(
     target: &Path,
@@ -245,36 +235,19 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
             .map_err(err("set mode of", &tmp))?;
     }
 
-    // Host paths, read-only.
-    for e in view.entries.iter().filter(|e| e.mount) {
-        bind(
-            &under(old, &e.path),
-            &under(new, &e.path),
-            e.kind,
-            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        )?;
-    }
-    for s in &view.symlinks {
-        let link = under(new, &s.link);
-        // Something already there (a bound path) stays.
-        create_with_parents(&link, "create symlink", || symlink(&s.target, &link))?;
-    }
-
-    // /proc for the new PID namespace.
-    let proc_dir = under(new, Path::new("/proc"));
-    mkdir_p(&proc_dir)?;
-    mount(
-        Some("proc"),
-        &proc_dir,
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .map_err(nix_err("mount proc on", &proc_dir))?;
-
-    // /dev: a few nodes and the fd links, nothing else.
+    // /dev: a few nodes and the fd links, nothing else. Bound before the
+    // host's tree goes `nodev` below, from our copy of the host's /dev made
+    // `nosuid,noexec` first (one call for all nodes, whose binds copy the
+    // flags); where /dev is no mount of its own, each node gets its own.
     let dev = under(new, Path::new("/dev"));
     mkdir_p(&dev)?;
+    let host_dev = under(old, Path::new("/dev"));
+    let node_attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    let per_node = match sys::mount_setattr(&host_dev, node_attrs, true) {
+        Ok(()) => false,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => true,
+        Err(e) => return Err(err("set mount attributes on", &host_dev)(e)),
+    };
     for node in DEVICES {
         let src = under(old, Path::new(node));
         let target = under(new, Path::new(node));
@@ -286,8 +259,9 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
             MsFlags::MS_BIND,
             None::<&str>,
         ) {
-            Ok(()) => sys::mount_setattr(&target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false)
+            Ok(()) if per_node => sys::mount_setattr(&target, node_attrs, false)
                 .map_err(err("set mount attributes on", &target))?,
+            Ok(()) => {}
             // A node this host does not have: none in the cell either.
             Err(nix::errno::Errno::ENOENT) => {
                 std::fs::remove_file(&target).map_err(err("remove", &target))?
@@ -305,33 +279,30 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
         symlink(target, &link).map_err(err("create symlink", &link))?;
     }
 
-    // Identity files, unless the profile binds its own.
-    let etc = under(new, Path::new("/etc"));
-    let (passwd, group) = passwd_files(ids, &view.scratch);
-    for (name, text) in [("passwd", passwd), ("group", group)] {
-        let path = etc.join(name);
-        // Already there: the profile binds its own.
-        create_with_parents(&path, "write", || {
-            use std::io::Write;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&path)?
-                .write_all(text.as_bytes())
-        })?;
-    }
-
     // The scratch directory, read-write, at its own path: the host's, or a
-    // fresh tmpfs of the cell's own.
+    // fresh one of the cell's own. The host's is bound now, before the
+    // host's tree goes read-only, onto a stage in the base tmpfs, and moved
+    // into place after the read-only binds (one of which may hold it).
     let scratch = under(new, &view.scratch);
+    let stage = Path::new("/scratch");
     match view.scratch_in_cell {
-        None => bind(
-            &under(old, &view.scratch),
-            &scratch,
-            Kind::Dir,
-            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-        )?,
+        None => {
+            mkdir_p(stage)?;
+            mount(
+                Some(&under(old, &view.scratch)),
+                stage,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(nix_err("bind-mount", &scratch))?;
+            sys::mount_setattr(
+                stage,
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                true,
+            )
+            .map_err(err("set mount attributes on", &scratch))?;
+        }
         // Inside the private /tmp: a directory of the cell's own there.
         Some(_) if tmp_bytes > 0 && view.scratch.parent() == Some(Path::new("/tmp")) => {
             std::fs::DirBuilder::new()
@@ -355,6 +326,74 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
                 Some(ids),
             )?;
         }
+    }
+
+    // Host paths, read-only: our copy of the host's tree is made
+    // `ro,nosuid,nodev` as a whole, and every bind taken from it below
+    // carries those flags (a bind copies its source's), so no bind needs a
+    // call of its own.
+    sys::mount_setattr(
+        old,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        true,
+    )
+    .map_err(err("make read-only", old))?;
+    for e in view.entries.iter().filter(|e| e.mount) {
+        let target = under(new, &e.path);
+        mount_point(&target, e.kind)?;
+        mount(
+            Some(&under(old, &e.path)),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(nix_err("bind-mount", &target))?;
+    }
+    for s in &view.symlinks {
+        let link = under(new, &s.link);
+        // Something already there (a bound path) stays.
+        create_with_parents(&link, "create symlink", || symlink(&s.target, &link))?;
+    }
+    if view.scratch_in_cell.is_none() {
+        mount_point(&scratch, Kind::Dir)?;
+        mount(
+            Some(stage),
+            &scratch,
+            None::<&str>,
+            MsFlags::MS_MOVE,
+            None::<&str>,
+        )
+        .map_err(nix_err("move the scratch mount to", &scratch))?;
+    }
+
+    // /proc for the new PID namespace.
+    let proc_dir = under(new, Path::new("/proc"));
+    mkdir_p(&proc_dir)?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(nix_err("mount proc on", &proc_dir))?;
+
+    // Identity files, unless the profile binds its own.
+    let etc = under(new, Path::new("/etc"));
+    let (passwd, group) = passwd_files(ids, &view.scratch);
+    for (name, text) in [("passwd", passwd), ("group", group)] {
+        let path = etc.join(name);
+        // Already there: the profile binds its own.
+        create_with_parents(&path, "write", || {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)?
+                .write_all(text.as_bytes())
+        })?;
     }
 
     sys::mount_setattr(new, MOUNT_ATTR_RDONLY, false).map_err(err("make read-only", new))?;
