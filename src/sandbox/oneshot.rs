@@ -96,8 +96,12 @@ pub enum SpawnError {
 /// The parent's decision about namespaces, carried into the child.
 enum Namespaces {
     /// Cloned into them sharing the parent's memory; the child writes its
-    /// own maps ([`namespaces::clone_vfork_mapped`]).
-    SelfMapped(Vec<&'static str>),
+    /// own maps ([`namespaces::clone_vfork_mapped`]), or with `refused`
+    /// acts as if the kernel had refused them.
+    SelfMapped {
+        names: Vec<&'static str>,
+        refused: bool,
+    },
     /// Cloned into them; the child must wait for "go".
     Cloned(Vec<&'static str>),
     /// Not used: the report line to push (mode, why).
@@ -130,7 +134,8 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
     };
 
     // Namespaces, the fast way: a child sharing our memory that maps itself.
-    if plan.layers.namespaces != LayerMode::Off && self_mapped_clone() {
+    let way = clone_way();
+    if plan.layers.namespaces != LayerMode::Off && way != CloneWay::ParentMaps {
         if ids.root && !plan.scratch_in_cell {
             // The child is not root on the host and cannot hand the scratch
             // directory over itself.
@@ -145,7 +150,11 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
             child_end.as_fd(),
         ];
         let cloned = namespaces::clone_vfork_mapped(ids, &mut |names| {
-            cell_main(plan, ids, &view, Namespaces::SelfMapped(names), fds, argv)
+            let ns = Namespaces::SelfMapped {
+                names,
+                refused: way == CloneWay::SelfMapsRefused,
+            };
+            cell_main(plan, ids, &view, ns, fds, argv)
         });
         drop(child_end);
         match cloned {
@@ -266,12 +275,30 @@ fn watch(
     })
 }
 
-/// Whether to clone the cell the fast way ([`namespaces::clone_vfork_mapped`]);
-/// `CELLBOX_CLONE=parent-maps` selects the other way, where this process
-/// writes the child's maps (what happens anyway when the fast way is
-/// refused), to compare or to rule the fast way out.
-fn self_mapped_clone() -> bool {
-    std::env::var_os("CELLBOX_CLONE").is_none_or(|v| v != "parent-maps")
+/// How a one-shot cell is cloned into its namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CloneWay {
+    /// The fast way ([`namespaces::clone_vfork_mapped`]): the child maps
+    /// itself, and where the kernel refuses that, the other way follows.
+    SelfMaps,
+    /// `CELLBOX_CLONE=parent-maps`: this process writes the child's maps
+    /// (what happens anyway when the fast way is refused), to compare or to
+    /// rule the fast way out.
+    ParentMaps,
+    /// `CELLBOX_CLONE=self-maps-refused`: the fast way, with the child acting
+    /// as if the kernel had refused its maps, so that the fall-back can be
+    /// exercised on a kernel that does not refuse them.
+    SelfMapsRefused,
+}
+
+/// The way `CELLBOX_CLONE` asks for (read in the parent: the child shares
+/// its memory and must take no lock).
+fn clone_way() -> CloneWay {
+    match std::env::var_os("CELLBOX_CLONE") {
+        Some(v) if v == "parent-maps" => CloneWay::ParentMaps,
+        Some(v) if v == "self-maps-refused" => CloneWay::SelfMapsRefused,
+        _ => CloneWay::SelfMaps,
+    }
 }
 
 /// After a self-mapped clone returned: whether the child ended because it
@@ -385,14 +412,14 @@ fn cell_main(
     };
     let owner = ids.root.then_some((ids.uid, ids.gid));
     let (names, setgroups, owner, without) = match ns {
-        Namespaces::SelfMapped(names) => {
+        Namespaces::SelfMapped { names, refused } => {
             if let Err(e) = linux::sys::set_parent_death_signal(libc::SIGKILL) {
                 fail(SandboxError::new(
                     "namespaces",
                     format!("failed to set the parent-death signal: {e}"),
                 ));
             }
-            if namespaces::map_self(ids).is_err() {
+            if refused || namespaces::map_self(ids).is_err() {
                 // The parent falls back to writing the maps itself.
                 exit_now(EXIT_NO_MAPS);
             }
