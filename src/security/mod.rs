@@ -1,7 +1,7 @@
 //! The escape-attempt suite: run every attack in `security-tests/` against a
 //! built `cellbox` binary and judge each one from what the harness observes.
 //!
-//! For each attack the harness plants canaries ([`canary`]), optionally runs
+//! For each attack the harness plants canaries (the `canary` module), optionally runs
 //! the attack once unsandboxed as a positive control (it must escape, or the
 //! attack is broken), then runs it through `cellbox run --json` with a fake
 //! `API_KEY` in the supervisor's environment, and checks the canaries, the

@@ -345,9 +345,9 @@ fn emit_tree(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(
 /// gate's pathname buffer (needed for `exec = "once"`).
 ///
 /// Shape: kill on a foreign architecture; load the number; a binary
-/// search over runs of numbers with one verdict ([`range_tree`], or for a
+/// search over runs of numbers with one verdict (`range_tree`, or for a
 /// program too large for its short jumps a search over the numbers,
-/// [`emit_tree`]). The search keeps both the program and each syscall's
+/// `emit_tree`). The search keeps both the program and each syscall's
 /// path short (a handful of compares), which also lets the kernel
 /// precompute its "always allowed" cache quickly when the filter is
 /// installed.
