@@ -16,11 +16,43 @@ use rmcp::transport::streamable_http_server::{
     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
 };
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 type Response = http::Response<BoxBody<Bytes, Infallible>>;
+
+/// The loopback names a Host header (and a browser origin) may use besides
+/// the address the listener is bound to.
+const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// Host names a loopback listener bound to `ip` answers to.
+fn loopback_hosts(ip: IpAddr) -> Vec<String> {
+    let mut hosts: Vec<String> = LOOPBACK_NAMES.iter().map(|h| (*h).to_owned()).collect();
+    let bound = ip.to_string();
+    if !hosts.contains(&bound) {
+        hosts.push(bound);
+    }
+    hosts
+}
+
+/// Browser origins a loopback listener bound to `ip` accepts: pages served
+/// by this machine, on any port and either scheme.
+fn loopback_origins(ip: IpAddr) -> Vec<String> {
+    let in_url = |host: &str| match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => format!("[{host}]"),
+        _ => host.to_owned(),
+    };
+    let hosts = loopback_hosts(ip);
+    ["http", "https"]
+        .iter()
+        .flat_map(|scheme| {
+            hosts
+                .iter()
+                .map(move |h| format!("{scheme}://{}:*", in_url(h)))
+        })
+        .collect()
+}
 
 /// Compare in time independent of where the inputs differ.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -85,11 +117,20 @@ impl HttpServer {
             .with_legacy_session_mode(false)
             .with_max_request_body_bytes(max_body)
             .with_cancellation_token(shutdown.child_token());
-        if exposure == Exposure::Public {
+        match exposure {
             // Clients reach a public listener under names we cannot know;
-            // the bearer token is the gate. A loopback listener keeps rmcp's
-            // loopback-only Host check against DNS rebinding.
-            config = config.disable_allowed_hosts();
+            // the bearer token is the gate (a foreign web page cannot send it).
+            Exposure::Public => config = config.disable_allowed_hosts(),
+            // A loopback listener answers only to loopback Host names (with
+            // the address it is bound to) against DNS rebinding, and refuses a browser request from any
+            // page not served by this machine (a site the user visits cannot
+            // drive cells through the user's browser). Clients that are not
+            // browsers send no Origin and are not affected.
+            Exposure::Loopback => {
+                config = config
+                    .with_allowed_hosts(loopback_hosts(addr.ip()))
+                    .with_allowed_origins(loopback_origins(addr.ip()));
+            }
         }
         let service = StreamableHttpService::new(
             move || Ok(server.clone()),
@@ -166,6 +207,22 @@ impl HttpServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_names_include_the_bound_address() {
+        let v4: IpAddr = "127.0.0.2".parse().unwrap();
+        assert_eq!(
+            loopback_hosts(v4),
+            ["localhost", "127.0.0.1", "::1", "127.0.0.2"]
+        );
+        let origins = loopback_origins(v4);
+        assert!(origins.contains(&"http://127.0.0.2:*".to_owned()));
+        assert!(origins.contains(&"https://[::1]:*".to_owned()));
+        assert_eq!(origins.len(), 8);
+        let v6: IpAddr = "::1".parse().unwrap();
+        assert_eq!(loopback_hosts(v6), ["localhost", "127.0.0.1", "::1"]);
+        assert!(loopback_origins(v6).contains(&"http://[::1]:*".to_owned()));
+    }
 
     #[test]
     fn token_comparison() {

@@ -981,8 +981,12 @@ struct HttpServer {
 
 impl HttpServer {
     fn start(extra: &[&str]) -> HttpServer {
+        HttpServer::start_on("127.0.0.1:0", extra)
+    }
+
+    fn start_on(listen: &str, extra: &[&str]) -> HttpServer {
         let mut child = std::process::Command::new(bin())
-            .args(["serve", "--http", "127.0.0.1:0"])
+            .args(["serve", "--http", listen])
             .args(extra)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -1034,17 +1038,23 @@ impl HttpServer {
 
     /// Status line of a bare POST (no JSON-RPC body needed to be refused).
     fn raw_status(&self, authorization: Option<&str>) -> String {
-        let mut s = std::net::TcpStream::connect(self.addr).unwrap();
-        s.set_read_timeout(Some(PATIENCE)).unwrap();
         let auth = authorization
             .map(|a| format!("Authorization: {a}\r\n"))
             .unwrap_or_default();
+        self.raw_post(&format!("Host: {}\r\n{auth}", self.addr), "")
+    }
+
+    /// Status line of a POST with these header lines (each ending in CRLF;
+    /// they must include Host) and this body.
+    fn raw_post(&self, headers: &str, body: &str) -> String {
+        let mut s = std::net::TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
         write!(
             s,
-            "POST / HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: 0\r\n\
-             Connection: close\r\n\r\n",
-            self.addr
+            "POST / HTTP/1.1\r\n{headers}Content-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
         )
         .unwrap();
         let mut buf = String::new();
@@ -1234,5 +1244,71 @@ async fn http_with_a_token_rejects_requests_without_it() {
     assert!(!e, "{r:#}");
     assert_eq!(r["value"], "ok");
     client.cancel().await.unwrap();
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[tokio::test]
+async fn http_on_loopback_refuses_foreign_hosts_and_browser_origins() {
+    let server = HttpServer::start(&[]);
+    let port = server.addr.port();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let post = |headers: String| server.raw_post(&headers, init);
+
+    // The loopback names, with and without a page on this machine as the
+    // origin: served.
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let line = post(format!("Host: {host}\r\n"));
+        assert!(line.contains(" 200 "), "Host {host}: {line}");
+    }
+    for origin in [
+        format!("http://localhost:{port}"),
+        "http://127.0.0.1:6274".to_owned(),
+        "https://[::1]".to_owned(),
+    ] {
+        let line = post(format!("Host: 127.0.0.1:{port}\r\nOrigin: {origin}\r\n"));
+        assert!(line.contains(" 200 "), "Origin {origin}: {line}");
+    }
+
+    // A name that resolves here only through DNS rebinding: refused.
+    for host in [format!("evil.example:{port}"), "evil.example".to_owned()] {
+        let line = post(format!("Host: {host}\r\n"));
+        assert!(line.contains(" 403 "), "Host {host}: {line}");
+    }
+    // Nor does the bound address let other loopback names in than these.
+    for host in [format!("127.0.0.2:{port}"), format!("[::2]:{port}")] {
+        let line = post(format!("Host: {host}\r\n"));
+        assert!(line.contains(" 403 "), "Host {host}: {line}");
+    }
+    // A page from elsewhere driving the user's browser, a sandboxed frame or
+    // file (`null`), a look-alike and garbage: refused.
+    for origin in [
+        "http://evil.example",
+        &format!("http://evil.example:{port}"),
+        "null",
+        "http://localhost.evil.example",
+        "http://127.0.0.1.evil.example:80",
+        "not an origin",
+    ] {
+        let line = post(format!("Host: 127.0.0.1:{port}\r\nOrigin: {origin}\r\n"));
+        assert!(line.contains(" 403 "), "Origin {origin}: {line}");
+    }
+    assert_eq!(server.stop(), Some(0));
+
+    // Bound to another loopback address, it answers to that address too.
+    let server = HttpServer::start_on("127.0.0.2:0", &[]);
+    let port = server.addr.port();
+    let init_line = |headers: String| server.raw_post(&headers, init);
+    for headers in [
+        format!("Host: 127.0.0.2:{port}\r\n"),
+        format!("Host: 127.0.0.2:{port}\r\nOrigin: http://127.0.0.2:{port}\r\n"),
+        format!("Host: localhost:{port}\r\n"),
+    ] {
+        let line = init_line(headers.clone());
+        assert!(line.contains(" 200 "), "{headers:?}: {line}");
+    }
+    let line = init_line(format!(
+        "Host: 127.0.0.2:{port}\r\nOrigin: http://evil.example\r\n"
+    ));
+    assert!(line.contains(" 403 "), "{line}");
     assert_eq!(server.stop(), Some(0));
 }
