@@ -335,18 +335,24 @@ impl CellResult {
             out.push_str(&format!("answer: {a}\n"));
         }
         if let Some(e) = &self.error {
+            let summary = format!("{}: {}", e.kind, e.message);
+            let mut said = false;
             if let Some(tb) = &e.traceback {
                 out.push_str(tb);
                 if !tb.ends_with('\n') {
                     out.push('\n');
                 }
+                // A Python traceback ends with the same line; say it once.
+                said = tb.trim_end().lines().last() == Some(summary.as_str());
             }
-            let pos = match (e.line, e.column) {
-                (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
-                (Some(l), None) => format!(" (line {l})"),
-                _ => String::new(),
-            };
-            out.push_str(&format!("{}: {}{}\n", e.kind, e.message, pos));
+            if !said {
+                let pos = match (e.line, e.column) {
+                    (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
+                    (Some(l), None) => format!(" (line {l})"),
+                    _ => String::new(),
+                };
+                out.push_str(&format!("{summary}{pos}\n"));
+            }
         }
         if self.status != Status::Ok {
             out.push_str(&format!("[status: {}]\n", self.status));
@@ -364,5 +370,43 @@ impl CellResult {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(traceback: Option<&str>) -> CellResult {
+        let run = RunInfo {
+            run_id: "r".into(),
+            parent_run_id: None,
+            root_run_id: "r".into(),
+            depth: 0,
+        };
+        let mut r = CellResult::new("python", run);
+        r.status = Status::Error;
+        r.error = Some(ScriptError {
+            kind: "ValueError".into(),
+            message: "boom".into(),
+            traceback: traceback.map(str::to_owned),
+            line: Some(2),
+            column: None,
+        });
+        r
+    }
+
+    #[test]
+    fn text_names_the_error_once() {
+        let tb = "Traceback (most recent call last):\n  File \"<cell>\", line 2, in <module>\nValueError: boom\n";
+        let text = failed(Some(tb)).render_text();
+        assert_eq!(text, format!("{tb}[status: error]\n"));
+
+        // A traceback that does not end with it, or none: the summary line
+        // with the position follows.
+        let text = failed(Some("  in f\n")).render_text();
+        assert_eq!(text, "  in f\nValueError: boom (line 2)\n[status: error]\n");
+        let text = failed(None).render_text();
+        assert_eq!(text, "ValueError: boom (line 2)\n[status: error]\n");
     }
 }
