@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// How many calls may wait for a free slot; past that a call is refused.
     #[arg(long = "max-queue", value_name = "N")]
     pub max_queue: Option<usize>,
+    /// Bytes the scratch directories of all cells may hold together
+    /// (a tmpfs; enforced when serving as root).
+    #[arg(long = "scratch-bytes", value_name = "BYTES")]
+    pub scratch_bytes: Option<u64>,
     /// Python interpreter for python cells (default: the real python3 on PATH).
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
@@ -106,6 +110,8 @@ pub struct ServerSection {
     pub max_queue: usize,
     /// How often a running call reports progress when the client asked.
     pub progress_interval_ms: u64,
+    /// Bytes the scratch directories of all cells may hold together.
+    pub scratch_bytes: u64,
     /// Python interpreter for python cells.
     pub python: Option<PathBuf>,
     /// Append run events (JSON lines) to this file.
@@ -119,6 +125,7 @@ impl Default for ServerSection {
             max_concurrency: 4,
             max_queue: 64,
             progress_interval_ms: 1000,
+            scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
             python: None,
             events: None,
         }
@@ -219,6 +226,7 @@ pub struct Settings {
     pub idle_expiry: Duration,
     pub max_concurrency: usize,
     pub max_queue: usize,
+    pub scratch_bytes: u64,
     pub progress_interval: Duration,
     pub python: Option<PathBuf>,
     pub events: Option<PathBuf>,
@@ -327,6 +335,9 @@ impl ServeConfig {
         if let Some(n) = args.max_concurrency {
             self.server.max_concurrency = n;
         }
+        if let Some(n) = args.scratch_bytes {
+            self.server.scratch_bytes = n;
+        }
         if let Some(n) = args.max_queue {
             self.server.max_queue = n;
         }
@@ -414,6 +425,12 @@ impl ServeConfig {
                 "must be at least 1",
             ));
         }
+        if s.scratch_bytes < 1 << 20 {
+            return Err(invalid(
+                "server.scratch_bytes (--scratch-bytes)",
+                format!("{}: give at least 1048576 (1 MiB)", s.scratch_bytes),
+            ));
+        }
         if s.progress_interval_ms < 50 {
             return Err(invalid(
                 "server.progress_interval_ms",
@@ -445,6 +462,7 @@ impl ServeConfig {
             idle_expiry: Duration::from_secs(self.sessions.idle_expiry_seconds),
             max_concurrency: s.max_concurrency,
             max_queue: s.max_queue,
+            scratch_bytes: s.scratch_bytes,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
             events: s.events.clone(),
@@ -577,6 +595,28 @@ mod tests {
         );
         assert!(s.session.policy.allow.is_empty());
         assert_eq!(s.profiles[&Language::Python], "python");
+    }
+
+    #[test]
+    fn scratch_bytes_from_file_and_flag() {
+        let mut c = parse("[server]\nscratch_bytes = 8388608\n").unwrap();
+        assert_eq!(c.validate().unwrap().scratch_bytes, 8 << 20);
+        let args = ServeArgs {
+            scratch_bytes: Some(1 << 30),
+            ..ServeArgs::default()
+        };
+        c.apply_args(&args).unwrap();
+        assert_eq!(c.validate().unwrap().scratch_bytes, 1 << 30);
+        assert_eq!(
+            ServeConfig::default().validate().unwrap().scratch_bytes,
+            crate::supervisor::DEFAULT_SCRATCH_BYTES
+        );
+        let e = parse("[server]\nscratch_bytes = 4096\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.scratch_bytes (--scratch-bytes)"), "{e}");
     }
 
     #[test]

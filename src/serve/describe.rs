@@ -231,6 +231,8 @@ pub struct Facts<'a> {
     /// The sandbox profile of each enabled language.
     pub profiles: BTreeMap<Language, Profile>,
     pub observed: Option<&'a Observations>,
+    /// Bytes all scratch directories may hold together, when enforced.
+    pub scratch_quota: Option<u64>,
 }
 
 impl Facts<'_> {
@@ -270,6 +272,7 @@ impl Facts<'_> {
             python,
             profiles,
             observed,
+            scratch_quota: sup.scratch_quota(),
         }
     }
 
@@ -278,7 +281,7 @@ impl Facts<'_> {
         let mut s = format!(
             "Limits per call: wall clock {} (the cell is killed after it; status timeout), \
              {} of stdout and of stderr kept (the middle of longer output is cut and reported \
-             in `truncated`), memory {}, CPU {} s, {} processes/threads, files up to {}, \
+             in `truncated`), memory {}, CPU {} s, {} processes/threads, files up to {}{}, \
              source up to {}.",
             seconds(l.timeout_ms),
             bytes(l.max_output_bytes as u64),
@@ -286,6 +289,10 @@ impl Facts<'_> {
             l.cpu_seconds,
             l.max_processes,
             bytes(l.max_file_size_bytes),
+            match self.scratch_quota {
+                Some(q) => format!(" each and {} in all (shared by every call)", bytes(q)),
+                None => String::new(),
+            },
             bytes(l.max_script_bytes as u64),
         );
         if self.settings.languages.contains(&Language::Rhai) {

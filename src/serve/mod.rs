@@ -128,7 +128,7 @@ impl AsyncRead for StdinReader {
 
 /// Build the supervisor the settings describe.
 pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
-    let mut b = Supervisor::builder();
+    let mut b = Supervisor::builder().scratch_bytes(settings.scratch_bytes);
     for (lang, profile) in &settings.profiles {
         b = b.profile(*lang, profile.clone());
     }

@@ -155,6 +155,9 @@ impl CellRequest {
     }
 }
 
+/// What the scratch directories of one supervisor may hold together.
+pub const DEFAULT_SCRATCH_BYTES: u64 = 1 << 30;
+
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
     pub(crate) events: EventSink,
@@ -170,6 +173,10 @@ pub(crate) struct Inner {
     /// The Python zygote pools (warm supervisors on Linux only).
     #[cfg(target_os = "linux")]
     pub(crate) pools: Option<zygote::Pools>,
+    /// Where scratch directories are made; made on first use (after the
+    /// pools, which live beneath it, so it is dropped after them).
+    scratch_root: OnceLock<Option<scratch::ScratchRoot>>,
+    scratch_bytes: u64,
 }
 
 impl Inner {
@@ -217,14 +224,25 @@ impl Inner {
         }
     }
 
-    /// Where new scratch directories go: beneath the pool scratch root when
-    /// Python zygotes may run the cells, else the system temp dir.
+    /// Where new scratch directories go: the supervisor's scratch root
+    /// (which Python zygotes see too), else the system temp dir.
     pub(crate) fn scratch_parent(&self) -> PathBuf {
-        #[cfg(target_os = "linux")]
-        if let Some(p) = &self.pools {
-            return p.root().to_path_buf();
+        match self.scratch_root() {
+            Some(r) => r.path().to_path_buf(),
+            None => std::env::temp_dir(),
         }
-        std::env::temp_dir()
+    }
+
+    fn scratch_root(&self) -> Option<&scratch::ScratchRoot> {
+        self.scratch_root
+            .get_or_init(|| match scratch::ScratchRoot::new(self.scratch_bytes) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!("failed to create the scratch root: {e}");
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// The precompiled shim for the interpreter, when it could be made
@@ -263,9 +281,20 @@ pub struct SupervisorBuilder {
     warm: bool,
     #[cfg(target_os = "linux")]
     pool: zygote::PoolConfig,
+    scratch_bytes: u64,
 }
 
 impl SupervisorBuilder {
+    /// Bytes the scratch directories of all cells and sessions may hold
+    /// together (default 1 GiB). Enforced with a tmpfs when the supervisor
+    /// runs as root on Linux; otherwise only each file's size is bounded
+    /// (the profile's `max_file_size_bytes`). The tmpfs is memory: its
+    /// pages count against the host's RAM, not against a cell's limit.
+    pub fn scratch_bytes(mut self, bytes: u64) -> Self {
+        self.scratch_bytes = bytes;
+        self
+    }
+
     /// Sizes and lifetimes of the Python zygote pools (used when warm).
     #[cfg(target_os = "linux")]
     pub fn python_pool(mut self, config: PoolConfig) -> Self {
@@ -340,14 +369,32 @@ impl SupervisorBuilder {
                 worker_exe.display()
             )));
         }
+        if self.scratch_bytes == 0 {
+            return Err(Error::Config(
+                "scratch_bytes must be above 0: cells need a scratch directory".into(),
+            ));
+        }
+        // Warm workers see the scratch root from their start: make it now.
+        let scratch_root = OnceLock::new();
+        if self.warm {
+            let root =
+                scratch::ScratchRoot::new(self.scratch_bytes).map_err(|source| Error::Io {
+                    what: "create the scratch root".into(),
+                    source,
+                })?;
+            let _ = scratch_root.set(Some(root));
+        }
         #[cfg(target_os = "linux")]
-        let pools = if self.warm {
-            Some(zygote::Pools::new(self.pool).map_err(|source| Error::Io {
-                what: "create the pool scratch root".into(),
-                source,
-            })?)
-        } else {
-            None
+        let pools = match scratch_root.get() {
+            Some(Some(root)) => Some(
+                zygote::Pools::new(self.pool, root.path().to_path_buf()).map_err(|source| {
+                    Error::Io {
+                        what: "start the zygote launcher".into(),
+                        source,
+                    }
+                })?,
+            ),
+            _ => None,
         };
         Ok(Supervisor {
             inner: Arc::new(Inner {
@@ -363,6 +410,8 @@ impl SupervisorBuilder {
                 warm: self.warm,
                 forkserver: tokio::sync::Mutex::new(None),
                 profile_cache: Default::default(),
+                scratch_root,
+                scratch_bytes: self.scratch_bytes,
             }),
         })
     }
@@ -394,6 +443,7 @@ impl Supervisor {
             warm: true,
             #[cfg(target_os = "linux")]
             pool: zygote::PoolConfig::default(),
+            scratch_bytes: DEFAULT_SCRATCH_BYTES,
         }
     }
 
@@ -461,6 +511,12 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Bytes the scratch directories of all cells may hold together, when
+    /// this supervisor can enforce it (see [`SupervisorBuilder::scratch_bytes`]).
+    pub fn scratch_quota(&self) -> Option<u64> {
+        self.inner.scratch_root().and_then(|r| r.quota())
+    }
+
     /// The state of the warm workers.
     #[cfg(target_os = "linux")]
     pub async fn pool_status(&self) -> PoolStatus {
@@ -482,6 +538,12 @@ impl Supervisor {
             rhai_fork_server_pid: rhai_pid,
             rhai_spares,
             scratch_root: pools.map(|p| p.root().to_path_buf()),
+            scratch_quota_bytes: self
+                .inner
+                .scratch_root
+                .get()
+                .and_then(|r| r.as_ref())
+                .and_then(|r| r.quota()),
             pool_size: config.size,
             max_cells: config.max_cells,
             max_age_ms: config.max_age.as_millis() as u64,

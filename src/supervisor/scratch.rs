@@ -42,6 +42,75 @@ impl Scratch {
     }
 }
 
+/// Where every scratch directory of a supervisor is made. When the
+/// supervisor may mount (it runs as root on Linux), a tmpfs of at most
+/// `bytes` bytes and 65536 inodes that lives as long as the supervisor, so
+/// that its cells together cannot fill the disk beneath the system temp
+/// dir (RLIMIT_FSIZE bounds each file, not how many there are). Otherwise a
+/// plain directory there, where only each file's size is bounded.
+#[derive(Debug)]
+pub(crate) struct ScratchRoot {
+    dir: tempfile::TempDir,
+    quota: Option<u64>,
+}
+
+impl ScratchRoot {
+    pub(crate) fn new(bytes: u64) -> std::io::Result<ScratchRoot> {
+        let dir = tempfile::Builder::new()
+            .prefix("cellbox-scratch-")
+            .tempdir()?;
+        let quota = quota_tmpfs(dir.path(), bytes);
+        Ok(ScratchRoot { dir, quota })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The bytes all scratch directories may hold together, when bounded.
+    pub(crate) fn quota(&self) -> Option<u64> {
+        self.quota
+    }
+}
+
+impl Drop for ScratchRoot {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.quota.is_some() {
+            if let Err(e) = crate::sandbox::linux::mounts::detach(self.dir.path()) {
+                tracing::warn!("{e}");
+            }
+        }
+        // The directory itself goes with `self.dir`.
+    }
+}
+
+/// Mount the quota tmpfs on `dir` if this process may; the quota if it did.
+#[cfg(target_os = "linux")]
+fn quota_tmpfs(dir: &Path, bytes: u64) -> Option<u64> {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let mode = std::fs::metadata(dir)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o700);
+    match crate::sandbox::linux::mounts::mount_scratch_root(dir, bytes, mode) {
+        Ok(()) => Some(bytes),
+        Err(e) => {
+            tracing::warn!(
+                "scratch directories are not bounded in total ({e}); each file still is"
+            );
+            None
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn quota_tmpfs(_dir: &Path, _bytes: u64) -> Option<u64> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +134,38 @@ mod tests {
     fn a_missing_parent_is_an_error_not_a_panic() {
         let s = Scratch::new(PathBuf::from("/nonexistent/cellbox-test"), "cellbox-");
         assert!(s.path().is_err());
+    }
+
+    #[test]
+    fn the_scratch_root_is_bounded_when_root_and_goes_away() {
+        let root = ScratchRoot::new(4 << 20).unwrap();
+        let path = root.path().to_path_buf();
+        assert!(path.is_dir());
+        if !nix::unistd::geteuid().is_root() {
+            // Only root may mount; the tests run as root in CI.
+            assert_eq!(root.quota(), None);
+            return;
+        }
+        assert_eq!(root.quota(), Some(4 << 20));
+        let s = Scratch::new(path.clone(), "cellbox-");
+        let dir = s.path().unwrap().to_path_buf();
+        // Many files, each small: the total stops at the quota.
+        let mut written = 0u64;
+        let err = (0..16)
+            .find_map(|i| {
+                let r = std::fs::write(dir.join(format!("f{i}")), vec![0u8; 1 << 20]);
+                if r.is_ok() {
+                    written += 1 << 20;
+                }
+                r.err()
+            })
+            .expect("the quota must stop the writes");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        assert!(written <= 4 << 20, "{written}");
+        drop(s);
+        drop(root);
+        assert!(!path.exists());
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(path.to_str().unwrap()), "{mounts}");
     }
 }

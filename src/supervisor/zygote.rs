@@ -95,6 +95,9 @@ pub struct PoolStatus {
     /// Sandboxed Rhai workers waiting for a cell.
     pub rhai_spares: usize,
     pub scratch_root: Option<PathBuf>,
+    /// Bytes all scratch directories may hold together (a tmpfs), when the
+    /// supervisor could bound them (it must be root to mount one).
+    pub scratch_quota_bytes: Option<u64>,
     pub pool_size: usize,
     pub max_cells: u64,
     pub max_age_ms: u64,
@@ -517,14 +520,14 @@ pub(crate) struct Pools {
     /// killed when that thread retires. The thread ends with the pools, and
     /// the zygotes with it.
     launcher: Mutex<std::sync::mpsc::Sender<Job>>,
-    root: tempfile::TempDir,
+    /// The supervisor's scratch root (it outlives the pools).
+    root: PathBuf,
     zygotes: tokio::sync::Mutex<BTreeMap<String, Vec<Arc<Zygote>>>>,
     next: AtomicUsize,
 }
 
 impl Pools {
-    pub(crate) fn new(config: PoolConfig) -> Result<Pools, std::io::Error> {
-        let root = tempfile::Builder::new().prefix("cellbox-pool-").tempdir()?;
+    pub(crate) fn new(config: PoolConfig, root: PathBuf) -> Result<Pools, std::io::Error> {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("cellbox-zygotes".into())
@@ -544,7 +547,7 @@ impl Pools {
 
     /// The pool scratch root (see the module docs).
     pub(crate) fn root(&self) -> &Path {
-        self.root.path()
+        &self.root
     }
 
     /// A live zygote for `profile`, starting or replacing zygotes as needed.

@@ -505,3 +505,78 @@ async fn a_warm_cell_ends_at_done_and_what_it_started_is_gone_before_the_next() 
     assert_eq!(r.stdout, "parent\n");
     assert_eq!(r.value, json!(1));
 }
+
+/// Python: write 1 MiB files until the writes fail; `[files written, errno]`.
+const FILL_PY: &str = "import errno\nn = 0\ncode = None\ntry:\n    for i in range(64):\n        with open(f'fill{i}', 'wb') as f:\n            f.write(b'x' * (1 << 20))\n        n += 1\nexcept OSError as e:\n    code = errno.errorcode.get(e.errno, e.errno)\n[n, code]";
+
+#[tokio::test]
+async fn the_scratch_of_all_cells_together_is_bounded_on_every_path() {
+    // RLIMIT_FSIZE bounds each file; many files must not fill the host's
+    // disk either. With an 8 MiB scratch root, 64 files of 1 MiB stop at
+    // ENOSPC, for a warm cell, a session's next cell (the space is shared,
+    // not per cell), a cold cell and a shell cell.
+    if !nix::unistd::geteuid().is_root() {
+        panic!("the scratch quota needs root to mount its tmpfs; run the suite as root");
+    }
+    for warm in [true, false] {
+        let sup = Supervisor::builder()
+            .worker_exe(bin())
+            .warm(warm)
+            .scratch_bytes(8 << 20)
+            .build()
+            .unwrap();
+        assert_eq!(sup.scratch_quota(), Some(8 << 20));
+        let s = sup.session(SessionConfig::default()).unwrap();
+        let r = py_in(&s, FILL_PY).await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        if warm {
+            require_warm(&r);
+        }
+        let v = r.value.as_array().unwrap().clone();
+        assert_eq!(v[1], json!("ENOSPC"), "warm {warm}: {r:?}");
+        let first = v[0].as_u64().unwrap();
+        assert!((4..=8).contains(&first), "warm {warm}: wrote {first} MiB");
+
+        // The next cell of the session finds the space used by the first.
+        let r = py_in(&s, "import os\nopen('more', 'wb').write(b'x' * (2 << 20))").await;
+        assert_eq!(r.status, Status::Error, "warm {warm}: {r:?}");
+        assert!(
+            r.error.as_ref().unwrap().message.contains("No space left"),
+            "warm {warm}: {r:?}"
+        );
+
+        // The scratch root is a tmpfs of that size, gone with the supervisor.
+        let root = s.scratch_dir().unwrap().parent().unwrap().to_path_buf();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = mounts
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some(root.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{} is not a mount:\n{mounts}", root.display()));
+        assert!(
+            line.contains(" - tmpfs ") && line.contains("size=8192k"),
+            "{line}"
+        );
+        // The session's space comes back when it closes; a shell cell of
+        // another session is held to the same bound.
+        drop(s);
+        let sh = sup.session(SessionConfig::default()).unwrap();
+        let r = sh
+            .run(CellRequest::new(
+                Language::Shell,
+                "n=0; while [ $n -lt 64 ] && head -c 1048576 /dev/zero > f$n 2>/dev/null; do \
+                 n=$((n+1)); done; echo $n",
+            ))
+            .await;
+        assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
+        let n: u64 = r.stdout.trim().parse().unwrap();
+        assert!(
+            (4..=8).contains(&n),
+            "warm {warm}: the shell cell wrote {n} MiB"
+        );
+
+        drop((sh, sup));
+        assert!(!root.exists(), "{} left behind", root.display());
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(root.to_str().unwrap()), "{mounts}");
+    }
+}

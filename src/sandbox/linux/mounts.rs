@@ -175,6 +175,21 @@ fn tmpfs(
     .map_err(nix_err("mount tmpfs on", target))
 }
 
+/// A tmpfs of at most `bytes` bytes and 65536 inodes on `target` in the
+/// caller's own mount namespace, `nosuid,nodev,noexec`, its root with
+/// `mode`: the supervisor's scratch root, so that cells together cannot
+/// fill the disk it would otherwise live on. Needs `CAP_SYS_ADMIN`.
+pub fn mount_scratch_root(target: &Path, bytes: u64, mode: u32) -> Result<(), MountError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    tmpfs(target, bytes, mode, flags, None)
+}
+
+/// Detach the mount on `target` from the caller's mount namespace (it goes
+/// away once nothing uses it any more).
+pub fn detach(target: &Path) -> Result<(), MountError> {
+    umount2(target, MntFlags::MNT_DETACH).map_err(nix_err("detach the mount on", target))
+}
+
 /// Build the new root and switch into it. On return the process's root is
 /// the new root and its cwd is `/`.
 pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), MountError> {
