@@ -56,9 +56,11 @@ pub(crate) struct ScratchRoot {
 
 impl ScratchRoot {
     pub(crate) fn new(bytes: u64) -> std::io::Result<ScratchRoot> {
+        let parent = std::env::temp_dir();
+        sweep_stale(&parent);
         let dir = tempfile::Builder::new()
-            .prefix("cellbox-scratch-")
-            .tempdir()?;
+            .prefix(&format!("{ROOT_PREFIX}{}-", std::process::id()))
+            .tempdir_in(&parent)?;
         let quota = quota_tmpfs(dir.path(), bytes);
         Ok(ScratchRoot { dir, quota })
     }
@@ -82,6 +84,53 @@ impl Drop for ScratchRoot {
             }
         }
         // The directory itself goes with `self.dir`.
+    }
+}
+
+/// Scratch roots are named `cellbox-scratch-<pid of the supervisor>-<random>`.
+const ROOT_PREFIX: &str = "cellbox-scratch-";
+
+/// Remove the scratch roots (and their tmpfs) of supervisors that are gone
+/// without cleaning up (killed): a tmpfs holds memory until it is unmounted.
+/// Only directories this user owns, named as ours, whose supervisor's pid no
+/// longer runs.
+fn sweep_stale(parent: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let me = std::process::id();
+    let uid = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(ROOT_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() && m.uid() == uid => {}
+            _ => continue,
+        }
+        #[cfg(target_os = "linux")]
+        let _ = crate::sandbox::linux::mounts::detach(&path);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => tracing::info!(
+                "removed the scratch root of a gone supervisor: {}",
+                path.display()
+            ),
+            Err(e) => tracing::warn!(
+                "failed to remove the stale scratch root {}: {e}",
+                path.display()
+            ),
+        }
     }
 }
 
@@ -134,6 +183,38 @@ mod tests {
     fn a_missing_parent_is_an_error_not_a_panic() {
         let s = Scratch::new(PathBuf::from("/nonexistent/cellbox-test"), "cellbox-");
         assert!(s.path().is_err());
+    }
+
+    #[test]
+    fn roots_of_gone_supervisors_are_swept() {
+        // A pid that does not run: above the kernel's maximum.
+        let parent = tempfile::tempdir().unwrap();
+        let stale = parent.path().join(format!("{ROOT_PREFIX}4194305-abc"));
+        let live = parent
+            .path()
+            .join(format!("{ROOT_PREFIX}{}-abc", std::process::id()));
+        let other = parent.path().join("cellbox-scratch-x-abc");
+        for d in [&stale, &live, &other] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("f"), "x").unwrap();
+        }
+        // A link named like a stale root is neither followed nor removed.
+        let target = parent.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("keep"), "x").unwrap();
+        let link = parent.path().join(format!("{ROOT_PREFIX}4194306-abc"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let mounted = nix::unistd::geteuid().is_root();
+        if mounted {
+            crate::sandbox::linux::mounts::mount_scratch_root(&stale, 1 << 20, 0o700).unwrap();
+            std::fs::write(stale.join("f"), "x").unwrap();
+        }
+        sweep_stale(parent.path());
+        assert!(!stale.exists());
+        assert!(live.join("f").exists() && other.join("f").exists());
+        assert!(target.join("keep").exists() && link.exists());
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(stale.to_str().unwrap()), "{mounts}");
     }
 
     #[test]

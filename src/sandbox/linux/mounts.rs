@@ -185,9 +185,11 @@ pub fn mount_scratch_root(target: &Path, bytes: u64, mode: u32) -> Result<(), Mo
 }
 
 /// Detach the mount on `target` from the caller's mount namespace (it goes
-/// away once nothing uses it any more).
+/// away once nothing uses it any more). A symlink at `target` is not
+/// followed.
 pub fn detach(target: &Path) -> Result<(), MountError> {
-    umount2(target, MntFlags::MNT_DETACH).map_err(nix_err("detach the mount on", target))
+    umount2(target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
+        .map_err(nix_err("detach the mount on", target))
 }
 
 /// Build the new root and switch into it. On return the process's root is
