@@ -11,7 +11,7 @@ use super::handler::CellboxServer;
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::{
     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
 };
@@ -21,6 +21,11 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 type Response = http::Response<BoxBody<Bytes, Infallible>>;
+
+/// A connection that has not sent a whole request head within this (from
+/// its start, or since its last response) is closed: idle or trickling
+/// connections cannot pile up until the server runs out of descriptors.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The loopback names a Host header (and a browser origin) may use besides
 /// the address the listener is bound to.
@@ -186,6 +191,8 @@ impl HttpServer {
                     }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), svc);
                 tokio::pin!(conn);
                 tokio::select! {

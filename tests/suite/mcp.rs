@@ -1312,3 +1312,49 @@ async fn http_on_loopback_refuses_foreign_hosts_and_browser_origins() {
     assert!(line.contains(" 403 "), "{line}");
     assert_eq!(server.stop(), Some(0));
 }
+
+#[tokio::test]
+async fn http_closes_connections_that_send_no_request_but_not_long_calls() {
+    let server = HttpServer::start(&["--timeout", "60"]);
+    // One connection that never sends anything and one that trickles half a
+    // request head: each would hold a descriptor for ever.
+    let idle = std::net::TcpStream::connect(server.addr).unwrap();
+    let mut trickle = std::net::TcpStream::connect(server.addr).unwrap();
+    write!(trickle, "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").unwrap();
+    let started = Instant::now();
+    let closed = |mut s: std::net::TcpStream| {
+        std::thread::spawn(move || {
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            let mut buf = [0u8; 512];
+            // EOF (or a reset) once the server gives up on the head; a 408
+            // response before it is fine too.
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return Instant::now(),
+                    Ok(_) => continue,
+                }
+            }
+        })
+    };
+    let (idle, trickle) = (closed(idle), closed(trickle));
+
+    // Meanwhile a call that outlasts that timeout is answered in full.
+    let client = server.client(None).await.unwrap();
+    let (r, e, _) = exec(
+        &client,
+        json!({"language": "python", "code": "import time\ntime.sleep(32)\n'slept'"}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], "slept");
+
+    for (what, t) in [("idle", idle), ("trickling", trickle)] {
+        let at = t.join().unwrap() - started;
+        assert!(
+            at >= Duration::from_secs(29) && at < Duration::from_secs(59),
+            "the {what} connection was closed after {at:?}, not the header timeout (30 s)"
+        );
+    }
+    client.cancel().await.unwrap();
+    assert_eq!(server.stop(), Some(0));
+}
