@@ -735,6 +735,19 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
                 .count()
         });
         println!("  {:<16} {zygotes} live zygote(s)", "python");
+        println!(
+            "  {:<16} {}",
+            "scratch",
+            match pools["scratch_quota_bytes"].as_u64() {
+                Some(q) => format!(
+                    "{} MiB in all, shared by every cell (tmpfs), each file up to the profile's limit",
+                    q >> 20
+                ),
+                None => "NOT bounded in total (mounting the scratch tmpfs needs root); \
+                         each file up to the profile's limit"
+                    .to_owned(),
+            }
+        );
     }
     if ok {
         ExitCode::SUCCESS

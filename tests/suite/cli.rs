@@ -144,6 +144,15 @@ fn doctor_reports_the_warm_workers() {
             .any(|z| z["alive"] == true),
         "{warm}"
     );
+    // As root (CI), the scratch of all cells is bounded by a tmpfs.
+    assert_eq!(
+        warm["pools"]["scratch_quota_bytes"],
+        1u64 << 30,
+        "the suite runs as root, so the scratch quota must be enforced: {warm}"
+    );
+    let text = cellbox(&["doctor"], None);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("scratch          1024 MiB in all"), "{text}");
 }
 
 // `cellbox exec` (and `cellbox run` of a shell cell) runs its cell from the
