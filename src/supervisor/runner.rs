@@ -1153,7 +1153,7 @@ async fn run_sub_cell(
         .cloned()
         .unwrap_or_default();
     let scratch = Arc::new(super::scratch::Scratch::new(
-        sup.scratch_parent(),
+        super::scratch::Parent::Supervisor(sup.clone()),
         "cellbox-sub-",
     ));
     let mut limits = spec.limits.clone();

@@ -5,17 +5,45 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// Where a [`Scratch`] is made.
+pub(crate) enum Parent {
+    /// The supervisor's scratch root, itself made when first needed (a
+    /// Rhai cell never needs one). Holding the supervisor keeps that root
+    /// until every directory beneath it is gone.
+    Supervisor(std::sync::Arc<super::Inner>),
+    #[cfg(test)]
+    Path(PathBuf),
+}
+
+impl Parent {
+    fn path(&self) -> PathBuf {
+        match self {
+            Parent::Supervisor(sup) => sup.scratch_parent(),
+            #[cfg(test)]
+            Parent::Path(p) => p.clone(),
+        }
+    }
+}
+
 /// A scratch directory beneath `parent`, created the first time its path
 /// is asked for and removed with the last handle.
-#[derive(Debug)]
 pub(crate) struct Scratch {
-    parent: PathBuf,
+    parent: Parent,
     prefix: &'static str,
     dir: OnceLock<tempfile::TempDir>,
 }
 
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("prefix", &self.prefix)
+            .field("dir", &self.dir.get().map(tempfile::TempDir::path))
+            .finish_non_exhaustive()
+    }
+}
+
 impl Scratch {
-    pub(crate) fn new(parent: PathBuf, prefix: &'static str) -> Scratch {
+    pub(crate) fn new(parent: Parent, prefix: &'static str) -> Scratch {
         Scratch {
             parent,
             prefix,
@@ -30,7 +58,7 @@ impl Scratch {
         }
         let made = tempfile::Builder::new()
             .prefix(self.prefix)
-            .tempdir_in(&self.parent)?;
+            .tempdir_in(self.parent.path())?;
         // Two callers racing both make one; the loser's is removed at once.
         Ok(self.dir.get_or_init(|| made).path())
     }
@@ -167,7 +195,7 @@ mod tests {
     #[test]
     fn made_on_first_use_and_removed_on_drop() {
         let parent = tempfile::tempdir().unwrap();
-        let s = Scratch::new(parent.path().to_path_buf(), "cellbox-");
+        let s = Scratch::new(Parent::Path(parent.path().to_path_buf()), "cellbox-");
         assert!(s.made().is_none());
         assert_eq!(std::fs::read_dir(parent.path()).unwrap().count(), 0);
         let p = s.path().unwrap().to_path_buf();
@@ -181,7 +209,10 @@ mod tests {
 
     #[test]
     fn a_missing_parent_is_an_error_not_a_panic() {
-        let s = Scratch::new(PathBuf::from("/nonexistent/cellbox-test"), "cellbox-");
+        let s = Scratch::new(
+            Parent::Path(PathBuf::from("/nonexistent/cellbox-test")),
+            "cellbox-",
+        );
         assert!(s.path().is_err());
     }
 
@@ -228,7 +259,7 @@ mod tests {
             return;
         }
         assert_eq!(root.quota(), Some(4 << 20));
-        let s = Scratch::new(path.clone(), "cellbox-");
+        let s = Scratch::new(Parent::Path(path.clone()), "cellbox-");
         let dir = s.path().unwrap().to_path_buf();
         // Many files, each small: the total stops at the quota.
         let mut written = 0u64;

@@ -66,7 +66,7 @@ impl Session {
     pub(crate) fn new(sup: Arc<Inner>, config: SessionConfig) -> Result<Session, Error> {
         // Made when a cell first needs it.
         let scratch = Arc::new(super::scratch::Scratch::new(
-            sup.scratch_parent(),
+            super::scratch::Parent::Supervisor(sup.clone()),
             "cellbox-",
         ));
         Ok(Session {
