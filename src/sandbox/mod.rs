@@ -34,6 +34,8 @@ pub mod packet;
 pub mod process;
 pub mod spawn;
 pub mod syscalls;
+#[cfg(unix)]
+pub mod tree;
 #[cfg(target_os = "linux")]
 pub mod zygote;
 

@@ -65,7 +65,7 @@ pub struct Cell {
     /// A host scratch directory made for a plan whose scratch was to be
     /// made in the cell, when the cell runs without namespaces; removed when dropped,
     /// so keep it until the cell is reaped.
-    pub scratch: Option<tempfile::TempDir>,
+    pub scratch: Option<super::tree::OwnedTree>,
 }
 
 /// The one message a cell sends on fd 3 before it executes its program
@@ -216,6 +216,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
         let dir = tempfile::Builder::new()
             .prefix("cellbox-")
             .tempdir_in(std::env::temp_dir())
+            .map(super::tree::OwnedTree::new)
             .map_err(|e| {
                 SpawnError::Spawn(format!("failed to create the scratch directory: {e}"))
             })?;
@@ -253,7 +254,7 @@ fn watch(
     stdout: OwnedFd,
     stderr: OwnedFd,
     control: UnixStream,
-    scratch: Option<tempfile::TempDir>,
+    scratch: Option<super::tree::OwnedTree>,
 ) -> Result<Cell, SpawnError> {
     let pidfd = match super::process::pidfd_open(pid) {
         Ok(fd) => fd,

@@ -2,6 +2,7 @@
 //! (its sandbox grants no file access at all), and making and removing a
 //! directory costs more than the rest of such a cell.
 
+use crate::sandbox::tree::{remove_tree, OwnedTree};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -26,18 +27,19 @@ impl Parent {
 }
 
 /// A scratch directory beneath `parent`, created the first time its path
-/// is asked for and removed with the last handle.
+/// is asked for and removed with the last handle (whatever depth and modes
+/// its cells left: see [`remove_tree`]).
 pub(crate) struct Scratch {
     parent: Parent,
     prefix: &'static str,
-    dir: OnceLock<tempfile::TempDir>,
+    dir: OnceLock<OwnedTree>,
 }
 
 impl std::fmt::Debug for Scratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scratch")
             .field("prefix", &self.prefix)
-            .field("dir", &self.dir.get().map(tempfile::TempDir::path))
+            .field("dir", &self.dir.get().map(OwnedTree::path))
             .finish_non_exhaustive()
     }
 }
@@ -58,7 +60,8 @@ impl Scratch {
         }
         let made = tempfile::Builder::new()
             .prefix(self.prefix)
-            .tempdir_in(self.parent.path())?;
+            .tempdir_in(self.parent.path())
+            .map(OwnedTree::new)?;
         // Two callers racing both make one; the loser's is removed at once.
         Ok(self.dir.get_or_init(|| made).path())
     }
@@ -66,7 +69,7 @@ impl Scratch {
     /// The directory if it was made.
     #[cfg(test)]
     pub(crate) fn made(&self) -> Option<&Path> {
-        self.dir.get().map(tempfile::TempDir::path)
+        self.dir.get().map(OwnedTree::path)
     }
 }
 
@@ -78,7 +81,7 @@ impl Scratch {
 /// plain directory there, where only each file's size is bounded.
 #[derive(Debug)]
 pub(crate) struct ScratchRoot {
-    dir: tempfile::TempDir,
+    dir: OwnedTree,
     quota: Option<u64>,
 }
 
@@ -88,7 +91,8 @@ impl ScratchRoot {
         sweep_stale(&parent);
         let dir = tempfile::Builder::new()
             .prefix(&format!("{ROOT_PREFIX}{}-", std::process::id()))
-            .tempdir_in(&parent)?;
+            .tempdir_in(&parent)
+            .map(OwnedTree::new)?;
         let quota = quota_tmpfs(dir.path(), bytes);
         Ok(ScratchRoot { dir, quota })
     }
@@ -149,7 +153,7 @@ fn sweep_stale(parent: &Path) {
         }
         #[cfg(target_os = "linux")]
         let _ = crate::sandbox::linux::mounts::detach(&path);
-        match std::fs::remove_dir_all(&path) {
+        match remove_tree(&path) {
             Ok(()) => tracing::info!(
                 "removed the scratch root of a gone supervisor: {}",
                 path.display()

@@ -649,3 +649,106 @@ fn the_front_binary_hands_other_commands_to_the_engine() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cellbox-engine"), "{err}");
 }
+
+/// What a cell leaves in its scratch directory goes with it, whatever modes
+/// and depth it left: a supervisor that is not root cannot remove entries of
+/// a directory the cell made `chmod 0`, and a chain of directories deeper
+/// than the supervisor's descriptor limit used to stop the removal too. Both
+/// left the cell's files on the host disk. Run as a plain user (uid 1000,
+/// descriptor limit 256), for a Python cell (a scratch beneath the
+/// supervisor's scratch root) and for `exec` without namespaces (a host
+/// scratch directory).
+#[test]
+fn what_a_cell_leaves_is_removed_whatever_modes_and_depth() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test runs cellbox as uid 1000 and needs root to do so");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_user = |args: &[&str]| {
+        let out = std::process::Command::new("prlimit")
+            .args([
+                "--nofile=256:256",
+                "--",
+                "setpriv",
+                "--reuid=1000",
+                "--regid=1000",
+            ])
+            .args(["--clear-groups", "--"])
+            .arg(bin())
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", tmp.path())
+            .env("TMPDIR", tmp.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let left = || -> Vec<String> {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("cellbox-shim-"))
+            .collect()
+    };
+
+    let py = tmp.path().join("leave.py");
+    std::fs::write(
+        &py,
+        "import os\n\
+         os.makedirs('locked/inner')\n\
+         open('locked/inner/f', 'w').write('x')\n\
+         os.chmod('locked/inner', 0)\n\
+         os.chmod('locked', 0o500)\n\
+         top = os.open('.', os.O_RDONLY)\n\
+         for i in range(600):\n\
+         \x20   os.mkdir('d')\n\
+         \x20   os.chdir('d')\n\
+         open('deepest', 'w').write('y')\n\
+         os.chdir(top)\n\
+         print('left', os.getcwd())\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, out) = as_user(&["run", "--lang", "python", py.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("left /"), "{out}");
+    std::fs::remove_file(&py).unwrap();
+    assert_eq!(left(), Vec::<String>::new(), "{out}");
+
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/sandbox-profiles/shell.toml"
+    ))
+    .unwrap()
+    .replace("namespaces = \"best_effort\"", "namespaces = \"off\"");
+    let profile = tmp.path().join("no-ns.toml");
+    std::fs::write(&profile, text).unwrap();
+    std::fs::set_permissions(&profile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let script = "mkdir -p a/b && echo x > a/b/f && chmod 0 a/b && chmod 500 a && \
+                  i=0; while [ $i -lt 400 ]; do mkdir d && cd d || exit 9; i=$((i+1)); done; \
+                  echo made $i";
+    let (code, out) = as_user(&[
+        "exec",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("made 400"), "{out}");
+    std::fs::remove_file(&profile).unwrap();
+    assert_eq!(left(), Vec::<String>::new(), "{out}");
+}
