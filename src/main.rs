@@ -268,6 +268,9 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
         Ok(c) => c,
         Err(e) => return usage(e),
     };
+    if let Some(e) = language.code_error(&code) {
+        return usage(format!("{file}: {e}"));
+    }
     // One cell: spawning directly beats starting a fork server first.
     let sup = match build_supervisor(&opts, warm) {
         Ok(s) => s,
@@ -315,6 +318,9 @@ fn one_shot_shell(opts: &CellOpts, json: bool, file: &str) -> Option<ExitCode> {
         Ok(c) => c,
         Err(e) => return Some(usage(e)),
     };
+    if let Some(e) = Language::Shell.code_error(&code) {
+        return Some(usage(format!("{file}: {e}")));
+    }
     let events = match events_sink(opts) {
         Ok(s) => s,
         Err(e) => return Some(usage(e)),

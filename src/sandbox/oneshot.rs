@@ -472,6 +472,9 @@ fn cell_main(
     drop(in_ns);
     send(&Report::Ready(report));
     let err = linux::exec::exec_in(argv, &linux::cell_environment(plan));
-    eprintln!("cellbox: failed to execute {:?}: {err}", argv.first());
+    eprintln!(
+        "cellbox: failed to execute {}: {err}",
+        argv.first().map_or("nothing", String::as_str)
+    );
     exit_now(EXIT_EXEC)
 }

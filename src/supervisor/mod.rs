@@ -57,6 +57,18 @@ impl Language {
         self.as_str()
     }
 
+    /// Why `code` can never run in this language, if it cannot: shell code
+    /// is an argument of `/bin/sh`, a C string, so it holds no NUL byte.
+    pub fn code_error(self, code: &str) -> Option<String> {
+        match (self, code.find('\0')) {
+            (Language::Shell, Some(at)) => Some(format!(
+                "shell code cannot contain a NUL byte (found at byte {at}): \
+                 the shell gets the script as a program argument, a C string"
+            )),
+            _ => None,
+        }
+    }
+
     /// Infer the language from a file name (`.rhai`, `.py`, `.sh`).
     pub fn from_path(path: &Path) -> Option<Language> {
         match path.extension()?.to_str()? {

@@ -76,12 +76,35 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         &run,
         json!({"language": "shell", "session_id": session_id}),
     );
-    let limits = config.limits.clone();
-    match plan_for(&cell.argv, &config, scratch) {
+    if let Some(problem) = argv_error(&cell.argv) {
+        result.fail(Status::Error, "UsageError", problem);
+    } else {
+        run_planned(&cell, &config, scratch, started, &mut result);
+    }
+    result.usage.wall_ms = started.elapsed().as_millis() as u64;
+    result.usage.calls = 0;
+    events.record(
+        "cell_end",
+        &run,
+        json!({"status": result.status, "wall_ms": result.usage.wall_ms,
+               "error": result.error.as_ref().map(|e| &e.message)}),
+    );
+    result
+}
+
+fn run_planned(
+    cell: &OneShot,
+    config: &SessionConfig,
+    scratch: std::path::PathBuf,
+    started: Instant,
+    result: &mut CellResult,
+) {
+    let limits = &config.limits;
+    match plan_for(&cell.argv, config, scratch) {
         Ok((plan, argv)) => {
             let deadline = started + limits.timeout();
             match oneshot::spawn(&plan, &argv) {
-                Ok(c) => supervise(c, &limits, cell.forward_output, deadline, &mut result),
+                Ok(c) => supervise(c, limits, cell.forward_output, deadline, result),
                 Err(SpawnError::Sandbox(e)) => result.fail(
                     Status::SandboxError,
                     "SandboxError",
@@ -94,15 +117,18 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         }
         Err(e) => result.fail(Status::SandboxError, "SandboxError", e),
     }
-    result.usage.wall_ms = started.elapsed().as_millis() as u64;
-    result.usage.calls = 0;
-    events.record(
-        "cell_end",
-        &run,
-        json!({"status": result.status, "wall_ms": result.usage.wall_ms,
-               "error": result.error.as_ref().map(|e| &e.message)}),
-    );
-    result
+}
+
+/// Why `argv` cannot be executed, if it cannot: its arguments are C strings.
+pub(crate) fn argv_error(argv: &[String]) -> Option<String> {
+    argv.iter().enumerate().find_map(|(n, a)| {
+        a.find('\0').map(|at| {
+            format!(
+                "argument {n} of the program contains a NUL byte (at byte {at}): \
+                 program arguments are C strings"
+            )
+        })
+    })
 }
 
 /// The plan and the resolved argv, as the library path builds them.

@@ -1137,15 +1137,8 @@ async fn run_sub_cell(
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
-    if code.len() > spec.limits.max_script_bytes {
-        return Err((
-            "invalid_args".into(),
-            format!(
-                "sub-cell source of {} bytes exceeds max_script_bytes {}",
-                code.len(),
-                spec.limits.max_script_bytes
-            ),
-        ));
+    if let Some(problem) = super::session::code_problem(language, &code, &spec.limits) {
+        return Err(("invalid_args".into(), format!("sub-cell: {problem}")));
     }
     let vars = args
         .get("vars")

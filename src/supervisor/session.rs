@@ -106,17 +106,13 @@ impl Session {
         let count = state.execution_count;
         let limits = self.inner.config.limits.tighten(&request.limits);
         let run = RunInfo::root();
-        if request.code.len() > limits.max_script_bytes {
+        if let Some(problem) = code_problem(request.language, &request.code, &limits) {
             let mut r = CellResult::refused(
                 request.language.as_str(),
                 run,
                 Status::Error,
                 "UsageError",
-                format!(
-                    "the script is {} bytes, over the limit of {} bytes (max_script_bytes)",
-                    request.code.len(),
-                    limits.max_script_bytes
-                ),
+                problem,
             );
             r.execution_count = count;
             self.push_history(&mut state, &request, &r);
@@ -197,6 +193,17 @@ impl Session {
     pub(crate) async fn exec(&self, argv: Vec<String>, forward_output: bool) -> CellResult {
         let mut state = self.inner.state.lock().await;
         state.execution_count += 1;
+        if let Some(problem) = super::oneshot::argv_error(&argv) {
+            let mut r = CellResult::refused(
+                "shell",
+                RunInfo::root(),
+                Status::Error,
+                "UsageError",
+                problem,
+            );
+            r.execution_count = state.execution_count;
+            return r;
+        }
         let spec = CellSpec {
             language: Language::Shell,
             code: argv.join(" "),
@@ -283,6 +290,18 @@ impl Session {
         state.vars.clear();
         state.definitions.clear();
     }
+}
+
+/// Why `code` cannot run as a `language` cell under `limits`, if it cannot.
+pub(crate) fn code_problem(language: Language, code: &str, limits: &Limits) -> Option<String> {
+    if code.len() > limits.max_script_bytes {
+        return Some(format!(
+            "the script is {} bytes, over the limit of {} bytes (max_script_bytes)",
+            code.len(),
+            limits.max_script_bytes
+        ));
+    }
+    language.code_error(code)
 }
 
 fn remove_definition_names(state: &mut State, names: &[String]) {

@@ -222,7 +222,10 @@ fn run_sandboxed(
         }
         Backend::Exec { argv } => {
             let err = python::exec_program(chan, &argv);
-            eprintln!("cellbox: failed to execute {:?}: {err}", argv.first());
+            eprintln!(
+                "cellbox: failed to execute {}: {err}",
+                argv.first().map_or("nothing", String::as_str)
+            );
             127
         }
     }

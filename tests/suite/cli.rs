@@ -90,6 +90,15 @@ fn bad_input_gets_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_script_bytes"));
 
+    // A shell script is an argument of /bin/sh: a C string, no NUL inside.
+    let out = cellbox(&["run", "--lang", "shell", "-"], Some("echo a\0b"));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("cannot contain a NUL byte (found at byte 6)"),
+        "{out:?}"
+    );
+
     let bin = dir.path().join("bin.rhai");
     std::fs::write(&bin, b"1 + \xff\xfe").unwrap();
     let out = cellbox(&["run", bin.to_str().unwrap()], None);

@@ -655,3 +655,42 @@ async fn a_done_cell_has_all_its_output_and_its_worker_then_exits() {
     assert!(left.is_empty(), "workers still running: {left:?}");
     assert_eq!(sup.pool_status().await.rhai_spares, 3);
 }
+
+/// Shell code and program arguments are C strings: a NUL byte in them is
+/// the caller's mistake, named as such on every path (a cell, a program run
+/// with `exec`, a sub-cell), not a failed exec inside the sandbox.
+#[tokio::test]
+async fn a_nul_byte_in_shell_code_or_arguments_is_a_usage_error() {
+    let r = run_once(Language::Shell, "echo a\0b", &[]).await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let e = r.error.as_ref().unwrap();
+    assert_eq!(e.kind, "UsageError", "{r:?}");
+    assert!(e.message.contains("NUL byte (found at byte 6)"), "{r:?}");
+
+    let sup = supervisor();
+    let r = sup
+        .exec(vec!["/bin/echo".into(), "a\0b".into()], config(&[]), false)
+        .await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let e = r.error.as_ref().unwrap();
+    assert_eq!(e.kind, "UsageError", "{r:?}");
+    assert!(e.message.contains("argument 1 of the program"), "{r:?}");
+
+    let code = r#"
+        let got = "";
+        try { run_cell("shell", "echo \x00") } catch (e) { got = e.kind + ": " + e.message }
+        got
+    "#;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Rhai, code),
+            config(&["run_cell"]),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = r.value.as_str().unwrap_or_default();
+    assert!(
+        v.starts_with("invalid_args: ") && v.contains("sub-cell: shell code cannot contain a NUL"),
+        "{r:?}"
+    );
+}
