@@ -16,9 +16,9 @@ use super::sessions::{SessionError, SessionTable};
 use crate::supervisor as cellbox_output;
 use crate::{CellRequest, CellResult, Language, RunInfo, Status, Supervisor};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
+    CustomResult, ErrorCode, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 #[allow(deprecated)] // see `execute_code`
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
@@ -578,6 +578,38 @@ impl ServerHandler for CellboxServer {
                 .into_iter()
                 .find(|t| t.name == name),
         }
+    }
+
+    /// The stand-in for a message too long to read (see
+    /// [`super::lines`]): answered with what was wrong, so the client's
+    /// request does not wait forever.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method != super::lines::OVERSIZED_METHOD {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                request.method,
+                None,
+            ));
+        }
+        let p = request.params.unwrap_or_default();
+        let what = match p.get("method").and_then(Value::as_str) {
+            Some(m) => format!("the {m} request"),
+            None => "the message".to_owned(),
+        };
+        let bytes = p.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        let limit = p.get("limit").and_then(Value::as_u64).unwrap_or(0);
+        let max_script = self.state.settings.session.limits.max_script_bytes;
+        Err(ErrorData::invalid_request(
+            format!(
+                "{what} was {bytes} bytes, over the limit of {limit} bytes for one message \
+                 (scripts may be {max_script} bytes); it was not read"
+            ),
+            None,
+        ))
     }
 
     async fn call_tool(

@@ -9,6 +9,7 @@
 //!   settings and the sandbox a probe cell actually got; input and output
 //!   schemas.
 //! - [`listener`]: the HTTP listener with its bearer-token check.
+//! - [`lines`]: stdin cut into lines; one too long is answered, not lost.
 //!
 //! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
 //! which kills their cells, and waits until the workers are reaped before
@@ -18,6 +19,7 @@ pub mod config;
 pub mod describe;
 pub mod gate;
 pub mod handler;
+pub mod lines;
 pub mod listener;
 pub mod schema;
 pub mod sessions;
@@ -27,7 +29,6 @@ pub use handler::CellboxServer;
 
 use crate::{EventSink, Supervisor};
 use rmcp::ServiceExt;
-use std::io::Read;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::task::{Context, Poll};
@@ -55,21 +56,26 @@ struct StdinReader {
 }
 
 impl StdinReader {
-    fn spawn(eof: CancellationToken) -> std::io::Result<StdinReader> {
+    /// Read standard input on its own thread, a line at a time, none held
+    /// longer than `limit` bytes (see [`lines`]).
+    fn spawn(eof: CancellationToken, limit: usize) -> std::io::Result<StdinReader> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         std::thread::Builder::new()
             .name("cellbox-stdin".into())
             .spawn(move || {
-                let mut stdin = std::io::stdin().lock();
-                let mut buf = vec![0u8; 64 * 1024];
+                let mut stdin = std::io::BufReader::with_capacity(64 * 1024, std::io::stdin());
                 loop {
-                    match stdin.read(&mut buf) {
-                        Ok(0) => return,
-                        Ok(n) => {
-                            if tx.blocking_send(Ok(buf[..n].to_vec())).is_err() {
+                    match lines::next_line(&mut stdin, limit) {
+                        Ok(lines::Line::End) => return,
+                        Ok(lines::Line::Pass(line)) => {
+                            if tx.blocking_send(Ok(line)).is_err() {
                                 return;
                             }
                         }
+                        Ok(lines::Line::Dropped { bytes }) => tracing::warn!(
+                            "dropped a message of {bytes} bytes (over the limit of {limit}) \
+                             that has no id to answer"
+                        ),
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) => {
                             let _ = tx.blocking_send(Err(e));
@@ -232,10 +238,15 @@ fn spawn_sweeper(server: &CellboxServer, shutdown: CancellationToken) {
     });
 }
 
-async fn serve_stdio(server: CellboxServer, shutdown: CancellationToken) -> u8 {
+async fn serve_stdio(
+    server: CellboxServer,
+    max_script_bytes: usize,
+    shutdown: CancellationToken,
+) -> u8 {
     // rmcp's writer half: non-blocking when stdout is a pipe.
     let (_, writer) = rmcp::transport::stdio_pipes();
-    let reader = match StdinReader::spawn(shutdown.clone()) {
+    let limit = lines::max_message_bytes(max_script_bytes);
+    let reader = match StdinReader::spawn(shutdown.clone(), limit) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cellbox serve: failed to start the stdin reader: {e}");
@@ -291,10 +302,7 @@ async fn serve_http(server: CellboxServer, settings: &Settings, shutdown: Cancel
     else {
         return EXIT_INTERNAL;
     };
-    // Room for the largest accepted script, JSON-escaped, plus the envelope.
-    let max_body = (settings.session.limits.max_script_bytes.saturating_mul(6))
-        .saturating_add(64 * 1024)
-        .max(4 * 1024 * 1024);
+    let max_body = lines::max_message_bytes(settings.session.limits.max_script_bytes);
     let http = match listener::HttpServer::bind(server, addr, exposure, token, max_body, &shutdown)
         .await
     {
@@ -350,7 +358,10 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     spawn_sweeper(&server, shutdown.clone());
     watch_signals(shutdown.clone());
     let code = match settings.transport {
-        Transport::Stdio => serve_stdio(server.clone(), shutdown.clone()).await,
+        Transport::Stdio => {
+            let max_script = settings.session.limits.max_script_bytes;
+            serve_stdio(server.clone(), max_script, shutdown.clone()).await
+        }
         Transport::Http { .. } => serve_http(server.clone(), &settings, shutdown.clone()).await,
     };
     tracing::debug!("transport closed; shutting down");

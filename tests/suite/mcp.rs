@@ -729,6 +729,78 @@ fn a_client_that_leaves_before_initializing_ends_the_server() {
     }
 }
 
+/// A message too long to read is answered with an error for its id (the
+/// transport alone would drop it and leave the client waiting forever); one
+/// with no id is dropped; the calls after them are served.
+#[test]
+fn a_message_too_long_is_answered_not_lost() {
+    let mut child = std::process::Command::new(bin())
+        .arg("serve")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let next = |what: &str| -> Value {
+        rx.recv_timeout(PATIENCE)
+            .unwrap_or_else(|e| panic!("no answer to {what}: {e}"))
+    };
+    let mut send = |v: Value| {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).unwrap();
+        stdin.flush().unwrap();
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    assert_eq!(next("initialize")["id"], 0);
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let huge = "x".repeat(20 << 20);
+    // The id after the big value, as a client may order its keys.
+    send(json!({"jsonrpc": "2.0", "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"language": "python", "code": huge}},
+        "id": "big-1"}));
+    send(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"x": huge}}));
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"language": "rhai", "code": "40 + 2"}}}));
+    let first = next("the oversized call");
+    assert_eq!(first["id"], "big-1", "{first}");
+    assert_eq!(first["error"]["code"], -32600, "{first}");
+    let msg = first["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("the tools/call request was 2097") && msg.contains("over the limit of"),
+        "{msg}"
+    );
+    let second = next("the call after it");
+    assert_eq!(second["id"], 2, "{second}");
+    assert_eq!(
+        second["result"]["structuredContent"]["value"], 42,
+        "{second}"
+    );
+    drop(stdin);
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < PATIENCE, "the server outlived its stdin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[tokio::test]
 async fn twenty_calls_run_concurrently() {
     let s = stdio_server(&["--max-concurrency", "4"]).await;
