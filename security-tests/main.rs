@@ -127,7 +127,8 @@ fn unconfined_profile(lang: &str, dir: &Path) -> Result<std::path::PathBuf, Stri
         .lines()
         .map(|line| {
             let key = line.split('=').next().unwrap_or("").trim();
-            if ["namespaces", "rlimits", "landlock", "seccomp"].contains(&key) && line.contains('"')
+            if ["namespaces", "rlimits", "landlock", "seccomp", "cgroup"].contains(&key)
+                && line.contains('"')
             {
                 turned_off += 1;
                 format!("{key} = \"off\"")
@@ -138,9 +139,9 @@ fn unconfined_profile(lang: &str, dir: &Path) -> Result<std::path::PathBuf, Stri
             }
         })
         .collect();
-    if turned_off != 4 {
+    if turned_off != 5 {
         return Err(format!(
-            "{} no longer has the four [layers] keys this self-check turns off",
+            "{} no longer has the five [layers] keys this self-check turns off",
             shipped.display()
         ));
     }

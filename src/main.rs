@@ -157,8 +157,17 @@ fn main() -> ExitCode {
     })
 }
 
-fn build_supervisor(opts: &CellOpts, warm: bool) -> Result<Supervisor, String> {
-    let mut b = Supervisor::builder().warm(warm);
+/// A supervisor for the cells of one command: they run one at a time, so
+/// together (with a warm worker's own share) they are held to one cell's
+/// memory limit.
+fn build_supervisor(
+    opts: &CellOpts,
+    warm: bool,
+    config: &SessionConfig,
+) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder()
+        .warm(warm)
+        .cells_memory_bytes(config.limits.memory_bytes.saturating_add(64 << 20));
     if let Some(p) = &opts.python {
         b = b.python(p);
     }
@@ -272,7 +281,7 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
         return usage(format!("{file}: {e}"));
     }
     // One cell: spawning directly beats starting a fork server first.
-    let sup = match build_supervisor(&opts, warm) {
+    let sup = match build_supervisor(&opts, warm, &config) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -293,7 +302,7 @@ async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
-    let sup = match build_supervisor(&opts, false) {
+    let sup = match build_supervisor(&opts, false, &config) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -494,7 +503,7 @@ async fn cmd_repl(opts: CellOpts) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
-    let sup = match build_supervisor(&opts, true) {
+    let sup = match build_supervisor(&opts, true, &config) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -751,6 +760,22 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
                 ),
                 None => "NOT bounded in total (mounting the scratch tmpfs needs root); \
                          each file up to the profile's limit"
+                    .to_owned(),
+            }
+        );
+        println!(
+            "  {:<16} {}",
+            "memory",
+            match (
+                pools["cells_memory_bytes"].as_u64(),
+                pools["cells_memory_cgroup"].as_str()
+            ) {
+                (Some(m), Some(cg)) => format!(
+                    "{} MiB for all cells together ({cg}), each process up to the profile's limit",
+                    m >> 20
+                ),
+                _ => "NOT bounded in total (making a memory cgroup needs root and a memory \
+                      controller); each process up to the profile's limit"
                     .to_owned(),
             }
         );

@@ -100,6 +100,16 @@ pub struct Layers {
     pub privileges: LayerMode,
     pub landlock: LayerMode,
     pub seccomp: LayerMode,
+    /// The memory cgroup the supervisor puts the cell's processes in (they
+    /// start in it; see `crate::sandbox::linux::cgroup`). Not applied by
+    /// the cell itself, so not in [`Layers::iter`]. Absent means
+    /// best-effort.
+    #[serde(default = "best_effort")]
+    pub cgroup: LayerMode,
+}
+
+fn best_effort() -> LayerMode {
+    LayerMode::BestEffort
 }
 
 impl Layers {
@@ -737,6 +747,21 @@ mod tests {
         assert!(matches!(err, ProfileError::Parse { .. }), "{msg}");
         assert!(msg.contains("test.toml"), "{msg}");
         assert!(msg.contains("shell"), "{msg}");
+    }
+
+    #[test]
+    fn the_cgroup_layer_is_best_effort_unless_said() {
+        for name in BUILTIN_NAMES {
+            let p = Profile::load(name).unwrap();
+            assert_eq!(p.layers.cgroup, LayerMode::BestEffort, "{name}");
+        }
+        let without = rhai_text().replace("cgroup = \"best_effort\"", "");
+        assert!(!without.contains("cgroup ="));
+        let p = Profile::from_toml(&without, "test.toml").unwrap();
+        assert_eq!(p.layers.cgroup, LayerMode::BestEffort);
+        let off = rhai_text().replace("cgroup = \"best_effort\"", "cgroup = \"off\"");
+        let p = Profile::from_toml(&off, "test.toml").unwrap();
+        assert_eq!(p.layers.cgroup, LayerMode::Off);
     }
 
     #[test]

@@ -1,20 +1,29 @@
 //! Spawning a worker: the protocol socket lands on fd 3, the worker gets its
 //! own session and process group, and dies with its supervisor.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Arrange for `fd` to be the child's fd 3 and for the child to start a new
 /// session (so the supervisor can kill its whole process group) with a
-/// parent-death SIGKILL. `fd` must stay open until the child is spawned.
-pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd) {
+/// parent-death SIGKILL. With `cgroup` (an open `cgroup.procs`, see
+/// [`crate::sandbox::linux::cgroup`]), the child joins that cgroup first,
+/// so nothing it or its descendants do escapes it. `fd` and `cgroup` must
+/// stay open until the child is spawned.
+pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroup: Option<RawFd>) {
     use std::os::unix::process::CommandExt;
     let raw = fd.as_raw_fd();
     let supervisor = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (dup2, fcntl, setsid, prctl, getppid); it
-    // allocates nothing and touches no locks.
+    // async-signal-safe functions (write, dup2, fcntl, setsid, prctl,
+    // getppid); it allocates nothing and touches no locks.
     unsafe {
         cmd.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            if let Some(cg) = cgroup {
+                crate::sandbox::linux::cgroup::join_fd(cg)?;
+            }
+            #[cfg(not(target_os = "linux"))]
+            let _ = cgroup;
             if raw == crate::protocol::PROTOCOL_FD {
                 // dup2 onto itself would keep CLOEXEC; clear it instead.
                 if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {

@@ -109,6 +109,7 @@ attacks![
     "python/res_fork_bomb.py",
     "python/res_giant_line.py",
     "python/res_memory_bomb.py",
+    "python/res_memory_fork_bomb.py",
     "python/res_output_flood.py",
     "python/res_thread_bomb.py",
     "rhai/rhai_call_flood.rhai",

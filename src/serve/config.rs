@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// (a tmpfs; enforced when serving as root).
     #[arg(long = "scratch-bytes", value_name = "BYTES")]
     pub scratch_bytes: Option<u64>,
+    /// Bytes of memory all cells may hold together, the warm workers
+    /// included (a memory cgroup; enforced when serving as root).
+    #[arg(long = "cells-memory-bytes", value_name = "BYTES")]
+    pub cells_memory_bytes: Option<u64>,
     /// Python interpreter for python cells (default: the real python3 on PATH).
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
@@ -112,6 +116,8 @@ pub struct ServerSection {
     pub progress_interval_ms: u64,
     /// Bytes the scratch directories of all cells may hold together.
     pub scratch_bytes: u64,
+    /// Bytes of memory all cells may hold together.
+    pub cells_memory_bytes: u64,
     /// Python interpreter for python cells.
     pub python: Option<PathBuf>,
     /// Append run events (JSON lines) to this file.
@@ -126,6 +132,7 @@ impl Default for ServerSection {
             max_queue: 64,
             progress_interval_ms: 1000,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
+            cells_memory_bytes: crate::supervisor::DEFAULT_CELLS_MEMORY_BYTES,
             python: None,
             events: None,
         }
@@ -227,6 +234,7 @@ pub struct Settings {
     pub max_concurrency: usize,
     pub max_queue: usize,
     pub scratch_bytes: u64,
+    pub cells_memory_bytes: u64,
     pub progress_interval: Duration,
     pub python: Option<PathBuf>,
     pub events: Option<PathBuf>,
@@ -338,6 +346,9 @@ impl ServeConfig {
         if let Some(n) = args.scratch_bytes {
             self.server.scratch_bytes = n;
         }
+        if let Some(n) = args.cells_memory_bytes {
+            self.server.cells_memory_bytes = n;
+        }
         if let Some(n) = args.max_queue {
             self.server.max_queue = n;
         }
@@ -431,6 +442,12 @@ impl ServeConfig {
                 format!("{}: give at least 1048576 (1 MiB)", s.scratch_bytes),
             ));
         }
+        if s.cells_memory_bytes < 64 << 20 {
+            return Err(invalid(
+                "server.cells_memory_bytes (--cells-memory-bytes)",
+                format!("{}: give at least 67108864 (64 MiB)", s.cells_memory_bytes),
+            ));
+        }
         if s.progress_interval_ms < 50 {
             return Err(invalid(
                 "server.progress_interval_ms",
@@ -463,6 +480,7 @@ impl ServeConfig {
             max_concurrency: s.max_concurrency,
             max_queue: s.max_queue,
             scratch_bytes: s.scratch_bytes,
+            cells_memory_bytes: s.cells_memory_bytes,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
             events: s.events.clone(),
@@ -617,6 +635,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("server.scratch_bytes (--scratch-bytes)"), "{e}");
+    }
+
+    #[test]
+    fn cells_memory_bytes_from_file_and_flag() {
+        let mut c = parse("[server]\ncells_memory_bytes = 2147483648\n").unwrap();
+        assert_eq!(c.validate().unwrap().cells_memory_bytes, 2 << 30);
+        let args = ServeArgs {
+            cells_memory_bytes: Some(8 << 30),
+            ..ServeArgs::default()
+        };
+        c.apply_args(&args).unwrap();
+        assert_eq!(c.validate().unwrap().cells_memory_bytes, 8 << 30);
+        assert_eq!(
+            ServeConfig::default()
+                .validate()
+                .unwrap()
+                .cells_memory_bytes,
+            crate::supervisor::DEFAULT_CELLS_MEMORY_BYTES
+        );
+        let e = parse("[server]\ncells_memory_bytes = 4096\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.cells_memory_bytes (--cells-memory-bytes)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -233,6 +233,8 @@ pub struct Facts<'a> {
     pub observed: Option<&'a Observations>,
     /// Bytes all scratch directories may hold together, when enforced.
     pub scratch_quota: Option<u64>,
+    /// Bytes of memory all cells may hold together, when enforced.
+    pub cells_memory: Option<u64>,
 }
 
 impl Facts<'_> {
@@ -273,6 +275,7 @@ impl Facts<'_> {
             profiles,
             observed,
             scratch_quota: sup.scratch_quota(),
+            cells_memory: sup.cells_memory(),
         }
     }
 
@@ -281,11 +284,18 @@ impl Facts<'_> {
         let mut s = format!(
             "Limits per call: wall clock {} (the cell is killed after it; status timeout), \
              {} of stdout and of stderr kept (the middle of longer output is cut and reported \
-             in `truncated`), memory {}, CPU {} s, {} processes/threads, files up to {}{}, \
+             in `truncated`), memory {}{}, CPU {} s, {} processes/threads, files up to {}{}, \
              source up to {}.",
             seconds(l.timeout_ms),
             bytes(l.max_output_bytes as u64),
             bytes(l.memory_bytes),
+            match self.cells_memory {
+                Some(m) => format!(
+                    " per process and {} for all running calls together (a process past it is killed)",
+                    bytes(m)
+                ),
+                None => String::new(),
+            },
             l.cpu_seconds,
             l.max_processes,
             bytes(l.max_file_size_bytes),

@@ -134,7 +134,9 @@ impl AsyncRead for StdinReader {
 
 /// Build the supervisor the settings describe.
 pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
-    let mut b = Supervisor::builder().scratch_bytes(settings.scratch_bytes);
+    let mut b = Supervisor::builder()
+        .scratch_bytes(settings.scratch_bytes)
+        .cells_memory_bytes(settings.cells_memory_bytes);
     for (lang, profile) in &settings.profiles {
         b = b.profile(*lang, profile.clone());
     }

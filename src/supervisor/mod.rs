@@ -170,6 +170,10 @@ impl CellRequest {
 /// What the scratch directories of one supervisor may hold together.
 pub const DEFAULT_SCRATCH_BYTES: u64 = 1 << 30;
 
+/// The memory all cells of a supervisor may hold together by default (see
+/// [`SupervisorBuilder::cells_memory_bytes`]).
+pub const DEFAULT_CELLS_MEMORY_BYTES: u64 = 4 << 30;
+
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
     pub(crate) events: EventSink,
@@ -189,6 +193,10 @@ pub(crate) struct Inner {
     /// pools, which live beneath it, so it is dropped after them).
     scratch_root: OnceLock<Option<scratch::ScratchRoot>>,
     scratch_bytes: u64,
+    /// The memory cgroup every worker process starts in, when this
+    /// supervisor can make one.
+    #[cfg(target_os = "linux")]
+    pub(crate) cells_cgroup: Option<Arc<crate::sandbox::linux::cgroup::CellCgroup>>,
 }
 
 impl Inner {
@@ -223,7 +231,7 @@ impl Inner {
             .profiles
             .get(&Language::Rhai)
             .map_or("rhai", String::as_str);
-        match warm::ForkServer::start(&self.worker_exe, profile) {
+        match warm::ForkServer::start(&self.worker_exe, profile, self) {
             Ok(fs) => {
                 let fs = Arc::new(fs);
                 *slot = Some(fs.clone());
@@ -233,6 +241,32 @@ impl Inner {
                 tracing::warn!("warm workers unavailable, spawning per cell: {e}");
                 None
             }
+        }
+    }
+
+    /// The `cgroup.procs` a new worker process joins, if there is a cgroup.
+    pub(crate) fn cgroup_fd(&self) -> Option<std::os::fd::RawFd> {
+        #[cfg(target_os = "linux")]
+        return self.cells_cgroup.as_ref().map(|c| c.procs_fd());
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// The cgroup a worker of a profile whose cgroup layer is `mode` joins;
+    /// an error when the layer is required and there is none.
+    pub(crate) fn cgroup_for(
+        &self,
+        mode: crate::profiles::LayerMode,
+    ) -> Result<Option<std::os::fd::RawFd>, String> {
+        use crate::profiles::LayerMode;
+        match (mode, self.cgroup_fd()) {
+            (LayerMode::Off, _) => Ok(None),
+            (LayerMode::Required, None) => Err(
+                "the cgroup layer is required, but this supervisor has no memory cgroup \
+                 (it needs root and a memory controller it can make children in)"
+                    .into(),
+            ),
+            (_, fd) => Ok(fd),
         }
     }
 
@@ -294,9 +328,22 @@ pub struct SupervisorBuilder {
     #[cfg(target_os = "linux")]
     pool: zygote::PoolConfig,
     scratch_bytes: u64,
+    cells_memory_bytes: u64,
 }
 
 impl SupervisorBuilder {
+    /// Bytes of memory all cells of this supervisor may hold together
+    /// (default 4 GiB), on top of each process's own limit: a cell may
+    /// start many processes, and each one's RLIMIT_AS alone does not bound
+    /// their sum. Enforced with a memory cgroup when the supervisor may make
+    /// one (root, cgroup v1 memory or a v2 cgroup able to hand `memory` to
+    /// children); past it the kernel kills the largest process inside. The
+    /// warm workers (fork server, zygotes) count too.
+    pub fn cells_memory_bytes(mut self, bytes: u64) -> Self {
+        self.cells_memory_bytes = bytes;
+        self
+    }
+
     /// Bytes the scratch directories of all cells and sessions may hold
     /// together (default 1 GiB). Enforced with a tmpfs when the supervisor
     /// runs as root on Linux; otherwise only each file's size is bounded
@@ -386,6 +433,24 @@ impl SupervisorBuilder {
                 "scratch_bytes must be above 0: cells need a scratch directory".into(),
             ));
         }
+        if self.cells_memory_bytes < 16 << 20 {
+            return Err(Error::Config(format!(
+                "cells_memory_bytes {} is too small: give at least 16 MiB",
+                self.cells_memory_bytes
+            )));
+        }
+        #[cfg(target_os = "linux")]
+        let cells_cgroup = if nix::unistd::geteuid().is_root() {
+            match crate::sandbox::linux::cgroup::CellCgroup::create(self.cells_memory_bytes) {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    tracing::warn!("the memory of all cells together is not bounded: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         // Warm workers see the scratch root from their start: make it now.
         let scratch_root = OnceLock::new();
         if self.warm {
@@ -424,6 +489,8 @@ impl SupervisorBuilder {
                 profile_cache: Default::default(),
                 scratch_root,
                 scratch_bytes: self.scratch_bytes,
+                #[cfg(target_os = "linux")]
+                cells_cgroup,
             }),
         })
     }
@@ -456,6 +523,7 @@ impl Supervisor {
             #[cfg(target_os = "linux")]
             pool: zygote::PoolConfig::default(),
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
+            cells_memory_bytes: DEFAULT_CELLS_MEMORY_BYTES,
         }
     }
 
@@ -523,7 +591,16 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Bytes the scratch directories of all cells may hold together, when
+    /// Bytes of memory all cells may hold together, when this supervisor
+    /// can enforce it (see [`SupervisorBuilder::cells_memory_bytes`]).
+    pub fn cells_memory(&self) -> Option<u64> {
+        #[cfg(target_os = "linux")]
+        return self.inner.cells_cgroup.as_ref().map(|c| c.limit());
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// The bytes the scratch directories of all cells may hold together, if
     /// this supervisor can enforce it (see [`SupervisorBuilder::scratch_bytes`]).
     pub fn scratch_quota(&self) -> Option<u64> {
         self.inner.scratch_root().and_then(|r| r.quota())
@@ -556,6 +633,12 @@ impl Supervisor {
                 .get()
                 .and_then(|r| r.as_ref())
                 .and_then(|r| r.quota()),
+            cells_memory_bytes: self.cells_memory(),
+            cells_memory_cgroup: self
+                .inner
+                .cells_cgroup
+                .as_ref()
+                .map(|c| format!("{} {}", c.kind(), c.path().display())),
             pool_size: config.size,
             max_cells: config.max_cells,
             max_age_ms: config.max_age.as_millis() as u64,

@@ -76,7 +76,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         &run,
         json!({"language": "shell", "session_id": session_id}),
     );
-    if let Some(problem) = argv_error(&cell.argv) {
+    if let Some(problem) = super::session::argv_error(&cell.argv) {
         result.fail(Status::Error, "UsageError", problem);
     } else {
         run_planned(&cell, &config, scratch, started, &mut result);
@@ -103,6 +103,18 @@ fn run_planned(
     match plan_for(&cell.argv, config, scratch) {
         Ok((plan, argv)) => {
             let deadline = started + limits.timeout();
+            // Held until the cell has ended; dropping it kills what is left.
+            let _cgroup = match join_cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
+                Ok(c) => c,
+                Err(e) => {
+                    result.fail(
+                        Status::SandboxError,
+                        "SandboxError",
+                        format!("the cgroup layer could not be applied: {e}"),
+                    );
+                    return;
+                }
+            };
             match oneshot::spawn(&plan, &argv) {
                 Ok(c) => supervise(c, limits, cell.forward_output, deadline, result),
                 Err(SpawnError::Sandbox(e)) => result.fail(
@@ -119,16 +131,33 @@ fn run_planned(
     }
 }
 
-/// Why `argv` cannot be executed, if it cannot: its arguments are C strings.
-pub(crate) fn argv_error(argv: &[String]) -> Option<String> {
-    argv.iter().enumerate().find_map(|(n, a)| {
-        a.find('\0').map(|at| {
-            format!(
-                "argument {n} of the program contains a NUL byte (at byte {at}): \
-                 program arguments are C strings"
-            )
-        })
-    })
+/// Put this process (which supervises this one cell and nothing else) in a
+/// memory cgroup of `bytes`, so that the cell's processes together stay
+/// within the cell's memory limit: each one's RLIMIT_AS does not bound their
+/// sum. Only root can make one; otherwise, or when it fails, each process
+/// is still bounded on its own.
+fn join_cell_cgroup(
+    mode: crate::profiles::LayerMode,
+    bytes: u64,
+) -> Result<Option<crate::sandbox::linux::cgroup::CellCgroup>, String> {
+    use crate::profiles::LayerMode;
+    let made = match mode {
+        LayerMode::Off => return Ok(None),
+        _ if !nix::unistd::geteuid().is_root() => {
+            Err("making a memory cgroup needs root".to_owned())
+        }
+        // This process's own allocations from now on count too.
+        _ => crate::sandbox::linux::cgroup::CellCgroup::create(bytes.saturating_add(16 << 20))
+            .and_then(|mut c| c.join_self().map(|()| c)),
+    };
+    match (made, mode) {
+        (Ok(c), _) => Ok(Some(c)),
+        (Err(e), LayerMode::Required) => Err(e),
+        (Err(e), _) => {
+            tracing::debug!("the cell's processes are not bounded together: {e}");
+            Ok(None)
+        }
+    }
 }
 
 /// The plan and the resolved argv, as the library path builds them.

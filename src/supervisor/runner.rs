@@ -154,6 +154,7 @@ fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), S
         .path()
         .map_err(|e| format!("failed to create the scratch directory: {e}"))?;
     let mut plan = SandboxPlan::new(&profile, scratch.to_path_buf(), limits);
+    sup.cgroup_for(plan.layers.cgroup)?;
     let backend = match spec.language {
         Language::Rhai => Backend::Rhai,
         Language::Python => {
@@ -333,7 +334,7 @@ async fn run_worker(
     let (mut sup_sock, worker_sock) = pair()?;
     let worker_fd: OwnedFd = worker_sock.into();
     let started_worker = if spec.language == Language::Rhai || cfg!(not(target_os = "linux")) {
-        start_direct(sup, spec, worker_fd)?
+        start_direct(sup, spec, &plan, worker_fd)?
     } else {
         #[cfg(target_os = "linux")]
         match warm_python(sup, spec, &plan).await {
@@ -346,10 +347,10 @@ async fn run_worker(
                     tracing::warn!("warm Python cell failed to start ({e}); running it cold");
                     let (a, b) = pair()?;
                     sup_sock = a;
-                    start_direct(sup, spec, b.into())?
+                    start_direct(sup, spec, &plan, b.into())?
                 }
             },
-            None => start_direct(sup, spec, worker_fd)?,
+            None => start_direct(sup, spec, &plan, worker_fd)?,
         }
     };
     let launched = Launched {
@@ -741,7 +742,12 @@ async fn start_forked(
 }
 
 /// Spawn the worker by re-executing our binary.
-fn start_direct(sup: &Arc<Inner>, spec: &CellSpec, worker_fd: OwnedFd) -> Result<Started, String> {
+fn start_direct(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    worker_fd: OwnedFd,
+) -> Result<Started, String> {
     let home = spec
         .scratch
         .path()
@@ -755,7 +761,8 @@ fn start_direct(sup: &Arc<Inner>, spec: &CellSpec, worker_fd: OwnedFd) -> Result
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    spawn::prepare_worker(&mut cmd, &worker_fd);
+    let cgroup = sup.cgroup_for(plan.layers.cgroup)?;
+    spawn::prepare_worker(&mut cmd, &worker_fd, cgroup);
     let mut child = cmd.spawn().map_err(|e| {
         format!(
             "failed to start the worker {}: {e}",

@@ -193,7 +193,7 @@ impl Session {
     pub(crate) async fn exec(&self, argv: Vec<String>, forward_output: bool) -> CellResult {
         let mut state = self.inner.state.lock().await;
         state.execution_count += 1;
-        if let Some(problem) = super::oneshot::argv_error(&argv) {
+        if let Some(problem) = argv_error(&argv) {
             let mut r = CellResult::refused(
                 "shell",
                 RunInfo::root(),
@@ -302,6 +302,18 @@ pub(crate) fn code_problem(language: Language, code: &str, limits: &Limits) -> O
         ));
     }
     language.code_error(code)
+}
+
+/// Why `argv` cannot be executed, if it cannot: its arguments are C strings.
+pub(crate) fn argv_error(argv: &[String]) -> Option<String> {
+    argv.iter().enumerate().find_map(|(n, a)| {
+        a.find('\0').map(|at| {
+            format!(
+                "argument {n} of the program contains a NUL byte (at byte {at}): \
+                 program arguments are C strings"
+            )
+        })
+    })
 }
 
 fn remove_definition_names(state: &mut State, names: &[String]) {

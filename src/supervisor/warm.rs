@@ -186,8 +186,13 @@ fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 impl ForkServer {
     /// Start `worker_exe __forkserver` with the control channel on fd 3 and
     /// have it apply the pool-wide layers of `profile`.
-    pub(crate) fn start(worker_exe: &Path, profile: &str) -> Result<ForkServer, String> {
+    pub(crate) fn start(
+        worker_exe: &Path,
+        profile: &str,
+        sup: &super::Inner,
+    ) -> Result<ForkServer, String> {
         let loaded = crate::profiles::Profile::load(profile).map_err(|e| e.to_string())?;
+        let cgroup = sup.cgroup_for(loaded.layers.cgroup)?;
         let dir = tempfile::Builder::new()
             .prefix("cellbox-forkserver-")
             .tempdir()
@@ -207,7 +212,7 @@ impl ForkServer {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());
-        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs);
+        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs, cgroup);
         // Fork from a thread that lives as long as this handle: the server's
         // parent-death signal fires when the *thread* that forked it ends,
         // and the caller's thread (a runtime worker) may not outlive us.

@@ -98,6 +98,10 @@ pub struct PoolStatus {
     /// Bytes all scratch directories may hold together (a tmpfs), when the
     /// supervisor could bound them (it must be root to mount one).
     pub scratch_quota_bytes: Option<u64>,
+    /// Bytes of memory all cells may hold together (a memory cgroup), when
+    /// the supervisor could make one, and which kind.
+    pub cells_memory_bytes: Option<u64>,
+    pub cells_memory_cgroup: Option<String>,
     pub pool_size: usize,
     pub max_cells: u64,
     pub max_age_ms: u64,
@@ -154,18 +158,32 @@ impl Drop for InFlight {
     }
 }
 
+/// How to start a zygote: the program, the interpreter it runs, how long
+/// it may take to answer, and the cgroup it starts in.
+struct Launch {
+    worker_exe: PathBuf,
+    interpreter: String,
+    answer_timeout: Duration,
+    cgroup: Option<Arc<crate::sandbox::linux::cgroup::CellCgroup>>,
+}
+
 impl Zygote {
     /// Start `worker_exe __zygote`, send it `setup`, wait for `ready`.
     /// Blocking (run it off the async runtime).
     fn start(
-        worker_exe: &Path,
+        launch: &Launch,
         profile: &str,
-        interpreter: &str,
         plan: SandboxPlan,
         ceiling: OsLimits,
-        answer_timeout: Duration,
         runtime: tokio::runtime::Handle,
     ) -> Result<Zygote, String> {
+        let Launch {
+            worker_exe,
+            interpreter,
+            answer_timeout,
+            cgroup,
+        } = launch;
+        let answer_timeout = *answer_timeout;
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the zygote channel: {e}"))?;
         let mut cmd = std::process::Command::new(worker_exe);
@@ -176,7 +194,11 @@ impl Zygote {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());
-        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs);
+        crate::sandbox::spawn::prepare_worker(
+            &mut cmd,
+            &theirs,
+            cgroup.as_ref().map(|c| c.procs_fd()),
+        );
         let child = cmd
             .spawn()
             .map_err(|e| format!("failed to start a Python zygote: {e}"))?;
@@ -601,16 +623,20 @@ impl Pools {
         plan.read_only.extend(py.read_only.iter().cloned());
         plan.exec.push(py.executable.clone());
         *plan.seccomp = zygote::zygote_seccomp(&plan.seccomp);
-        let exe = sup.worker_exe.clone();
+        let launch = Launch {
+            worker_exe: sup.worker_exe.clone(),
+            interpreter: py.executable.to_string_lossy().into_owned(),
+            answer_timeout: self.config.answer_timeout,
+            cgroup: match profile.layers.cgroup {
+                crate::profiles::LayerMode::Off => None,
+                mode => sup.cgroup_for(mode).map(|_| sup.cells_cgroup.clone())?,
+            },
+        };
         let name = profile_name.to_owned();
-        let interp = py.executable.to_string_lossy().into_owned();
-        let timeout = self.config.answer_timeout;
         let runtime = tokio::runtime::Handle::current();
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move || {
-            let _ = tx.send(Zygote::start(
-                &exe, &name, &interp, plan, ceiling, timeout, runtime,
-            ));
+            let _ = tx.send(Zygote::start(&launch, &name, plan, ceiling, runtime));
         });
         lock(&self.launcher)
             .send(job)

@@ -162,6 +162,16 @@ fn doctor_reports_the_warm_workers() {
     let text = cellbox(&["doctor"], None);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("scratch          1024 MiB in all"), "{text}");
+    // And the memory of all cells by a memory cgroup.
+    assert_eq!(
+        warm["pools"]["cells_memory_bytes"],
+        4u64 << 30,
+        "the suite runs as root, so the cells' memory must be bounded: {warm}"
+    );
+    assert!(
+        text.contains("memory           4096 MiB for all cells together (cgroup v"),
+        "{text}"
+    );
 }
 
 // `cellbox exec` (and `cellbox run` of a shell cell) runs its cell from the
@@ -760,4 +770,99 @@ fn what_a_cell_leaves_is_removed_whatever_modes_and_depth() {
     assert!(out.contains("made 400"), "{out}");
     std::fs::remove_file(&profile).unwrap();
     assert_eq!(left(), Vec::<String>::new(), "{out}");
+}
+
+/// `cellbox exec` (and a shell cell run once) supervises one cell from its
+/// own process: that process joins a memory cgroup of the cell's limit
+/// first, so a program that forks is held to the limit in all, not per
+/// process. Eight children touching 300 MiB each under 1 GiB: at most three
+/// hold theirs at once, the rest are killed.
+#[test]
+fn exec_holds_a_forking_program_to_the_memory_limit_in_all() {
+    if !nix::unistd::geteuid().is_root() {
+        panic!("the cell's memory cgroup needs root; run the suite as root");
+    }
+    let code = "import os\n\
+        N, SIZE = 8, 300 << 20\n\
+        release_r, release_w = os.pipe()\n\
+        kids = []\n\
+        for i in range(N):\n\
+        \x20   r, w = os.pipe()\n\
+        \x20   pid = os.fork()\n\
+        \x20   if pid == 0:\n\
+        \x20       os.close(r); os.close(release_w)\n\
+        \x20       b = bytearray(SIZE)\n\
+        \x20       for j in range(0, SIZE, 4096):\n\
+        \x20           b[j] = 1\n\
+        \x20       os.write(w, b'1')\n\
+        \x20       os.read(release_r, 1)\n\
+        \x20       os._exit(0)\n\
+        \x20   os.close(w)\n\
+        \x20   kids.append((pid, r))\n\
+        for pid, r in kids:\n\
+        \x20   os.read(r, 1)\n\
+        os.close(release_w)\n\
+        ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]\n\
+        print(sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),\n\
+        \x20     sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9))\n";
+    let (status, v) = exec_json(
+        &["--memory", "1073741824"],
+        &["/usr/bin/python3", "-c", code],
+    );
+    assert_eq!(status, Some(0), "{v}");
+    let out = v["stdout"].as_str().unwrap_or_default();
+    let n: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!(n.len(), 2, "{v}");
+    assert!(n[0] <= 3, "{} children held 300 MiB each: {v}", n[0]);
+    assert_eq!(n[0] + n[1], 8, "{v}");
+}
+
+/// A profile that requires the cgroup layer refuses to run where there can
+/// be none (a supervisor that is not root), saying which layer; one that
+/// leaves it best-effort runs.
+#[test]
+fn a_required_cgroup_layer_that_cannot_be_made_refuses_the_cell() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test runs cellbox as uid 1000 and needs root to do so");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
+    let shell = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/sandbox-profiles/shell.toml"
+    ))
+    .unwrap();
+    let required = shell.replace("cgroup = \"best_effort\"", "cgroup = \"required\"");
+    assert_ne!(required, shell);
+    let profile = tmp.path().join("req.toml");
+    std::fs::write(&profile, required).unwrap();
+    std::fs::set_permissions(&profile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run = |profile: &str| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", "--clear-groups", "--"])
+            .arg(bin())
+            .args([
+                "exec",
+                "--json",
+                "--profile",
+                profile,
+                "--",
+                "/bin/echo",
+                "hi",
+            ])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("TMPDIR", tmp.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(profile.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "sandbox_error", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("the cgroup layer could not be applied"), "{v}");
+    let out = run("shell");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }

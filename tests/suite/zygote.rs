@@ -580,3 +580,96 @@ async fn the_scratch_of_all_cells_together_is_bounded_on_every_path() {
         assert!(!mounts.contains(root.to_str().unwrap()), "{mounts}");
     }
 }
+
+/// Children that each touch 300 MiB and hold it until released; the cell's
+/// value is how many still held it at release (the others were killed).
+const MEMORY_FORK_PY: &str = r#"
+import os
+N, SIZE = 8, 300 << 20
+release_r, release_w = os.pipe()
+kids = []
+for i in range(N):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r); os.close(release_w)
+        b = bytearray(SIZE)
+        for j in range(0, SIZE, 4096):
+            b[j] = 1
+        os.write(w, b"1")
+        os.read(release_r, 1)
+        os._exit(0)
+    os.close(w)
+    kids.append((pid, r))
+for pid, r in kids:
+    os.read(r, 1)
+os.close(release_w)
+ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]
+[sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),
+ sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9)]
+"#;
+
+/// Each process's RLIMIT_AS does not bound a cell that forks: the memory of
+/// all cells together is held in a memory cgroup (1 GiB here, so at most 3
+/// children of 300 MiB hold theirs at once, and the rest are killed), on
+/// the warm path and the cold one; the cgroup goes with the supervisor.
+#[tokio::test]
+async fn cells_that_fork_are_held_to_the_memory_of_all_cells() {
+    if !nix::unistd::geteuid().is_root() {
+        panic!("the cells' memory cgroup needs root; run the suite as root");
+    }
+    for warm in [true, false] {
+        let sup = Supervisor::builder()
+            .worker_exe(bin())
+            .warm(warm)
+            .cells_memory_bytes(1 << 30)
+            .build()
+            .unwrap();
+        assert_eq!(sup.cells_memory(), Some(1 << 30));
+        let s = sup.session(SessionConfig::default()).unwrap();
+        let r = py_in(&s, MEMORY_FORK_PY).await;
+        assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
+        if warm {
+            require_warm(&r);
+        }
+        let v = r.value.as_array().unwrap().clone();
+        let (held, killed) = (v[0].as_u64().unwrap(), v[1].as_u64().unwrap());
+        assert!(held <= 3, "warm {warm}: {held} children held 300 MiB each");
+        assert_eq!(held + killed, 8, "warm {warm}: {r:?}");
+        // A cell after it runs as usual.
+        let r = py_in(&s, "sum(range(10))").await;
+        assert_eq!(r.value, json!(45), "warm {warm}: {r:?}");
+        // The cell's memory cgroup, as the host sees it; gone with the
+        // supervisor.
+        let code = "[l.split(':', 2)[2] for l in open('/proc/self/cgroup').read().splitlines() \
+                    if 'memory' in l.split(':')[1].split(',') or l.startswith('0::')]";
+        let r = py_in(&s, code).await;
+        let paths: Vec<String> = serde_json::from_value(r.value.clone()).unwrap();
+        let dir = paths
+            .iter()
+            .flat_map(|p| {
+                let p = p.trim_start_matches('/').to_owned();
+                [
+                    "/sys/fs/cgroup/memory",
+                    "/sys/fs/cgroup/unified",
+                    "/sys/fs/cgroup",
+                ]
+                .map(move |root| std::path::Path::new(root).join(&p))
+            })
+            .find(|d| {
+                d.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("cellbox-"))
+                    && d.join("cgroup.procs").exists()
+            })
+            .unwrap_or_else(|| panic!("warm {warm}: the cell is in no cgroup of ours: {r:?}"));
+        drop(s);
+        drop(sup);
+        // Background tasks (a worker's reaper) may hold the supervisor a
+        // moment longer.
+        let t0 = std::time::Instant::now();
+        while dir.exists() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(!dir.exists(), "warm {warm}: {} left behind", dir.display());
+    }
+}

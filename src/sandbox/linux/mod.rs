@@ -1,6 +1,7 @@
 //! The Linux layers, applied in order by [`enter`]:
 //! hygiene → namespaces → rlimits → privileges → Landlock → seccomp.
 
+pub mod cgroup;
 pub mod exec;
 pub mod hygiene;
 pub mod landlock;

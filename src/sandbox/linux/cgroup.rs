@@ -1,0 +1,399 @@
+//! A memory cgroup around cells.
+//!
+//! RLIMIT_AS bounds each process, but a cell may start up to
+//! `max_processes` of them: 4 children touching 800 MiB each held 3.2 GB of
+//! the host under a "1 GiB" limit, and 60 would exhaust it. A memory cgroup
+//! bounds what every process beneath it holds together; past the bound the
+//! kernel reclaims, then kills the largest process inside (a cell's, not the
+//! supervisor's, which stays outside).
+//!
+//! The controller is found where this process's own memory cgroup is:
+//! cgroup v1 (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes`
+//! where swap is accounted) or v2 (`memory.max`, `memory.swap.max = 0`),
+//! and a child is made beneath it, named `cellbox-<pid>-<n>`. Making one
+//! needs write access to that cgroup (root, or a delegated subtree); under
+//! v2, a cgroup that holds processes cannot hand controllers to children,
+//! so there is none then, and the caller says so.
+//!
+//! Processes join by writing `0` to the child's `cgroup.procs` through a
+//! descriptor opened here: [`join_fd`] is async-signal-safe, for use
+//! between fork and exec.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where the memory controller is mounted and which version it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Controller {
+    v2: bool,
+    /// This process's memory cgroup, as a directory.
+    own: PathBuf,
+}
+
+/// A memory cgroup made for cells; its processes are killed and it is
+/// removed when dropped.
+#[derive(Debug)]
+pub struct CellCgroup {
+    dir: PathBuf,
+    procs: OwnedFd,
+    limit: u64,
+    v2: bool,
+    /// Where this process was before [`CellCgroup::join_self`], to go back.
+    left: Option<PathBuf>,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+impl CellCgroup {
+    /// Make a cgroup beneath this process's memory cgroup whose processes
+    /// may hold `bytes` of memory together (no swap).
+    pub fn create(bytes: u64) -> Result<CellCgroup, String> {
+        let ctl = find_controller()?;
+        sweep_stale(&ctl.own);
+        let name = format!(
+            "cellbox-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = ctl.own.join(name);
+        std::fs::create_dir(&dir)
+            .map_err(|e| format!("cannot make the cgroup {}: {e}", dir.display()))?;
+        // From here on the directory goes with `made` on any error.
+        let procs = match std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))
+        {
+            Ok(f) => OwnedFd::from(f),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(format!("cannot open {}/cgroup.procs: {e}", dir.display()));
+            }
+        };
+        let made = CellCgroup {
+            dir,
+            procs,
+            limit: bytes,
+            v2: ctl.v2,
+            left: None,
+        };
+        made.set_limit(bytes)?;
+        Ok(made)
+    }
+
+    fn set_limit(&self, bytes: u64) -> Result<(), String> {
+        let n = bytes.to_string();
+        if self.v2 {
+            self.write("memory.max", &n)?;
+            // Absent when the kernel has no swap support.
+            if self.dir.join("memory.swap.max").exists() {
+                self.write("memory.swap.max", "0")?;
+            }
+        } else {
+            self.write("memory.limit_in_bytes", &n)?;
+            // Present only where swap is accounted; memory + swap = memory.
+            if self.dir.join("memory.memsw.limit_in_bytes").exists() {
+                self.write("memory.memsw.limit_in_bytes", &n)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, file: &str, value: &str) -> Result<(), String> {
+        let path = self.dir.join(file);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(value.as_bytes()))
+            .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+    }
+
+    /// The bytes its processes may hold together.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `"cgroup v1 memory"` or `"cgroup v2 memory"`.
+    pub fn kind(&self) -> &'static str {
+        if self.v2 {
+            "cgroup v2 memory"
+        } else {
+            "cgroup v1 memory"
+        }
+    }
+
+    /// The descriptor a child writes to join (see [`join_fd`]).
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    /// Move this process in (its children then start inside). For a process
+    /// that supervises a single cell; it goes back where it was on drop.
+    pub fn join_self(&mut self) -> Result<(), String> {
+        let own = find_controller()?.own;
+        join_fd(self.procs_fd())
+            .map_err(|e| format!("cannot join the cgroup {}: {e}", self.dir.display()))?;
+        self.left = Some(own);
+        Ok(())
+    }
+}
+
+/// Join the cgroup whose `cgroup.procs` is open on `fd`. Async-signal-safe:
+/// one `write`, no allocation.
+pub fn join_fd(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: writes one byte from a static buffer to a descriptor the
+    // caller keeps open.
+    let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Drop for CellCgroup {
+    fn drop(&mut self) {
+        if let Some(back) = self.left.take() {
+            let procs = back.join("cgroup.procs");
+            if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
+                tracing::warn!("cannot leave the cells' cgroup for {}: {e}", back.display());
+            }
+        }
+        if let Err(e) = remove(&self.dir, self.v2) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Kill what is left in the cgroup at `dir` and remove it.
+fn remove(dir: &Path, v2: bool) -> Result<(), String> {
+    let me = std::process::id();
+    for attempt in 0..100 {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 99 => {}
+            Err(e) => return Err(format!("cannot remove the cgroup {}: {e}", dir.display())),
+        }
+        if v2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        } else if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                if pid > 0 && pid as u32 != me {
+                    let _ = crate::sandbox::process::kill_pid(pid);
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(format!("cannot remove the cgroup {}", dir.display()))
+}
+
+/// Remove the cgroups of supervisors that are gone (killed): only ours by
+/// name, only empty ones.
+fn sweep_stale(own: &Path) {
+    let Ok(entries) = std::fs::read_dir(own) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cellbox-"))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        // rmdir of a cgroup that still has processes fails: nothing is lost.
+        let _ = std::fs::remove_dir(entry.path());
+    }
+}
+
+/// This process's memory cgroup directory: v1 if the memory controller is
+/// mounted there, else v2 if its cgroup offers `memory`.
+fn find_controller() -> Result<Controller, String> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    controller_in(
+        &cgroups,
+        &mountinfo,
+        |p| p.exists(),
+        |p| std::fs::read_to_string(p).unwrap_or_default(),
+    )
+}
+
+/// [`find_controller`] on given texts (pure, for the tests).
+fn controller_in(
+    cgroups: &str,
+    mountinfo: &str,
+    exists: impl Fn(&Path) -> bool,
+    read: impl Fn(&Path) -> String,
+) -> Result<Controller, String> {
+    // (root within the hierarchy, mount point) of the first mount of
+    // `fstype` whose super options satisfy `want`.
+    let mount = |fstype: &str, want: &dyn Fn(&str) -> bool| {
+        mountinfo.lines().find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mut r = right.split_whitespace();
+            if r.next()? != fstype {
+                return None;
+            }
+            let _source = r.next()?;
+            if !want(r.next()?) {
+                return None;
+            }
+            let f: Vec<&str> = left.split_whitespace().collect();
+            Some((f.get(3)?.to_string(), f.get(4)?.to_string()))
+        })
+    };
+    let within = |root: &str, mount_point: &str, path: &str| -> Option<PathBuf> {
+        let rel = path
+            .strip_prefix(root.trim_end_matches('/'))
+            .unwrap_or(path);
+        let dir = Path::new(mount_point).join(rel.trim_start_matches('/'));
+        exists(&dir).then_some(dir)
+    };
+    // v1: a hierarchy line naming the memory controller.
+    let v1 = cgroups.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_id, ctls, path) = (f.next()?, f.next()?, f.next()?);
+        ctls.split(',').any(|c| c == "memory").then_some(path)
+    });
+    if let Some(path) = v1 {
+        let (root, mp) = mount("cgroup", &|opts| opts.split(',').any(|o| o == "memory"))
+            .ok_or("the memory controller (cgroup v1) is not mounted")?;
+        let own = within(&root, &mp, path)
+            .ok_or_else(|| format!("this process's memory cgroup {path} is not under {mp}"))?;
+        return Ok(Controller { v2: false, own });
+    }
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("no memory cgroup: neither a v1 memory hierarchy nor cgroup v2")?;
+    let (root, mp) =
+        mount("cgroup2", &|_| true).ok_or("cgroup v2 is not mounted and v1 has no memory")?;
+    let own = within(&root, &mp, path)
+        .ok_or_else(|| format!("this process's cgroup {path} is not under {mp}"))?;
+    let controllers = read(&own.join("cgroup.controllers"));
+    if !controllers.split_whitespace().any(|c| c == "memory") {
+        return Err(format!(
+            "cgroup v2 at {} does not offer the memory controller",
+            own.display()
+        ));
+    }
+    let subtree = read(&own.join("cgroup.subtree_control"));
+    if !subtree.split_whitespace().any(|c| c == "memory") {
+        // Handing `memory` to children fails while this cgroup holds
+        // processes (the "no internal processes" rule); try, and say so.
+        std::fs::write(own.join("cgroup.subtree_control"), "+memory").map_err(|e| {
+            format!(
+                "cannot enable the memory controller for children of {}: {e} \
+                 (run the supervisor in a delegated cgroup of its own)",
+                own.display()
+            )
+        })?;
+    }
+    Ok(Controller { v2: true, own })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_CGROUP: &str = "9:name=systemd:/\n4:memory:/jobs/abc\n1:cpu:/\n0::/\n";
+    const HYBRID_MOUNTS: &str = "\
+30 25 0:26 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 25 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 25 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn v1_memory_is_found_where_this_process_is() {
+        let c = controller_in(HYBRID_CGROUP, HYBRID_MOUNTS, |_| true, |_| String::new()).unwrap();
+        assert_eq!(
+            c,
+            Controller {
+                v2: false,
+                own: PathBuf::from("/sys/fs/cgroup/memory/jobs/abc")
+            }
+        );
+    }
+
+    #[test]
+    fn v2_needs_the_memory_controller_offered() {
+        let cg = "0::/svc/box\n";
+        let mounts = "40 25 0:36 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let offered = |p: &Path| {
+            if p.ends_with("cgroup.controllers") {
+                "cpu io memory pids".to_owned()
+            } else {
+                "memory pids".to_owned()
+            }
+        };
+        let c = controller_in(cg, mounts, |_| true, offered).unwrap();
+        assert_eq!(
+            c,
+            Controller {
+                v2: true,
+                own: PathBuf::from("/sys/fs/cgroup/svc/box")
+            }
+        );
+        let e = controller_in(cg, mounts, |_| true, |_| "cpu pids".to_owned()).unwrap_err();
+        assert!(e.contains("does not offer the memory controller"), "{e}");
+        let e = controller_in("", mounts, |_| true, offered).unwrap_err();
+        assert!(e.contains("no memory cgroup"), "{e}");
+    }
+
+    /// The bound holds for a process and its children together, and the
+    /// cgroup is gone after the drop. Root only: making cgroups needs it.
+    #[test]
+    fn processes_beneath_are_held_to_the_limit_together() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("making a memory cgroup needs root; run the tests as root");
+        }
+        let cg = CellCgroup::create(256 << 20).unwrap();
+        let dir = cg.path().to_path_buf();
+        let fd = cg.procs_fd();
+        // Four children of 100 MiB each, touched: past 256 MiB together,
+        // the kernel kills one.
+        let out = crate::sandbox::testing::in_child(move || {
+            join_fd(fd).map_err(|e| e.to_string())?;
+            let mut kids = Vec::new();
+            for _ in 0..4 {
+                // SAFETY: the child only touches memory and exits.
+                match unsafe { nix::unistd::fork() }.map_err(|e| e.to_string())? {
+                    nix::unistd::ForkResult::Child => {
+                        let v = vec![1u8; 100 << 20];
+                        std::thread::sleep(std::time::Duration::from_millis(500));
+                        // SAFETY: _exit has no preconditions.
+                        unsafe { libc::_exit(i32::from(v[v.len() - 1])) }
+                    }
+                    nix::unistd::ForkResult::Parent { child } => kids.push(child),
+                }
+            }
+            let mut killed = 0;
+            for k in kids {
+                if let Ok(nix::sys::wait::WaitStatus::Signaled(..)) =
+                    nix::sys::wait::waitpid(k, None)
+                {
+                    killed += 1;
+                }
+            }
+            Ok(killed.to_string())
+        });
+        let killed: usize = out.unwrap().parse().unwrap();
+        assert!(killed >= 1, "no child was killed past the limit");
+        drop(cg);
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+}
