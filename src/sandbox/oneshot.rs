@@ -39,7 +39,7 @@ use super::{SandboxError, SandboxPlan, SandboxReport};
 use crate::profiles::LayerMode;
 use crate::protocol::SandboxFailure;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// Exit code of a cell whose sandbox could not be applied (as a worker's).
@@ -110,7 +110,14 @@ enum Namespaces {
 
 /// Start `argv` (its program an absolute path listed in `plan.exec`) as a
 /// one-shot cell under `plan`. Call only while the process has one thread.
-pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
+///
+/// With `cgroup` (an open `cgroup.procs`, see [`linux::cgroup`]), the cell
+/// joins that cgroup before anything else, so all its processes start there.
+pub fn spawn(
+    plan: &SandboxPlan,
+    argv: &[String],
+    cgroup: Option<RawFd>,
+) -> Result<Cell, SpawnError> {
     let threads = linux::sys::thread_count()
         .map_err(|e| SpawnError::Spawn(format!("failed to count threads: {e}")))?;
     if threads != 1 {
@@ -154,7 +161,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
                 names,
                 refused: way == CloneWay::SelfMapsRefused,
             };
-            cell_main(plan, ids, &view, ns, fds, argv)
+            cell_main(plan, ids, &view, ns, fds, argv, cgroup)
         });
         drop(child_end);
         match cloned {
@@ -197,6 +204,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
                 Namespaces::Cloned(names),
                 [null.as_fd(), out_w.as_fd(), err_w.as_fd(), sync.as_fd()],
                 argv,
+                cgroup,
             ),
             Err(e) if e.before_clone() && plan.layers.namespaces == LayerMode::BestEffort => {
                 Namespaces::Without(LayerMode::BestEffort, e.to_string())
@@ -244,6 +252,7 @@ pub fn spawn(plan: &SandboxPlan, argv: &[String]) -> Result<Cell, SpawnError> {
             without,
             [null.as_fd(), out_w.as_fd(), err_w.as_fd(), child.as_fd()],
             argv,
+            cgroup,
         ),
     }
 }
@@ -386,7 +395,10 @@ fn cell_main(
     ns: Namespaces,
     fds: [BorrowedFd<'_>; 4],
     argv: &[String],
+    cgroup: Option<RawFd>,
 ) -> ! {
+    // Before the fds move: placing them may reuse the cgroup's number.
+    let joined = cgroup.and_then(|cg| linux::cgroup::join_fd(cg).err());
     if place_fds(fds).is_err() {
         // Without its fds the cell cannot even report; the parent sees an
         // exit without a report.
@@ -407,6 +419,12 @@ fn cell_main(
         }));
         exit_now(EXIT_SANDBOX)
     };
+    if let Some(e) = joined {
+        fail(SandboxError::new(
+            "cgroup",
+            format!("failed to join the cell's memory cgroup: {e}"),
+        ));
+    }
     let mut report = SandboxReport {
         profile: plan.profile.clone(),
         ..SandboxReport::default()

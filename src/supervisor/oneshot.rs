@@ -104,7 +104,7 @@ fn run_planned(
         Ok((plan, argv)) => {
             let deadline = started + limits.timeout();
             // Held until the cell has ended; dropping it kills what is left.
-            let _cgroup = match join_cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
+            let cgroup = match cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
                 Ok(c) => c,
                 Err(e) => {
                     result.fail(
@@ -115,7 +115,7 @@ fn run_planned(
                     return;
                 }
             };
-            match oneshot::spawn(&plan, &argv) {
+            match oneshot::spawn(&plan, &argv, cgroup.as_ref().map(|c| c.procs_fd())) {
                 Ok(c) => supervise(c, limits, cell.forward_output, deadline, result),
                 Err(SpawnError::Sandbox(e)) => result.fail(
                     Status::SandboxError,
@@ -131,30 +131,28 @@ fn run_planned(
     }
 }
 
-/// Put this process (which supervises this one cell and nothing else) in a
-/// memory cgroup of `bytes`, so that the cell's processes together stay
-/// within the cell's memory limit: each one's RLIMIT_AS does not bound their
-/// sum. Only root can make one; otherwise, or when it fails, each process
-/// is still bounded on its own.
-fn join_cell_cgroup(
+/// A memory cgroup of `bytes` for the cell to start in, so that its
+/// processes together stay within the cell's memory limit: each one's
+/// RLIMIT_AS does not bound their sum. Only root can make one; otherwise, or
+/// when it fails, each process is still bounded on its own (an error when
+/// the profile requires the layer).
+fn cell_cgroup(
     mode: crate::profiles::LayerMode,
     bytes: u64,
 ) -> Result<Option<crate::sandbox::linux::cgroup::CellCgroup>, String> {
     use crate::profiles::LayerMode;
+    let root = nix::unistd::geteuid().is_root();
     let made = match mode {
         LayerMode::Off => return Ok(None),
-        _ if !nix::unistd::geteuid().is_root() => {
-            Err("making a memory cgroup needs root".to_owned())
-        }
-        // This process's own allocations from now on count too.
-        _ => crate::sandbox::linux::cgroup::CellCgroup::create(bytes.saturating_add(16 << 20))
-            .and_then(|mut c| c.join_self().map(|()| c)),
+        LayerMode::BestEffort if !root => return Ok(None),
+        _ if !root => Err("making a memory cgroup needs root".to_owned()),
+        _ => crate::sandbox::linux::cgroup::CellCgroup::slot(bytes),
     };
     match (made, mode) {
         (Ok(c), _) => Ok(Some(c)),
         (Err(e), LayerMode::Required) => Err(e),
         (Err(e), _) => {
-            tracing::debug!("the cell's processes are not bounded together: {e}");
+            tracing::warn!("the cell's processes are not bounded together: {e}");
             Ok(None)
         }
     }

@@ -15,9 +15,9 @@
 //! v2, a cgroup that holds processes cannot hand controllers to children,
 //! so there is none then, and the caller says so.
 //!
-//! Processes join by writing `0` to the child's `cgroup.procs` through a
-//! descriptor opened here: [`join_fd`] is async-signal-safe, for use
-//! between fork and exec.
+//! A process joins by writing `0` through a descriptor opened here (v1
+//! `tasks`, v2 `cgroup.procs`) while it has a single thread: [`join_fd`] is
+//! async-signal-safe, for use between fork and exec.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -40,11 +40,16 @@ pub struct CellCgroup {
     procs: OwnedFd,
     limit: u64,
     v2: bool,
-    /// Where this process was before [`CellCgroup::join_self`], to go back.
-    left: Option<PathBuf>,
+    /// For a reused slot ([`CellCgroup::slot`]): the lock that holds it; the
+    /// cgroup is emptied, not removed, on drop.
+    slot_lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// How many one-shot cgroups may be in use at once (concurrent `cellbox
+/// exec` runs); past that a run has none.
+const SLOTS: usize = 64;
 
 impl CellCgroup {
     /// Make a cgroup beneath this process's memory cgroup whose processes
@@ -60,23 +65,88 @@ impl CellCgroup {
         let dir = ctl.own.join(name);
         std::fs::create_dir(&dir)
             .map_err(|e| format!("cannot make the cgroup {}: {e}", dir.display()))?;
-        // From here on the directory goes with `made` on any error.
-        let procs = match std::fs::OpenOptions::new()
+        Self::open(dir, ctl.v2, bytes, None)
+    }
+
+    /// Like [`CellCgroup::create`], for a process that supervises one cell
+    /// and then exits (`cellbox exec`): instead of a new cgroup each time
+    /// (making and removing a memory cgroup costs about as much as the rest
+    /// of the cell's setup), one of a few kept ones, `cellbox-oneshot-<n>`,
+    /// claimed with a lock file under `/run/cellbox` and emptied, not
+    /// removed, when dropped. Root only.
+    pub fn slot(bytes: u64) -> Result<CellCgroup, String> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let ctl = find_controller()?;
+        let locks = Path::new("/run/cellbox");
+        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(locks) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(format!("cannot make {}: {e}", locks.display()));
+            }
+        }
+        for n in 0..SLOTS {
+            let path = locks.join(format!("oneshot-cgroup-{n}.lock"));
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let lock =
+                match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                    Ok(l) => l,
+                    Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
+                    Err((_, e)) => return Err(format!("cannot lock {}: {e}", path.display())),
+                };
+            let dir = ctl.own.join(format!("cellbox-oneshot-{n}"));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                // Kept from an earlier run: empty it of anything a run that
+                // was killed may have left.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    kill_all(&dir, ctl.v2);
+                }
+                Err(e) => return Err(format!("cannot make the cgroup {}: {e}", dir.display())),
+            }
+            return Self::open(dir, ctl.v2, bytes, Some(lock));
+        }
+        Err(format!("all {SLOTS} one-shot cgroup slots are in use"))
+    }
+
+    fn open(
+        dir: PathBuf,
+        v2: bool,
+        bytes: u64,
+        slot_lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    ) -> Result<CellCgroup, String> {
+        // Under v1 a process joins through `tasks`: it moves only the
+        // writing thread (the whole process, for the single-threaded child
+        // that joins between fork and exec), which the kernel does without
+        // taking its global threadgroup lock; through `cgroup.procs` every
+        // join could wait for an RCU grace period (10-20 ms, one run in ten
+        // here). v2 has no such file for domain cgroups.
+        let join_file = if v2 { "cgroup.procs" } else { "tasks" };
+        let procs = std::fs::OpenOptions::new()
             .write(true)
-            .open(dir.join("cgroup.procs"))
-        {
-            Ok(f) => OwnedFd::from(f),
+            .open(dir.join(join_file))
+            .map(OwnedFd::from);
+        let procs = match procs {
+            Ok(fd) => fd,
             Err(e) => {
-                let _ = std::fs::remove_dir(&dir);
-                return Err(format!("cannot open {}/cgroup.procs: {e}", dir.display()));
+                if slot_lock.is_none() {
+                    let _ = std::fs::remove_dir(&dir);
+                }
+                return Err(format!("cannot open {}/{join_file}: {e}", dir.display()));
             }
         };
+        // From here on the directory goes (or is emptied) with `made`.
         let made = CellCgroup {
             dir,
             procs,
             limit: bytes,
-            v2: ctl.v2,
-            left: None,
+            v2,
+            slot_lock,
         };
         made.set_limit(bytes)?;
         Ok(made)
@@ -91,9 +161,15 @@ impl CellCgroup {
                 self.write("memory.swap.max", "0")?;
             }
         } else {
-            self.write("memory.limit_in_bytes", &n)?;
             // Present only where swap is accounted; memory + swap = memory.
-            if self.dir.join("memory.memsw.limit_in_bytes").exists() {
+            // It may never be below the memory limit, so it is lifted first
+            // (a kept slot may hold a lower one from its last run).
+            let memsw = self.dir.join("memory.memsw.limit_in_bytes").exists();
+            if memsw {
+                self.write("memory.memsw.limit_in_bytes", "-1")?;
+            }
+            self.write("memory.limit_in_bytes", &n)?;
+            if memsw {
                 self.write("memory.memsw.limit_in_bytes", &n)?;
             }
         }
@@ -131,20 +207,11 @@ impl CellCgroup {
     pub fn procs_fd(&self) -> RawFd {
         self.procs.as_raw_fd()
     }
-
-    /// Move this process in (its children then start inside). For a process
-    /// that supervises a single cell; it goes back where it was on drop.
-    pub fn join_self(&mut self) -> Result<(), String> {
-        let own = find_controller()?.own;
-        join_fd(self.procs_fd())
-            .map_err(|e| format!("cannot join the cgroup {}: {e}", self.dir.display()))?;
-        self.left = Some(own);
-        Ok(())
-    }
 }
 
-/// Join the cgroup whose `cgroup.procs` is open on `fd`. Async-signal-safe:
-/// one `write`, no allocation.
+/// Join the cgroup whose `tasks` or `cgroup.procs` is open on `fd`; the
+/// caller must have a single thread. Async-signal-safe: one `write`, no
+/// allocation.
 pub fn join_fd(fd: RawFd) -> std::io::Result<()> {
     // SAFETY: writes one byte from a static buffer to a descriptor the
     // caller keeps open.
@@ -158,13 +225,10 @@ pub fn join_fd(fd: RawFd) -> std::io::Result<()> {
 
 impl Drop for CellCgroup {
     fn drop(&mut self) {
-        if let Some(back) = self.left.take() {
-            let procs = back.join("cgroup.procs");
-            if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
-                tracing::warn!("cannot leave the cells' cgroup for {}: {e}", back.display());
-            }
-        }
-        if let Err(e) = remove(&self.dir, self.v2) {
+        if self.slot_lock.is_some() {
+            // Emptied now; the lock goes with the rest of `self`.
+            kill_all(&self.dir, self.v2);
+        } else if let Err(e) = remove(&self.dir, self.v2) {
             tracing::warn!("{e}");
         }
     }
@@ -172,7 +236,6 @@ impl Drop for CellCgroup {
 
 /// Kill what is left in the cgroup at `dir` and remove it.
 fn remove(dir: &Path, v2: bool) -> Result<(), String> {
-    let me = std::process::id();
     for attempt in 0..100 {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
@@ -180,17 +243,27 @@ fn remove(dir: &Path, v2: bool) -> Result<(), String> {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 99 => {}
             Err(e) => return Err(format!("cannot remove the cgroup {}: {e}", dir.display())),
         }
-        if v2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
-        } else if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-            for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                if pid > 0 && pid as u32 != me {
+        kill_all(dir, v2);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(format!("cannot remove the cgroup {}", dir.display()))
+}
+
+/// SIGKILL every process in the cgroup at `dir` (not this one).
+fn kill_all(dir: &Path, v2: bool) {
+    if v2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    let me = std::process::id();
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+            if pid != me {
+                if let Ok(pid) = i32::try_from(pid) {
                     let _ = crate::sandbox::process::kill_pid(pid);
                 }
             }
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    Err(format!("cannot remove the cgroup {}", dir.display()))
 }
 
 /// Remove the cgroups of supervisors that are gone (killed): only ours by
@@ -222,6 +295,17 @@ fn sweep_stale(own: &Path) {
 fn find_controller() -> Result<Controller, String> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    // The usual place first (reading mountinfo costs as much as the rest):
+    // wherever the memory cgroup made beneath it is, it bounds the cell.
+    if let Some(path) = v1_memory_path(&cgroups) {
+        let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+        if dir.join("memory.limit_in_bytes").exists() {
+            return Ok(Controller {
+                v2: false,
+                own: dir,
+            });
+        }
+    }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
     controller_in(
@@ -230,6 +314,16 @@ fn find_controller() -> Result<Controller, String> {
         |p| p.exists(),
         |p| std::fs::read_to_string(p).unwrap_or_default(),
     )
+}
+
+/// The path of this process's v1 memory cgroup: the hierarchy line of
+/// `/proc/self/cgroup` that names the memory controller.
+fn v1_memory_path(cgroups: &str) -> Option<&str> {
+    cgroups.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_id, ctls, path) = (f.next()?, f.next()?, f.next()?);
+        ctls.split(',').any(|c| c == "memory").then_some(path)
+    })
 }
 
 /// [`find_controller`] on given texts (pure, for the tests).
@@ -263,13 +357,7 @@ fn controller_in(
         let dir = Path::new(mount_point).join(rel.trim_start_matches('/'));
         exists(&dir).then_some(dir)
     };
-    // v1: a hierarchy line naming the memory controller.
-    let v1 = cgroups.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_id, ctls, path) = (f.next()?, f.next()?, f.next()?);
-        ctls.split(',').any(|c| c == "memory").then_some(path)
-    });
-    if let Some(path) = v1 {
+    if let Some(path) = v1_memory_path(cgroups) {
         let (root, mp) = mount("cgroup", &|opts| opts.split(',').any(|o| o == "memory"))
             .ok_or("the memory controller (cgroup v1) is not mounted")?;
         let own = within(&root, &mp, path)
@@ -352,6 +440,37 @@ mod tests {
         assert!(e.contains("does not offer the memory controller"), "{e}");
         let e = controller_in("", mounts, |_| true, offered).unwrap_err();
         assert!(e.contains("no memory cgroup"), "{e}");
+    }
+
+    #[test]
+    fn one_shot_slots_are_exclusive_kept_and_emptied() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("making a memory cgroup needs root; run the tests as root");
+        }
+        let a = CellCgroup::slot(64 << 20).unwrap();
+        let b = CellCgroup::slot(64 << 20).unwrap();
+        assert_ne!(a.path(), b.path());
+        assert!(a
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("cellbox-oneshot-"));
+        // A process left in a slot is killed when the slot is let go.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(a.path().join("cgroup.procs"), child.id().to_string()).unwrap();
+        let dir = a.path().to_path_buf();
+        drop(a);
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(dir.exists(), "a slot is kept for the next run");
+        drop(b);
     }
 
     /// The bound holds for a process and its children together, and the
