@@ -115,8 +115,27 @@ fn run_planned(
                     return;
                 }
             };
+            let layer = crate::sandbox::LayerReport {
+                name: "cgroup".into(),
+                applied: cgroup.is_some(),
+                mode: plan.layers.cgroup,
+                detail: match &cgroup {
+                    Some(c) => format!("{}, {} MiB in all", c.kind(), c.limit() >> 20),
+                    None if plan.layers.cgroup == crate::profiles::LayerMode::Off => {
+                        "off in this profile".into()
+                    }
+                    None => "none: making a memory cgroup needs root and a usable memory \
+                             controller"
+                        .into(),
+                },
+            };
             match oneshot::spawn(&plan, &argv, cgroup.as_ref().map(|c| c.procs_fd())) {
-                Ok(c) => supervise(c, limits, cell.forward_output, deadline, result),
+                Ok(c) => {
+                    supervise(c, limits, cell.forward_output, deadline, result);
+                    if let Some(report) = result.sandbox.as_mut() {
+                        report.layers.push(layer);
+                    }
+                }
                 Err(SpawnError::Sandbox(e)) => result.fail(
                     Status::SandboxError,
                     "SandboxError",
@@ -152,7 +171,8 @@ fn cell_cgroup(
         (Ok(c), _) => Ok(Some(c)),
         (Err(e), LayerMode::Required) => Err(e),
         (Err(e), _) => {
-            tracing::warn!("the cell's processes are not bounded together: {e}");
+            // Said in the result's `cgroup` layer.
+            tracing::debug!("the cell's processes are not bounded together: {e}");
             Ok(None)
         }
     }

@@ -127,6 +127,9 @@ pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, O
                 None
             }
         };
+        if let Some(report) = result.sandbox.as_mut() {
+            report.layers.push(cgroup_layer(&sup, &spec));
+        }
         result.usage.wall_ms = started.elapsed().as_millis() as u64;
         result.usage.calls = result.calls.len() as u32;
         sup.events.record(
@@ -137,6 +140,32 @@ pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, O
         );
         (result, done)
     })
+}
+
+/// The report of the cells' memory cgroup for a cell of `spec` (the worker
+/// does not apply it: it starts in it).
+fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
+    use crate::profiles::LayerMode;
+    let mode = sup
+        .profile(&profile_name(spec))
+        .map_or(LayerMode::BestEffort, |p| p.layers.cgroup);
+    #[cfg(target_os = "linux")]
+    let cgroup = sup.cells_cgroup.as_ref().filter(|_| mode != LayerMode::Off);
+    #[cfg(not(target_os = "linux"))]
+    let cgroup: Option<&std::sync::Arc<()>> = None;
+    crate::sandbox::LayerReport {
+        name: "cgroup".into(),
+        applied: cgroup.is_some(),
+        mode,
+        detail: match cgroup {
+            #[cfg(target_os = "linux")]
+            Some(c) => format!("{}, {} MiB in all", c.kind(), c.limit() >> 20),
+            #[cfg(not(target_os = "linux"))]
+            Some(_) => String::new(),
+            None if mode == LayerMode::Off => "off in this profile".into(),
+            None => "none: making a memory cgroup needs root and a usable memory controller".into(),
+        },
+    }
 }
 
 /// The sandbox profile a cell runs under (name or path).

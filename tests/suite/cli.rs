@@ -201,7 +201,13 @@ async fn library_exec(argv: &[&str], timeout_ms: Option<u64>) -> Value {
         config.limits.timeout_ms = t;
     }
     let argv = argv.iter().map(|s| s.to_string()).collect();
-    let r = supervisor().exec(argv, config, false).await;
+    // Bounded like `cellbox exec`'s one cell, so the reports match.
+    let sup = cellbox::Supervisor::builder()
+        .worker_exe(bin())
+        .cells_memory_bytes(config.limits.memory_bytes)
+        .build()
+        .unwrap();
+    let r = sup.exec(argv, config, false).await;
     serde_json::to_value(&r).unwrap()
 }
 
@@ -280,7 +286,8 @@ async fn exec_json_is_the_library_result() {
             ("rlimits", true),
             ("privileges", true),
             ("landlock", true),
-            ("seccomp", true)
+            ("seccomp", true),
+            ("cgroup", true)
         ]
     );
 }

@@ -169,6 +169,7 @@ fn every_layer_is_reported_applied() {
         "privileges",
         "landlock",
         "seccomp",
+        "cgroup",
     ];
     assert_eq!(
         layers,
