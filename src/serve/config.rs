@@ -116,8 +116,9 @@ pub struct ServerSection {
     pub progress_interval_ms: u64,
     /// Bytes the scratch directories of all cells may hold together.
     pub scratch_bytes: u64,
-    /// Bytes of memory all cells may hold together.
-    pub cells_memory_bytes: u64,
+    /// Bytes of memory all cells may hold together; by default room for
+    /// every running call's memory limit plus 512 MiB for the warm workers.
+    pub cells_memory_bytes: Option<u64>,
     /// Python interpreter for python cells.
     pub python: Option<PathBuf>,
     /// Append run events (JSON lines) to this file.
@@ -132,7 +133,7 @@ impl Default for ServerSection {
             max_queue: 64,
             progress_interval_ms: 1000,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
-            cells_memory_bytes: crate::supervisor::DEFAULT_CELLS_MEMORY_BYTES,
+            cells_memory_bytes: None,
             python: None,
             events: None,
         }
@@ -347,7 +348,7 @@ impl ServeConfig {
             self.server.scratch_bytes = n;
         }
         if let Some(n) = args.cells_memory_bytes {
-            self.server.cells_memory_bytes = n;
+            self.server.cells_memory_bytes = Some(n);
         }
         if let Some(n) = args.max_queue {
             self.server.max_queue = n;
@@ -442,12 +443,20 @@ impl ServeConfig {
                 format!("{}: give at least 1048576 (1 MiB)", s.scratch_bytes),
             ));
         }
-        if s.cells_memory_bytes < 64 << 20 {
-            return Err(invalid(
-                "server.cells_memory_bytes (--cells-memory-bytes)",
-                format!("{}: give at least 67108864 (64 MiB)", s.cells_memory_bytes),
-            ));
-        }
+        let cells_memory_bytes = match s.cells_memory_bytes {
+            Some(n) if n < 64 << 20 => {
+                return Err(invalid(
+                    "server.cells_memory_bytes (--cells-memory-bytes)",
+                    format!("{n}: give at least 67108864 (64 MiB)"),
+                ))
+            }
+            Some(n) => n,
+            None => self
+                .limits
+                .memory_bytes
+                .saturating_mul(s.max_concurrency as u64)
+                .saturating_add(512 << 20),
+        };
         if s.progress_interval_ms < 50 {
             return Err(invalid(
                 "server.progress_interval_ms",
@@ -480,7 +489,7 @@ impl ServeConfig {
             max_concurrency: s.max_concurrency,
             max_queue: s.max_queue,
             scratch_bytes: s.scratch_bytes,
-            cells_memory_bytes: s.cells_memory_bytes,
+            cells_memory_bytes,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
             events: s.events.clone(),
@@ -647,12 +656,24 @@ mod tests {
         };
         c.apply_args(&args).unwrap();
         assert_eq!(c.validate().unwrap().cells_memory_bytes, 8 << 30);
+        // By default: every running call's memory limit, plus 512 MiB.
         assert_eq!(
             ServeConfig::default()
                 .validate()
                 .unwrap()
                 .cells_memory_bytes,
-            crate::supervisor::DEFAULT_CELLS_MEMORY_BYTES
+            4 * (1 << 30) + (512 << 20)
+        );
+        let args = ServeArgs {
+            memory: Some(256 << 20),
+            max_concurrency: Some(2),
+            ..ServeArgs::default()
+        };
+        let mut c = ServeConfig::default();
+        c.apply_args(&args).unwrap();
+        assert_eq!(
+            c.validate().unwrap().cells_memory_bytes,
+            (512 << 20) + (512 << 20)
         );
         let e = parse("[server]\ncells_memory_bytes = 4096\n")
             .unwrap()
