@@ -94,6 +94,21 @@ pub fn kill_group(pgid: i32) -> io::Result<()> {
     }
 }
 
+/// Whether `name` is `<prefix><pid>-<anything>` for a pid that is not this
+/// process and no longer runs: what a supervisor that was killed left
+/// behind (scratch roots, cgroups), for the next one to clean up.
+pub fn named_for_a_gone_process(name: &std::ffi::OsStr, prefix: &str) -> bool {
+    let Some(pid) = name
+        .to_str()
+        .and_then(|n| n.strip_prefix(prefix))
+        .and_then(|rest| rest.split_once('-'))
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    pid != std::process::id() && !std::path::Path::new("/proc").join(pid.to_string()).exists()
+}
+
 /// SIGKILL one process (used on a worker that has not exited yet and has
 /// not been reaped, so `pid` is still ours).
 pub fn kill_pid(pid: i32) -> io::Result<()> {

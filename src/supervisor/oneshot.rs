@@ -115,20 +115,8 @@ fn run_planned(
                     return;
                 }
             };
-            let layer = crate::sandbox::LayerReport {
-                name: "cgroup".into(),
-                applied: cgroup.is_some(),
-                mode: plan.layers.cgroup,
-                detail: match &cgroup {
-                    Some(c) => format!("{}, {} MiB in all", c.kind(), c.limit() >> 20),
-                    None if plan.layers.cgroup == crate::profiles::LayerMode::Off => {
-                        "off in this profile".into()
-                    }
-                    None => "none: making a memory cgroup needs root and a usable memory \
-                             controller"
-                        .into(),
-                },
-            };
+            let layer =
+                crate::sandbox::linux::cgroup::layer_report(cgroup.as_ref(), plan.layers.cgroup);
             match oneshot::spawn(&plan, &argv, cgroup.as_ref().map(|c| c.procs_fd())) {
                 Ok(c) => {
                     supervise(c, limits, cell.forward_output, deadline, result);

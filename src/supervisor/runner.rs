@@ -150,21 +150,18 @@ fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
         .profile(&profile_name(spec))
         .map_or(LayerMode::BestEffort, |p| p.layers.cgroup);
     #[cfg(target_os = "linux")]
-    let cgroup = sup.cells_cgroup.as_ref().filter(|_| mode != LayerMode::Off);
+    return crate::sandbox::linux::cgroup::layer_report(
+        sup.cells_cgroup
+            .as_deref()
+            .filter(|_| mode != LayerMode::Off),
+        mode,
+    );
     #[cfg(not(target_os = "linux"))]
-    let cgroup: Option<&std::sync::Arc<()>> = None;
     crate::sandbox::LayerReport {
         name: "cgroup".into(),
-        applied: cgroup.is_some(),
+        applied: false,
         mode,
-        detail: match cgroup {
-            #[cfg(target_os = "linux")]
-            Some(c) => format!("{}, {} MiB in all", c.kind(), c.limit() >> 20),
-            #[cfg(not(target_os = "linux"))]
-            Some(_) => String::new(),
-            None if mode == LayerMode::Off => "off in this profile".into(),
-            None => "none: making a memory cgroup needs root and a usable memory controller".into(),
-        },
+        detail: "none: memory cgroups are Linux only".into(),
     }
 }
 

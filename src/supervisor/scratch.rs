@@ -131,19 +131,9 @@ fn sweep_stale(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
-    let me = std::process::id();
     let uid = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(ROOT_PREFIX))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me || Path::new("/proc").join(pid.to_string()).exists() {
+        if !crate::sandbox::process::named_for_a_gone_process(&entry.file_name(), ROOT_PREFIX) {
             continue;
         }
         let path = entry.path();

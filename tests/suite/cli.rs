@@ -789,32 +789,10 @@ fn exec_holds_a_forking_program_to_the_memory_limit_in_all() {
     if !nix::unistd::geteuid().is_root() {
         panic!("the cell's memory cgroup needs root; run the suite as root");
     }
-    let code = "import os\n\
-        N, SIZE = 8, 300 << 20\n\
-        release_r, release_w = os.pipe()\n\
-        kids = []\n\
-        for i in range(N):\n\
-        \x20   r, w = os.pipe()\n\
-        \x20   pid = os.fork()\n\
-        \x20   if pid == 0:\n\
-        \x20       os.close(r); os.close(release_w)\n\
-        \x20       b = bytearray(SIZE)\n\
-        \x20       for j in range(0, SIZE, 4096):\n\
-        \x20           b[j] = 1\n\
-        \x20       os.write(w, b'1')\n\
-        \x20       os.read(release_r, 1)\n\
-        \x20       os._exit(0)\n\
-        \x20   os.close(w)\n\
-        \x20   kids.append((pid, r))\n\
-        for pid, r in kids:\n\
-        \x20   os.read(r, 1)\n\
-        os.close(release_w)\n\
-        ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]\n\
-        print(sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),\n\
-        \x20     sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9))\n";
+    let code = format!("{MEMORY_FORK_PY}print(*held_killed)\n");
     let (status, v) = exec_json(
         &["--memory", "1073741824"],
-        &["/usr/bin/python3", "-c", code],
+        &["/usr/bin/python3", "-c", &code],
     );
     assert_eq!(status, Some(0), "{v}");
     let out = v["stdout"].as_str().unwrap_or_default();

@@ -178,3 +178,33 @@ pub fn spares() -> Vec<i32> {
         .map(|p| p.0)
         .collect()
 }
+
+/// Python: 8 children each touch 300 MiB and hold it until released;
+/// `held_killed` is then [children that still held it at release, children
+/// killed by SIGKILL]. Append `held_killed` (a cell's value) or
+/// `print(*held_killed)`.
+pub const MEMORY_FORK_PY: &str = r#"
+import os
+N, SIZE = 8, 300 << 20
+release_r, release_w = os.pipe()
+kids = []
+for i in range(N):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r); os.close(release_w)
+        b = bytearray(SIZE)
+        for j in range(0, SIZE, 4096):
+            b[j] = 1
+        os.write(w, b"1")
+        os.read(release_r, 1)
+        os._exit(0)
+    os.close(w)
+    kids.append((pid, r))
+for pid, r in kids:
+    os.read(r, 1)
+os.close(release_w)
+ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]
+held_killed = [sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),
+               sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9)]
+"#;

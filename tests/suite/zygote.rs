@@ -598,34 +598,6 @@ async fn the_scratch_of_all_cells_together_is_bounded_on_every_path() {
     }
 }
 
-/// Children that each touch 300 MiB and hold it until released; the cell's
-/// value is how many still held it at release (the others were killed).
-const MEMORY_FORK_PY: &str = r#"
-import os
-N, SIZE = 8, 300 << 20
-release_r, release_w = os.pipe()
-kids = []
-for i in range(N):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r); os.close(release_w)
-        b = bytearray(SIZE)
-        for j in range(0, SIZE, 4096):
-            b[j] = 1
-        os.write(w, b"1")
-        os.read(release_r, 1)
-        os._exit(0)
-    os.close(w)
-    kids.append((pid, r))
-for pid, r in kids:
-    os.read(r, 1)
-os.close(release_w)
-ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]
-[sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),
- sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9)]
-"#;
-
 /// Each process's RLIMIT_AS does not bound a cell that forks: the memory of
 /// all cells together is held in a memory cgroup (1 GiB here, so at most 3
 /// children of 300 MiB hold theirs at once, and the rest are killed), on
@@ -644,7 +616,7 @@ async fn cells_that_fork_are_held_to_the_memory_of_all_cells() {
             .unwrap();
         assert_eq!(sup.cells_memory(), Some(1 << 30));
         let s = sup.session(SessionConfig::default()).unwrap();
-        let r = py_in(&s, MEMORY_FORK_PY).await;
+        let r = py_in(&s, &format!("{MEMORY_FORK_PY}held_killed\n")).await;
         assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
         if warm {
             require_warm(&r);

@@ -209,6 +209,24 @@ impl CellCgroup {
     }
 }
 
+/// The `cgroup` entry of a cell's sandbox report: the cgroup its processes
+/// started in (if any) under a profile whose cgroup layer is `mode`.
+pub fn layer_report(
+    cgroup: Option<&CellCgroup>,
+    mode: crate::profiles::LayerMode,
+) -> crate::sandbox::LayerReport {
+    crate::sandbox::LayerReport {
+        name: "cgroup".into(),
+        applied: cgroup.is_some(),
+        mode,
+        detail: match cgroup {
+            Some(c) => format!("{}, {} MiB in all", c.kind(), c.limit() >> 20),
+            None if mode == crate::profiles::LayerMode::Off => "off in this profile".into(),
+            None => "none: making a memory cgroup needs root and a usable memory controller".into(),
+        },
+    }
+}
+
 /// Join the cgroup whose `tasks` or `cgroup.procs` is open on `fd`; the
 /// caller must have a single thread. Async-signal-safe: one `write`, no
 /// allocation.
@@ -273,20 +291,13 @@ fn sweep_stale(own: &Path) {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("cellbox-"))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists() {
-            continue;
+        // Kept one-shot slots (`cellbox-oneshot-<n>`) are not named for a
+        // pid and stay.
+        if crate::sandbox::process::named_for_a_gone_process(&entry.file_name(), "cellbox-") {
+            // rmdir of a cgroup that still has processes fails: nothing is
+            // lost.
+            let _ = std::fs::remove_dir(entry.path());
         }
-        // rmdir of a cgroup that still has processes fails: nothing is lost.
-        let _ = std::fs::remove_dir(entry.path());
     }
 }
 
