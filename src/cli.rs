@@ -16,8 +16,9 @@ pub const EXIT_INTERNAL: u8 = 7;
 /// Options every cell-running command takes.
 #[derive(Args, Clone, Debug, Default)]
 pub struct CellOpts {
-    /// Language of the code: rhai, python or shell (default: from the file
-    /// extension, else rhai).
+    /// Language of the code: rhai, python or shell. Default: from the
+    /// file's extension (.rhai, .py, .sh; any other is an error that asks
+    /// for --lang); rhai for stdin (`-`) and the REPL.
     #[arg(long = "lang", short = 'l')]
     pub lang: Option<String>,
     /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
@@ -230,14 +231,40 @@ pub const ENGINE: &str = "cellbox-engine";
 /// File name of the front binary.
 pub const FRONT: &str = "cellbox";
 
-/// Replace this process with `cellbox-engine` (next to this binary), same
+/// Where the engine is: next to this binary (the real file, symlinks
+/// followed: a symlink on PATH to a build directory works), else the first
+/// `cellbox-engine` on PATH (a copy of the front binary alone on PATH).
+pub fn find_engine() -> Result<PathBuf, String> {
+    let me = std::env::current_exe()
+        .map_err(|e| format!("cannot find this binary's directory to run {ENGINE}: {e}"))?;
+    let beside = me.with_file_name(ENGINE);
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .filter(|dir| dir.is_absolute())
+            .map(|dir| dir.join(ENGINE))
+            .find(|p| p.is_file())
+    });
+    on_path.ok_or_else(|| {
+        format!(
+            "cannot find {ENGINE}: it is not next to {} nor on PATH; it is built and \
+             installed with cellbox (`cargo build --release`, `cargo install --locked --path .`) \
+             and belongs next to it",
+            me.display()
+        )
+    })
+}
+
+/// Replace this process with `cellbox-engine` ([`find_engine`]), same
 /// arguments, environment and file descriptors. Returns only on failure.
 pub fn hand_to_engine() -> ExitCode {
     use std::os::unix::process::CommandExt;
-    let engine = match std::env::current_exe() {
-        Ok(me) => me.with_file_name(ENGINE),
+    let engine = match find_engine() {
+        Ok(p) => p,
         Err(e) => {
-            eprintln!("cellbox: cannot find this binary's directory to run {ENGINE}: {e}");
+            eprintln!("cellbox: {e}");
             return ExitCode::from(EXIT_INTERNAL);
         }
     };

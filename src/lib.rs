@@ -14,3 +14,9 @@ pub mod supervisor;
 pub mod worker;
 
 pub use supervisor::*;
+
+// The README's Rust example is a whole program: compiled and run with the
+// doc-tests (`cargo test --release`), so it stays true as written.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -217,18 +217,41 @@ fn read_source(file: &str, max: usize) -> Result<String, String> {
     })
 }
 
-fn print_result(r: &CellResult) {
+/// Print a result for a person: output, the value (Python's repr for a
+/// Python cell), the answer, the error. `in_session`: the cell ran in a
+/// session that goes on (the REPL), so values it could not keep are worth
+/// a warning; a one-shot run keeps nothing anyway.
+fn print_result(r: &CellResult, in_session: bool) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(r.stdout.as_bytes());
     if !r.stdout.is_empty() && !r.stdout.ends_with('\n') {
         let _ = out.write_all(b"\n");
     }
-    if !r.value.is_null() {
-        let _ = writeln!(out, "{}", r.value);
-    }
+    print_value_and_answer(&mut out, r);
     let _ = out.flush();
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(r.stderr.as_bytes());
+    print_notes(&mut err, r, in_session);
+}
+
+/// The value (Python's repr when the cell gave one) and the answer.
+fn print_value_and_answer(out: &mut impl Write, r: &CellResult) {
+    match &r.value_repr {
+        Some(repr) => {
+            let _ = writeln!(out, "{repr}");
+        }
+        None if !r.value.is_null() => {
+            let _ = writeln!(out, "{}", r.value);
+        }
+        None => {}
+    }
+    if let Some(a) = &r.final_answer {
+        let _ = writeln!(out, "answer: {a}");
+    }
+}
+
+/// Truncation notes, the error and, in a session, dropped variables.
+fn print_notes(err: &mut impl Write, r: &CellResult, in_session: bool) {
     if let Some(t) = &r.truncated.stdout {
         let _ = writeln!(
             err,
@@ -254,16 +277,37 @@ fn print_result(r: &CellResult) {
         };
         let _ = writeln!(err, "{}: {}{} [{}]", e.kind, e.message, pos, r.status);
     }
-    for d in &r.vars.dropped {
-        let _ = writeln!(
-            err,
-            "cellbox: variable {} ({}) was not kept: {}",
-            d.name, d.type_name, d.reason
-        );
+    if in_session {
+        for d in &r.vars.dropped {
+            let _ = writeln!(
+                err,
+                "cellbox: variable {} ({}) was not kept: {}",
+                d.name, d.type_name, d.reason
+            );
+        }
+    }
+}
+
+/// A script path that cannot be a script: a directory, or nothing there.
+/// Checked before the language is guessed from the extension, so that the
+/// message names the real problem.
+fn script_path_problem(file: &str) -> Option<String> {
+    if file == "-" {
+        return None;
+    }
+    match std::fs::metadata(file) {
+        Ok(m) if m.is_dir() => Some(format!(
+            "{file} is a directory: give a script file, or - to read the script from stdin"
+        )),
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot open {file}: {e}")),
     }
 }
 
 async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode {
+    if let Some(problem) = script_path_problem(file) {
+        return usage(problem);
+    }
     let path = (file != "-").then(|| Path::new(file));
     let language = match pick_language(&opts, path) {
         Ok(l) => l,
@@ -291,7 +335,7 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
             return code;
         }
     } else {
-        print_result(&result);
+        print_result(&result, false);
     }
     ExitCode::from(result.status.exit_code())
 }
@@ -315,6 +359,9 @@ async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
 /// the library path reports that).
 #[cfg(target_os = "linux")]
 fn one_shot_shell(opts: &CellOpts, json: bool, file: &str) -> Option<ExitCode> {
+    if let Some(problem) = script_path_problem(file) {
+        return Some(usage(problem));
+    }
     let path = (file != "-").then(|| Path::new(file));
     if pick_language(opts, path).ok()? != Language::Shell {
         return None;
@@ -340,7 +387,7 @@ fn one_shot_shell(opts: &CellOpts, json: bool, file: &str) -> Option<ExitCode> {
             return Some(code);
         }
     } else {
-        print_result(&result);
+        print_result(&result, false);
     }
     Some(ExitCode::from(result.status.exit_code()))
 }
@@ -473,10 +520,7 @@ async fn repl_command(
             match serde_json::from_str::<serde_json::Value>(args) {
                 Ok(serde_json::Value::Object(m)) => {
                     let r = session.call(a1, m).await;
-                    print_result(&r);
-                    if let Some(a) = &r.final_answer {
-                        println!("answer: {a}");
-                    }
+                    print_result(&r, true);
                 }
                 _ => eprintln!("usage: :call CAP {{\"arg\": value, ...}}"),
             }
@@ -563,11 +607,11 @@ async fn cmd_repl(opts: CellOpts) -> ExitCode {
         let code = code.trim_end().replace("\\\n", "\n");
         let r = session.run(CellRequest::new(language, code)).await;
         last = Some(r.status);
-        print_result(&r);
+        print_result(&r, true);
     }
     if !buf.trim().is_empty() {
         let r = session.run(CellRequest::new(language, buf)).await;
-        print_result(&r);
+        print_result(&r, true);
     }
     ExitCode::SUCCESS
 }
@@ -678,7 +722,22 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
         println!("  {:<16} {}", "user namespaces", yes(host.user_namespaces));
         println!("  {:<16} {}", "namespaces", yes(host.namespaces));
         println!("  {:<16} {}", "mount_setattr", yes(host.mount_setattr));
-        println!("  {:<16} {}", "cgroup v2", yes(host.cgroup_v2));
+        // The hierarchy cells' memory cgroups are made in (a host may
+        // mount cgroup2 and still keep memory on v1).
+        let memory = &host.memory_cgroup;
+        let memory_line = match (&memory.kind, &memory.dir) {
+            (Some(kind), Some(dir)) => format!("{kind} ({})", dir.display()),
+            _ => format!(
+                "NO: {}",
+                memory.problem.as_deref().unwrap_or("no memory controller")
+            ),
+        };
+        println!("  {:<16} {memory_line}", "memory cgroup");
+        println!(
+            "  {:<16} {}",
+            "cgroup2 mounted",
+            if host.cgroup_v2 { "yes" } else { "no" }
+        );
         match &python {
             Ok(info) => println!(
                 "  {:<16} {} (read-only: {})",

@@ -170,6 +170,20 @@ pub struct PathRule {
     #[serde(default)]
     pub optional: bool,
     pub why: String,
+    /// Only on this architecture (`x86_64`, `aarch64`, ... as in
+    /// `std::env::consts::ARCH`): a rule for another one is left out of the
+    /// cell's plan, so its report does not list it as an absent path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+}
+
+impl PathRule {
+    /// Whether the rule applies on the architecture this binary runs on.
+    pub fn applies_here(&self) -> bool {
+        self.arch
+            .as_deref()
+            .is_none_or(|a| a == std::env::consts::ARCH)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -457,6 +471,15 @@ impl Profile {
             check_sandbox_path(&rule.path).map_err(|p| self.invalid(&key, p))?;
             if rule.why.trim().is_empty() {
                 return Err(self.invalid(format!("{key}.why"), "must say why the path is needed"));
+            }
+            if let Some(arch) = &rule.arch {
+                if arch.is_empty() || !arch.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                {
+                    return Err(self.invalid(
+                        format!("{key}.arch"),
+                        "must be an architecture name such as x86_64 or aarch64",
+                    ));
+                }
             }
             if rule.access == PathAccess::ReadWrite {
                 return Err(self.invalid(
@@ -818,6 +841,33 @@ mod tests {
         let (key, problem) = invalid_key(&text);
         assert!(key.starts_with("filesystem.path["), "{key}");
         assert!(problem.contains("absolute"), "{problem}");
+    }
+
+    #[test]
+    fn a_path_for_another_architecture_is_left_out_of_the_plan() {
+        let p = Profile::load("python").unwrap();
+        let here = std::env::consts::ARCH;
+        let text = toml::to_string(&p).unwrap();
+        // Every dynamic loader rule names its architecture.
+        let loaders: Vec<_> = p
+            .filesystem
+            .paths
+            .iter()
+            .filter(|r| r.path.to_string_lossy().contains("ld-linux"))
+            .collect();
+        assert!(loaders.len() >= 2, "{loaders:?}");
+        assert!(loaders.iter().all(|r| r.arch.is_some()), "{loaders:?}");
+        let plan = crate::sandbox::SandboxPlan::new(&p, "/tmp/s".into(), p.default_limits());
+        assert!(plan.paths.iter().all(|r| r.applies_here()));
+        assert!(plan
+            .paths
+            .iter()
+            .any(|r| r.arch.as_deref() == Some(here) || here != "x86_64"));
+        assert!(plan.paths.len() < p.filesystem.paths.len());
+        // A rule without `arch` applies everywhere; a bad name is refused.
+        let bad = text.replacen("arch = \"aarch64\"", "arch = \"arm/64\"", 1);
+        let (key, _) = invalid_key(&bad);
+        assert!(key.ends_with(".arch"), "{key}");
     }
 
     #[test]

@@ -189,6 +189,10 @@ pub struct Done {
     pub status: DoneStatus,
     #[serde(default)]
     pub value: Value,
+    /// The value as the backend's own language spells it (Python's
+    /// `repr()`), for display; the backend may leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repr: Option<String>,
     /// The whole carried namespace after the cell (JSON values only).
     #[serde(default)]
     pub vars: Map<String, Value>,

@@ -30,9 +30,25 @@ pub struct HostSupport {
     /// user namespace).
     pub namespaces: bool,
     pub mount_setattr: bool,
+    /// A cgroup2 hierarchy is mounted (which need not be the one holding
+    /// the memory controller: see `memory_cgroup`).
     pub cgroup_v2: bool,
+    /// The memory controller cells' cgroups are made under.
+    pub memory_cgroup: MemoryCgroup,
     /// A real Python interpreter (not a version-manager shim).
     pub python: Option<PathBuf>,
+}
+
+/// Where the memory controller is that bounds cells together.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryCgroup {
+    /// `"cgroup v1 memory"` or `"cgroup v2 memory"`, the words a cell's
+    /// `cgroup` layer report uses; `None` when there is none.
+    pub kind: Option<String>,
+    /// This process's cgroup in that hierarchy, beneath which cells' are made.
+    pub dir: Option<PathBuf>,
+    /// Why there is none.
+    pub problem: Option<String>,
 }
 
 /// One layer under one profile.
@@ -96,6 +112,10 @@ pub fn probe() -> HostSupport {
         namespaces: false,
         mount_setattr: false,
         cgroup_v2,
+        memory_cgroup: MemoryCgroup {
+            problem: Some("no cgroups on this OS".into()),
+            ..MemoryCgroup::default()
+        },
         python: find_python(),
     };
     #[cfg(target_os = "linux")]
@@ -111,6 +131,17 @@ pub fn probe() -> HostSupport {
             || (host.running_as_root
                 && probe_clone(namespaces::flags(&["mount", "pid", "net", "ipc", "uts"])));
         host.mount_setattr = sys::mount_setattr_available();
+        host.memory_cgroup = match super::linux::cgroup::memory_controller() {
+            Ok((kind, dir)) => MemoryCgroup {
+                kind: Some(kind.to_owned()),
+                dir: Some(dir),
+                problem: None,
+            },
+            Err(e) => MemoryCgroup {
+                problem: Some(e),
+                ..MemoryCgroup::default()
+            },
+        };
     }
     host
 }
@@ -263,6 +294,7 @@ mod tests {
             namespaces: true,
             mount_setattr: true,
             cgroup_v2: true,
+            memory_cgroup: MemoryCgroup::default(),
             python: None,
         };
         f(&mut h);

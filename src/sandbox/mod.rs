@@ -113,7 +113,14 @@ impl SandboxPlan {
             uid: profile.identity.uid,
             gid: profile.identity.gid,
             hostname: profile.identity.hostname.clone(),
-            paths: profile.filesystem.paths.clone(),
+            // Rules for another architecture (its dynamic loader) are left out.
+            paths: profile
+                .filesystem
+                .paths
+                .iter()
+                .filter(|r| r.applies_here())
+                .cloned()
+                .collect(),
             tmp_bytes: profile.filesystem.tmp_bytes,
             stack_bytes: profile.limits.stack_bytes,
             seccomp: Box::new(profile.seccomp.clone()),
@@ -140,12 +147,14 @@ impl SandboxPlan {
             access: PathAccess::Read,
             optional: false,
             why: "requested by the supervisor for the backend".into(),
+            arch: None,
         }));
         rules.extend(self.exec.iter().map(|p| PathRule {
             path: p.clone(),
             access: PathAccess::Exec,
             optional: false,
             why: "program the backend executes".into(),
+            arch: None,
         }));
         rules
     }
@@ -313,7 +322,22 @@ mod tests {
         assert_eq!(plan.uid, p.identity.uid);
         assert_eq!(plan.layers, p.layers);
         let rules = plan.path_rules();
-        assert_eq!(rules.len(), p.filesystem.paths.len() + 2);
+        let here = p.filesystem.paths.iter().filter(|r| r.applies_here());
+        assert_eq!(rules.len(), here.count() + 2);
+        // Only this architecture's dynamic loader is in the plan.
+        let other_arch = if cfg!(target_arch = "x86_64") {
+            "ld-linux-aarch64"
+        } else {
+            "ld-linux-x86-64"
+        };
+        assert!(p
+            .filesystem
+            .paths
+            .iter()
+            .any(|r| r.path.to_string_lossy().contains(other_arch)));
+        assert!(!rules
+            .iter()
+            .any(|r| r.path.to_string_lossy().contains(other_arch)));
         let last = rules.last().unwrap();
         assert_eq!(last.access, PathAccess::Exec);
         assert_eq!(last.path, PathBuf::from("/opt/py/bin/python3"));

@@ -121,6 +121,10 @@ pub fn cell_result() -> Map<String, Value> {
                 "additionalProperties": false
             },
             "value": {"description": "The last expression's value as JSON, or null."},
+            "value_repr": {
+                "type": "string",
+                "description": "Python cells: repr() of the value (absent when there is none)."
+            },
             "error": nullable(json!({
                 "type": "object",
                 "properties": {

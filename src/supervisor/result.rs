@@ -146,6 +146,10 @@ pub struct CellResult {
     pub truncated: Truncated,
     /// The last expression's value (JSON), or null.
     pub value: Value,
+    /// Python: `repr()` of that value, as the REPL shows it (`'a'`, `True`,
+    /// `(1, 2)`); absent for other languages and when there is no value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_repr: Option<String>,
     pub error: Option<ScriptError>,
     /// What the script passed to `answer(...)`, if anything.
     pub final_answer: Option<Value>,
@@ -267,6 +271,7 @@ impl CellResult {
             stderr: String::new(),
             truncated: Truncated::default(),
             value: Value::Null,
+            value_repr: None,
             error: None,
             final_answer: None,
             vars: VarsReport::default(),

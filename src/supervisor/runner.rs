@@ -1253,6 +1253,7 @@ fn classify(
                 };
             }
             result.value = done.value.clone();
+            result.value_repr = done.repr.clone().filter(|_| !done.value.is_null());
             result.error = done.error.clone();
             if let (Some(limit), Some(e)) = (&done.limit, result.error.as_mut()) {
                 if !e.message.contains(limit.as_str()) {

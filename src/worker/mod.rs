@@ -47,12 +47,50 @@ fn hidden_mode_of(mode: &std::ffi::OsStr) -> Option<&'static str> {
 /// Call first thing in `main`, before any thread or runtime exists: if this
 /// process was started as a cellbox worker, run the cell and exit; otherwise
 /// return and let `main` go on.
+///
+/// Workers are this same binary started again with a hidden first
+/// argument. A worker sandboxes itself (new namespaces, a dropped identity,
+/// Landlock, seccomp), which the kernel allows only to a process with a
+/// single thread: so `main` must be a plain `fn main` that calls this before
+/// it starts a runtime (build one after it, e.g. with
+/// `tokio::runtime::Runtime::new()`), not `#[tokio::main]`, whose threads
+/// exist before the body runs. Called too late, the worker refuses to run
+/// and the cell's result says why (status `sandbox_error`); a program that
+/// cannot change its `main` can point
+/// [`crate::SupervisorBuilder::worker_exe`] at the `cellbox-engine` binary
+/// instead.
+///
+/// Too late, under `#[tokio::main]`: the cell says what to do.
+///
+/// ```
+/// use cellbox::{CellRequest, Language, SessionConfig, Status, Supervisor};
+///
+/// #[tokio::main]
+/// async fn main() {
+///     cellbox::worker::dispatch(); // the runtime's threads already run
+///     let sup = Supervisor::builder().build().unwrap();
+///     let cell = CellRequest::new(Language::Rhai, "40 + 2");
+///     let r = sup.run(cell, SessionConfig::default()).await;
+///     assert_eq!(r.status, Status::SandboxError, "{r:?}");
+///     let message = r.error.unwrap().message;
+///     assert!(message.contains("call it first thing in a plain `fn main`"), "{message}");
+/// }
+/// ```
 pub fn dispatch() {
     let mut args = std::env::args_os();
     let mode = args.nth(1);
+    let late = || too_late(thread_count());
     if mode.as_deref() == Some(std::ffi::OsStr::new(WORKER_ARG)) {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
-            Ok(stream) => run_worker(stream),
+            Ok(stream) => match late() {
+                Some(message) => run_worker_with(stream, move |_| {
+                    Err(crate::sandbox::SandboxError {
+                        layer: "hygiene",
+                        message,
+                    })
+                }),
+                None => run_worker(stream),
+            },
             Err(e) => {
                 eprintln!("cellbox worker: {e}");
                 EXIT_PROTOCOL
@@ -62,11 +100,11 @@ pub fn dispatch() {
     }
     #[cfg(target_os = "linux")]
     if mode.as_deref() == Some(std::ffi::OsStr::new(ZYGOTE_ARG)) {
-        std::process::exit(run_zygote());
+        std::process::exit(run_zygote(late()));
     }
     if mode.as_deref() == Some(std::ffi::OsStr::new(FORKSERVER_ARG)) {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
-            Ok(stream) => fork_server_main(stream.into()),
+            Ok(stream) => fork_server_main(stream.into(), late()),
             Err(e) => {
                 eprintln!("cellbox fork server: {e}");
                 EXIT_PROTOCOL
@@ -76,6 +114,25 @@ pub fn dispatch() {
     }
 }
 
+/// Threads of this process (1 where they cannot be counted: the sandbox's
+/// hygiene layer checks again).
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count())
+}
+
+/// What a worker says when [`dispatch`] ran after threads were started.
+fn too_late(threads: usize) -> Option<String> {
+    (threads > 1).then(|| {
+        format!(
+            "cellbox::worker::dispatch() ran in a process that already has {threads} threads, \
+             and a worker must be single-threaded to sandbox itself: call it first thing in a \
+             plain `fn main` and start the async runtime after it (not `#[tokio::main]`, whose \
+             threads start before main's body), or point Supervisor::builder().worker_exe(..) \
+             at the cellbox-engine binary"
+        )
+    })
+}
+
 /// The pool layers the fork server applied, inherited by every forked cell.
 static POOL_REPORT: std::sync::OnceLock<crate::sandbox::SandboxReport> = std::sync::OnceLock::new();
 
@@ -83,14 +140,21 @@ static POOL_REPORT: std::sync::OnceLock<crate::sandbox::SandboxReport> = std::sy
 /// once (namespaces included, so no cell pays for them), then fork a cell
 /// per request; each cell adds only its own rlimits, a nested Landlock
 /// domain and seccomp.
-fn fork_server_main(ctl: std::os::fd::OwnedFd) -> i32 {
+fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
     use crate::sandbox::forkserver::{recv, send, Control};
     use std::os::fd::AsFd;
     let (plan, spares) = match recv(ctl.as_fd()) {
         Ok(Some((Control::Init { plan, spares }, _))) => (plan, spares),
         _ => return EXIT_PROTOCOL,
     };
-    let report = match crate::sandbox::enter_pool(&plan) {
+    let entered = match late {
+        Some(message) => Err(crate::sandbox::SandboxError {
+            layer: "hygiene",
+            message,
+        }),
+        None => crate::sandbox::enter_pool(&plan),
+    };
+    let report = match entered {
         Ok(r) => r,
         Err(e) => {
             let _ = send(
@@ -236,7 +300,7 @@ fn run_sandboxed(
 /// for the cells' Landlock rulesets), then become the interpreter running
 /// the shim in zygote mode on the same fd 3.
 #[cfg(target_os = "linux")]
-fn run_zygote() -> i32 {
+fn run_zygote(late: Option<String>) -> i32 {
     use crate::sandbox::zygote::{self, ZygoteMsg};
     use std::os::fd::AsFd;
     let ctl = match zygote::take_control_fd() {
@@ -269,6 +333,9 @@ fn run_zygote() -> i32 {
         );
         EXIT_SANDBOX
     };
+    if let Some(message) = late {
+        return fail("hygiene", message);
+    }
     let config = match zygote::python_config() {
         Ok(c) => c,
         Err(e) => return fail("seccomp", e),
@@ -317,6 +384,11 @@ mod tests {
         assert_eq!(hidden_mode_of(OsStr::new("__zygote")), Some("zygote"));
         assert_eq!(hidden_mode_of(OsStr::new("run")), None);
         assert_eq!(hidden_mode_of(OsStr::new("__workerx")), None);
+        // The message of a worker started too late says what to do.
+        assert_eq!(too_late(1), None);
+        let msg = too_late(3).unwrap();
+        assert!(msg.contains("3 threads"), "{msg}");
+        assert!(msg.contains("plain `fn main`"), "{msg}");
         // The test harness itself is no worker: building a supervisor works.
         assert_eq!(hidden_mode(), None);
     }

@@ -248,6 +248,7 @@ fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done
     Done {
         status,
         value: Value::Null,
+        repr: None,
         vars: Map::new(),
         dropped: Vec::new(),
         definitions: Vec::new(),
@@ -346,6 +347,7 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
     Done {
         status: DoneStatus::Ok,
         value,
+        repr: None,
         vars,
         dropped,
         definitions,

@@ -127,7 +127,8 @@ def validate_from_worker(msg):
     elif t == "log":
         _fields(msg, "log", ["t", "level", "message"])
     elif t == "done":
-        _fields(msg, "done", ["t", "status"], ["value", "vars", "dropped", "definitions", "error", "limit"])
+        _fields(msg, "done", ["t", "status"], ["value", "repr", "vars", "dropped", "definitions", "error", "limit"])
+        _opt(msg, "repr", str, "done")
         if msg["status"] not in ("ok", "error", "limit_exceeded", "timeout"):
             raise ProtocolViolation("done.status %r" % msg["status"])
         if not isinstance(msg.get("vars", {}), dict):

@@ -47,6 +47,18 @@ class Values(unittest.TestCase):
         r = run_cell("float('nan')")
         self.assertEqual(r.value, "nan")
 
+    def test_the_value_comes_with_its_repr(self):
+        r = run_cell("('a', True, None, 1.5)")
+        self.assertEqual(r.value, ["a", True, None, 1.5])
+        self.assertEqual(r.done["repr"], "('a', True, None, 1.5)")
+        r = run_cell("{3, 1, 2}")
+        self.assertEqual(r.done["repr"], "{1, 2, 3}")
+        r = run_cell("x = 1")
+        self.assertIsNone(r.done.get("repr"))
+        r = run_cell("1 / 0")
+        self.assertEqual(r.status, "error", r)
+        self.assertIsNone(r.done.get("repr"))
+
     def test_a_raising_repr_does_not_break_the_cell(self):
         r = run_cell("class Bad:\n    def __repr__(self):\n        raise RuntimeError('no')\nBad()")
         self.assertEqual(r.status, "ok", r)

@@ -669,11 +669,91 @@ fn the_front_binary_hands_other_commands_to_the_engine() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
     let out = std::process::Command::new(&alone)
         .args(["run", "x.rhai"])
+        .env("PATH", "/usr/bin:/bin")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cellbox-engine"), "{err}");
+    assert!(err.contains("nor on PATH"), "{err}");
+}
+
+/// `cellbox` works from PATH as from the build directory: through a
+/// symlink to the build directory, as a copy of both binaries, and as a
+/// copy of the front binary alone with the engine elsewhere on PATH.
+#[test]
+fn cellbox_works_from_path_as_from_the_build_directory() {
+    let engine = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cellbox-engine"));
+    let root = tempfile::tempdir().unwrap();
+    let dir = |name: &str| {
+        let d = root.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        d
+    };
+    let linked = dir("linked");
+    std::os::unix::fs::symlink(bin(), linked.join("cellbox")).unwrap();
+    let copied = dir("copied");
+    std::fs::copy(bin(), copied.join("cellbox")).unwrap();
+    std::fs::copy(&engine, copied.join("cellbox-engine")).unwrap();
+    let front_only = dir("front-only");
+    std::fs::copy(bin(), front_only.join("cellbox")).unwrap();
+    let engine_dir = engine.parent().unwrap().to_str().unwrap().to_owned();
+    let cases = [
+        (
+            linked.to_str().unwrap().to_owned(),
+            "a symlink to the build",
+        ),
+        (
+            copied.to_str().unwrap().to_owned(),
+            "a copy of both binaries",
+        ),
+        (
+            format!("{}:{engine_dir}", front_only.display()),
+            "the front binary alone, the engine further on PATH",
+        ),
+    ];
+    for (path, what) in cases {
+        let path = format!("{path}:/usr/bin:/bin");
+        let run = |args: &[&str], stdin: &str| {
+            use std::io::Write;
+            let mut child = std::process::Command::new("cellbox")
+                .args(args)
+                .env("PATH", &path)
+                .env_remove("CELLBOX_WORKER_EXE")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(stdin.as_bytes())
+                .unwrap();
+            child.wait_with_output().unwrap()
+        };
+        // The engine's commands, a Python cell (a worker the engine starts
+        // again from its own file) and the front binary's own exec.
+        let out = run(&["run", "-"], "40 + 2");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "42\n",
+            "{what}: {out:?}"
+        );
+        let out = run(&["run", "--lang", "python", "-"], "6 * 7");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "42\n",
+            "{what}: {out:?}"
+        );
+        let out = run(&["exec", "--", "/bin/echo", "ok"], "");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "ok\n",
+            "{what}: {out:?}"
+        );
+    }
 }
 
 /// What a cell leaves in its scratch directory goes with it, whatever modes
@@ -850,4 +930,231 @@ fn a_required_cgroup_layer_that_cannot_be_made_refuses_the_cell() {
     assert!(msg.contains("the cgroup layer could not be applied"), "{v}");
     let out = run("shell");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+#[test]
+fn the_answer_is_printed_without_json() {
+    let out = cellbox(
+        &["run", "--allow", "answer", "-"],
+        Some("print(\"working\"); answer(#{total: 42}); 7"),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "working\n7\nanswer: {\"total\":42}\n"
+    );
+    // The same cell with --json carries it in `final_answer`.
+    let out = cellbox(
+        &["run", "--json", "--allow", "answer", "-"],
+        Some("answer(#{total: 42}); 7"),
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["final_answer"]["total"], 42);
+}
+
+#[test]
+fn a_one_shot_run_does_not_warn_about_values_it_could_not_keep() {
+    let code = "import threading\nlock = threading.Lock()\nx = 1\n";
+    // The cell does leave a value no session could keep (positive control).
+    let out = cellbox(&["run", "--json", "--lang", "python", "-"], Some(code));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["vars"]["dropped"][0]["name"], "lock", "{v}");
+    // A one-shot run has no session: nothing to warn about.
+    let out = cellbox(&["run", "--lang", "python", "-"], Some(code));
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("not kept"), "{stderr}");
+    // In the REPL the session goes on, so the warning is worth giving.
+    let out = cellbox(&["repl", "--lang", "python"], Some(code));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("variable lock (_thread.lock) was not kept"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_directory_is_named_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for args in [
+        vec!["run", d],
+        vec!["run", "--lang", "shell", d],
+        vec!["run", "--lang", "python", d],
+        vec!["run", "/tmp"],
+    ] {
+        let out = cellbox(&args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let name = args.last().unwrap();
+        assert!(
+            stderr.contains(&format!("{name} is a directory")),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("extension"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn run_help_says_what_the_language_defaults_to_and_it_is_so() {
+    let out = cellbox(&["run", "--help"], None);
+    let help = String::from_utf8_lossy(&out.stdout).replace(char::is_whitespace, " ");
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("Default: from the file's extension (.rhai, .py, .sh; any other is an error that asks for --lang); rhai for stdin (`-`) and the REPL"),
+        "{help}"
+    );
+    // Each claim: an unknown extension is an error asking for --lang ...
+    let dir = tempfile::tempdir().unwrap();
+    let txt = dir.path().join("script.txt");
+    std::fs::write(&txt, "40 + 2").unwrap();
+    let out = cellbox(&["run", txt.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lang"));
+    // ... stdin is Rhai ...
+    let out = cellbox(&["run", "-"], Some("let x = 40; x + 2"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    // ... and each extension picks its language.
+    for (ext, code, lang) in [
+        ("rhai", "1", "rhai"),
+        ("py", "1", "python"),
+        ("sh", "true", "shell"),
+    ] {
+        let f = dir.path().join(format!("cell.{ext}"));
+        std::fs::write(&f, code).unwrap();
+        let out = cellbox(&["run", "--json", f.to_str().unwrap()], None);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["language"], lang, "{v}");
+    }
+}
+
+/// The `"landlock_abi": N` of the README's `--json` sample.
+fn readme_landlock_abi() -> u64 {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let at = readme
+        .find("\"landlock_abi\": ")
+        .expect("the README's sample shows landlock_abi");
+    let rest = &readme[at + "\"landlock_abi\": ".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("a number")
+}
+
+#[test]
+fn the_readme_sample_shows_the_landlock_abi_a_cell_gets() {
+    let shown = readme_landlock_abi();
+    for (lang, code) in [("rhai", "1"), ("python", "1"), ("shell", "true")] {
+        let out = cellbox(&["run", "--json", "--lang", lang, "-"], Some(code));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            v["sandbox"]["landlock_abi"], shown,
+            "{lang}: {}",
+            v["sandbox"]
+        );
+    }
+}
+
+#[test]
+fn doctor_names_the_cgroup_version_it_uses_for_memory() {
+    let out = cellbox(&["doctor", "--json"], None);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kind = v["host"]["memory_cgroup"]["kind"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no memory cgroup here: {}", v["host"]));
+    // What a cell really gets: its cgroup layer names the same hierarchy.
+    let run = cellbox(&["run", "--json", "-"], Some("1"));
+    let r: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let layer = r["sandbox"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "cgroup")
+        .unwrap()
+        .clone();
+    assert_eq!(layer["applied"], true, "{layer}");
+    assert!(
+        layer["detail"].as_str().unwrap().starts_with(kind),
+        "doctor says {kind}, the cell got {layer}"
+    );
+    // The hierarchy the kernel holds this process's memory cgroup in.
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let v1 = cgroups.lines().any(|l| {
+        l.split(':')
+            .nth(1)
+            .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+    });
+    assert_eq!(
+        kind,
+        if v1 {
+            "cgroup v1 memory"
+        } else {
+            "cgroup v2 memory"
+        }
+    );
+    let text = cellbox(&["doctor"], None);
+    let text = String::from_utf8_lossy(&text.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("memory cgroup"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(kind), "{line}");
+}
+
+#[test]
+fn python_values_are_shown_with_their_repr() {
+    let code = "'a'";
+    let out = cellbox(&["run", "--lang", "python", "-"], Some(code));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "'a'\n");
+    for (code, shown, json) in [
+        (
+            "(1, 'b', True, None)",
+            "(1, 'b', True, None)",
+            "[1,\"b\",true,null]",
+        ),
+        ("{'k': 1.5}", "{'k': 1.5}", "{\"k\":1.5}"),
+        ("{1, 2}", "{1, 2}", "\"{1, 2}\""),
+    ] {
+        let out = cellbox(&["run", "--json", "--lang", "python", "-"], Some(code));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["value_repr"], shown, "{v}");
+        assert_eq!(v["value"].to_string(), json, "{v}");
+    }
+    // No value, no repr; other languages have none either.
+    let out = cellbox(&["run", "--json", "--lang", "python", "-"], Some("None"));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.get("value_repr").is_none(), "{v}");
+    let out = cellbox(&["run", "--json", "-"], Some("\"a\""));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.get("value_repr").is_none(), "{v}");
+    // The REPL shows the repr (warm path: the zygote's cells).
+    let out = cellbox(
+        &["repl", "--lang", "python"],
+        Some("s = 'hi'\ns\n[s, True]\n"),
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "'hi'\n['hi', True]\n");
+}
+
+#[test]
+fn a_cell_lists_no_path_of_another_architecture() {
+    let other = if cfg!(target_arch = "x86_64") {
+        "ld-linux-aarch64"
+    } else {
+        "ld-linux-x86-64"
+    };
+    for lang in ["python", "shell"] {
+        let code = if lang == "shell" { "true" } else { "1" };
+        let out = cellbox(&["run", "--json", "--lang", lang, "-"], Some(code));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sandbox = v["sandbox"].to_string();
+        // The report does list the optional paths it looked for and missed
+        // (positive control: the key exists), just not another machine's.
+        assert!(!sandbox.contains(other), "{lang}: {sandbox}");
+        let profile = std::fs::read_to_string(format!(
+            "{}/sandbox-profiles/{lang}.toml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        assert!(profile.contains(other), "{lang}: the profile has the rule");
+    }
 }

@@ -227,6 +227,18 @@ pub fn layer_report(
     }
 }
 
+/// The memory controller cells' cgroups would be made under: its kind (as
+/// [`CellCgroup::kind`] names it) and this process's cgroup in it.
+pub fn memory_controller() -> Result<(&'static str, PathBuf), String> {
+    let c = find_controller()?;
+    let kind = if c.v2 {
+        "cgroup v2 memory"
+    } else {
+        "cgroup v1 memory"
+    };
+    Ok((kind, c.own))
+}
+
 /// Join the cgroup whose `tasks` or `cgroup.procs` is open on `fd`; the
 /// caller must have a single thread. Async-signal-safe: one `write`, no
 /// allocation.

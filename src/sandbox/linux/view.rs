@@ -233,6 +233,7 @@ mod tests {
             access,
             optional,
             why: "test".into(),
+            arch: None,
         }
     }
 

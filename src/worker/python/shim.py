@@ -179,6 +179,18 @@ def _to_json(v):
     return text
 
 
+_MAX_PLAIN_REPR = 64 * 1024
+
+
+def _plain_repr(v):
+    """JSON string of repr(v) for a value made of exact JSON types, as the
+    REPL shows it (Python's spelling: 'a', True, None, (1, 2))."""
+    text = repr(v)
+    if len(text) > _MAX_PLAIN_REPR:
+        text = text[:_MAX_PLAIN_REPR] + "... [%d characters left out]" % (len(text) - _MAX_PLAIN_REPR)
+    return _dumps(_clean(text))
+
+
 def _clean(s):
     """A str that encodes as UTF-8 (lone surrogates become escapes)."""
     if type(s) is not str:
@@ -453,8 +465,11 @@ def _run_statements(code, g, flags, out):
             if value is not None:
                 try:
                     out["value"] = _to_json(value)
+                    # Exact JSON types only (checked): their repr() calls
+                    # no method of the cell's.
+                    out["repr"] = _plain_repr(value)
                 except Exception:
-                    out["value"] = _cold("_repr_json")(value)
+                    out["value"] = out["repr"] = _cold("_repr_json")(value)
             return
         co = compile(_ast.Module([node], []), _CELL, "exec", _AWAIT | flags, True)
         flags |= co.co_flags & _FUTURE_MASK
@@ -527,8 +542,8 @@ def _done_frame(out):
 
 def _assemble(out, items, dropped, definitions):
     return (
-        '{"t":"done","status":"%s","value":%s,"vars":{%s},"dropped":%s,"definitions":%s,"error":%s,"limit":%s}'
-        % (out["status"], out["value"], ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(dropped), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]))
+        '{"t":"done","status":"%s","value":%s,"repr":%s,"vars":{%s},"dropped":%s,"definitions":%s,"error":%s,"limit":%s}'
+        % (out["status"], out["value"], out.get("repr", "null"), ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(dropped), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]))
     ).encode("utf-8")
 
 
@@ -737,6 +752,8 @@ def _shrink_done(out, items, dropped, definitions):
     """`done` did not fit in one frame: leave out the largest vars (saying
     so), then an oversized value, then give up with an error."""
     limit = _st["max"]
+    # The repr is only for display: the first thing to go.
+    out["repr"] = "null"
     if len(out["value"]) > limit // 2:
         out["value"] = _dumps("<the value's %d bytes of JSON do not fit in one %d-byte frame>" % (len(out["value"]), limit))
     sizes = {k: len(v.encode("utf-8")) + len(k) + 4 for k, v in items}
@@ -757,7 +774,7 @@ def _shrink_done(out, items, dropped, definitions):
 
 def _record_failure(out, exc):
     t = type(exc)
-    out["value"] = "null"
+    out["value"] = out["repr"] = "null"
     if t is CellTimeout:
         out["status"] = "timeout"
     elif issubclass(t, MemoryError):
