@@ -8,7 +8,9 @@ use cellbox::cli::{cmd_exec, early_exec};
 use cellbox::cli::{
     events_sink, print_json, session_config, usage, CellOpts, ExecArgs, EXIT_INTERNAL,
 };
-use cellbox::{CellRequest, CellResult, Language, Session, SessionConfig, Status, Supervisor};
+use cellbox::{
+    CellRequest, CellResult, Forward, Language, Session, SessionConfig, Status, Supervisor,
+};
 use clap::{Parser, Subcommand};
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -220,18 +222,70 @@ fn read_source(file: &str, max: usize) -> Result<String, String> {
 /// Print a result for a person: output, the value (Python's repr for a
 /// Python cell), the answer, the error. `in_session`: the cell ran in a
 /// session that goes on (the REPL), so values it could not keep are worth
-/// a warning; a one-shot run keeps nothing anyway.
-fn print_result(r: &CellResult, in_session: bool) {
+/// a warning; a one-shot run keeps nothing anyway. `streamed`: the cell ran
+/// with [`Forward::Head`], so the head of its output is on the terminal
+/// already and only the rest (omitted count, tail) is printed.
+fn print_result(r: &CellResult, in_session: bool, streamed: bool) {
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(r.stdout.as_bytes());
+    let stdout = if streamed {
+        unshown(&r.stdout, r.truncated.stdout.as_ref())
+    } else {
+        &r.stdout
+    };
+    let _ = out.write_all(stdout.as_bytes());
     if !r.stdout.is_empty() && !r.stdout.ends_with('\n') {
         let _ = out.write_all(b"\n");
     }
     print_value_and_answer(&mut out, r);
     let _ = out.flush();
     let mut err = std::io::stderr().lock();
-    let _ = err.write_all(r.stderr.as_bytes());
+    let stderr = if streamed {
+        unshown(&r.stderr, r.truncated.stderr.as_ref())
+    } else {
+        &r.stderr
+    };
+    let _ = err.write_all(stderr.as_bytes());
     print_notes(&mut err, r, in_session);
+}
+
+/// What of a captured stream was not shown as it came: nothing when all of
+/// it was kept; else the omission mark and the tail after the head.
+fn unshown<'a>(text: &'a str, truncated: Option<&cellbox::Truncation>) -> &'a str {
+    let Some(t) = truncated else { return "" };
+    let omitted = t.total_bytes - t.kept_head - t.kept_tail;
+    let mark = format!("\n[... {omitted} bytes omitted ...]\n");
+    let head = usize::try_from(t.kept_head).unwrap_or(usize::MAX);
+    match text.get(head..) {
+        Some(rest) if rest.starts_with(&mark) => rest,
+        // The head was not valid UTF-8 (its text is longer than its bytes).
+        _ => text.find(&mark).map_or("", |i| &text[i..]),
+    }
+}
+
+/// Await a cell; Ctrl-C (SIGINT) meanwhile cancels it, and the result then
+/// (status `killed`) keeps what the cell printed. Without a SIGINT stream
+/// (none could be made) the cell runs to its end.
+async fn interruptible(
+    run: impl std::future::Future<Output = CellResult>,
+    cancel: &tokio_util::sync::CancellationToken,
+    sigint: Option<&mut tokio::signal::unix::Signal>,
+) -> CellResult {
+    tokio::pin!(run);
+    let Some(sigint) = sigint else {
+        return run.await;
+    };
+    tokio::select! {
+        r = &mut run => r,
+        _ = sigint.recv() => {
+            cancel.cancel();
+            run.await
+        }
+    }
+}
+
+/// SIGINT as a stream: from here on Ctrl-C no longer ends this process.
+fn sigint_stream() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok()
 }
 
 /// The value (Python's repr when the cell gave one) and the answer.
@@ -329,13 +383,20 @@ async fn cmd_run(opts: CellOpts, json: bool, warm: bool, file: &str) -> ExitCode
         Ok(s) => s,
         Err(e) => return usage(e),
     };
-    let result = sup.run(CellRequest::new(language, code), config).await;
+    // The output streams as the cell writes it (with --json, stdout is the
+    // result alone); Ctrl-C kills the cell and its result is still printed.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut request = CellRequest::new(language, code);
+    request.forward = if json { Forward::No } else { Forward::Head };
+    request.cancel = Some(cancel.clone());
+    let mut sigint = sigint_stream();
+    let result = interruptible(sup.run(request, config), &cancel, sigint.as_mut()).await;
     if json {
         if let Err(code) = print_json(&result) {
             return code;
         }
     } else {
-        print_result(&result, false);
+        print_result(&result, false, true);
     }
     ExitCode::from(result.status.exit_code())
 }
@@ -381,13 +442,17 @@ fn one_shot_shell(opts: &CellOpts, json: bool, file: &str) -> Option<ExitCode> {
         Ok(s) => s,
         Err(e) => return Some(usage(e)),
     };
-    let result = cellbox::oneshot::run(cellbox::oneshot::OneShot::shell(&code), config, &events);
+    let forward = if json { Forward::No } else { Forward::Head };
+    let cell = cellbox::oneshot::OneShot::shell(&code)
+        .forwarding(forward)
+        .interruptible();
+    let result = cellbox::oneshot::run(cell, config, &events);
     if json {
         if let Err(code) = print_json(&result) {
             return Some(code);
         }
     } else {
-        print_result(&result, false);
+        print_result(&result, false, true);
     }
     Some(ExitCode::from(result.status.exit_code()))
 }
@@ -520,7 +585,7 @@ async fn repl_command(
             match serde_json::from_str::<serde_json::Value>(args) {
                 Ok(serde_json::Value::Object(m)) => {
                     let r = session.call(a1, m).await;
-                    print_result(&r, true);
+                    print_result(&r, true, false);
                 }
                 _ => eprintln!("usage: :call CAP {{\"arg\": value, ...}}"),
             }
@@ -577,6 +642,9 @@ async fn cmd_repl(opts: CellOpts) -> ExitCode {
     });
     let mut buf = String::new();
     let mut last: Option<Status> = None;
+    // Ctrl-C interrupts the running cell, or drops the input typed so far;
+    // it does not end the REPL (Ctrl-D or :quit does).
+    let mut sigint = sigint_stream();
     loop {
         if interactive {
             print!(
@@ -589,7 +657,22 @@ async fn cmd_repl(opts: CellOpts) -> ExitCode {
             );
             let _ = std::io::stdout().flush();
         }
-        let Some(line) = rx.recv().await else { break };
+        let line = match sigint.as_mut() {
+            Some(sigint) => tokio::select! {
+                line = rx.recv() => line,
+                _ = sigint.recv() => {
+                    // The terminal dropped the line being typed; drop the
+                    // lines before it that wait for more too.
+                    buf.clear();
+                    if interactive {
+                        println!();
+                    }
+                    continue;
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(line) = line else { break };
         if buf.is_empty() && line.trim_start().starts_with(':') {
             if !repl_command(&line, &mut session, &mut language, &last).await {
                 break;
@@ -605,13 +688,19 @@ async fn cmd_repl(opts: CellOpts) -> ExitCode {
         }
         let code = std::mem::take(&mut buf);
         let code = code.trim_end().replace("\\\n", "\n");
-        let r = session.run(CellRequest::new(language, code)).await;
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let mut request = CellRequest::new(language, code);
+        request.forward = Forward::Head;
+        request.cancel = Some(cancel.clone());
+        let r = interruptible(session.run(request), &cancel, sigint.as_mut()).await;
         last = Some(r.status);
-        print_result(&r, true);
+        print_result(&r, true, true);
     }
     if !buf.trim().is_empty() {
-        let r = session.run(CellRequest::new(language, buf)).await;
-        print_result(&r, true);
+        let mut request = CellRequest::new(language, buf);
+        request.forward = Forward::Head;
+        let r = session.run(request).await;
+        print_result(&r, true, true);
     }
     ExitCode::SUCCESS
 }

@@ -126,6 +126,21 @@ pub enum OutputStream {
     Stderr,
 }
 
+/// Whether a cell's stdout and stderr are also copied to this process's
+/// own stdout and stderr as they arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Forward {
+    /// Captured only.
+    #[default]
+    No,
+    /// Every byte (`cellbox exec`: the program's own output).
+    All,
+    /// The bytes the result keeps at its head (the first half of
+    /// `max_output_bytes`), as they come: `cellbox run` and the REPL, which
+    /// print what the result adds (the omitted count, the tail) at the end.
+    Head,
+}
+
 /// A piece of a running cell's output, as it arrives.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct OutputChunk {
@@ -144,6 +159,13 @@ pub struct CellRequest {
     /// effort, at most `max_output_bytes` per stream; the result always
     /// holds the captured output).
     pub output: Option<tokio::sync::mpsc::Sender<OutputChunk>>,
+    /// Copy stdout/stderr to this process's own as they arrive (see
+    /// [`Forward`]; `Forward::Head` keeps to the result's cap).
+    pub forward: Forward,
+    /// Cancelling it kills the running cell: the result (status `killed`,
+    /// error `Interrupted`) keeps what the cell printed until then, and a
+    /// session's namespace is left as it was before the cell.
+    pub cancel: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl CellRequest {
@@ -153,6 +175,8 @@ impl CellRequest {
             code: code.into(),
             limits: LimitOverrides::default(),
             output: None,
+            forward: Forward::No,
+            cancel: None,
         }
     }
 
@@ -554,7 +578,14 @@ impl Supervisor {
         forward_output: bool,
     ) -> CellResult {
         match self.session(config) {
-            Ok(s) => s.exec(argv, forward_output).await,
+            Ok(s) => {
+                let forward = if forward_output {
+                    Forward::All
+                } else {
+                    Forward::No
+                };
+                s.exec(argv, forward).await
+            }
             Err(e) => CellResult::refused(
                 "shell",
                 RunInfo::root(),

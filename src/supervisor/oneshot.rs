@@ -29,7 +29,12 @@ pub struct OneShot {
     /// resolves it).
     pub argv: Vec<String>,
     /// Copy the cell's stdout/stderr to ours as it arrives.
-    pub forward_output: bool,
+    pub forward: super::Forward,
+    /// Ctrl-C (SIGINT to this process) kills the cell, which then ends
+    /// with status `killed` and a result as usual. SIGINT is blocked in the
+    /// calling thread while the cell runs (taken through a signalfd), after
+    /// the cell has its own signal mask; for a command line.
+    pub interruptible: bool,
 }
 
 impl OneShot {
@@ -37,7 +42,12 @@ impl OneShot {
     pub fn exec(argv: Vec<String>, forward_output: bool) -> OneShot {
         OneShot {
             argv,
-            forward_output,
+            forward: if forward_output {
+                super::Forward::All
+            } else {
+                super::Forward::No
+            },
+            interruptible: false,
         }
     }
 
@@ -45,8 +55,22 @@ impl OneShot {
     pub fn shell(code: &str) -> OneShot {
         OneShot {
             argv: vec!["/bin/sh".into(), "-c".into(), code.to_owned()],
-            forward_output: false,
+            forward: super::Forward::No,
+            interruptible: false,
         }
+    }
+
+    /// The same, killed by Ctrl-C (see [`OneShot::interruptible`]).
+    pub fn interruptible(mut self) -> OneShot {
+        self.interruptible = true;
+        self
+    }
+
+    /// The same, copying its output to ours as it arrives (see
+    /// [`super::Forward`]).
+    pub fn forwarding(mut self, forward: super::Forward) -> OneShot {
+        self.forward = forward;
+        self
     }
 }
 
@@ -119,7 +143,7 @@ fn run_planned(
                 crate::sandbox::linux::cgroup::layer_report(cgroup.as_ref(), plan.layers.cgroup);
             match oneshot::spawn(&plan, &argv, cgroup.as_ref().map(|c| c.procs_fd())) {
                 Ok(c) => {
-                    supervise(c, limits, cell.forward_output, deadline, result);
+                    supervise(c, limits, cell, deadline, result);
                     if let Some(report) = result.sandbox.as_mut() {
                         report.layers.push(layer);
                     }
@@ -192,15 +216,51 @@ fn random_u64() -> u64 {
         .finish()
 }
 
+/// SIGINT taken through a signalfd while a cell runs; unblocked again (a
+/// pending one consumed first) when dropped.
+struct Interrupt {
+    fd: nix::sys::signalfd::SignalFd,
+    mask: nix::sys::signal::SigSet,
+}
+
+impl Interrupt {
+    fn take() -> Option<Interrupt> {
+        use nix::sys::signal::{SigSet, Signal};
+        use nix::sys::signalfd::{SfdFlags, SignalFd};
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGINT);
+        // Already blocked by the caller: not ours to take.
+        if SigSet::thread_get_mask().ok()?.contains(Signal::SIGINT) {
+            return None;
+        }
+        mask.thread_block().ok()?;
+        match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK) {
+            Ok(fd) => Some(Interrupt { fd, mask }),
+            Err(_) => {
+                let _ = mask.thread_unblock();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        while let Ok(Some(_)) = self.fd.read_signal() {}
+        let _ = self.mask.thread_unblock();
+    }
+}
+
 /// One output stream of the cell: captured (capped) and maybe forwarded.
 struct Stream {
     fd: Option<std::fs::File>,
     capture: Capture,
-    forward: Option<bool>,
+    /// What to copy, and whether to stdout (else stderr).
+    forward: (super::Forward, bool),
 }
 
 impl Stream {
-    fn new(fd: OwnedFd, cap: usize, forward: Option<bool>) -> Stream {
+    fn new(fd: OwnedFd, cap: usize, forward: (super::Forward, bool)) -> Stream {
         let open = set_nonblocking(&fd).is_ok();
         Stream {
             fd: open.then(|| std::fs::File::from(fd)),
@@ -220,18 +280,21 @@ impl Stream {
                 }
                 Ok(n) => {
                     let chunk = &buf[..n];
-                    match self.forward {
-                        Some(true) => {
+                    let to_head = self.capture.push(chunk);
+                    let shown = match self.forward.0 {
+                        super::Forward::No => &chunk[..0],
+                        super::Forward::All => chunk,
+                        super::Forward::Head => &chunk[..to_head],
+                    };
+                    if !shown.is_empty() {
+                        if self.forward.1 {
                             let mut out = std::io::stdout().lock();
-                            let _ = out.write_all(chunk);
+                            let _ = out.write_all(shown);
                             let _ = out.flush();
+                        } else {
+                            let _ = std::io::stderr().lock().write_all(shown);
                         }
-                        Some(false) => {
-                            let _ = std::io::stderr().lock().write_all(chunk);
-                        }
-                        None => {}
                     }
-                    self.capture.push(chunk);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
@@ -269,10 +332,13 @@ const KILL_WITHIN: Duration = Duration::from_secs(10);
 fn supervise(
     cell: Cell,
     limits: &Limits,
-    forward: bool,
+    how: &OneShot,
     deadline: Instant,
     result: &mut CellResult,
 ) {
+    let forward = how.forward;
+    // Blocked only now: the cell (cloned before) keeps its own mask.
+    let sigint = how.interruptible.then(Interrupt::take).flatten();
     // `_scratch` (if any) is removed when this returns, after the reap.
     let Cell {
         pid,
@@ -283,14 +349,15 @@ fn supervise(
         scratch: _scratch,
     } = cell;
     let cap = limits.max_output_bytes;
-    let mut out = Stream::new(stdout, cap, forward.then_some(true));
-    let mut err = Stream::new(stderr, cap, forward.then_some(false));
+    let mut out = Stream::new(stdout, cap, (forward, true));
+    let mut err = Stream::new(stderr, cap, (forward, false));
     let mut control = Some(control).filter(|c| c.set_nonblocking(true).is_ok());
     let mut report = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut exited = false;
     let mut timed_out = false;
-    while !exited {
+    let mut interrupted = false;
+    while !exited && !interrupted {
         if Instant::now() >= deadline {
             timed_out = true;
             break;
@@ -308,6 +375,10 @@ fn supervise(
         if let Some(c) = &control {
             fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
             which.push(2);
+        }
+        if let Some(s) = &sigint {
+            fds.push(PollFd::new(s.fd.as_fd(), PollFlags::POLLIN));
+            which.push(3);
         }
         match nix::poll::poll(&mut fds, poll_timeout(deadline)) {
             Ok(0) => continue,
@@ -332,11 +403,12 @@ fn supervise(
             match w {
                 0 => out.pump(&mut buf),
                 1 => err.pump(&mut buf),
-                _ => read_report(&mut control, &mut report, &mut buf),
+                2 => read_report(&mut control, &mut report, &mut buf),
+                _ => interrupted = true,
             }
         }
     }
-    if timed_out {
+    if timed_out || interrupted {
         let _ = process::kill_group(pid);
         let _ = process::pidfd_kill(pidfd.as_fd());
         let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
@@ -376,7 +448,15 @@ fn supervise(
         }
     }
 
-    let outcome = if timed_out {
+    drop(sigint);
+    let outcome = if interrupted {
+        Outcome::Fatal(
+            Status::Killed,
+            "Interrupted",
+            "the cell was interrupted and killed; this result keeps what it printed until then"
+                .into(),
+        )
+    } else if timed_out {
         Outcome::Timeout
     } else {
         match parse_report(&report) {
@@ -397,8 +477,8 @@ fn supervise(
             ),
         }
     };
-    if timed_out {
-        // A report that arrived before the deadline still says what the
+    if timed_out || interrupted {
+        // A report that arrived before the end still says what the
         // cell was running under.
         if let Ok(Some(Report::Ready(r))) = parse_report(&report) {
             result.sandbox = Some(r);

@@ -25,15 +25,18 @@ impl Capture {
         }
     }
 
-    pub fn push(&mut self, mut data: &[u8]) {
+    /// Take in `data`; returns how many of its first bytes went to the
+    /// head (what a caller that shows the output as it comes shows).
+    pub fn push(&mut self, mut data: &[u8]) -> usize {
         self.total += data.len() as u64;
+        let mut to_head = 0;
         if self.head.len() < self.head_cap {
-            let n = (self.head_cap - self.head.len()).min(data.len());
-            self.head.extend_from_slice(&data[..n]);
-            data = &data[n..];
+            to_head = (self.head_cap - self.head.len()).min(data.len());
+            self.head.extend_from_slice(&data[..to_head]);
+            data = &data[to_head..];
         }
         if data.is_empty() || self.tail_cap == 0 {
-            return;
+            return to_head;
         }
         if data.len() >= self.tail_cap {
             self.tail.clear();
@@ -43,6 +46,7 @@ impl Capture {
             self.tail.drain(..over);
             self.tail.extend(data);
         }
+        to_head
     }
 
     /// The kept text (lossy UTF-8) and, when bytes were dropped, what was kept.

@@ -38,8 +38,10 @@ pub(crate) struct CellSpec {
     /// Made on first use: a cell from the Rhai fork server needs none.
     pub scratch: Arc<super::scratch::Scratch>,
     pub profile: Option<String>,
-    /// Copy the worker's stdout/stderr to ours as it arrives (`cellbox exec`).
-    pub forward_output: bool,
+    /// Copy the worker's stdout/stderr to ours as it arrives.
+    pub forward_output: super::Forward,
+    /// Kill the cell when cancelled (status `killed`).
+    pub cancel: Option<tokio_util::sync::CancellationToken>,
     /// A live copy of stdout/stderr as it arrives.
     pub output: Option<tokio::sync::mpsc::Sender<super::OutputChunk>>,
     pub execution_count: u64,
@@ -212,6 +214,14 @@ fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), S
     Ok((backend, plan))
 }
 
+/// Resolves when `token` is cancelled (never without one).
+async fn cancelled(token: Option<&tokio_util::sync::CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Where a live copy of a stream's output goes (at most `budget` bytes).
 struct Tap {
     tx: tokio::sync::mpsc::Sender<super::OutputChunk>,
@@ -222,7 +232,7 @@ struct Tap {
 async fn pump<R: AsyncRead + Unpin>(
     mut r: R,
     cap: Arc<Mutex<Capture>>,
-    forward: Option<bool>,
+    forward: (super::Forward, bool),
     mut tap: Option<Tap>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -246,18 +256,27 @@ async fn pump<R: AsyncRead + Unpin>(
                 }
             }
         }
-        match forward {
-            Some(true) => {
-                let _ = tokio::io::stdout().write_all(chunk).await;
-            }
-            Some(false) => {
-                let _ = tokio::io::stderr().write_all(chunk).await;
-            }
-            None => {}
-        }
-        match cap.lock() {
+        let to_head = match cap.lock() {
             Ok(mut c) => c.push(chunk),
             Err(p) => p.into_inner().push(chunk),
+        };
+        let shown = match forward.0 {
+            super::Forward::No => &chunk[..0],
+            super::Forward::All => chunk,
+            super::Forward::Head => &chunk[..to_head],
+        };
+        // Flushed before the next read, so that it is out before the result
+        // the caller prints after it.
+        if !shown.is_empty() {
+            if forward.1 {
+                let mut out = tokio::io::stdout();
+                let _ = out.write_all(shown).await;
+                let _ = out.flush().await;
+            } else {
+                let mut err = tokio::io::stderr();
+                let _ = err.write_all(shown).await;
+                let _ = err.flush().await;
+            }
         }
     }
 }
@@ -429,7 +448,7 @@ async fn finish_worker(
     let err_cap = Arc::new(Mutex::new(Capture::new(spec.limits.max_output_bytes)));
     let mut pumps = Vec::new();
     if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out_fd) {
-        let fwd = spec.forward_output.then_some(true);
+        let fwd = (spec.forward_output, true);
         let tap = spec.output.clone().map(|tx| Tap {
             tx,
             stream: super::OutputStream::Stdout,
@@ -438,7 +457,7 @@ async fn finish_worker(
         pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd, tap)));
     }
     if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(err_fd) {
-        let fwd = spec.forward_output.then_some(false);
+        let fwd = (spec.forward_output, false);
         let tap = spec.output.clone().map(|tx| Tap {
             tx,
             stream: super::OutputStream::Stderr,
@@ -1020,6 +1039,12 @@ async fn converse(
                 }
                 break last;
             }
+            _ = cancelled(spec.cancel.as_ref()) => break Outcome::Fatal(
+                Status::Killed,
+                "Interrupted",
+                "the cell was interrupted and killed; this result keeps what it printed until then"
+                    .into(),
+            ),
             _ = tokio::time::sleep_until(deadline_t) => break Outcome::Timeout,
         }
     };
@@ -1202,7 +1227,9 @@ async fn run_sub_cell(
         session_id: spec.session_id.clone(),
         scratch: scratch.clone(),
         profile: None,
-        forward_output: false,
+        forward_output: super::Forward::No,
+        // Cancelling the parent ends the cell it waits for too.
+        cancel: spec.cancel.clone(),
         output: None,
         execution_count: 0,
         fence: Arc::new(Fence::default()),

@@ -138,7 +138,8 @@ impl Session {
             scratch: self.inner.scratch.clone(),
             fence: self.inner.fence.clone(),
             profile: self.profile_for(request.language),
-            forward_output: false,
+            forward_output: request.forward,
+            cancel: request.cancel.clone(),
             output: request.output.clone(),
             execution_count: count,
         };
@@ -182,7 +183,8 @@ impl Session {
             scratch: self.inner.scratch.clone(),
             fence: self.inner.fence.clone(),
             profile: self.profile_for(Language::Rhai),
-            forward_output: false,
+            forward_output: super::Forward::No,
+            cancel: None,
             output: None,
             execution_count: 0,
         };
@@ -190,7 +192,11 @@ impl Session {
     }
 
     /// Run a program under the sandbox (no namespace).
-    pub(crate) async fn exec(&self, argv: Vec<String>, forward_output: bool) -> CellResult {
+    pub(crate) async fn exec(
+        &self,
+        argv: Vec<String>,
+        forward_output: super::Forward,
+    ) -> CellResult {
         let mut state = self.inner.state.lock().await;
         state.execution_count += 1;
         if let Some(problem) = argv_error(&argv) {
@@ -219,6 +225,7 @@ impl Session {
             fence: self.inner.fence.clone(),
             profile: self.profile_for(Language::Shell),
             forward_output,
+            cancel: None,
             output: None,
             execution_count: state.execution_count,
         };

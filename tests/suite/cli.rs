@@ -1158,3 +1158,252 @@ fn a_cell_lists_no_path_of_another_architecture() {
         assert!(profile.contains(other), "{lang}: the profile has the rule");
     }
 }
+
+/// Processes beneath `root` (its children, their children, ...).
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rp) = stat.rfind(')') else { continue };
+        if let Some(Ok(ppid)) = stat[rp + 2..]
+            .split_whitespace()
+            .nth(1)
+            .map(str::parse::<u32>)
+        {
+            parent.insert(pid, ppid);
+        }
+    }
+    parent
+        .keys()
+        .copied()
+        .filter(|&p| {
+            let mut at = p;
+            while let Some(&up) = parent.get(&at) {
+                if up == root {
+                    return true;
+                }
+                if up <= 1 {
+                    return false;
+                }
+                at = up;
+            }
+            false
+        })
+        .collect()
+}
+
+/// Wait until a process beneath `root` sleeps in `clock_nanosleep` (the
+/// cell's `time.sleep`, after what it printed first).
+fn wait_for_a_sleeping_cell(root: u32) {
+    let nr = if cfg!(target_arch = "aarch64") {
+        "115"
+    } else {
+        "230"
+    };
+    for _ in 0..1200 {
+        let asleep = descendants(root).into_iter().any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/syscall"))
+                .is_ok_and(|s| s.split_whitespace().next() == Some(nr))
+        });
+        if asleep {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("no cell beneath {root} went to sleep within a minute");
+}
+
+/// Wait for `child`, at most a minute (then kill it and fail).
+fn wait_bounded(mut child: std::process::Child) -> std::process::Output {
+    for _ in 0..600 {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("{:?}", child.wait_with_output().unwrap());
+}
+
+const SLEEPY_PYTHON: &str =
+    "import sys, time\nprint('first', flush=True)\nprint('err', file=sys.stderr, flush=True)\ntime.sleep(60)\nprint('never')\n";
+
+const SLEEPY_SHELL: &str = "echo first\necho err >&2\nsleep 60\necho never\n";
+
+/// `cellbox run` shows the output as the cell writes it, and on Ctrl-C
+/// (SIGINT) kills the cell and keeps what it printed: a Python cell (the
+/// library path, under the async runtime) and a shell cell (run from the
+/// command line's own single thread).
+#[test]
+fn run_streams_output_and_keeps_it_when_interrupted() {
+    use std::io::{Read, Write};
+    for (lang, code) in [("python", SLEEPY_PYTHON), ("shell", SLEEPY_SHELL)] {
+        let start = |json: bool| {
+            let mut args = vec!["run", "--lang", lang, "-"];
+            if json {
+                args.insert(1, "--json");
+            }
+            let mut child = std::process::Command::new(bin())
+                .args(&args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(code.as_bytes())
+                .unwrap();
+            child
+        };
+        let interrupt = |child: &std::process::Child| {
+            wait_for_a_sleeping_cell(child.id());
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        };
+        let mut child = start(false);
+        // Streamed: the first line arrives while the cell still runs
+        // (without streaming this read would wait for the whole minute, and
+        // the cell would then have printed "never" too).
+        let mut first = [0u8; 6];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        assert_eq!(&first, b"first\n", "{lang}");
+        interrupt(&child);
+        let out = wait_bounded(child);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stdout, "", "{lang}: printed once, as it came");
+        assert!(stderr.starts_with("err\n"), "{lang}: {stderr}");
+        assert!(stderr.contains("Interrupted: "), "{lang}: {stderr}");
+        assert!(stderr.contains("[killed]"), "{lang}: {stderr}");
+        assert_eq!(out.status.code(), Some(4), "{lang}: {stderr}");
+
+        // With --json the result comes at the end, with what was printed.
+        let child = start(true);
+        interrupt(&child);
+        let out = wait_bounded(child);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "killed", "{lang}: {v}");
+        assert_eq!(v["error"]["type"], "Interrupted", "{lang}: {v}");
+        assert_eq!(v["stdout"], "first\n", "{lang}: {v}");
+        assert_eq!(v["stderr"], "err\n", "{lang}: {v}");
+        assert_eq!(out.status.code(), Some(4), "{lang}: {v}");
+    }
+}
+
+/// Streaming keeps to the result's cap: the head streams, the omitted count
+/// and the tail follow at the end, so what is printed is what `--json` keeps.
+#[test]
+fn streamed_output_keeps_to_the_cap() {
+    for lang in ["python", "shell"] {
+        let code = if lang == "python" {
+            "print('a' * 100 + 'b' * 100 + 'c' * 100)"
+        } else {
+            "printf 'a%.0s' $(seq 100); printf 'b%.0s' $(seq 100); printf 'c%.0s' $(seq 100); echo"
+        };
+        let args = ["run", "--max-output", "100", "--lang", lang, "-"];
+        let out = cellbox(&args, Some(code));
+        assert_eq!(out.status.code(), Some(0), "{lang}: {out:?}");
+        let json = cellbox(
+            &["run", "--json", "--max-output", "100", "--lang", lang, "-"],
+            Some(code),
+        );
+        let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            v["stdout"].as_str().unwrap(),
+            "{lang}"
+        );
+        assert!(
+            v["stdout"].as_str().unwrap().contains("bytes omitted"),
+            "{v}"
+        );
+    }
+}
+
+/// The REPL in a real terminal: Ctrl-C drops the input typed so far (the
+/// session goes on), and interrupts a running cell, whose session keeps its
+/// state. Driven through a pseudo-terminal by Python's `pty` module.
+#[test]
+fn ctrl_c_in_the_repl_interrupts_the_cell_and_clears_the_line() {
+    const DRIVER: &str = r#"
+import os, pty, select, sys, time
+exe, lang = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(exe, [exe, "repl", "--lang", lang, "--timeout", "120", "--max-operations", "0"])
+buf = b""
+def expect(token, what):
+    global buf
+    end = time.time() + 60
+    while token not in buf:
+        left = end - time.time()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            sys.exit("waiting for %r (%s), got %r" % (token, what, buf))
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            sys.exit("the REPL ended while waiting for %r (%s): %r" % (token, what, buf))
+        buf += data
+    i = buf.index(token) + len(token)
+    seen, buf = buf[:i], buf[i:]
+    return seen
+prompt = lang.encode() + b"> "
+expect(prompt, "the first prompt")
+# Ctrl-C at a continuation prompt, with a line half typed: both go.
+os.write(fd, b"[1,\n")
+expect(b"... ", "the continuation prompt")
+os.write(fd, b"xyz\x03")
+expect(prompt, "a fresh prompt after Ctrl-C")
+os.write(fd, b"40 + 2\n")
+seen = expect(prompt, "the result of 40 + 2")
+if b"42" not in seen:
+    sys.exit("40 + 2 gave %r" % seen)
+# Ctrl-C during a cell: the cell is killed, the session keeps its state.
+os.write(fd, (b"x = 5\n" if lang == "python" else b"let x = 5; x\n"))
+expect(prompt, "the prompt after x = 5")
+if lang == "python":
+    os.write(fd, b"import time; print('st' + 'arted', flush=True); time.sleep(100)\n")
+else:
+    os.write(fd, b"print(`st${\"arted\"}`); loop {}\n")
+expect(b"started", "the running cell's output")
+os.write(fd, b"\x03")
+expect(b"Interrupted", "the interrupted cell's error")
+expect(prompt, "the prompt after the interrupted cell")
+os.write(fd, b"x + 1\n")
+seen = expect(prompt, "the result of x + 1")
+if b"6" not in seen:
+    sys.exit("x + 1 gave %r" % seen)
+os.write(fd, b":quit\n")
+_, status = os.waitpid(pid, 0)
+if status != 0:
+    sys.exit("the REPL exited with %d: %r" % (status, buf))
+print("ok")
+"#;
+    for lang in ["rhai", "python"] {
+        let out = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", DRIVER, bin().to_str().unwrap(), lang])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "ok\n",
+            "{lang}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
