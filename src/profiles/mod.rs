@@ -193,6 +193,11 @@ pub struct Filesystem {
     pub tmp_bytes: u64,
     #[serde(default, rename = "path")]
     pub paths: Vec<PathRule>,
+    /// Mount the cell's `/proc` without `hidepid=invisible`, so that a
+    /// warm cell sees every process of its pool (other sessions' cells
+    /// included) in `/proc`. Off by default; for diagnosis only.
+    #[serde(default)]
+    pub show_other_processes: bool,
 }
 
 /// Network access. Only `none` exists today: no interface but a down

@@ -92,6 +92,10 @@ pub struct SandboxPlan {
     pub paths: Vec<PathRule>,
     /// Size of the private `/tmp` (0: none).
     pub tmp_bytes: u64,
+    /// `/proc` shows processes the cell may not ptrace-read (see
+    /// [`crate::profiles::Filesystem::show_other_processes`]).
+    #[serde(default)]
+    pub show_other_processes: bool,
     pub stack_bytes: u64,
     /// Boxed: it is most of the plan's size, and the plan travels inside a
     /// message enum.
@@ -122,6 +126,7 @@ impl SandboxPlan {
                 .cloned()
                 .collect(),
             tmp_bytes: profile.filesystem.tmp_bytes,
+            show_other_processes: profile.filesystem.show_other_processes,
             stack_bytes: profile.limits.stack_bytes,
             seccomp: Box::new(profile.seccomp.clone()),
         }

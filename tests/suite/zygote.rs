@@ -170,23 +170,26 @@ out
     assert_eq!(r.status, Status::Ok, "{r:?}");
 }
 
-#[tokio::test]
-async fn a_cell_cannot_reach_a_concurrent_sibling() {
-    let sup = one_zygote(pool(1));
-    let a = sup.session(SessionConfig::default()).unwrap();
-    let b = sup.session(SessionConfig::default()).unwrap();
+/// Start a cell in session `a` that writes its pid into its scratch dir
+/// and sleeps 3 s; run `attack` (given that pid) as a cell of session `b`
+/// while it sleeps. Returns b's result and a's (which must be undisturbed).
+async fn against_a_running_sibling(
+    a: &Session,
+    b: &Session,
+    attack: impl FnOnce(&str) -> String,
+) -> (CellResult, CellResult) {
     let a_dir = a.scratch_dir().unwrap().to_path_buf();
     let a2 = a.clone();
     let running = tokio::spawn(async move {
         py_in(
             &a2,
-            "import os, time\nopen('secret', 'w').write('a-only')\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3)\n'done'",
+            "import os, time\nopen('secret', 'w').write('a-only')\nbig = bytearray(64 << 20)\nfor i in range(0, len(big), 4096):\n    big[i] = 1\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3)\n'done'",
         )
         .await
     });
     let pid_file = a_dir.join("pid");
     let mut pid = String::new();
-    for _ in 0..200 {
+    for _ in 0..500 {
         if let Ok(p) = std::fs::read_to_string(&pid_file) {
             if !p.is_empty() {
                 pid = p;
@@ -196,8 +199,53 @@ async fn a_cell_cannot_reach_a_concurrent_sibling() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(!pid.is_empty(), "the first cell never started");
-    let code = format!(
+    let r = py_in(b, &attack(pid.trim())).await;
+    let ra = running.await.unwrap();
+    assert_eq!(ra.status, Status::Ok, "the sibling was disturbed: {ra:?}");
+    require_warm(&ra);
+    assert_eq!(ra.value, json!("done"));
+    (r, ra)
+}
+
+/// Python: what a cell learns of process `pid` and of the pool through
+/// `/proc` (the sibling's status and stat: its RSS, CPU ticks, start time).
+fn proc_attack(pid: &str) -> String {
+    format!(
         r#"
+import errno, os
+pid, mine = {pid}, os.getpid()
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+status = read("/proc/%d/status" % pid)
+stat = read("/proc/%d/stat" % pid)
+rss = [l.split()[1] for l in status.splitlines() if l.startswith("VmRSS:")]
+{{
+    "mine": mine,
+    "listed": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "visible": os.path.exists("/proc/%d" % pid),
+    "status": "read" if rss else status,
+    "rss_kb": int(rss[0]) if rss else 0,
+    "stat": "read" if stat.startswith("%d (" % pid) else stat,
+    "self": "VmRSS" in read("/proc/self/status") and read("/proc/%d/stat" % mine).startswith("%d (" % mine),
+}}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_cell_cannot_reach_a_concurrent_sibling() {
+    let sup = one_zygote(pool(1));
+    let a = sup.session(SessionConfig::default()).unwrap();
+    let b = sup.session(SessionConfig::default()).unwrap();
+    let a_dir = a.scratch_dir().unwrap().to_path_buf();
+    let d = a_dir.display().to_string();
+    let (r, _) = against_a_running_sibling(&a, &b, |pid| {
+        format!(
+            r#"
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
 pid, d = {pid}, {d:?}
@@ -211,6 +259,7 @@ def attempt(name, f):
 attempt("kill", lambda: os.kill(pid, 9))
 attempt("mem", lambda: open("/proc/%d/mem" % pid, "rb").read(1))
 attempt("environ", lambda: open("/proc/%d/environ" % pid, "rb").read())
+attempt("status", lambda: open("/proc/%d/status" % pid, "rb").read())
 def trace():
     if libc.ptrace(16, pid, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "ptrace")
@@ -219,33 +268,85 @@ attempt("read_secret", lambda: open(d + "/secret").read())
 attempt("list_scratch", lambda: os.listdir(d))
 attempt("write_scratch", lambda: open(d + "/planted", "w").write("x"))
 out
-"#,
-        pid = pid.trim(),
-        d = a_dir.display().to_string()
-    );
-    let r = py_in(&b, &code).await;
+"#
+        )
+    })
+    .await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
-    assert_eq!(
-        r.value["visible"], true,
-        "both cells share one zygote, so the sibling is in /proc: {}",
-        r.value
-    );
+    // Both cells share one zygote (one PID namespace): the sibling runs
+    // (the kill below is refused, not ESRCH) but is not in this /proc.
+    assert_eq!(r.value["visible"], false, "{}", r.value);
     for key in ["kill", "ptrace"] {
         assert_eq!(r.value[key], "EPERM", "{key}: {}", r.value);
     }
-    for key in ["mem", "environ"] {
-        let got = r.value[key].as_str().unwrap_or_default();
-        assert!(got == "EPERM" || got == "EACCES", "{key}: {}", r.value);
+    for key in ["mem", "environ", "status"] {
+        assert_eq!(r.value[key], "ENOENT", "{key}: {}", r.value);
     }
     for key in ["read_secret", "list_scratch", "write_scratch"] {
         assert_eq!(r.value[key], "EACCES", "{key}: {}", r.value);
     }
-    let ra = running.await.unwrap();
-    assert_eq!(ra.status, Status::Ok, "the sibling was disturbed: {ra:?}");
-    require_warm(&ra);
-    assert_eq!(ra.value, json!("done"));
     assert!(!a_dir.join("planted").exists());
+}
+
+/// The sibling-/proc attack: a warm cell of another session, running in the
+/// same zygote, is not in this cell's `/proc` (neither listed nor readable:
+/// no RSS, CPU ticks or start time), while the cell still reads its own.
+/// Positive control: the same attack under a profile that shows other
+/// processes (`show_other_processes = true`) reads the sibling's RSS.
+#[tokio::test]
+async fn a_warm_cell_reads_nothing_of_a_sibling_in_proc() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/sandbox-profiles/python.toml"
+    ))
+    .unwrap();
+    let shown = text.replacen(
+        "[filesystem]\n",
+        "[filesystem]\nshow_other_processes = true\n",
+        1,
+    );
+    assert_ne!(shown, text);
+    let dir = tempfile::tempdir().unwrap();
+    let shown_path = dir.path().join("python-shown.toml");
+    std::fs::write(&shown_path, shown).unwrap();
+
+    for show in [false, true] {
+        let mut b = Supervisor::builder().worker_exe(bin()).python_pool(pool(1));
+        if show {
+            b = b.profile(Language::Python, shown_path.display().to_string());
+        }
+        let sup = b.build().unwrap();
+        let a = sup.session(SessionConfig::default()).unwrap();
+        let b = sup.session(SessionConfig::default()).unwrap();
+        let (r, ra) = against_a_running_sibling(&a, &b, proc_attack).await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        require_warm(&r);
+        let v = &r.value;
+        assert_eq!(v["self"], true, "a cell reads its own /proc: {v}");
+        let mine = v["mine"].clone();
+        if show {
+            assert_eq!(v["visible"], true, "control: {v}");
+            assert_eq!(v["status"], "read", "control: {v}");
+            assert_eq!(v["stat"], "read", "control: {v}");
+            assert!(
+                v["rss_kb"].as_u64().unwrap() >= 60 << 10,
+                "control: the sibling's RSS (64 MiB touched): {v}"
+            );
+            assert!(v["listed"].as_array().unwrap().len() >= 3, "{v}");
+        } else {
+            assert_eq!(v["visible"], false, "{v}");
+            assert_eq!(v["status"], "ENOENT", "{v}");
+            assert_eq!(v["stat"], "ENOENT", "{v}");
+            assert_eq!(
+                v["listed"],
+                json!([mine]),
+                "only the cell itself is in its /proc (not the zygote, not the sibling): {v}"
+            );
+        }
+        // The sibling was running all along.
+        assert!(ra.usage.wall_ms >= 3000, "{ra:?}");
+    }
 }
 
 #[tokio::test]
@@ -300,6 +401,45 @@ import json, os, sys, tempfile, threading
     assert_eq!(r.value, json!([false, false, 1, "[1]", false, null, 2]));
 }
 
+/// Host pids of the live (not zombie) processes in the PID namespace
+/// `ns` (as `readlink /proc/<pid>/ns/pid` names it), with their pid in it.
+fn in_pid_ns(ns: &str) -> Vec<(i32, i64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).unwrap_or_default();
+        if link.to_string_lossy() != ns {
+            continue;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        if field("State:").starts_with('Z') || field("State:").is_empty() {
+            continue;
+        }
+        let inner = field("NSpid:")
+            .split_whitespace()
+            .last()
+            .and_then(|p| p.parse().ok());
+        if let Some(inner) = inner {
+            out.push((pid, inner));
+        }
+    }
+    out
+}
+
+/// Python: whether process `pid` exists, by a null signal (ESRCH: gone;
+/// EPERM: it runs but may not be signalled). Unlike `/proc/<pid>`, which a
+/// cell sees only for its own processes, this works for any pid.
+const ALIVE_PY: &str = "import os\ndef alive(p):\n    try:\n        os.kill(p, 0)\n    except ProcessLookupError:\n        return False\n    except PermissionError:\n        return True\n    return True\n";
+
 #[tokio::test]
 async fn processes_a_cell_starts_die_with_it() {
     let sup = one_zygote(pool(1));
@@ -307,43 +447,55 @@ async fn processes_a_cell_starts_die_with_it() {
         .run(
             CellRequest::new(
                 Language::Python,
-                "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\npid",
+                "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\n[pid, os.readlink('/proc/self/ns/pid')]",
             ),
             SessionConfig::default(),
         )
         .await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
-    let orphan = r.value.as_i64().unwrap();
+    let orphan = r.value[0].as_i64().unwrap();
+    let ns = r.value[1].as_str().unwrap().to_owned();
     // The zygote kills the cell's group when the cell ends, and reaps it.
     // These are cells of different sessions, which do not wait for each
     // other (a session's next cell does: see
     // `a_warm_cell_ends_at_done_and_what_it_started_is_gone_before_the_next`),
     // so on a loaded machine the next cell may start a moment before that:
-    // the sleeper must be gone within a few seconds, not after 60.
-    let list = format!("import os\n[os.path.exists('/proc/{orphan}'), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())]");
+    // the sleeper must be gone within a few seconds, not after 60. Seen
+    // from the host (a cell's /proc shows only its own processes), and
+    // from a cell of another session by a null signal.
+    let check = format!("{ALIVE_PY}alive({orphan})");
     let mut r = sup
         .run(
-            CellRequest::new(Language::Python, list.clone()),
+            CellRequest::new(Language::Python, check.clone()),
             SessionConfig::default(),
         )
         .await;
+    let mut left = in_pid_ns(&ns);
     for _ in 0..50 {
         assert_eq!(r.status, Status::Ok, "{r:?}");
-        if r.value[0] == false && r.value[1].as_array().map_or(0, Vec::len) == 2 {
+        if r.value == false && left.len() == 1 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         r = sup
             .run(
-                CellRequest::new(Language::Python, list.clone()),
+                CellRequest::new(Language::Python, check.clone()),
                 SessionConfig::default(),
             )
             .await;
+        left = in_pid_ns(&ns);
     }
-    assert_eq!(r.value[0], false, "the sleeper outlived its cell: {r:?}");
-    let pids = r.value[1].as_array().unwrap();
-    assert_eq!(pids.len(), 2, "only the zygote and this cell: {r:?}");
+    assert_eq!(r.value, false, "the sleeper outlived its cell: {r:?}");
+    assert!(
+        !left.iter().any(|p| p.1 == orphan),
+        "the sleeper outlived its cell: {left:?}"
+    );
+    assert_eq!(
+        left.iter().map(|p| p.1).collect::<Vec<_>>(),
+        vec![1],
+        "only the zygote is left in the pool's namespace: {left:?}"
+    );
 }
 
 #[tokio::test]
@@ -499,11 +651,7 @@ async fn a_warm_cell_ends_at_done_and_what_it_started_is_gone_before_the_next() 
     .await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let orphan = r.value.as_i64().unwrap();
-    let r = py_in(
-        &session,
-        &format!("import os\nos.path.exists('/proc/{orphan}')"),
-    )
-    .await;
+    let r = py_in(&session, &format!("{ALIVE_PY}alive({orphan})")).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(
         r.value,

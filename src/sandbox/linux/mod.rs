@@ -269,7 +269,7 @@ pub(crate) fn enter_cell(
             uid: ids.uid,
             gid: ids.gid,
         };
-        mounts::build_root(view, plan.tmp_bytes, cell)
+        mounts::build_root(view, plan.tmp_bytes, !plan.show_other_processes, cell)
             .map_err(|e| SandboxError::new("namespaces", e.to_string()))?;
         nix::unistd::sethostname(&plan.hostname)
             .map_err(|e| SandboxError::new("namespaces", format!("failed to set hostname: {e}")))?;

@@ -194,7 +194,12 @@ pub fn detach(target: &Path) -> Result<(), MountError> {
 
 /// Build the new root and switch into it. On return the process's root is
 /// the new root and its cwd is `/`.
-pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), MountError> {
+pub fn build_root(
+    view: &FsView,
+    tmp_bytes: u64,
+    hide_pids: bool,
+    ids: CellIds,
+) -> Result<(), MountError> {
     let root = Path::new("/");
     mount(
         None::<&str>,
@@ -384,7 +389,14 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
         .map_err(nix_err("move the scratch mount to", &scratch))?;
     }
 
-    // /proc for the new PID namespace.
+    // /proc for the new PID namespace. A pool (fork server, zygote) shares
+    // one PID namespace among the cells of every session, so `/proc/<pid>`
+    // of a process the reader may not ptrace-read (PTRACE_MODE_READ: same
+    // uid, dumpable, and a Landlock domain that is the reader's own or
+    // nested in it) does not exist for it (`hidepid=invisible`): a warm
+    // cell, in a nested domain of its own, sees its own processes only,
+    // not its siblings' status/stat (RSS, CPU ticks, start time), nor its
+    // zygote's.
     let proc_dir = under(new, Path::new("/proc"));
     mkdir_p(&proc_dir)?;
     mount(
@@ -392,7 +404,7 @@ pub fn build_root(view: &FsView, tmp_bytes: u64, ids: CellIds) -> Result<(), Mou
         &proc_dir,
         Some("proc"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
+        hide_pids.then_some("hidepid=invisible"),
     )
     .map_err(nix_err("mount proc on", &proc_dir))?;
 
