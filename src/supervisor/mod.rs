@@ -463,6 +463,9 @@ impl SupervisorBuilder {
                 self.cells_memory_bytes
             )));
         }
+        // What killed supervisors left (mounts, directories, cgroups) goes
+        // before this one makes its own.
+        scratch::sweep_gone_supervisors();
         #[cfg(target_os = "linux")]
         let cells_cgroup = if nix::unistd::geteuid().is_root() {
             match crate::sandbox::linux::cgroup::CellCgroup::create(self.cells_memory_bytes) {

@@ -88,7 +88,6 @@ pub(crate) struct ScratchRoot {
 impl ScratchRoot {
     pub(crate) fn new(bytes: u64) -> std::io::Result<ScratchRoot> {
         let parent = std::env::temp_dir();
-        sweep_stale(&parent);
         let dir = tempfile::Builder::new()
             .prefix(&format!("{ROOT_PREFIX}{}-", std::process::id()))
             .tempdir_in(&parent)
@@ -121,37 +120,49 @@ impl Drop for ScratchRoot {
 
 /// Scratch roots are named `cellbox-scratch-<pid of the supervisor>-<random>`.
 const ROOT_PREFIX: &str = "cellbox-scratch-";
+/// The fork server's directory: `cellbox-forkserver-<pid>-<random>`.
+pub(crate) const FORKSERVER_PREFIX: &str = "cellbox-forkserver-";
 
-/// Remove the scratch roots (and their tmpfs) of supervisors that are gone
-/// without cleaning up (killed): a tmpfs holds memory until it is unmounted.
-/// Only directories this user owns, named as ours, whose supervisor's pid no
-/// longer runs.
+/// Sweep what supervisors that are gone without cleaning up (killed) left
+/// on this host: their scratch roots (and the tmpfs on each) and fork
+/// server directories in the temp dir, and their cgroups (see
+/// [`crate::sandbox::linux::cgroup::sweep_gone`]). Run once as a
+/// supervisor starts.
+pub(crate) fn sweep_gone_supervisors() {
+    sweep_stale(&std::env::temp_dir());
+    #[cfg(target_os = "linux")]
+    crate::sandbox::linux::cgroup::sweep_gone();
+}
+
+/// Remove the scratch roots (and their tmpfs) and fork server directories
+/// of supervisors that are gone: a tmpfs holds memory until it is
+/// unmounted. Only directories named as ours whose supervisor's pid no
+/// longer runs, whoever owns them (a scratch root's tmpfs belongs to the
+/// sandbox uid); never through a link (the name itself, or anything
+/// beneath: see [`remove_tree`]).
 fn sweep_stale(parent: &Path) {
-    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
-    let uid = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
-        if !crate::sandbox::process::named_for_a_gone_process(&entry.file_name(), ROOT_PREFIX) {
+        let name = entry.file_name();
+        if ![ROOT_PREFIX, FORKSERVER_PREFIX]
+            .iter()
+            .any(|p| crate::sandbox::process::named_for_a_gone_process(&name, p))
+        {
             continue;
         }
         let path = entry.path();
         match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_dir() && m.uid() == uid => {}
+            Ok(m) if m.is_dir() => {}
             _ => continue,
         }
+        // Never follows a link (UMOUNT_NOFOLLOW); not a mount point: EINVAL.
         #[cfg(target_os = "linux")]
         let _ = crate::sandbox::linux::mounts::detach(&path);
         match remove_tree(&path) {
-            Ok(()) => tracing::info!(
-                "removed the scratch root of a gone supervisor: {}",
-                path.display()
-            ),
-            Err(e) => tracing::warn!(
-                "failed to remove the stale scratch root {}: {e}",
-                path.display()
-            ),
+            Ok(()) => tracing::info!("removed what a gone supervisor left: {}", path.display()),
+            Err(e) => tracing::warn!("failed to remove {}: {e}", path.display()),
         }
     }
 }
@@ -219,10 +230,16 @@ mod tests {
             .path()
             .join(format!("{ROOT_PREFIX}{}-abc", std::process::id()));
         let other = parent.path().join("cellbox-scratch-x-abc");
-        for d in [&stale, &live, &other] {
+        let forkserver = parent
+            .path()
+            .join(format!("{FORKSERVER_PREFIX}4194305-abc"));
+        for d in [&stale, &live, &other, &forkserver] {
             std::fs::create_dir(d).unwrap();
             std::fs::write(d.join("f"), "x").unwrap();
         }
+        // Owned by another user (as a tmpfs root given to the sandbox uid):
+        // swept all the same.
+        std::os::unix::fs::lchown(&forkserver, Some(65534), Some(65534)).unwrap();
         // A link named like a stale root is neither followed nor removed.
         let target = parent.path().join("target");
         std::fs::create_dir(&target).unwrap();
@@ -234,8 +251,12 @@ mod tests {
             crate::sandbox::linux::mounts::mount_scratch_root(&stale, 1 << 20, 0o700).unwrap();
             std::fs::write(stale.join("f"), "x").unwrap();
         }
+        if mounted {
+            // The tmpfs root belongs to another uid, as a real one does.
+            std::os::unix::fs::lchown(&stale, Some(65534), Some(65534)).unwrap();
+        }
         sweep_stale(parent.path());
-        assert!(!stale.exists());
+        assert!(!stale.exists() && !forkserver.exists());
         assert!(live.join("f").exists() && other.join("f").exists());
         assert!(target.join("keep").exists() && link.exists());
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

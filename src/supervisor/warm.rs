@@ -194,7 +194,11 @@ impl ForkServer {
         let loaded = crate::profiles::Profile::load(profile).map_err(|e| e.to_string())?;
         let cgroup = sup.cgroup_for(loaded.layers.cgroup)?;
         let dir = tempfile::Builder::new()
-            .prefix("cellbox-forkserver-")
+            .prefix(&format!(
+                "{}{}-",
+                super::scratch::FORKSERVER_PREFIX,
+                std::process::id()
+            ))
             .tempdir()
             .map_err(|e| format!("failed to create the fork server's directory: {e}"))?;
         let plan = crate::sandbox::SandboxPlan::new(

@@ -1,5 +1,6 @@
 mod cli;
 pub mod common;
+mod faults;
 mod isolation;
 mod mcp;
 mod python;

@@ -56,7 +56,7 @@ impl CellCgroup {
     /// may hold `bytes` of memory together (no swap).
     pub fn create(bytes: u64) -> Result<CellCgroup, String> {
         let ctl = find_controller()?;
-        sweep_stale(&ctl.own);
+        sweep_stale(&ctl.own, ctl.v2);
         let name = format!(
             "cellbox-{}-{}",
             std::process::id(),
@@ -296,21 +296,108 @@ fn kill_all(dir: &Path, v2: bool) {
     }
 }
 
-/// Remove the cgroups of supervisors that are gone (killed): only ours by
-/// name, only empty ones.
-fn sweep_stale(own: &Path) {
+/// Remove the cgroups of supervisors that are gone (killed) beneath `own`:
+/// ours by name (`cellbox-<pid>-…` for a pid that no longer runs), with
+/// every cgroup beneath them (per-session ones included), after killing
+/// what is left in them.
+fn sweep_stale(own: &Path, v2: bool) {
     let Ok(entries) = std::fs::read_dir(own) else {
         return;
     };
     for entry in entries.flatten() {
         // Kept one-shot slots (`cellbox-oneshot-<n>`) are not named for a
         // pid and stay.
-        if crate::sandbox::process::named_for_a_gone_process(&entry.file_name(), "cellbox-") {
-            // rmdir of a cgroup that still has processes fails: nothing is
-            // lost.
-            let _ = std::fs::remove_dir(entry.path());
+        if !crate::sandbox::process::named_for_a_gone_process(&entry.file_name(), "cellbox-") {
+            continue;
+        }
+        // A cgroup file system holds directories and files only; anything
+        // else is not ours.
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        match remove_tree(&entry.path(), v2) {
+            Ok(()) => tracing::info!(
+                "removed the cgroup of a gone supervisor: {}",
+                entry.path().display()
+            ),
+            Err(e) => tracing::warn!("{e}"),
         }
     }
+}
+
+/// Kill what is in the cgroup at `dir` and beneath it, and remove them
+/// all, deepest first (retried while the killed processes exit).
+fn remove_tree(dir: &Path, v2: bool) -> Result<(), String> {
+    fn below(dir: &Path, out: &mut Vec<PathBuf>) {
+        out.push(dir.to_path_buf());
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    below(&e.path(), out);
+                }
+            }
+        }
+    }
+    let mut dirs = Vec::new();
+    below(dir, &mut dirs);
+    for d in dirs.iter().rev() {
+        remove(d, v2)?;
+    }
+    Ok(())
+}
+
+/// Sweep what gone supervisors left in every cgroup hierarchy this process
+/// is in (v1 memory, pids and the rest, and v2): see [`sweep_stale`].
+pub fn sweep_gone() {
+    let (Ok(cgroups), Ok(mountinfo)) = (
+        std::fs::read_to_string("/proc/self/cgroup"),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return;
+    };
+    for (dir, v2) in hierarchy_dirs(&cgroups, &mountinfo) {
+        sweep_stale(&dir, v2);
+    }
+}
+
+/// This process's cgroup directory in every mounted hierarchy, with
+/// whether it is v2 (pure, for the tests).
+fn hierarchy_dirs(cgroups: &str, mountinfo: &str) -> Vec<(PathBuf, bool)> {
+    let mut out: Vec<(PathBuf, bool)> = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split_whitespace();
+        let (Some(fstype), Some(_source), Some(opts)) = (r.next(), r.next(), r.next()) else {
+            continue;
+        };
+        let f: Vec<&str> = left.split_whitespace().collect();
+        let (Some(root), Some(mount_point)) = (f.get(3), f.get(4)) else {
+            continue;
+        };
+        let opts: Vec<&str> = opts.split(',').collect();
+        let path = cgroups.lines().find_map(|l| {
+            let mut p = l.splitn(3, ':');
+            let (_id, ctls, path) = (p.next()?, p.next()?, p.next()?);
+            let matches = match fstype {
+                "cgroup2" => ctls.is_empty(),
+                "cgroup" => !ctls.is_empty() && ctls.split(',').all(|c| opts.contains(&c)),
+                _ => false,
+            };
+            matches.then_some(path)
+        });
+        let Some(path) = path else { continue };
+        let rel = path
+            .strip_prefix(root.trim_end_matches('/'))
+            .unwrap_or(path);
+        let dir = Path::new(mount_point).join(rel.trim_start_matches('/'));
+        let entry = (dir, fstype == "cgroup2");
+        if !out.contains(&entry) {
+            out.push(entry);
+        }
+    }
+    out
 }
 
 /// This process's memory cgroup directory: v1 if the memory controller is
@@ -427,6 +514,69 @@ mod tests {
 33 25 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 40 25 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
+
+    #[test]
+    fn every_hierarchy_is_swept_where_this_process_is() {
+        let dirs = hierarchy_dirs(
+            "9:name=systemd:/\n8:pids:/jobs/abc\n4:memory:/jobs/abc\n1:cpu:/\n0::/u\n",
+            "30 25 0:26 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
+             33 25 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
+             34 25 0:30 /jobs /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n\
+             35 25 0:31 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd\n\
+             36 25 0:32 / /tmp rw - tmpfs tmpfs rw\n\
+             40 25 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n",
+        );
+        let want: Vec<(PathBuf, bool)> = [
+            ("/sys/fs/cgroup/cpu", false),
+            ("/sys/fs/cgroup/memory/jobs/abc", false),
+            ("/sys/fs/cgroup/pids/abc", false),
+            ("/sys/fs/cgroup/systemd", false),
+            ("/sys/fs/cgroup/unified/u", true),
+        ]
+        .iter()
+        .map(|(p, v2)| (PathBuf::from(p), *v2))
+        .collect();
+        assert_eq!(dirs, want);
+    }
+
+    /// What a killed supervisor left beneath its cells' cgroup (a cgroup
+    /// per session beneath, a process in it) is killed and removed; a live
+    /// supervisor's cgroup and one not named for a pid stay.
+    #[test]
+    fn cgroups_of_gone_supervisors_are_killed_and_removed() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("making cgroups needs root; run the suite as root");
+        }
+        let ctl = find_controller().unwrap();
+        // Above the kernel's largest pid: never runs.
+        let gone = ctl.own.join("cellbox-4194307-0");
+        let live = ctl
+            .own
+            .join(format!("cellbox-{}-sweeptest", std::process::id()));
+        let kept = ctl.own.join("cellbox-oneshot-sweeptest");
+        for d in [&gone, &live, &kept] {
+            let _ = std::fs::create_dir(d);
+        }
+        let nested = gone.join("session-1");
+        std::fs::create_dir(&nested).unwrap();
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let procs = if ctl.v2 { "cgroup.procs" } else { "tasks" };
+        std::fs::write(nested.join(procs), child.id().to_string()).unwrap();
+        sweep_stale(&ctl.own, ctl.v2);
+        let status = child.wait().unwrap();
+        assert!(!gone.exists(), "{}", gone.display());
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(live.exists() && kept.exists());
+        for d in [&live, &kept] {
+            std::fs::remove_dir(d).unwrap();
+        }
+    }
 
     #[test]
     fn v1_memory_is_found_where_this_process_is() {
