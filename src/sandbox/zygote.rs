@@ -14,14 +14,17 @@
 //!   supervisor can name them in each cell's Landlock ruleset; or
 //!   `sandbox_error {layer, message}`. Then the worker stage execs Python
 //!   running the shim in zygote mode, on the same fd 3;
-//! - supervisor → zygote: `spawn {id, scratch, rlimits}` with four fds: the
-//!   cell's protocol socket, its stdout and stderr pipe ends and its Landlock
-//!   ruleset (built by the supervisor, see
-//!   [`crate::sandbox::linux::landlock::CellRules`]);
+//! - supervisor → zygote: `spawn {id}` with five fds: the cell's protocol
+//!   socket, its stdout and stderr pipe ends, its Landlock ruleset (built by
+//!   the supervisor, see [`crate::sandbox::linux::landlock::CellRules`]) and
+//!   a pipe holding its [`CellSetup`] (scratch dir, rlimits), which only the
+//!   forked child reads: nothing of one cell's request is ever in the
+//!   zygote's memory, so none of it is in the memory a later cell (of
+//!   another session) is forked with;
 //! - zygote → supervisor: `spawned {id, pid}` with a pidfd, `error {id,
-//!   message}`, and `exited {pid, code, signal, cpu_ms, max_rss_kb}` — the
-//!   shapes of the Rhai fork server's messages
-//!   ([`crate::sandbox::forkserver::Control`]).
+//!   message}`, and `ended {pid, status, utime, stime, max_rss_kb}` (wait4's
+//!   figures, written from buffers the zygote zeroes after each report, for
+//!   the same reason).
 //!
 //! Each child then tightens before the shim reads its `start` frame: own
 //! session, fds 0–3 only, per-cell rlimits, cwd/HOME/TMPDIR = its scratch
@@ -77,10 +80,11 @@ pub enum ZygoteMsg {
         layer: String,
         message: String,
     },
+    /// Fork a cell. Its fds: protocol socket, stdout, stderr, Landlock
+    /// ruleset, and a pipe holding its [`CellSetup`] (read by the child
+    /// only: the zygote never sees a cell's scratch dir or limits).
     Spawn {
         id: u64,
-        scratch: String,
-        rlimits: CellRlimits,
     },
     Spawned {
         id: u64,
@@ -90,13 +94,36 @@ pub enum ZygoteMsg {
         id: u64,
         message: String,
     },
-    Exited {
+    /// How a child ended: its wait status and rusage as wait4 gave them
+    /// (`[seconds, microseconds]`), written by the zygote from buffers it
+    /// zeroes after each report.
+    Ended {
         pid: i32,
-        code: Option<i32>,
-        signal: Option<i32>,
-        cpu_ms: u64,
-        max_rss_kb: u64,
+        status: i32,
+        utime: [i64; 2],
+        stime: [i64; 2],
+        max_rss_kb: i64,
     },
+}
+
+/// What a forked cell reads from its setup pipe before anything else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellSetup {
+    pub scratch: String,
+    pub rlimits: CellRlimits,
+}
+
+/// CPU milliseconds from `[seconds, microseconds]` pairs (negative parts,
+/// which the kernel never reports, count as 0).
+pub fn cpu_ms(utime: [i64; 2], stime: [i64; 2]) -> u64 {
+    let us = |t: [i64; 2]| {
+        u64::try_from(t[0])
+            .unwrap_or(0)
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::try_from(t[1]).unwrap_or(0))
+    };
+    us(utime).saturating_add(us(stime)) / 1000
 }
 
 /// The paths inside the zygote's namespaces a cell may still read. Unlike
@@ -267,6 +294,20 @@ pub fn python_config() -> Result<String, String> {
         "nr_landlock_restrict_self": num("landlock_restrict_self")?,
     })
     .to_string())
+}
+
+/// A pipe holding `setup` (written whole, the write end closed): the read
+/// end goes to the zygote with the `spawn` message.
+pub fn setup_pipe(setup: &CellSetup) -> io::Result<OwnedFd> {
+    use std::io::Write;
+    let data = serde_json::to_vec(setup).map_err(io::Error::other)?;
+    // A pipe holds 64 KiB before a write blocks; a setup is far smaller.
+    if data.len() > 1 << 16 {
+        return Err(io::Error::other("the cell setup is too large"));
+    }
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    std::fs::File::from(w).write_all(&data)?;
+    Ok(r)
 }
 
 /// Take fd 3 as the zygote's control channel; it must be a socket.

@@ -357,20 +357,28 @@ impl Zygote {
         self.cells.fetch_add(1, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let in_flight = InFlight(self.in_flight.clone());
-        let msg = ZygoteMsg::Spawn {
-            id,
+        // The cell's own data goes in a pipe only the forked child reads.
+        let setup = zygote::setup_pipe(&zygote::CellSetup {
             scratch: scratch.to_string_lossy().into_owned(),
             rlimits: CellRlimits::from(limits),
-        };
+        })
+        .map_err(|e| format!("failed to pass the cell its setup: {e}"))?;
+        let msg = ZygoteMsg::Spawn { id };
         let sent = {
             let ctl = lock(&self.ctl);
             zygote::send(
                 ctl.as_fd(),
                 &msg,
-                &[sock.as_fd(), out.as_fd(), err.as_fd(), ruleset.as_fd()],
+                &[
+                    sock.as_fd(),
+                    out.as_fd(),
+                    err.as_fd(),
+                    ruleset.as_fd(),
+                    setup.as_fd(),
+                ],
             )
         };
-        drop((sock, out, err, ruleset));
+        drop((sock, out, err, ruleset, setup));
         if let Err(e) = sent {
             lock(&self.shared).pending.remove(&id);
             self.mark_dead();
@@ -505,20 +513,20 @@ async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
                 }
             }
             (
-                ZygoteMsg::Exited {
+                ZygoteMsg::Ended {
                     pid,
-                    code,
-                    signal,
-                    cpu_ms,
+                    status,
+                    utime,
+                    stime,
                     max_rss_kb,
                 },
                 _,
             ) => {
                 let r = Reaped {
-                    code,
-                    signal,
-                    cpu_ms,
-                    max_rss_kb,
+                    code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+                    signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+                    cpu_ms: zygote::cpu_ms(utime, stime),
+                    max_rss_kb: u64::try_from(max_rss_kb).unwrap_or(0),
                 };
                 lock(shared).exits.record(pid, r);
             }

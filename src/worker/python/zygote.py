@@ -43,6 +43,33 @@ _RLIMITS = {
 _ANC_SPACE = _socket.CMSG_SPACE(8 * 4)
 
 
+# How a cell ended is measured and reported without a Python object holding
+# it: wait4 fills these buffers, snprintf writes the report from them, and
+# all are zeroed once it is sent (with a second, all-zero report through the
+# same calls, for the stack slots they used), so no later cell finds another
+# cell's figures in the memory it was forked with.
+class _Timeval(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("usec", ctypes.c_long)]
+
+
+class _Rusage(ctypes.Structure):
+    _fields_ = [("utime", _Timeval), ("stime", _Timeval), ("maxrss", ctypes.c_long)] + [
+        ("_more%d" % i, ctypes.c_long) for i in range(13)
+    ]
+
+
+_ru = _Rusage()
+_wstatus = ctypes.c_int()
+_wpid = ctypes.c_int()
+_REPORT_CAP = 512
+_report = ctypes.create_string_buffer(_REPORT_CAP)
+_ru_fields = [ctypes.c_long.from_buffer(_ru, off) for off in (0, 8, 16, 24, 32)]
+_zero_fields = [ctypes.c_long(0) for _ in _ru_fields]
+_ENDED = b'{"op":"ended","pid":%d,"status":%d,"utime":[%ld,%ld],"stime":[%ld,%ld],"max_rss_kb":%ld}'
+_libc.wait4.restype = ctypes.c_int
+_libc.snprintf.restype = ctypes.c_int
+
+
 def _zsys(nr, *args):
     if _libc.syscall(ctypes.c_long(nr), *args) < 0:
         e = ctypes.get_errno()
@@ -77,7 +104,25 @@ def _zrecv():
     return msg, fds
 
 
-def _child(msg, fds):
+def _read_setup(fd):
+    """The cell's own setup ({scratch, rlimits}), read from the pipe the
+    supervisor filled: only ever in the child, after the fork, so the
+    zygote (and every later cell) never holds it."""
+    chunks = []
+    while True:
+        b = posix.read(fd, 65536)
+        if not b:
+            break
+        chunks.append(b)
+        if sum(len(c) for c in chunks) > 65536:
+            raise ValueError("an oversized cell setup")
+    setup = _loads(b"".join(chunks).decode("utf-8"))
+    if type(setup) is not dict or type(setup.get("rlimits")) is not dict:
+        raise ValueError("a malformed cell setup")
+    return setup
+
+
+def _child(fds):
     """In the forked child: tighten, then run the cell. Never returns."""
     try:
         _signal.set_wakeup_fd(-1)
@@ -85,9 +130,10 @@ def _child(msg, fds):
         _CTL.detach()  # fd 3 is about to become the cell's protocol socket
         posix.setsid()
         null = posix.open("/dev/null", posix.O_RDONLY)
-        sock, out, err, rules = fds
-        if min(null, sock, out, err, rules) < 5:
+        sock, out, err, rules, setup_fd = fds
+        if min(null, sock, out, err, rules, setup_fd) < 5:
             raise OSError("unexpected fd layout")
+        msg = _read_setup(setup_fd)
         for src, dst in ((null, 0), (out, 1), (err, 2), (sock, _FD), (rules, 4)):
             posix.dup2(src, dst)
         posix.closerange(5, 1 << 20)
@@ -123,7 +169,7 @@ def _child(msg, fds):
 
 def _spawn(msg, fds, cells):
     cid = msg.get("id")
-    if type(cid) is not int or len(fds) != 4 or type(msg.get("rlimits")) is not dict:
+    if type(cid) is not int or len(fds) != 5:
         for fd in fds:
             posix.close(fd)
         _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed spawn message"})
@@ -132,7 +178,7 @@ def _spawn(msg, fds, cells):
         stream.flush()
     pid = posix.fork()
     if pid == 0:
-        _child(msg, fds)
+        _child(fds)
     for fd in fds:
         posix.close(fd)
     cells[pid] = cid
@@ -164,19 +210,22 @@ def _reap(cells):
                 posix.killpg(pid, _signal.SIGKILL)
             except OSError:
                 pass
-        _, status, ru = posix.wait4(pid, 0)
         if cells.pop(pid, None) is None:
+            posix.waitpid(pid, 0)
             continue  # an orphan a cell left behind
-        _zsend(
-            {
-                "op": "exited",
-                "pid": pid,
-                "code": posix.WEXITSTATUS(status) if posix.WIFEXITED(status) else None,
-                "signal": posix.WTERMSIG(status) if posix.WIFSIGNALED(status) else None,
-                "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000),
-                "max_rss_kb": int(ru.ru_maxrss),
-            }
-        )
+        _wpid.value = pid
+        try:
+            if _libc.wait4(_wpid, ctypes.byref(_wstatus), 0, ctypes.byref(_ru)) < 0:
+                continue
+            n = _libc.snprintf(_report, _REPORT_CAP, _ENDED, _wpid, _wstatus, *_ru_fields)
+            if 0 < n < _REPORT_CAP:
+                _CTL.sendmsg([memoryview(_report)[:n]])
+        finally:
+            ctypes.memset(_report, 0, _REPORT_CAP)
+            ctypes.memset(ctypes.byref(_ru), 0, ctypes.sizeof(_ru))
+            _wstatus.value = 0
+            _libc.snprintf(_report, _REPORT_CAP, _ENDED, _wpid, _wstatus, *_zero_fields)
+            ctypes.memset(_report, 0, _REPORT_CAP)
 
 
 def _quit(cells):
