@@ -88,8 +88,13 @@ pub struct ServeArgs {
     pub events: Option<PathBuf>,
 }
 
+/// Bytes of stdout (and of stderr) a `serve` call keeps by default: sized
+/// for a model's context (about 8k tokens per stream) rather than the
+/// library's 1 MiB. `limits.max_output_bytes` / `--max-output` change it.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 32 * 1024;
+
 /// The config file. Unknown keys are errors.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServeConfig {
     pub server: ServerSection,
@@ -98,9 +103,37 @@ pub struct ServeConfig {
     /// Sandbox profile per language (a built-in name or a TOML file).
     pub profiles: ProfilesSection,
     /// Limits for every cell; per-call limits may only tighten them.
+    /// `max_output_bytes` defaults to [`DEFAULT_MAX_OUTPUT_BYTES`].
+    #[serde(deserialize_with = "serve_limits")]
     pub limits: Limits,
     /// Capability allowlist and budgets for every cell.
     pub policy: Policy,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            server: ServerSection::default(),
+            http: HttpSection::default(),
+            sessions: SessionsSection::default(),
+            profiles: ProfilesSection::default(),
+            limits: Limits {
+                max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+                ..Limits::default()
+            },
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// `[limits]` as the library reads it, but with `serve`'s own default
+/// output cap where the file does not set one.
+fn serve_limits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Limits, D::Error> {
+    let mut table = toml::Table::deserialize(d)?;
+    table
+        .entry("max_output_bytes")
+        .or_insert(toml::Value::Integer(DEFAULT_MAX_OUTPUT_BYTES as i64));
+    Limits::deserialize(toml::Value::Table(table)).map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -622,6 +655,28 @@ mod tests {
         );
         assert!(s.session.policy.allow.is_empty());
         assert_eq!(s.profiles[&Language::Python], "python");
+    }
+
+    #[test]
+    fn serve_keeps_less_output_by_default() {
+        let s = ServeConfig::default().validate().unwrap();
+        assert_eq!(s.session.limits.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
+        // A [limits] section without the key keeps serve's default ...
+        let c = parse("[limits]\ntimeout_ms = 5000\n").unwrap();
+        assert_eq!(c.limits.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
+        assert_eq!(c.limits.timeout_ms, 5000);
+        // ... the file and the flag set it, and unknown keys still fail.
+        let c = parse("[limits]\nmax_output_bytes = 1000\n").unwrap();
+        assert_eq!(c.limits.max_output_bytes, 1000);
+        let e = parse("[limits]\nmax_outptu_bytes = 1000\n").unwrap_err();
+        assert!(e.to_string().contains("max_outptu_bytes"), "{e}");
+        let args = ServeArgs {
+            max_output: Some(2000),
+            ..Default::default()
+        };
+        let mut c = ServeConfig::default();
+        c.apply_args(&args).unwrap();
+        assert_eq!(c.limits.max_output_bytes, 2000);
     }
 
     #[test]

@@ -99,7 +99,11 @@ fn language_line(language: Language, python: &Result<PythonInfo, String>) -> Str
             };
             format!(
                 "python: Python 3 ({interp}); `value` is the last expression's value, print() \
-                 writes to stdout, an exception is returned as `error` with its traceback."
+                 writes to stdout, an exception is returned as `error` with its traceback. \
+                 Imports: the standard library only (json, math, statistics, re, datetime, \
+                 collections, itertools, ...); no third-party packages (numpy, pandas, requests \
+                 and the like are not installed for cells: the interpreter runs isolated, \
+                 without site-packages)."
             )
         }
         Language::Shell => "shell: run by /bin/sh -c; stdout and stderr are returned, an exit \
@@ -371,9 +375,11 @@ impl Facts<'_> {
     pub fn execute_code(&self) -> String {
         let mut s = String::from(
             "Run code in a sandboxed cell and return its stdout, stderr, the value of the last \
-             expression and any error. structuredContent is the full result (status, output, \
-             value, error with type/message/traceback, namespace changes, usage, sandbox \
-             report); isError is true for every status but ok.\n\nLanguages:",
+             expression and any error. The text result shows the output (the head and tail of \
+             a long stream), `=> value` and the error; structuredContent is the data (status, \
+             stdout, stderr, value, error with type/message/traceback, namespace changes, \
+             usage; the sandbox report and run ids with verbose: true); isError is true for \
+             every status but ok.\n\nLanguages:",
         );
         for &lang in &self.settings.languages {
             let _ = write!(s, "\n- {}", language_line(lang, &self.python));

@@ -10,6 +10,7 @@
 
 use super::config::Settings;
 use super::describe::{self, Facts, Observations};
+use super::fit;
 use super::gate::Gate;
 use super::schema;
 use super::sessions::{SessionError, SessionTable};
@@ -21,11 +22,12 @@ use rmcp::model::{
     ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 #[allow(deprecated)] // see `execute_code`
-use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam, SetLevelRequestParams};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,6 +45,9 @@ struct ExecuteArgs {
     timeout_seconds: Option<f64>,
     #[serde(default)]
     max_output_bytes: Option<usize>,
+    /// Include the sandbox report and run ids in the result.
+    #[serde(default)]
+    verbose: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -64,6 +69,13 @@ struct State {
     observed: tokio::sync::OnceCell<Observations>,
     /// The tool list, built once the probe is done.
     tools: tokio::sync::OnceCell<Vec<Tool>>,
+    /// `logging/setLevel` per client (see [`client_of`]); none set: all.
+    #[allow(deprecated)]
+    log_levels: std::sync::Mutex<HashMap<String, LoggingLevel>>,
+    /// Calls running, by client and request id, so a
+    /// `notifications/cancelled` that arrives on another connection (a
+    /// separate HTTP POST) reaches them.
+    inflight: Arc<InflightTable>,
 }
 
 /// The MCP server: cheap to clone, every clone shares one state.
@@ -92,17 +104,14 @@ fn structured(text: String, value: Value, is_error: bool) -> CallToolResult {
     r
 }
 
-/// The MCP result for a cell: the `CellResult` as structuredContent, its
-/// text rendering as content, isError for every status but ok.
-pub fn cell_tool_result(r: &CellResult) -> Result<CallToolResult, ErrorData> {
-    let value = serde_json::to_value(r).map_err(|e| {
+/// The MCP result for a cell: the data a program needs as
+/// structuredContent, a bounded readable rendering as content (see
+/// [`fit`]), isError for every status but ok.
+pub fn cell_tool_result(r: &CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
+    let f = fit::fit(r, verbose).map_err(|e| {
         ErrorData::internal_error(format!("failed to encode the cell result: {e}"), None)
     })?;
-    let mut text = r.render_text();
-    if text.is_empty() {
-        text = "[status: ok; no output and no value]\n".into();
-    }
-    Ok(structured(text, value, r.status != Status::Ok))
+    Ok(structured(f.text, f.structured, r.status != Status::Ok))
 }
 
 /// One chunk of a cell's output to the client, as a log notification
@@ -152,7 +161,131 @@ enum Interrupted {
     SessionClosed,
 }
 
+/// Who sent a request, for what the server keeps between one client's
+/// requests: over HTTP, where each POST is a connection of its own, the
+/// name the listener gave it (its bearer token; clients of a server without
+/// one share a name); over stdio, the one client.
+pub(crate) fn client_of(ext: &rmcp::model::Extensions) -> String {
+    match ext
+        .get::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<super::listener::ClientName>())
+    {
+        Some(name) => name.0.to_string(),
+        None => "stdio".to_owned(),
+    }
+}
+
+/// A request id as a map key: its JSON text, so `5` and `"5"` differ.
+fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+/// Severity order of the MCP log levels (RFC 5424, least severe first).
+#[allow(deprecated)]
+fn severity(l: LoggingLevel) -> u8 {
+    match l {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
+}
+
+/// Running calls by (client, request id): each with a serial number and
+/// the token that cancels it.
+type InflightTable = std::sync::Mutex<HashMap<(String, String), Vec<(u64, CancellationToken)>>>;
+
+static CALL_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A running call's entry in the in-flight table, removed when dropped.
+struct Inflight {
+    table: Arc<InflightTable>,
+    key: (String, String),
+    serial: u64,
+    token: CancellationToken,
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = t.get_mut(&self.key) {
+            v.retain(|(n, _)| *n != self.serial);
+            if v.is_empty() {
+                t.remove(&self.key);
+            }
+        }
+    }
+}
+
 impl CellboxServer {
+    /// Cancel the running calls that `client` made with request `id`
+    /// (a `notifications/cancelled` seen by the HTTP listener). Returns how
+    /// many there were. Ids are the client's own: clients that share a name
+    /// (no bearer token) and reuse an id cancel each other's call.
+    pub fn cancel_request(&self, client: &str, id: &Value) -> usize {
+        let t = self
+            .state
+            .inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(v) = t.get(&(client.to_owned(), id_key(id))) else {
+            return 0;
+        };
+        for (_, token) in v {
+            token.cancel();
+        }
+        v.len()
+    }
+
+    fn track(&self, ctx: &RequestContext<RoleServer>) -> Inflight {
+        let id = serde_json::to_value(&ctx.id).unwrap_or(Value::Null);
+        let key = (client_of(&ctx.extensions), id_key(&id));
+        let token = CancellationToken::new();
+        let serial = CALL_SERIAL.fetch_add(1, Ordering::Relaxed);
+        self.state
+            .inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push((serial, token.clone()));
+        Inflight {
+            table: self.state.inflight.clone(),
+            key,
+            serial,
+            token,
+        }
+    }
+
+    /// Whether log notifications at `level` go to the client of this
+    /// request: at or above the level the request names in `_meta`
+    /// (protocol 2026-07-28, where a request without one gets none), else
+    /// the one the client set with `logging/setLevel` (all when it set none).
+    #[allow(deprecated)]
+    fn logs(&self, ctx: &RequestContext<RoleServer>, level: LoggingLevel) -> bool {
+        if let Some(min) = ctx.meta.log_level() {
+            return severity(level) >= severity(min);
+        }
+        if ctx
+            .meta
+            .contains_key("io.modelcontextprotocol/protocolVersion")
+        {
+            return false;
+        }
+        let levels = self
+            .state
+            .log_levels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        levels
+            .get(&client_of(&ctx.extensions))
+            .is_none_or(|min| severity(level) >= severity(*min))
+    }
+
     pub fn new(sup: Supervisor, settings: Settings, shutdown: CancellationToken) -> Self {
         let sessions = SessionTable::new(
             sup.clone(),
@@ -170,6 +303,8 @@ impl CellboxServer {
                 shutdown,
                 observed: tokio::sync::OnceCell::new(),
                 tools: tokio::sync::OnceCell::new(),
+                log_levels: std::sync::Mutex::new(HashMap::new()),
+                inflight: Arc::default(),
             }),
         }
     }
@@ -317,7 +452,7 @@ impl CellboxServer {
         // as log notifications (logger "stdout" / "stderr").
         let progress_token = ctx.meta.get_progress_token();
         let mut live = None;
-        if progress_token.is_some() {
+        if progress_token.is_some() && self.logs(&ctx, LoggingLevel::Info) {
             let (tx, rx) = tokio::sync::mpsc::channel::<cellbox_output::OutputChunk>(64);
             request.output = Some(tx);
             live = Some(rx);
@@ -331,12 +466,10 @@ impl CellboxServer {
                         SessionError::Unknown { .. } => "UnknownSession",
                         _ => "SessionError",
                     };
-                    return cell_tool_result(&refused(
-                        language,
-                        Status::Error,
-                        kind,
-                        e.to_string(),
-                    ));
+                    return cell_tool_result(
+                        &refused(language, Status::Error, kind, e.to_string()),
+                        a.verbose,
+                    );
                 }
             },
             None => None,
@@ -344,12 +477,15 @@ impl CellboxServer {
         let admission = match st.gate.admit() {
             Ok(a) => a,
             Err(busy) => {
-                return cell_tool_result(&refused(
-                    language,
-                    Status::LimitExceeded,
-                    "ServerBusy",
-                    busy.to_string(),
-                ))
+                return cell_tool_result(
+                    &refused(
+                        language,
+                        Status::LimitExceeded,
+                        "ServerBusy",
+                        busy.to_string(),
+                    ),
+                    a.verbose,
+                )
             }
         };
 
@@ -375,6 +511,7 @@ impl CellboxServer {
                 None => st.sup.run(request, st.settings.session.clone()).await,
             }
         };
+        let cancel = self.track(&ctx);
         let started = Instant::now();
         let mut ticks = tokio::time::interval_at(
             tokio::time::Instant::now() + st.settings.progress_interval,
@@ -386,6 +523,7 @@ impl CellboxServer {
             tokio::select! {
                 r = &mut work => break Ok(r),
                 _ = ctx.ct.cancelled() => break Err(Interrupted::Cancelled),
+                _ = cancel.token.cancelled() => break Err(Interrupted::Cancelled),
                 _ = st.shutdown.cancelled() => break Err(Interrupted::ShuttingDown),
                 _ = closed.cancelled() => break Err(Interrupted::SessionClosed),
                 Some(chunk) = async {
@@ -422,13 +560,16 @@ impl CellboxServer {
         // Leaving the loop drops `work` with everything it holds: a cell
         // still running is killed and reaped, its slot and lane are freed.
         match outcome {
-            Ok(result) => cell_tool_result(&result),
-            Err(Interrupted::SessionClosed) => cell_tool_result(&refused(
-                language,
-                Status::Killed,
-                "Killed",
-                "the session was closed while this cell ran; the cell was killed".into(),
-            )),
+            Ok(result) => cell_tool_result(&result, a.verbose),
+            Err(Interrupted::SessionClosed) => cell_tool_result(
+                &refused(
+                    language,
+                    Status::Killed,
+                    "Killed",
+                    "the session was closed while this cell ran; the cell was killed".into(),
+                ),
+                a.verbose,
+            ),
             Err(Interrupted::Cancelled) => Err(ErrorData::internal_error(
                 "the call was cancelled; its cell was killed",
                 None,
@@ -580,6 +721,22 @@ impl ServerHandler for CellboxServer {
         }
     }
 
+    /// `logging/setLevel`: log notifications below `level` are no longer
+    /// sent to this client (live output is sent at level info).
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.state
+            .log_levels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(client_of(&context.extensions), request.level);
+        Ok(())
+    }
+
     /// The stand-in for a message too long to read (see
     /// [`super::lines`]): answered with what was wrong, so the client's
     /// request does not wait forever.
@@ -588,6 +745,23 @@ impl ServerHandler for CellboxServer {
         request: CustomRequest,
         _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
+        // A known method whose params rmcp could not read arrives here:
+        // for logging/setLevel that is a level not in the protocol.
+        if request.method == "logging/setLevel" {
+            let level = request
+                .params
+                .as_ref()
+                .and_then(|p| p.get("level"))
+                .map(Value::to_string)
+                .unwrap_or_else(|| "nothing".into());
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "logging/setLevel: level must be one of debug, info, notice, warning, \
+                     error, critical, alert, emergency; got {level}"
+                ),
+                None,
+            ));
+        }
         if request.method != super::lines::OVERSIZED_METHOD {
             return Err(ErrorData::new(
                 ErrorCode::METHOD_NOT_FOUND,

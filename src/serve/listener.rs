@@ -82,6 +82,58 @@ fn authorized(req: &http::Request<Incoming>, token: &str) -> bool {
         && constant_time_eq(given.trim().as_bytes(), token.as_bytes())
 }
 
+/// Who sent an HTTP request, put in its extensions for the handler (see
+/// `handler::client_of`): with a bearer token required, the token it
+/// presented (checked before this is made); without one, one name shared
+/// by every client (a header a client makes up names nobody).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientName(pub Arc<str>);
+
+impl ClientName {
+    fn of(headers: &http::HeaderMap, token_required: bool) -> ClientName {
+        let presented = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim());
+        match presented {
+            Some(t) if token_required => ClientName(format!("token:{t}").into()),
+            _ => ClientName("anonymous".into()),
+        }
+    }
+}
+
+/// The request id a `notifications/cancelled` message names, if `body` is
+/// one (a single JSON-RPC message; MCP has no batches since 2025-06-18).
+fn cancelled_request_id(body: &[u8]) -> Option<serde_json::Value> {
+    #[derive(serde::Deserialize)]
+    struct Message {
+        method: String,
+        #[serde(default)]
+        params: Option<serde_json::Value>,
+    }
+    let m: Message = serde_json::from_slice(body).ok()?;
+    if m.method != "notifications/cancelled" {
+        return None;
+    }
+    m.params?.get("requestId").cloned()
+}
+
+fn too_large(limit: usize) -> Response {
+    let body = Full::new(Bytes::from(format!(
+        "{{\"error\":\"the request body is over the limit of {limit} bytes\"}}\n"
+    )))
+    .boxed();
+    let mut r = http::Response::new(body);
+    *r.status_mut() = http::StatusCode::PAYLOAD_TOO_LARGE;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 fn unauthorized() -> Response {
     let body = Full::new(Bytes::from_static(
         b"{\"error\":\"missing or wrong bearer token: send Authorization: Bearer <token>\"}\n",
@@ -104,7 +156,9 @@ fn unauthorized() -> Response {
 pub struct HttpServer {
     listener: tokio::net::TcpListener,
     service: StreamableHttpService<CellboxServer, LocalSessionManager>,
+    server: CellboxServer,
     token: Option<Arc<str>>,
+    max_body: usize,
 }
 
 impl HttpServer {
@@ -137,15 +191,18 @@ impl HttpServer {
                     .with_allowed_origins(loopback_origins(addr.ip()));
             }
         }
+        let factory = server.clone();
         let service = StreamableHttpService::new(
-            move || Ok(server.clone()),
+            move || Ok(factory.clone()),
             Arc::new(LocalSessionManager::default()),
             config,
         );
         Ok(HttpServer {
             listener,
             service,
+            server,
             token: token.map(Arc::from),
+            max_body,
         })
     }
 
@@ -158,7 +215,9 @@ impl HttpServer {
         let HttpServer {
             listener,
             service,
+            server,
             token,
+            max_body,
         } = self;
         loop {
             let (stream, peer) = tokio::select! {
@@ -174,11 +233,13 @@ impl HttpServer {
                 },
             };
             let service = service.clone();
+            let server = server.clone();
             let token = token.clone();
             let conn_shutdown = shutdown.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                     let service = service.clone();
+                    let server = server.clone();
                     let token = token.clone();
                     async move {
                         if let Some(t) = &token {
@@ -187,6 +248,31 @@ impl HttpServer {
                                 return Ok::<Response, Infallible>(unauthorized());
                             }
                         }
+                        let name = ClientName::of(req.headers(), token.is_some());
+                        let mut req = req;
+                        req.extensions_mut().insert(name.clone());
+                        if req.method() != http::Method::POST {
+                            return Ok(service.handle(req).await);
+                        }
+                        // The service runs each POST as a connection of its
+                        // own and ignores notifications, so a
+                        // `notifications/cancelled` (which clients send as
+                        // a POST of its own) is honoured here, for the
+                        // calls the same client has running.
+                        let (parts, body) = req.into_parts();
+                        let bytes =
+                            match http_body_util::Limited::new(body, max_body).collect().await {
+                                Ok(b) => b.to_bytes(),
+                                Err(e) => {
+                                    tracing::debug!(%peer, "request body not read: {e}");
+                                    return Ok(too_large(max_body));
+                                }
+                            };
+                        if let Some(id) = cancelled_request_id(&bytes) {
+                            let n = server.cancel_request(&name.0, &id);
+                            tracing::info!(%peer, %id, "cancellation for {n} running call(s)");
+                        }
+                        let req = http::Request::from_parts(parts, Full::new(bytes));
                         Ok(service.handle(req).await)
                     }
                 });
@@ -229,6 +315,39 @@ mod tests {
         let v6: IpAddr = "::1".parse().unwrap();
         assert_eq!(loopback_hosts(v6), ["localhost", "127.0.0.1", "::1"]);
         assert!(loopback_origins(v6).contains(&"http://[::1]:*".to_owned()));
+    }
+
+    #[test]
+    fn cancellations_are_recognised() {
+        let id = |b: &str| cancelled_request_id(b.as_bytes());
+        assert_eq!(
+            id(
+                r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"x"}}"#
+            ),
+            Some(serde_json::json!(7))
+        );
+        assert_eq!(
+            id(
+                r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a"}}"#
+            ),
+            Some(serde_json::json!("a"))
+        );
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"requestId":7}}"#),
+            None
+        );
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{}}"#),
+            None
+        );
+        assert_eq!(id("not json"), None);
+        let mut h = http::HeaderMap::new();
+        let name = |h: &http::HeaderMap, required| ClientName::of(h, required).0.to_string();
+        assert_eq!(name(&h, true), "anonymous");
+        h.insert(http::header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(name(&h, true), "token:abc");
+        // Without a required token, made-up tokens name nobody.
+        assert_eq!(name(&h, false), "anonymous");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!   schemas.
 //! - [`listener`]: the HTTP listener with its bearer-token check.
 //! - [`lines`]: stdin cut into lines; one too long is answered, not lost.
+//! - [`fit`]: a cell result held to what clients accept and a model can read.
 //!
 //! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
 //! which kills their cells, and waits until the workers are reaped before
@@ -17,6 +18,7 @@
 
 pub mod config;
 pub mod describe;
+pub mod fit;
 pub mod gate;
 pub mod handler;
 pub mod lines;

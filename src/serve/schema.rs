@@ -66,6 +66,11 @@ pub fn execute_code_input(
                 "description": format!(
                     "Bytes of stdout and of stderr kept; at most {max_output} (larger values are lowered to it)."
                 )
+            },
+            "verbose": {
+                "type": "boolean",
+                "default": false,
+                "description": "Also return the sandbox report (layers, namespaces) and the run ids."
             }
         },
         "required": ["language", "code"],
@@ -90,7 +95,8 @@ pub fn no_input() -> Map<String, Value> {
     object(json!({"type": "object", "properties": {}, "additionalProperties": false}))
 }
 
-/// The [`crate::CellResult`] shape.
+/// The [`crate::CellResult`] shape. `run` and `sandbox` are optional: MCP
+/// results carry them only when the call asks (`verbose`).
 pub fn cell_result() -> Map<String, Value> {
     let count = json!({"type": "integer", "minimum": 0});
     let truncation = nullable(json!({
@@ -116,7 +122,13 @@ pub fn cell_result() -> Map<String, Value> {
             "stderr": {"type": "string"},
             "truncated": {
                 "type": "object",
-                "properties": {"stdout": truncation, "stderr": truncation},
+                "description": "What was kept of each part cut to fit: stdout and stderr past \
+                                max_output_bytes; a value or answer too large to send is \
+                                replaced by its JSON text, cut.",
+                "properties": {
+                    "stdout": truncation, "stderr": truncation,
+                    "value": truncation, "final_answer": truncation
+                },
                 "required": ["stdout", "stderr"],
                 "additionalProperties": false
             },
@@ -218,7 +230,7 @@ pub fn cell_result() -> Map<String, Value> {
         },
         "required": [
             "status", "execution_count", "language", "stdout", "stderr", "truncated",
-            "value", "error", "final_answer", "vars", "calls", "usage", "run", "sandbox", "exit"
+            "value", "error", "final_answer", "vars", "calls", "usage", "exit"
         ],
         "additionalProperties": false
     }))

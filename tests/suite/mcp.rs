@@ -1430,3 +1430,200 @@ async fn http_closes_connections_that_send_no_request_but_not_long_calls() {
     client.cancel().await.unwrap();
     assert_eq!(server.stop(), Some(0));
 }
+
+/// Send one POST on its own connection and read the whole response.
+fn http_exchange(addr: SocketAddr, auth: Option<&str>, body: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let auth = auth
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "POST / HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf
+}
+
+/// The official SDKs send `notifications/cancelled` as a POST of its own,
+/// not on the connection of the call. It kills the call of the same client
+/// with that id, and no other.
+#[tokio::test]
+async fn http_cancellation_in_its_own_post_kills_the_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "t0ken-for-the-cancel-test-0123";
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let server = HttpServer::start(&[
+        "--max-operations",
+        "0",
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let client = server.client(Some(token)).await.unwrap();
+    tools(&client).await;
+    let baseline = descendants(server.pid());
+    let addr = server.addr;
+    let call = std::thread::spawn(move || {
+        http_exchange(
+            addr,
+            Some(token),
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+                "name": "execute_code",
+                "arguments": {"language": "rhai", "code": "loop {}", "timeout_seconds": 600}}})
+            .to_string(),
+        )
+    });
+    let workers = wait_for_workers(server.pid(), &baseline).await;
+    let cancel = |id: Value| {
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": id, "reason": "test"}})
+        .to_string()
+    };
+    // Another id, and the same id as a string, cancel nothing.
+    for other in [json!(8), json!("7")] {
+        let r = http_exchange(addr, Some(token), &cancel(other));
+        assert!(r.starts_with("HTTP/1.1 202"), "{r}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        workers.iter().all(|p| exists(*p)),
+        "a cancellation for another request killed the cell"
+    );
+    let r = http_exchange(addr, Some(token), &cancel(json!(7)));
+    assert!(r.starts_with("HTTP/1.1 202"), "{r}");
+    wait_gone(&workers, "after notifications/cancelled in its own POST").await;
+    let answer = tokio::task::spawn_blocking(move || call.join().unwrap())
+        .await
+        .unwrap();
+    assert!(answer.contains("cancelled"), "{answer}");
+    let left = extra(server.pid(), &baseline);
+    assert!(left.is_empty(), "{}", show(&left));
+    client.cancel().await.unwrap();
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// Every method the server advertises in `initialize` answers as the
+/// protocol says, over raw stdio JSON-RPC; `logging/setLevel` filters the
+/// live output sent as log notifications.
+#[test]
+fn every_advertised_method_answers_and_set_level_filters_logs() {
+    let mut child = std::process::Command::new(bin())
+        .args(["serve", "--language", "python,rhai"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut send = |v: Value| {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).unwrap();
+        stdin.flush().unwrap();
+    };
+    // The answer to request `id`, and the notifications sent before it.
+    let answer = |id: i64| -> (Value, Vec<Value>) {
+        let mut before = Vec::new();
+        loop {
+            let v = rx
+                .recv_timeout(PATIENCE)
+                .unwrap_or_else(|e| panic!("no answer to request {id}: {e}"));
+            if v["id"] == id {
+                return (v, before);
+            }
+            before.push(v);
+        }
+    };
+    let request = |id: i64, method: &str, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    send(request(
+        0,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "1"}}),
+    ));
+    let (init, _) = answer(0);
+    let caps = init["result"]["capabilities"].as_object().unwrap().clone();
+    let advertised: Vec<&str> = caps.keys().map(String::as_str).collect();
+    assert!(
+        advertised.contains(&"tools") && advertised.contains(&"logging"),
+        "{init}"
+    );
+    for cap in &advertised {
+        assert!(
+            ["tools", "logging"].contains(cap),
+            "capability {cap} is advertised but not checked here: {init}"
+        );
+    }
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+
+    send(request(1, "ping", json!({})));
+    assert_eq!(answer(1).0["result"], json!({}));
+    send(request(2, "tools/list", json!({})));
+    let (list, _) = answer(2);
+    assert_eq!(
+        list["result"]["tools"].as_array().unwrap().len(),
+        5,
+        "{list}"
+    );
+
+    // logging: a bad level is invalid params; above info, no live output.
+    send(request(3, "logging/setLevel", json!({"level": "loud"})));
+    assert_eq!(answer(3).0["error"]["code"], -32602);
+    let printing = |id: i64| {
+        request(
+            id,
+            "tools/call",
+            json!({"name": "execute_code", "_meta": {"progressToken": id},
+                   "arguments": {"language": "python", "code": "print('live')\n7"}}),
+        )
+    };
+    let logged = |notes: &[Value]| {
+        notes
+            .iter()
+            .filter(|n| n["method"] == "notifications/message")
+            .count()
+    };
+    send(request(4, "logging/setLevel", json!({"level": "warning"})));
+    assert_eq!(answer(4).0["result"], json!({}));
+    send(printing(5));
+    let (r, notes) = answer(5);
+    assert_eq!(r["result"]["structuredContent"]["value"], 7, "{r}");
+    assert_eq!(logged(&notes), 0, "{notes:?}");
+    // The positive control: at info the same call's output is logged.
+    send(request(6, "logging/setLevel", json!({"level": "info"})));
+    assert_eq!(answer(6).0["result"], json!({}));
+    send(printing(7));
+    let (r, notes) = answer(7);
+    assert_eq!(r["result"]["structuredContent"]["value"], 7, "{r}");
+    assert!(logged(&notes) > 0, "{notes:?}");
+
+    // A method of a capability not advertised is "method not found".
+    send(request(8, "prompts/get", json!({"name": "any"})));
+    assert_eq!(answer(8).0["error"]["code"], -32601);
+
+    drop(stdin);
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < PATIENCE, "the server outlived its stdin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
