@@ -1,4 +1,5 @@
 mod cli;
+mod clients;
 pub mod common;
 mod faults;
 mod isolation;

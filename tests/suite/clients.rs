@@ -1,0 +1,294 @@
+//! The client matrix: MCP clients nobody on this project wrote drive
+//! `cellbox serve` over stdio and streamable HTTP. The official Python SDK
+//! 1.x and 2.x (tests/clients/python_client.py), the TypeScript SDK
+//! (tests/clients/ts_client.mjs) and the Inspector CLI each list the tools,
+//! run cells in a session, get an error, a timeout, cancel a cell and find
+//! its session free at once, and a 2 MB output.
+//!
+//! The clients are installed by `tests/clients/install.sh` (which `.ci/run`
+//! calls) under `target/mcp-clients/`, or where `CELLBOX_MCP_CLIENTS`
+//! points. A client that is not installed fails its test, loudly.
+
+use super::common::bin;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest one client's run may take (each takes seconds when it works).
+const CLIENT_DEADLINE: Duration = Duration::from_secs(300);
+
+/// What the servers run with: a wall-clock limit well above the cancelled
+/// cell's sleep (120 s), so only a cancellation can free its session early.
+const SERVE_ARGS: [&str; 4] = ["--language", "python,rhai", "--timeout", "300"];
+
+fn clients_dir() -> PathBuf {
+    match std::env::var_os("CELLBOX_MCP_CLIENTS") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-clients"),
+    }
+}
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+/// `path` under the clients directory; panics, naming the fix, if absent.
+fn installed(path: &str) -> PathBuf {
+    let p = clients_dir().join(path);
+    assert!(
+        p.exists(),
+        "MCP client not installed: {} is missing. Run `bash tests/clients/install.sh` \
+         (.ci/run does) to install the client matrix.",
+        p.display()
+    );
+    p
+}
+
+/// Run a client to its end (or the deadline); its output is shown, and it
+/// must exit 0 having printed `expect`.
+fn run_client(cmd: Command, what: &str, expect: &str) -> String {
+    run_client_to(cmd, what, expect, 0)
+}
+
+/// As [`run_client`], for a client that must exit with `code`.
+fn run_client_to(mut cmd: Command, what: &str, expect: &str, code: i32) -> String {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("failed to start {what}: {e}"));
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || std::io::read_to_string(out).unwrap_or_default());
+    let err = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > CLIENT_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    eprintln!("--- {what}: stdout ---\n{out}--- {what}: stderr ---\n{err}");
+    let status = status.unwrap_or_else(|| panic!("{what} ran past {CLIENT_DEADLINE:?}"));
+    assert_eq!(
+        status.code(),
+        Some(code),
+        "{what} failed ({status}); its output is above"
+    );
+    assert!(out.contains(expect), "{what} did not print {expect:?}");
+    out
+}
+
+/// `cellbox serve --http 127.0.0.1:0`, killed when dropped.
+struct HttpServe {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpServe {
+    fn start(extra: &[&str]) -> HttpServe {
+        let mut child = Command::new(bin())
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .args(SERVE_ARGS)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                eprintln!("[serve] {line}");
+                if let Some(rest) = line.split("at http://").nth(1) {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(format!("http://{}", rest.trim()));
+                    }
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server did not announce its address");
+        HttpServe { child, url }
+    }
+}
+
+impl Drop for HttpServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn python_client(venv: &str, transport: &str, big_cap: bool) {
+    let python = installed(&format!("{venv}/bin/python"));
+    let mut cmd = Command::new(python);
+    cmd.arg(scripts().join("python_client.py"))
+        .arg(transport)
+        .env_remove("PYTHONPATH")
+        .env("CELLBOX_BIG_CAP", if big_cap { "1" } else { "0" });
+    let extra: &[&str] = if big_cap {
+        &["--max-output", "4194304"]
+    } else {
+        &[]
+    };
+    let _server;
+    match transport {
+        "stdio" => {
+            cmd.arg(bin()).args(SERVE_ARGS).args(extra);
+        }
+        _ => {
+            let s = HttpServe::start(extra);
+            cmd.arg(&s.url);
+            _server = s;
+        }
+    }
+    run_client(
+        cmd,
+        &format!("python SDK ({venv}) over {transport}"),
+        "PASS",
+    );
+}
+
+#[test]
+fn python_sdk_1_over_stdio() {
+    python_client("py1", "stdio", false);
+}
+
+#[test]
+fn python_sdk_1_over_http() {
+    python_client("py1", "http", false);
+}
+
+#[test]
+fn python_sdk_2_over_stdio() {
+    python_client("py2", "stdio", false);
+}
+
+#[test]
+fn python_sdk_2_over_http() {
+    python_client("py2", "http", false);
+}
+
+/// The Python SDK 2.x refuses a server-sent event over 1 MiB: with a cap
+/// that keeps all of a 2 MB output, the server still sends a result it
+/// accepts (cut to the response budget).
+#[test]
+fn python_sdk_2_over_http_with_output_above_its_event_limit() {
+    python_client("py2", "http", true);
+}
+
+fn ts_client(transport: &str) {
+    let node_dir = installed("node");
+    installed("node/node_modules/@modelcontextprotocol/sdk/package.json");
+    // The script resolves the SDK from node_modules beside it.
+    let script = node_dir.join("ts_client.mjs");
+    std::fs::copy(scripts().join("ts_client.mjs"), &script).unwrap();
+    let mut cmd = Command::new("node");
+    cmd.arg(&script).arg(transport);
+    let _server;
+    match transport {
+        "stdio" => {
+            cmd.arg(bin()).args(SERVE_ARGS);
+        }
+        _ => {
+            let s = HttpServe::start(&[]);
+            cmd.arg(&s.url);
+            _server = s;
+        }
+    }
+    run_client(cmd, &format!("TypeScript SDK over {transport}"), "PASS");
+}
+
+#[test]
+fn typescript_sdk_over_stdio() {
+    ts_client("stdio");
+}
+
+#[test]
+fn typescript_sdk_over_http() {
+    ts_client("http");
+}
+
+/// The Inspector CLI: one method per run, against a server it starts
+/// (stdio) or one already listening (HTTP).
+#[test]
+fn inspector_cli_over_stdio_and_http() {
+    let cli = installed("node/node_modules/@modelcontextprotocol/inspector");
+    let entry = installed("node/node_modules/.bin/mcp-inspector");
+    let catalog = tempfile::tempdir().unwrap();
+    let server = HttpServe::start(&[]);
+    for transport in ["stdio", "http"] {
+        // The CLI exits with 5 when the tool result is an error.
+        let inspect_to = |method_args: &[&str], expect: &str, code: i32| {
+            let mut cmd = Command::new("node");
+            cmd.arg(&entry)
+                .arg("--cli")
+                .current_dir(&cli)
+                .env("MCP_CATALOG_PATH", catalog.path().join("mcp.json"))
+                .env("HOME", catalog.path());
+            if transport == "stdio" {
+                cmd.arg(bin()).arg("serve").args(SERVE_ARGS);
+            } else {
+                cmd.args([&server.url, "--transport", "http"]);
+            }
+            cmd.args(method_args);
+            run_client_to(
+                cmd,
+                &format!("Inspector CLI over {transport}: {method_args:?}"),
+                expect,
+                code,
+            )
+        };
+        let inspect = |method_args: &[&str], expect: &str| inspect_to(method_args, expect, 0);
+        inspect(&["--method", "tools/list"], "\"execute_code\"");
+        inspect(
+            &["--method", "logging/setLevel", "--log-level", "warning"],
+            "{",
+        );
+        let out = inspect(
+            &[
+                "--method",
+                "tools/call",
+                "--tool-name",
+                "execute_code",
+                "--tool-arg",
+                "language=python",
+                "--tool-arg",
+                "code=import statistics; statistics.mean([1, 2, 3, 4])",
+            ],
+            "=> 2.5",
+        );
+        assert!(
+            !out.contains("landlock"),
+            "no sandbox report unless asked: {out}"
+        );
+        let out = inspect_to(
+            &[
+                "--method",
+                "tools/call",
+                "--tool-name",
+                "execute_code",
+                "--tool-arg",
+                "language=python",
+                "--tool-arg",
+                "code=1/0",
+            ],
+            "ZeroDivisionError",
+            5,
+        );
+        assert!(out.contains("\"isError\": true"), "{out}");
+    }
+}
