@@ -216,18 +216,27 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
             "cannot create namespaces here".into()
         },
     );
-    add(
-        "rlimits",
-        layers.rlimits,
-        linux,
+    add("rlimits", layers.rlimits, linux, {
+        // The profile's table is a ceiling; session and call limits
+        // only lower it.
+        let c = &profile.limits;
+        let d = crate::supervisor::Limits::default().under_profile(c);
         format!(
-            "cpu {}s, memory {} bytes, {} processes, {} files",
-            profile.limits.cpu_seconds,
-            profile.limits.memory_bytes,
-            profile.limits.max_processes,
-            profile.limits.max_open_files
-        ),
-    );
+            "at most cpu {}s, memory {} bytes, {} processes, {} files, file size {} bytes \
+                 (the profile's ceiling); with the default limits a cell gets cpu {}s, \
+                 memory {} bytes, {} processes, {} files, file size {} bytes",
+            c.cpu_seconds,
+            c.memory_bytes,
+            c.max_processes,
+            c.max_open_files,
+            c.max_file_size_bytes,
+            d.cpu_seconds,
+            d.memory_bytes,
+            d.max_processes,
+            d.max_open_files,
+            d.max_file_size_bytes
+        )
+    });
     add(
         "privileges",
         layers.privileges,

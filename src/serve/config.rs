@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// Append run events (JSON lines) to this file.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+    /// Bytes the events file may hold before it is moved to FILE.1
+    /// (replacing the older one); default 64 MiB.
+    #[arg(long = "events-max-bytes", value_name = "BYTES")]
+    pub events_max_bytes: Option<u64>,
 }
 
 /// Bytes of stdout (and of stderr) a `serve` call keeps by default: sized
@@ -156,6 +160,8 @@ pub struct ServerSection {
     pub python: Option<PathBuf>,
     /// Append run events (JSON lines) to this file.
     pub events: Option<PathBuf>,
+    /// Bytes the events file may hold before it is rotated to `<file>.1`.
+    pub events_max_bytes: u64,
 }
 
 impl Default for ServerSection {
@@ -169,6 +175,7 @@ impl Default for ServerSection {
             cells_memory_bytes: None,
             python: None,
             events: None,
+            events_max_bytes: crate::supervisor::DEFAULT_EVENTS_MAX_BYTES,
         }
     }
 }
@@ -272,6 +279,7 @@ pub struct Settings {
     pub progress_interval: Duration,
     pub python: Option<PathBuf>,
     pub events: Option<PathBuf>,
+    pub events_max_bytes: u64,
     pub transport: Transport,
 }
 
@@ -392,6 +400,9 @@ impl ServeConfig {
         if let Some(p) = &args.events {
             self.server.events = Some(p.clone());
         }
+        if let Some(n) = args.events_max_bytes {
+            self.server.events_max_bytes = n;
+        }
         Ok(())
     }
 
@@ -490,6 +501,12 @@ impl ServeConfig {
                 .saturating_mul(s.max_concurrency as u64)
                 .saturating_add(512 << 20),
         };
+        if s.events_max_bytes < 4096 {
+            return Err(invalid(
+                "server.events_max_bytes (--events-max-bytes)",
+                format!("{}: give at least 4096", s.events_max_bytes),
+            ));
+        }
         if s.progress_interval_ms < 50 {
             return Err(invalid(
                 "server.progress_interval_ms",
@@ -526,6 +543,7 @@ impl ServeConfig {
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
             events: s.events.clone(),
+            events_max_bytes: s.events_max_bytes,
             transport: self.transport()?,
         })
     }

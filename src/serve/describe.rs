@@ -316,6 +316,22 @@ impl Facts<'_> {
                 let _ = write!(s, " Rhai: at most {} operations.", l.max_operations);
             }
         }
+        // A language's profile is a ceiling over these.
+        for (lang, p) in &self.profiles {
+            let e = l.under_profile(&p.limits);
+            if e != *l {
+                let _ = write!(
+                    s,
+                    " {lang} cells (their profile's ceiling): memory {}, CPU {} s, {} \
+                     processes/threads, {} open files, files up to {}.",
+                    bytes(e.memory_bytes),
+                    e.cpu_seconds,
+                    e.max_processes,
+                    e.max_open_files,
+                    bytes(e.max_file_size_bytes)
+                );
+            }
+        }
         s.push_str(
             " timeout_seconds and max_output_bytes may lower these for one call, never raise them.",
         );

@@ -138,7 +138,8 @@ impl AsyncRead for StdinReader {
 pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
     let mut b = Supervisor::builder()
         .scratch_bytes(settings.scratch_bytes)
-        .cells_memory_bytes(settings.cells_memory_bytes);
+        .cells_memory_bytes(settings.cells_memory_bytes)
+        .languages(settings.languages.iter().copied());
     for (lang, profile) in &settings.profiles {
         b = b.profile(*lang, profile.clone());
     }
@@ -146,7 +147,7 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
         b = b.python(p);
     }
     if let Some(path) = &settings.events {
-        let sink = EventSink::to_file(path)
+        let sink = EventSink::to_file_bounded(path, settings.events_max_bytes)
             .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
         b = b.events(sink);
     }

@@ -127,7 +127,11 @@ pub fn cell_result() -> Map<String, Value> {
                                 replaced by its JSON text, cut.",
                 "properties": {
                     "stdout": truncation, "stderr": truncation,
-                    "value": truncation, "final_answer": truncation
+                    "value": truncation, "final_answer": truncation,
+                    "calls": {"type": "object",
+                              "properties": {"total": count, "kept": count},
+                              "required": ["total", "kept"],
+                              "additionalProperties": false}
                 },
                 "required": ["stdout", "stderr"],
                 "additionalProperties": false
@@ -323,6 +327,13 @@ mod tests {
         }
     }
 
+    fn cellbox_calls_truncation() -> crate::CallsTruncation {
+        crate::CallsTruncation {
+            total: 1500,
+            kept: 1000,
+        }
+    }
+
     #[test]
     fn full_and_empty_results_validate() {
         let run = RunInfo::root();
@@ -337,6 +348,7 @@ mod tests {
             kept_head: 2,
             kept_tail: 2,
         });
+        full.truncated.calls = Some(cellbox_calls_truncation());
         full.value = json!({"a": [1, 2]});
         full.error = Some(ScriptError {
             kind: "ValueError".into(),

@@ -7,9 +7,45 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// What the events file may hold by default before it is rotated (see
+/// [`EventSink::to_file_bounded`]).
+pub const DEFAULT_EVENTS_MAX_BYTES: u64 = 64 << 20;
+
 #[derive(Clone, Default)]
 pub struct EventSink {
-    file: Option<Arc<Mutex<std::fs::File>>>,
+    file: Option<Arc<Mutex<Rotating>>>,
+}
+
+/// An append-only file that is moved to `<path>.1` (replacing the one
+/// before) once it holds `max` bytes: the events take at most twice `max`
+/// on disk, whatever cells emit.
+struct Rotating {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    written: u64,
+    max: u64,
+}
+
+impl Rotating {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if self.written > 0 && self.written + line.len() as u64 > self.max {
+            let mut old = self.path.clone().into_os_string();
+            old.push(".1");
+            std::fs::rename(&self.path, &old)?;
+            self.file = open_append(&self.path)?;
+            self.written = 0;
+        }
+        self.file.write_all(line)?;
+        self.written += line.len() as u64;
+        Ok(())
+    }
+}
+
+fn open_append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 impl std::fmt::Debug for EventSink {
@@ -21,14 +57,26 @@ impl std::fmt::Debug for EventSink {
 }
 
 impl EventSink {
-    /// Append events to `path` (created if missing).
+    /// Append events to `path` (created if missing), rotated at
+    /// [`DEFAULT_EVENTS_MAX_BYTES`].
     pub fn to_file(path: &std::path::Path) -> std::io::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        Self::to_file_bounded(path, DEFAULT_EVENTS_MAX_BYTES)
+    }
+
+    /// Append events to `path` (created if missing); once it holds
+    /// `max_bytes` it is renamed to `<path>.1` (replacing an older one) and
+    /// a new file is started, so the events never take more than twice
+    /// `max_bytes`.
+    pub fn to_file_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<Self> {
+        let file = open_append(path)?;
+        let written = file.metadata()?.len();
         Ok(EventSink {
-            file: Some(Arc::new(Mutex::new(file))),
+            file: Some(Arc::new(Mutex::new(Rotating {
+                path: path.to_path_buf(),
+                file,
+                written,
+                max: max_bytes.max(1),
+            }))),
         })
     }
 
@@ -58,8 +106,40 @@ impl EventSink {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if let Err(e) = guard.write_all(line.as_bytes()) {
+        if let Err(e) = guard.write(line.as_bytes()) {
             tracing::warn!("failed to write an event: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_events_file_is_rotated_at_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ev.jsonl");
+        let sink = EventSink::to_file_bounded(&path, 10_000).unwrap();
+        let run = RunInfo {
+            run_id: "r".into(),
+            parent_run_id: None,
+            root_run_id: "r".into(),
+            depth: 0,
+        };
+        for i in 0..2000 {
+            sink.record("emit", &run, json!({"data": "x".repeat(100), "i": i}));
+        }
+        let now = std::fs::metadata(&path).unwrap().len();
+        let old = std::fs::metadata(dir.path().join("ev.jsonl.1"))
+            .unwrap()
+            .len();
+        assert!(now <= 10_000 && old <= 10_000, "{now} {old}");
+        // The newest event is in the current file.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.lines().last().unwrap().contains("\"i\":1999"),
+            "{text}"
+        );
     }
 }

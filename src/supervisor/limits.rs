@@ -112,6 +112,20 @@ impl Limits {
         }
     }
 
+    /// These limits under a sandbox profile's `[limits]`, which is a
+    /// ceiling: each OS limit is the lower of the two. Session and call
+    /// limits narrow the profile's; they never widen it.
+    pub fn under_profile(&self, ceiling: &crate::profiles::LimitsSpec) -> Limits {
+        Limits {
+            cpu_seconds: self.cpu_seconds.min(ceiling.cpu_seconds),
+            memory_bytes: self.memory_bytes.min(ceiling.memory_bytes),
+            max_processes: self.max_processes.min(ceiling.max_processes),
+            max_open_files: self.max_open_files.min(ceiling.max_open_files),
+            max_file_size_bytes: self.max_file_size_bytes.min(ceiling.max_file_size_bytes),
+            ..self.clone()
+        }
+    }
+
     pub(crate) fn os_limits(&self) -> crate::sandbox::OsLimits {
         crate::sandbox::OsLimits {
             cpu_seconds: self.cpu_seconds,
@@ -149,5 +163,29 @@ mod tests {
         });
         assert_eq!(t.timeout_ms, base.timeout_ms);
         assert_eq!(t.max_output_bytes, 10);
+    }
+
+    #[test]
+    fn a_profile_is_a_ceiling() {
+        let ceiling = crate::profiles::LimitsSpec {
+            cpu_seconds: 7,
+            memory_bytes: 4 << 30,
+            max_processes: 1,
+            max_open_files: 17,
+            max_file_size_bytes: 1 << 20,
+            stack_bytes: 8 << 20,
+        };
+        let session = Limits {
+            max_open_files: 10,
+            ..Limits::default()
+        };
+        let l = session.under_profile(&ceiling);
+        assert_eq!(l.cpu_seconds, 7);
+        // Below the ceiling, the session's own value stays.
+        assert_eq!(l.memory_bytes, session.memory_bytes);
+        assert_eq!(l.max_processes, 1);
+        assert_eq!(l.max_open_files, 10);
+        assert_eq!(l.max_file_size_bytes, 1 << 20);
+        assert_eq!(l.timeout_ms, session.timeout_ms);
     }
 }

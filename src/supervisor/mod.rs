@@ -20,12 +20,16 @@ mod warm;
 mod zygote;
 
 pub use capability::{CallContext, Capability, CapabilityError, Registry};
-pub use events::EventSink;
+pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use limits::{LimitOverrides, Limits};
-pub use policy::{Budget, BudgetError, Policy};
+pub use policy::{
+    Budget, BudgetError, Policy, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
+    MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
+};
 pub use python::PythonInfo;
 pub use result::{
-    CallRecord, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation, Usage, VarsReport,
+    CallRecord, CallsTruncation, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation,
+    Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
 pub use session::{HistoryEntry, Session, SessionConfig};
 #[cfg(target_os = "linux")]
@@ -203,6 +207,9 @@ pub(crate) struct Inner {
     pub(crate) events: EventSink,
     pub(crate) worker_exe: PathBuf,
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
+    /// The languages cells may be written in (top-level cells, `exec` and
+    /// sub-cells alike).
+    pub(crate) languages: std::collections::BTreeSet<Language>,
     python_path: Option<PathBuf>,
     python: OnceLock<Result<PythonInfo, String>>,
     shim: OnceLock<Option<PathBuf>>,
@@ -224,6 +231,38 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The profile (name or path) a cell of `language` runs under: the
+    /// session's own when it names one, else the supervisor's for the
+    /// language, else the built-in one. Every cell, sub-cells included,
+    /// is resolved here.
+    pub(crate) fn profile_name(&self, language: Language, session: Option<&str>) -> String {
+        match session {
+            Some(p) => p.to_owned(),
+            None => self
+                .profiles
+                .get(&language)
+                .cloned()
+                .unwrap_or_else(|| language.default_profile().to_owned()),
+        }
+    }
+
+    /// Why a cell of `language` may not run here, if it may not.
+    pub(crate) fn language_refusal(&self, language: Language) -> Option<String> {
+        if self.languages.contains(&language) {
+            return None;
+        }
+        let mut allowed: Vec<&str> = self.languages.iter().map(|l| l.as_str()).collect();
+        allowed.sort_unstable();
+        Some(format!(
+            "{language} cells are not allowed here (allowed: {})",
+            if allowed.is_empty() {
+                "none".to_owned()
+            } else {
+                allowed.join(", ")
+            }
+        ))
+    }
+
     /// A sandbox profile by name or path, parsed once per supervisor (a
     /// profile file edited later takes effect with a new supervisor).
     pub(crate) fn profile(&self, name: &str) -> Result<Arc<crate::profiles::Profile>, String> {
@@ -250,13 +289,15 @@ impl Inner {
             if !fs.is_dead() {
                 return Some(fs.clone());
             }
+            tracing::warn!(
+                pid = fs.pid,
+                "the Rhai fork server died; starting a new one"
+            );
         }
-        let profile = self
-            .profiles
-            .get(&Language::Rhai)
-            .map_or("rhai", String::as_str);
-        match warm::ForkServer::start(&self.worker_exe, profile, self) {
+        let profile = self.profile_name(Language::Rhai, None);
+        match warm::ForkServer::start(&self.worker_exe, &profile, self) {
             Ok(fs) => {
+                tracing::info!(pid = fs.pid, profile = %profile, "Rhai fork server started");
                 let fs = Arc::new(fs);
                 *slot = Some(fs.clone());
                 Some(fs)
@@ -348,6 +389,7 @@ pub struct SupervisorBuilder {
     worker_exe: Option<PathBuf>,
     python: Option<PathBuf>,
     profiles: std::collections::BTreeMap<Language, String>,
+    languages: std::collections::BTreeSet<Language>,
     warm: bool,
     #[cfg(target_os = "linux")]
     pool: zygote::PoolConfig,
@@ -420,7 +462,17 @@ impl SupervisorBuilder {
         self
     }
 
-    /// Use sandbox profile `name_or_path` for cells of `language`.
+    /// The only languages cells may be written in (default: all). It holds
+    /// for every cell of every session, sub-cells started with `run_cell`
+    /// included: a refused sub-cell is an error the calling script can
+    /// catch, a refused top-level cell ends `policy_denied`.
+    pub fn languages(mut self, languages: impl IntoIterator<Item = Language>) -> Self {
+        self.languages = languages.into_iter().collect();
+        self
+    }
+
+    /// Use sandbox profile `name_or_path` for cells of `language` (its
+    /// `[limits]` are a ceiling that session and call limits narrow).
     pub fn profile(mut self, language: Language, name_or_path: impl Into<String>) -> Self {
         self.profiles.insert(language, name_or_path.into());
         self
@@ -508,6 +560,7 @@ impl SupervisorBuilder {
                 events: self.events,
                 worker_exe,
                 profiles: self.profiles,
+                languages: self.languages,
                 python_path: self.python,
                 python: OnceLock::new(),
                 shim: OnceLock::new(),
@@ -546,6 +599,9 @@ impl Supervisor {
             worker_exe: None,
             python: None,
             profiles: Default::default(),
+            languages: [Language::Rhai, Language::Python, Language::Shell]
+                .into_iter()
+                .collect(),
             warm: true,
             #[cfg(target_os = "linux")]
             pool: zygote::PoolConfig::default(),
@@ -599,6 +655,11 @@ impl Supervisor {
         }
     }
 
+    /// The languages cells may be written in.
+    pub fn languages(&self) -> impl Iterator<Item = Language> + '_ {
+        self.inner.languages.iter().copied()
+    }
+
     /// The capabilities this supervisor knows.
     pub fn capabilities(&self) -> impl Iterator<Item = &Capability> {
         self.inner.registry.iter()
@@ -614,12 +675,7 @@ impl Supervisor {
         let _ = self.inner.fork_server().await;
         #[cfg(target_os = "linux")]
         if let Some(p) = &self.inner.pools {
-            let profile = self
-                .inner
-                .profiles
-                .get(&Language::Python)
-                .cloned()
-                .unwrap_or_else(|| Language::Python.default_profile().to_owned());
+            let profile = self.inner.profile_name(Language::Python, None);
             p.fill(&self.inner, &profile).await.map_err(Error::Config)?;
         }
         Ok(())

@@ -123,9 +123,9 @@ fn run_planned(
     started: Instant,
     result: &mut CellResult,
 ) {
-    let limits = &config.limits;
     match plan_for(&cell.argv, config, scratch) {
-        Ok((plan, argv)) => {
+        Ok((plan, argv, limits)) => {
+            let limits = &limits;
             let deadline = started + limits.timeout();
             // Held until the cell has ended; dropping it kills what is left.
             let cgroup = match cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
@@ -190,22 +190,24 @@ fn cell_cgroup(
     }
 }
 
-/// The plan and the resolved argv, as the library path builds them.
+/// The plan, the resolved argv and the cell's limits (the session's under
+/// the profile's ceiling), as the library path builds them.
 fn plan_for(
     argv: &[String],
     config: &SessionConfig,
     scratch: std::path::PathBuf,
-) -> Result<(SandboxPlan, Vec<String>), String> {
+) -> Result<(SandboxPlan, Vec<String>, Limits), String> {
     let name = config.profile.as_deref().unwrap_or("shell");
     let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string())?;
-    let mut plan = SandboxPlan::new(&profile, scratch, config.limits.os_limits());
+    let limits = config.limits.under_profile(&profile.limits);
+    let mut plan = SandboxPlan::new(&profile, scratch, limits.os_limits());
     plan.scratch_in_cell = true;
     let prog = argv.first().ok_or("exec needs a program to run")?;
     let resolved = super::resolve_program(prog)?;
     plan.exec.push(resolved.clone());
     let mut argv = argv.to_vec();
     argv[0] = resolved.to_string_lossy().into_owned();
-    Ok((plan, argv))
+    Ok((plan, argv, limits))
 }
 
 /// A random number for a name no one else picks (not a secret).

@@ -66,7 +66,54 @@ impl Policy {
 /// Calls used so far in one run tree; shared by a cell and its sub-cells.
 #[derive(Debug, Default)]
 pub struct Budget {
+    /// Calls made, and calls to each capability with a cap of its own (no
+    /// other name is kept: a cell chooses the names it calls).
     used: Mutex<(u32, BTreeMap<String, u32>)>,
+    emitted: EmitTally,
+}
+
+/// `emit` events one run tree (a cell and its sub-cells) may record.
+pub const MAX_EMITS_PER_CELL: u64 = 1000;
+/// Bytes of `emit` events (as JSON) one run tree may record.
+pub const MAX_EMIT_BYTES_PER_CELL: u64 = 1 << 20;
+/// `emit` events one session may record over its life.
+pub const MAX_EMITS_PER_SESSION: u64 = 10_000;
+/// Bytes of `emit` events one session may record over its life.
+pub const MAX_EMIT_BYTES_PER_SESSION: u64 = 16 << 20;
+
+/// `emit` events (count, bytes) recorded so far against a bound.
+#[derive(Debug, Default)]
+pub(crate) struct EmitTally(Mutex<(u64, u64)>);
+
+impl EmitTally {
+    /// Count one event of `bytes`, unless it would pass the bound.
+    pub(crate) fn charge(
+        &self,
+        bytes: u64,
+        max_count: u64,
+        max_bytes: u64,
+        per: &str,
+    ) -> Result<(), String> {
+        let mut t = match self.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if t.0 >= max_count {
+            return Err(format!(
+                "emit refused: {max_count} events per {per} were recorded already"
+            ));
+        }
+        if t.1.saturating_add(bytes) > max_bytes {
+            return Err(format!(
+                "emit refused: the event is {bytes} bytes, and {} of the {max_bytes} bytes \
+                 per {per} were recorded already",
+                t.1
+            ));
+        }
+        t.0 += 1;
+        t.1 += bytes;
+        Ok(())
+    }
 }
 
 /// Why a call could not be charged.
@@ -97,10 +144,16 @@ impl Budget {
                     max: *max,
                 });
             }
+            *used.1.entry(cap.to_owned()).or_insert(0) += 1;
         }
         used.0 += 1;
-        *used.1.entry(cap.to_owned()).or_insert(0) += 1;
         Ok(used.0)
+    }
+
+    /// Count one `emit` event of `bytes` against the run tree's bound.
+    pub(crate) fn charge_emit(&self, bytes: u64) -> Result<(), String> {
+        self.emitted
+            .charge(bytes, MAX_EMITS_PER_CELL, MAX_EMIT_BYTES_PER_CELL, "cell")
     }
 
     pub fn used(&self) -> u32 {

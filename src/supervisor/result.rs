@@ -80,7 +80,25 @@ pub struct Truncation {
 pub struct Truncated {
     pub stdout: Option<Truncation>,
     pub stderr: Option<Truncation>,
+    /// Present when the cell made more calls than `calls` keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<CallsTruncation>,
 }
+
+/// What was kept of a cell's call records (sub-cells' included) past
+/// [`MAX_CALL_RECORDS`] or [`MAX_CALL_RECORD_BYTES`]: the first ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallsTruncation {
+    /// Calls made.
+    pub total: u64,
+    /// Records kept in `calls`.
+    pub kept: u64,
+}
+
+/// Call records one cell's result keeps (its sub-cells' included).
+pub const MAX_CALL_RECORDS: usize = 1000;
+/// Bytes of call records (names, messages, run ids) one result keeps.
+pub const MAX_CALL_RECORD_BYTES: usize = 256 * 1024;
 
 /// Namespace changes made by the cell.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -162,6 +180,55 @@ pub struct CellResult {
 }
 
 impl CellResult {
+    /// Keep one call record, unless the result holds its share already
+    /// (counted in `truncated.calls`): a cell decides how many calls it
+    /// makes, the supervisor how much of them it keeps.
+    pub(crate) fn push_call(&mut self, record: CallRecord) {
+        fn size(r: &CallRecord) -> usize {
+            r.cap.len()
+                + r.outcome.len()
+                + r.run_id.len()
+                + r.message.as_ref().map_or(0, String::len)
+        }
+        let held: usize = self.calls.iter().map(size).sum();
+        if self.truncated.calls.is_none()
+            && self.calls.len() < MAX_CALL_RECORDS
+            && held + size(&record) <= MAX_CALL_RECORD_BYTES
+        {
+            self.calls.push(record);
+            return;
+        }
+        self.count_dropped_calls(1);
+    }
+
+    /// Count calls whose records were not kept.
+    pub(crate) fn count_dropped_calls(&mut self, n: u64) {
+        let kept = self.calls.len() as u64;
+        let t = self
+            .truncated
+            .calls
+            .get_or_insert(CallsTruncation { total: kept, kept });
+        t.total += n;
+    }
+
+    /// Take in a sub-cell's call records (within this result's caps).
+    pub(crate) fn absorb_calls(&mut self, sub: &CellResult) {
+        for c in &sub.calls {
+            self.push_call(c.clone());
+        }
+        let dropped = sub.calls_made() - sub.calls.len() as u64;
+        if dropped > 0 {
+            self.count_dropped_calls(dropped);
+        }
+    }
+
+    /// Calls made, kept or not.
+    pub(crate) fn calls_made(&self) -> u64 {
+        self.truncated
+            .calls
+            .map_or(self.calls.len() as u64, |t| t.total)
+    }
+
     /// Take in what the worker wrote and how it ended (when that is known).
     pub(crate) fn record_end(
         &mut self,

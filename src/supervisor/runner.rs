@@ -31,12 +31,22 @@ pub(crate) struct CellSpec {
     pub vars: Map<String, Value>,
     pub definitions: Vec<Definition>,
     pub limits: Limits,
+    /// The limits the session and call asked for, before the profile's
+    /// ceiling narrowed them into `limits` (set by `run_cell`): a sub-cell
+    /// starts from these and gets its own profile's ceiling, exactly as a
+    /// top-level cell of its language would.
+    pub asked: Option<Limits>,
     pub policy: Policy,
     pub budget: Arc<Budget>,
+    /// The session's `emit` events so far (shared by all its cells).
+    pub session_emits: Arc<super::policy::EmitTally>,
     pub run: RunInfo,
     pub session_id: String,
     /// Made on first use: a cell from the Rhai fork server needs none.
     pub scratch: Arc<super::scratch::Scratch>,
+    /// The session's profile (for cells of any language) when it names
+    /// one; else the supervisor's for the cell's language applies (see
+    /// `Inner::profile_name`). Sub-cells inherit it.
     pub profile: Option<String>,
     /// Copy the worker's stdout/stderr to ours as it arrives.
     pub forward_output: super::Forward,
@@ -85,6 +95,10 @@ enum Outcome {
     Fatal(Status, &'static str, String),
 }
 
+/// Longest capability name a call may give (registered names are at most
+/// 64 bytes); a longer one is answered `unknown` and kept shortened.
+pub(crate) const MAX_CAP_NAME_BYTES: usize = 128;
+
 /// How long a worker that reported `done` may take to exit by itself.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
@@ -106,8 +120,29 @@ pub(crate) fn new_run_id() -> String {
 }
 
 /// Run one cell (and, through `run_cell` calls, its sub-cells).
-pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+pub(crate) fn run_cell(
+    sup: Arc<Inner>,
+    mut spec: CellSpec,
+) -> BoxFut<(CellResult, Option<Box<Done>>)> {
     Box::pin(async move {
+        // Every cell passes here, top-level, `exec` and sub-cells alike:
+        // the supervisor's languages and the profile's ceiling hold for all.
+        if let Some(refusal) = sup.language_refusal(spec.language) {
+            let mut r = CellResult::refused(
+                spec.language.as_str(),
+                spec.run.clone(),
+                Status::PolicyDenied,
+                "PermissionError",
+                refusal,
+            );
+            r.execution_count = spec.execution_count;
+            return (r, None);
+        }
+        // A profile that does not load fails the cell when it is planned.
+        spec.asked = Some(spec.limits.clone());
+        if let Ok(p) = sup.profile(&profile_name(&sup, &spec)) {
+            spec.limits = spec.limits.under_profile(&p.limits);
+        }
         spec.fence.wait().await;
         let started = Instant::now();
         let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
@@ -133,7 +168,7 @@ pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, O
             report.layers.push(cgroup_layer(&sup, &spec));
         }
         result.usage.wall_ms = started.elapsed().as_millis() as u64;
-        result.usage.calls = result.calls.len() as u32;
+        result.usage.calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
         sup.events.record(
             "cell_end",
             &spec.run,
@@ -149,7 +184,7 @@ pub(crate) fn run_cell(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, O
 fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
     use crate::profiles::LayerMode;
     let mode = sup
-        .profile(&profile_name(spec))
+        .profile(&profile_name(sup, spec))
         .map_or(LayerMode::BestEffort, |p| p.layers.cgroup);
     #[cfg(target_os = "linux")]
     return crate::sandbox::linux::cgroup::layer_report(
@@ -168,15 +203,13 @@ fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
 }
 
 /// The sandbox profile a cell runs under (name or path).
-fn profile_name(spec: &CellSpec) -> String {
-    spec.profile
-        .clone()
-        .unwrap_or_else(|| spec.language.default_profile().to_owned())
+fn profile_name(sup: &Inner, spec: &CellSpec) -> String {
+    sup.profile_name(spec.language, spec.profile.as_deref())
 }
 
 fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), String> {
     let limits = spec.limits.os_limits();
-    let profile = sup.profile(&profile_name(spec))?;
+    let profile = sup.profile(&profile_name(sup, spec))?;
     let scratch = spec
         .scratch
         .path()
@@ -339,7 +372,7 @@ async fn run_worker(
     // A Rhai cell of the fork server's profile arrives sandboxed by the
     // server's plan and says `ready` by itself: no plan, no scratch dir.
     let fork_server = if spec.language == Language::Rhai {
-        let name = profile_name(spec);
+        let name = profile_name(sup, spec);
         sup.fork_server().await.filter(|fs| fs.profile == name)
     } else {
         None
@@ -712,10 +745,7 @@ async fn warm_python(
     if !super::zygote::eligible(pools, spec.language, &plan.scratch) {
         return None;
     }
-    let profile = spec
-        .profile
-        .clone()
-        .unwrap_or_else(|| spec.language.default_profile().to_owned());
+    let profile = profile_name(sup, spec);
     let z = match pools.get(sup, &profile).await {
         Ok(z) => z,
         Err(e) => {
@@ -1072,14 +1102,26 @@ async fn handle_call(
 ) -> Result<(Reply, bool), Outcome> {
     let t0 = Instant::now();
     let id = call.id;
+    // A cell chooses the names it calls: records and events keep at most
+    // MAX_CAP_NAME_BYTES of one.
+    let name_fits = call.cap.len() <= MAX_CAP_NAME_BYTES;
+    let shown = if name_fits {
+        call.cap.clone()
+    } else {
+        let mut end = 32;
+        while !call.cap.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}... ({} bytes)", &call.cap[..end], call.cap.len())
+    };
     let record = |outcome: &str, message: Option<String>, result: &mut CellResult| {
         sup.events.record(
             "call",
             &spec.run,
-            json!({"cap": call.cap, "outcome": outcome, "message": message}),
+            json!({"cap": shown, "outcome": outcome, "message": message}),
         );
-        result.calls.push(CallRecord {
-            cap: call.cap.clone(),
+        result.push_call(CallRecord {
+            cap: shown.clone(),
             outcome: outcome.to_owned(),
             message,
             run_id: spec.run.run_id.clone(),
@@ -1095,6 +1137,25 @@ async fn handle_call(
             message,
         }),
     };
+    // Every call is charged first, whatever it asks for: unknown, denied
+    // and malformed calls use the budget too.
+    let budget_key = if name_fits { call.cap.as_str() } else { "" };
+    if let Err(e) = spec.budget.charge(&spec.policy, budget_key) {
+        record("budget", Some(e.to_string()), result);
+        return Err(Outcome::Fatal(
+            Status::LimitExceeded,
+            "LimitExceeded",
+            e.to_string(),
+        ));
+    }
+    if !name_fits {
+        let msg = format!(
+            "unknown capability: its name is {} bytes, over the limit of {MAX_CAP_NAME_BYTES} bytes",
+            call.cap.len()
+        );
+        record("unknown", Some(msg.clone()), result);
+        return Ok((err("unknown", msg), true));
+    }
     let Some(cap) = sup.registry.get(&call.cap) else {
         let msg = format!("unknown capability {:?}", call.cap);
         record("unknown", Some(msg.clone()), result);
@@ -1108,14 +1169,6 @@ async fn handle_call(
         record("denied", Some(msg.clone()), result);
         return Ok((err("denied", msg), true));
     }
-    if let Err(e) = spec.budget.charge(&spec.policy, &call.cap) {
-        record("budget", Some(e.to_string()), result);
-        return Err(Outcome::Fatal(
-            Status::LimitExceeded,
-            "LimitExceeded",
-            e.to_string(),
-        ));
-    }
     if let Err(msg) = cap.validate(&call.args) {
         let msg = format!("invalid arguments for {:?}: {msg}", call.cap);
         record("invalid_args", Some(msg.clone()), result);
@@ -1125,9 +1178,24 @@ async fn handle_call(
     let outcome: Result<Value, (String, String)> = match &cap.handler {
         Handler::Emit => {
             let event = call.args.get("event").cloned().unwrap_or(Value::Null);
-            sup.events
-                .record("emit", &spec.run, json!({ "data": event }));
-            Ok(Value::Null)
+            // Bounded per cell and per session, in count and bytes.
+            let bytes = serde_json::to_vec(&event).map_or(0, |v| v.len() as u64);
+            let charged = spec.budget.charge_emit(bytes).and_then(|()| {
+                spec.session_emits.charge(
+                    bytes,
+                    super::policy::MAX_EMITS_PER_SESSION,
+                    super::policy::MAX_EMIT_BYTES_PER_SESSION,
+                    "session",
+                )
+            });
+            match charged {
+                Ok(()) => {
+                    sup.events
+                        .record("emit", &spec.run, json!({ "data": event }));
+                    Ok(Value::Null)
+                }
+                Err(m) => Err(("limit".into(), m)),
+            }
         }
         Handler::Answer => {
             result.final_answer = Some(call.args.get("value").cloned().unwrap_or(Value::Null));
@@ -1190,6 +1258,10 @@ async fn run_sub_cell(
     let language: Language = lang_s
         .parse()
         .map_err(|e: super::Error| ("invalid_args".to_owned(), e.to_string()))?;
+    // The server's language list holds for sub-cells as for any cell.
+    if let Some(refusal) = sup.language_refusal(language) {
+        return Err(("denied".into(), format!("run_cell refused: {refusal}")));
+    }
     let code = args
         .get("code")
         .and_then(Value::as_str)
@@ -1207,7 +1279,7 @@ async fn run_sub_cell(
         super::scratch::Parent::Supervisor(sup.clone()),
         "cellbox-sub-",
     ));
-    let mut limits = spec.limits.clone();
+    let mut limits = spec.asked.clone().unwrap_or_else(|| spec.limits.clone());
     limits.timeout_ms = limits.timeout_ms.min(remaining.as_millis() as u64);
     let child = CellSpec {
         language,
@@ -1216,8 +1288,10 @@ async fn run_sub_cell(
         vars,
         definitions: Vec::new(),
         limits,
+        asked: None,
         policy: spec.policy.clone(),
         budget: spec.budget.clone(),
+        session_emits: spec.session_emits.clone(),
         run: RunInfo {
             run_id: new_run_id(),
             parent_run_id: Some(spec.run.run_id.clone()),
@@ -1226,7 +1300,9 @@ async fn run_sub_cell(
         },
         session_id: spec.session_id.clone(),
         scratch: scratch.clone(),
-        profile: None,
+        // The session's profile, or the supervisor's for the language (and
+        // its ceiling over the limits), exactly as for a top-level cell.
+        profile: spec.profile.clone(),
         forward_output: super::Forward::No,
         // Cancelling the parent ends the cell it waits for too.
         cancel: spec.cancel.clone(),
@@ -1238,7 +1314,7 @@ async fn run_sub_cell(
     let (sub, _) = run_cell(sup.clone(), child).await;
     fence.wait().await;
     drop(scratch);
-    result.calls.extend(sub.calls.iter().cloned());
+    result.absorb_calls(&sub);
     if sub.status == Status::Ok {
         Ok(sub.value)
     } else {

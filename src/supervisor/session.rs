@@ -44,6 +44,8 @@ struct SessionInner {
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
     fence: Arc<runner::Fence>,
+    /// `emit` events of all the session's cells so far.
+    emits: Arc<super::policy::EmitTally>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -76,6 +78,7 @@ impl Session {
                 config,
                 scratch,
                 fence: Arc::new(runner::Fence::default()),
+                emits: Default::default(),
                 state: tokio::sync::Mutex::new(State::default()),
             }),
         })
@@ -131,13 +134,15 @@ impl Session {
             vars: state.vars.clone(),
             definitions,
             limits,
+            asked: None,
             policy: self.inner.config.policy.clone(),
             budget: Arc::new(super::Budget::default()),
+            session_emits: self.inner.emits.clone(),
             run,
             session_id: self.inner.id.clone(),
             scratch: self.inner.scratch.clone(),
             fence: self.inner.fence.clone(),
-            profile: self.profile_for(request.language),
+            profile: self.inner.config.profile.clone(),
             forward_output: request.forward,
             cancel: request.cancel.clone(),
             output: request.output.clone(),
@@ -176,13 +181,15 @@ impl Session {
             vars,
             definitions: Vec::new(),
             limits: self.inner.config.limits.clone(),
+            asked: None,
             policy: self.inner.config.policy.clone(),
             budget: Arc::new(super::Budget::default()),
+            session_emits: self.inner.emits.clone(),
             run: RunInfo::root(),
             session_id: self.inner.id.clone(),
             scratch: self.inner.scratch.clone(),
             fence: self.inner.fence.clone(),
-            profile: self.profile_for(Language::Rhai),
+            profile: self.inner.config.profile.clone(),
             forward_output: super::Forward::No,
             cancel: None,
             output: None,
@@ -217,27 +224,21 @@ impl Session {
             vars: Default::default(),
             definitions: Vec::new(),
             limits: self.inner.config.limits.clone(),
+            asked: None,
             policy: self.inner.config.policy.clone(),
             budget: Arc::new(super::Budget::default()),
+            session_emits: self.inner.emits.clone(),
             run: RunInfo::root(),
             session_id: self.inner.id.clone(),
             scratch: self.inner.scratch.clone(),
             fence: self.inner.fence.clone(),
-            profile: self.profile_for(Language::Shell),
+            profile: self.inner.config.profile.clone(),
             forward_output,
             cancel: None,
             output: None,
             execution_count: state.execution_count,
         };
         runner::run_cell(self.inner.sup.clone(), spec).await.0
-    }
-
-    fn profile_for(&self, language: Language) -> Option<String> {
-        self.inner
-            .config
-            .profile
-            .clone()
-            .or_else(|| self.inner.sup.profiles.get(&language).cloned())
     }
 
     fn push_history(&self, state: &mut State, request: &CellRequest, result: &CellResult) {

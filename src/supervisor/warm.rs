@@ -204,7 +204,11 @@ impl ForkServer {
         let plan = crate::sandbox::SandboxPlan::new(
             &loaded,
             dir.path().to_path_buf(),
-            super::Limits::default().os_limits(),
+            // The spares' limits: a cell of default limits under this
+            // profile's ceiling (the server itself sets none of its own).
+            super::Limits::default()
+                .under_profile(&loaded.limits)
+                .os_limits(),
         );
         let (ours, theirs) = forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the fork server channel: {e}"))?;

@@ -6,4 +6,5 @@ mod isolation;
 mod mcp;
 mod python;
 mod rhai;
+mod supervisor;
 mod zygote;
