@@ -56,7 +56,7 @@ enum Command {
     /// Run any program under the sandbox (default profile: shell).
     Exec(ExecArgs),
     /// Serve `execute_code` and session tools over MCP (stdio, or --http).
-    Serve(cellbox::serve::ServeArgs),
+    Serve(Box<cellbox::serve::ServeArgs>),
     /// Which sandbox layers this host supports and what a cell would get
     /// under each profile. Exits 6 when a profile's required layer is missing.
     Doctor {
@@ -146,7 +146,7 @@ fn main() -> ExitCode {
             #[cfg(target_os = "linux")]
             Command::Exec(_) => ExitCode::from(EXIT_INTERNAL),
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
-            Command::Serve(args) => cellbox::serve::run(args).await,
+            Command::Serve(args) => cellbox::serve::run(*args).await,
             Command::SecurityTest(args) => {
                 tokio::task::block_in_place(|| cellbox::security::cli_main(args))
             }

@@ -6,6 +6,7 @@
 //! exists (`server.max_concurrency (--max-concurrency)`), so an operator can
 //! find it in either place.
 
+use super::principal::{self, NamedToken};
 use crate::{Language, Limits, Policy, SessionConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -16,8 +17,6 @@ use std::time::Duration;
 
 /// Largest config or token file we agree to read.
 const MAX_FILE_BYTES: u64 = 1024 * 1024;
-/// Shortest bearer token accepted: anything shorter is guessable.
-const MIN_TOKEN_CHARS: usize = 16;
 /// Longest wall-clock limit a cell may be given.
 const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
@@ -34,10 +33,20 @@ pub struct ServeArgs {
     /// Allow --http on a non-loopback address. Requires --token-file.
     #[arg(long)]
     pub listen_public: bool,
-    /// Require `Authorization: Bearer <token>` on every HTTP request; the
-    /// token is the file's content (at least 16 characters).
+    /// Require `Authorization: Bearer <token>` on every HTTP request: the
+    /// file holds one token, or `NAME TOKEN` lines (one principal each);
+    /// tokens are at least 16 characters.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// HTTP connections open at once; further ones are closed at once.
+    #[arg(long = "max-connections", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// HTTP connections one peer address may hold before they authenticate.
+    #[arg(long = "max-connections-per-peer", value_name = "N")]
+    pub max_connections_per_peer: Option<usize>,
+    /// Seconds an HTTP request body may take to arrive.
+    #[arg(long = "body-timeout", value_name = "SECS")]
+    pub body_timeout: Option<u64>,
     /// Languages `execute_code` accepts (comma-separated or repeated;
     /// default: python, rhai, shell).
     #[arg(long = "language", value_name = "LANG")]
@@ -63,6 +72,9 @@ pub struct ServeArgs {
     /// How many sessions may exist at once.
     #[arg(long = "max-sessions", value_name = "N")]
     pub max_sessions: Option<usize>,
+    /// How many sessions one principal (token) may hold at once.
+    #[arg(long = "max-sessions-per-principal", value_name = "N")]
+    pub max_sessions_per_principal: Option<usize>,
     /// Close a session after this many seconds without a call.
     #[arg(long = "session-idle-expiry", value_name = "SECS")]
     pub session_idle_expiry: Option<u64>,
@@ -72,6 +84,9 @@ pub struct ServeArgs {
     /// How many calls may wait for a free slot; past that a call is refused.
     #[arg(long = "max-queue", value_name = "N")]
     pub max_queue: Option<usize>,
+    /// How many calls of one principal (token) may wait for a slot.
+    #[arg(long = "max-queue-per-principal", value_name = "N")]
+    pub max_queue_per_principal: Option<usize>,
     /// Bytes the scratch directories of all cells may hold together
     /// (a tmpfs; enforced when serving as root).
     #[arg(long = "scratch-bytes", value_name = "BYTES")]
@@ -149,6 +164,9 @@ pub struct ServerSection {
     pub max_concurrency: usize,
     /// Calls waiting for a slot before further calls are refused.
     pub max_queue: usize,
+    /// Calls of one principal waiting for a slot; by default all of
+    /// `max_queue` with one principal, half of it with several.
+    pub max_queue_per_principal: Option<usize>,
     /// How often a running call reports progress when the client asked.
     pub progress_interval_ms: u64,
     /// Bytes the scratch directories of all cells may hold together.
@@ -170,6 +188,7 @@ impl Default for ServerSection {
             languages: vec!["python".into(), "rhai".into(), "shell".into()],
             max_concurrency: 4,
             max_queue: 64,
+            max_queue_per_principal: None,
             progress_interval_ms: 1000,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
             cells_memory_bytes: None,
@@ -180,15 +199,34 @@ impl Default for ServerSection {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSection {
     /// Serve streamable HTTP on this address instead of stdio.
     pub listen: Option<String>,
     /// Allow a non-loopback `listen` address (requires `token_file`).
     pub listen_public: bool,
-    /// File holding the bearer token every request must carry.
+    /// File holding the bearer token(s) every request must carry.
     pub token_file: Option<PathBuf>,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections one peer address may hold before authenticating.
+    pub max_connections_per_peer: usize,
+    /// Seconds a request body may take to arrive.
+    pub body_timeout_seconds: u64,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        HttpSection {
+            listen: None,
+            listen_public: false,
+            token_file: None,
+            max_connections: 256,
+            max_connections_per_peer: 32,
+            body_timeout_seconds: 30,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -198,6 +236,9 @@ pub struct SessionsSection {
     pub max_sessions: usize,
     /// Seconds without a call after which a session is closed.
     pub idle_expiry_seconds: u64,
+    /// Sessions one principal may hold at once; by default all of
+    /// `max_sessions` with one principal, half of it with several.
+    pub max_sessions_per_principal: Option<usize>,
 }
 
 impl Default for SessionsSection {
@@ -205,6 +246,7 @@ impl Default for SessionsSection {
         SessionsSection {
             max_sessions: 16,
             idle_expiry_seconds: 1800,
+            max_sessions_per_principal: None,
         }
     }
 }
@@ -256,9 +298,22 @@ pub enum Transport {
     Http {
         addr: SocketAddr,
         exposure: Exposure,
-        /// Bearer token every request must carry, if any.
-        token: Option<String>,
+        /// Bearer tokens accepted, one per principal; none: no token needed
+        /// (one principal, [`super::Principal::local`]).
+        tokens: Vec<NamedToken>,
+        limits: HttpLimits,
     },
+}
+
+/// Bounds on what HTTP clients may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections one peer address may hold before authenticating.
+    pub max_connections_per_peer: usize,
+    /// Time a request body may take to arrive.
+    pub body_timeout: Duration,
 }
 
 /// Validated settings the server runs with.
@@ -271,9 +326,11 @@ pub struct Settings {
     /// Policy and limits of every session (the profile comes per language).
     pub session: SessionConfig,
     pub max_sessions: usize,
+    pub max_sessions_per_principal: usize,
     pub idle_expiry: Duration,
     pub max_concurrency: usize,
     pub max_queue: usize,
+    pub max_queue_per_principal: usize,
     pub scratch_bytes: u64,
     pub cells_memory_bytes: u64,
     pub progress_interval: Duration,
@@ -333,6 +390,15 @@ impl ServeConfig {
         if let Some(t) = &args.token_file {
             self.http.token_file = Some(t.clone());
         }
+        if let Some(n) = args.max_connections {
+            self.http.max_connections = n;
+        }
+        if let Some(n) = args.max_connections_per_peer {
+            self.http.max_connections_per_peer = n;
+        }
+        if let Some(n) = args.body_timeout {
+            self.http.body_timeout_seconds = n;
+        }
         let languages = split_list(&args.languages);
         if !languages.is_empty() {
             self.server.languages = languages;
@@ -379,6 +445,9 @@ impl ServeConfig {
         if let Some(n) = args.max_sessions {
             self.sessions.max_sessions = n;
         }
+        if let Some(n) = args.max_sessions_per_principal {
+            self.sessions.max_sessions_per_principal = Some(n);
+        }
         if let Some(n) = args.session_idle_expiry {
             self.sessions.idle_expiry_seconds = n;
         }
@@ -393,6 +462,9 @@ impl ServeConfig {
         }
         if let Some(n) = args.max_queue {
             self.server.max_queue = n;
+        }
+        if let Some(n) = args.max_queue_per_principal {
+            self.server.max_queue_per_principal = Some(n);
         }
         if let Some(p) = &args.python {
             self.server.python = Some(p.clone());
@@ -526,6 +598,49 @@ impl ServeConfig {
             ));
         }
 
+        let transport = self.transport()?;
+        let principals = match &transport {
+            Transport::Http { tokens, .. } => tokens.len().max(1),
+            Transport::Stdio => 1,
+        };
+        // With several principals none may take more than half by default.
+        let share = |total: usize, floor: usize| {
+            if principals > 1 {
+                (total / 2).max(floor)
+            } else {
+                total
+            }
+        };
+        let max_sessions_per_principal = match self.sessions.max_sessions_per_principal {
+            Some(0) => {
+                return Err(invalid(
+                    "sessions.max_sessions_per_principal (--max-sessions-per-principal)",
+                    "must be at least 1",
+                ))
+            }
+            Some(n) if n > self.sessions.max_sessions => {
+                return Err(invalid(
+                    "sessions.max_sessions_per_principal (--max-sessions-per-principal)",
+                    format!(
+                        "{n}: at most sessions.max_sessions ({})",
+                        self.sessions.max_sessions
+                    ),
+                ))
+            }
+            Some(n) => n,
+            None => share(self.sessions.max_sessions, 1),
+        };
+        let max_queue_per_principal = match s.max_queue_per_principal {
+            Some(n) if n > s.max_queue => {
+                return Err(invalid(
+                    "server.max_queue_per_principal (--max-queue-per-principal)",
+                    format!("{n}: at most server.max_queue ({})", s.max_queue),
+                ))
+            }
+            Some(n) => n,
+            None => share(s.max_queue, 0),
+        };
+
         Ok(Settings {
             languages,
             profiles,
@@ -535,16 +650,18 @@ impl ServeConfig {
                 profile: None,
             },
             max_sessions: self.sessions.max_sessions,
+            max_sessions_per_principal,
             idle_expiry: Duration::from_secs(self.sessions.idle_expiry_seconds),
             max_concurrency: s.max_concurrency,
             max_queue: s.max_queue,
+            max_queue_per_principal,
             scratch_bytes: s.scratch_bytes,
             cells_memory_bytes,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
             events: s.events.clone(),
             events_max_bytes: s.events_max_bytes,
-            transport: self.transport()?,
+            transport,
         })
     }
 
@@ -571,12 +688,12 @@ impl ServeConfig {
                 format!("{listen:?}: give IP:PORT, e.g. 127.0.0.1:8080"),
             )
         })?;
-        let token = match &h.token_file {
-            Some(path) => Some(read_token(path)?),
-            None => None,
+        let tokens = match &h.token_file {
+            Some(path) => read_tokens(path)?,
+            None => Vec::new(),
         };
         let exposure = if h.listen_public {
-            if token.is_none() {
+            if tokens.is_empty() {
                 return Err(invalid(
                     "http.listen_public (--listen-public)",
                     "a public listener needs a bearer token: pass --token-file FILE",
@@ -594,37 +711,48 @@ impl ServeConfig {
                 ),
             ));
         };
+        if h.max_connections == 0 {
+            return Err(invalid(
+                "http.max_connections (--max-connections)",
+                "must be at least 1",
+            ));
+        }
+        if h.max_connections_per_peer == 0 || h.max_connections_per_peer > h.max_connections {
+            return Err(invalid(
+                "http.max_connections_per_peer (--max-connections-per-peer)",
+                format!(
+                    "{}: give 1 to http.max_connections ({})",
+                    h.max_connections_per_peer, h.max_connections
+                ),
+            ));
+        }
+        if h.body_timeout_seconds == 0 {
+            return Err(invalid(
+                "http.body_timeout_seconds (--body-timeout)",
+                "must be at least 1 second",
+            ));
+        }
         Ok(Transport::Http {
             addr,
             exposure,
-            token,
+            tokens,
+            limits: HttpLimits {
+                max_connections: h.max_connections,
+                max_connections_per_peer: h.max_connections_per_peer,
+                body_timeout: Duration::from_secs(h.body_timeout_seconds),
+            },
         })
     }
 }
 
-fn read_token(path: &Path) -> Result<String, ConfigError> {
-    let key = "http.token_file (--token-file)";
+fn read_tokens(path: &Path) -> Result<Vec<NamedToken>, ConfigError> {
     let text = read_capped("the token file", path)?;
-    let token = text.trim();
-    if token.chars().count() < MIN_TOKEN_CHARS {
-        return Err(invalid(
-            key,
-            format!(
-                "{}: the token must be at least {MIN_TOKEN_CHARS} characters",
-                path.display()
-            ),
-        ));
-    }
-    if !token.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(invalid(
-            key,
-            format!(
-                "{}: the token must be printable ASCII without spaces",
-                path.display()
-            ),
-        ));
-    }
-    Ok(token.to_owned())
+    principal::parse_token_file(&text).map_err(|e| {
+        invalid(
+            "http.token_file (--token-file)",
+            format!("{}: {e}", path.display()),
+        )
+    })
 }
 
 /// Letters, digits and '_', not starting with a digit (as capability names are).
@@ -835,9 +963,9 @@ mod tests {
             c.validate().unwrap().transport,
             Transport::Http {
                 exposure: Exposure::Loopback,
-                token: None,
+                ref tokens,
                 ..
-            }
+            } if tokens.is_empty()
         ));
 
         c.http.listen = Some("0.0.0.0:8080".into());
@@ -863,12 +991,89 @@ mod tests {
         c.http.token_file = Some(good);
         match c.validate().unwrap().transport {
             Transport::Http {
-                exposure, token, ..
+                exposure, tokens, ..
             } => {
                 assert_eq!(exposure, Exposure::Public);
-                assert_eq!(token.as_deref(), Some("0123456789abcdef0123"));
+                assert_eq!(tokens.len(), 1);
+                assert_eq!(tokens[0].name, "default");
+                assert_eq!(tokens[0].token, "0123456789abcdef0123");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn per_principal_caps_default_to_a_share_with_several_principals() {
+        let s = ServeConfig::default().validate().unwrap();
+        assert_eq!(s.max_sessions_per_principal, 16);
+        assert_eq!(s.max_queue_per_principal, 64);
+
+        let dir = tempfile::tempdir().unwrap();
+        let two = dir.path().join("two");
+        std::fs::write(&two, "x 0123456789abcdef-x\ny 0123456789abcdef-y\n").unwrap();
+        let mut c = ServeConfig::default();
+        c.http.listen = Some("127.0.0.1:0".into());
+        c.http.token_file = Some(two);
+        let s = c.validate().unwrap();
+        assert_eq!(s.max_sessions_per_principal, 8);
+        assert_eq!(s.max_queue_per_principal, 32);
+        match &s.transport {
+            Transport::Http { tokens, limits, .. } => {
+                assert_eq!(tokens.len(), 2);
+                assert_eq!(limits.max_connections, 256);
+                assert_eq!(limits.max_connections_per_peer, 32);
+                assert_eq!(limits.body_timeout, Duration::from_secs(30));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let args = ServeArgs {
+            max_sessions_per_principal: Some(3),
+            max_queue_per_principal: Some(5),
+            max_connections: Some(10),
+            max_connections_per_peer: Some(4),
+            body_timeout: Some(7),
+            ..ServeArgs::default()
+        };
+        c.apply_args(&args).unwrap();
+        let s = c.validate().unwrap();
+        assert_eq!(s.max_sessions_per_principal, 3);
+        assert_eq!(s.max_queue_per_principal, 5);
+        let Transport::Http { limits, .. } = s.transport else {
+            panic!("not http")
+        };
+        assert_eq!(limits.max_connections, 10);
+        assert_eq!(limits.max_connections_per_peer, 4);
+        assert_eq!(limits.body_timeout, Duration::from_secs(7));
+
+        for (text, key) in [
+            (
+                "[sessions]\nmax_sessions_per_principal = 17\n",
+                "sessions.max_sessions_per_principal",
+            ),
+            (
+                "[sessions]\nmax_sessions_per_principal = 0\n",
+                "sessions.max_sessions_per_principal",
+            ),
+            (
+                "[server]\nmax_queue_per_principal = 65\n",
+                "server.max_queue_per_principal",
+            ),
+            (
+                "[http]\nlisten = \"127.0.0.1:0\"\nmax_connections = 0\n",
+                "http.max_connections",
+            ),
+            (
+                "[http]\nlisten = \"127.0.0.1:0\"\nmax_connections_per_peer = 300\n",
+                "http.max_connections_per_peer",
+            ),
+            (
+                "[http]\nlisten = \"127.0.0.1:0\"\nbody_timeout_seconds = 0\n",
+                "http.body_timeout_seconds",
+            ),
+        ] {
+            let e = parse(text).unwrap().validate().unwrap_err().to_string();
+            assert!(e.starts_with(key), "{text}: {e}");
         }
     }
 

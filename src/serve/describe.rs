@@ -371,19 +371,22 @@ impl Facts<'_> {
              languages), and files written to the working directory stay there. Values without a \
              JSON form (open files, sockets, generators, ...) are not kept and are listed in \
              vars.dropped. A call that fails, times out or is killed changes nothing in the \
-             namespace. A session is closed after {} s without a call; at most {} sessions exist \
-             at once.",
+             namespace. A session is closed after {} s without a call; you may hold at most {} \
+             sessions at once.",
             self.settings.idle_expiry.as_secs(),
-            self.settings.max_sessions,
+            self.settings.max_sessions_per_principal,
         )
     }
 
     fn concurrency_text(&self) -> String {
         format!(
-            "At most {} cells run at once; further calls wait (up to {} waiting), past that a \
-             call is refused with status limit_exceeded and error type ServerBusy. Calls on one \
-             session run one at a time.",
-            self.settings.max_concurrency, self.settings.max_queue
+            "At most {} cells run at once; further calls wait (up to {} waiting, {} of them \
+             yours), past that a call is refused with status limit_exceeded and error type \
+             ServerBusy (ClientQueueFull when your share is used up). Calls on one session run \
+             one at a time.",
+            self.settings.max_concurrency,
+            self.settings.max_queue,
+            self.settings.max_queue_per_principal
         )
     }
 
@@ -419,9 +422,9 @@ impl Facts<'_> {
         format!(
             "Create a session for execute_code: pass its session_id to keep variables, \
              definitions and files between calls. Sessions are closed after {} s without a \
-             call; at most {} exist at once (close unused ones with close_session).",
+             call; you may hold at most {} at once (close unused ones with close_session).",
             self.settings.idle_expiry.as_secs(),
-            self.settings.max_sessions
+            self.settings.max_sessions_per_principal
         )
     }
 
@@ -438,7 +441,7 @@ impl Facts<'_> {
     }
 
     pub fn list_sessions(&self) -> String {
-        "List the open sessions: id, idle time, time until expiry, whether a cell is running, \
+        "List your open sessions: id, idle time, time until expiry, whether a cell is running, \
          cells run so far and variable names."
             .into()
     }

@@ -11,7 +11,8 @@
 use super::config::Settings;
 use super::describe::{self, Facts, Observations};
 use super::fit;
-use super::gate::Gate;
+use super::gate::{Gate, Refused};
+use super::principal::Principal;
 use super::schema;
 use super::sessions::{SessionError, SessionTable};
 use crate::supervisor as cellbox_output;
@@ -163,16 +164,23 @@ enum Interrupted {
 
 /// Who sent a request, for what the server keeps between one client's
 /// requests: over HTTP, where each POST is a connection of its own, the
-/// name the listener gave it (its bearer token; clients of a server without
-/// one share a name); over stdio, the one client.
+/// [`Principal`] the listener put on it (one per bearer token; every client
+/// of a server without a token is [`Principal::local`]); over stdio, the
+/// one client.
 pub(crate) fn client_of(ext: &rmcp::model::Extensions) -> String {
-    match ext
-        .get::<http::request::Parts>()
-        .and_then(|p| p.extensions.get::<super::listener::ClientName>())
-    {
-        Some(name) => name.0.to_string(),
+    match ext.get::<http::request::Parts>() {
+        Some(parts) => match parts.extensions.get::<Principal>() {
+            Some(p) => principal_key(p),
+            // The listener puts a principal on every request it passes on.
+            None => "http:unknown".to_owned(),
+        },
         None => "stdio".to_owned(),
     }
+}
+
+/// The [`client_of`] key of a principal over HTTP.
+pub(crate) fn principal_key(p: &Principal) -> String {
+    format!("principal:{}", p.name())
 }
 
 /// A request id as a map key: its JSON text, so `5` and `"5"` differ.
@@ -224,15 +232,16 @@ impl Drop for Inflight {
 impl CellboxServer {
     /// Cancel the running calls that `client` made with request `id`
     /// (a `notifications/cancelled` seen by the HTTP listener). Returns how
-    /// many there were. Ids are the client's own: clients that share a name
-    /// (no bearer token) and reuse an id cancel each other's call.
-    pub fn cancel_request(&self, client: &str, id: &Value) -> usize {
+    /// many there were. Ids are the client's own: clients that share a
+    /// principal (the same token, or no token) and reuse an id cancel each
+    /// other's call.
+    pub fn cancel_request(&self, client: &Principal, id: &Value) -> usize {
         let t = self
             .state
             .inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let Some(v) = t.get(&(client.to_owned(), id_key(id))) else {
+        let Some(v) = t.get(&(principal_key(client), id_key(id))) else {
             return 0;
         };
         for (_, token) in v {
@@ -291,9 +300,14 @@ impl CellboxServer {
             sup.clone(),
             settings.session.clone(),
             settings.max_sessions,
+            settings.max_sessions_per_principal,
             settings.idle_expiry,
         );
-        let gate = Gate::new(settings.max_concurrency, settings.max_queue);
+        let gate = Gate::new(
+            settings.max_concurrency,
+            settings.max_queue,
+            settings.max_queue_per_principal,
+        );
         CellboxServer {
             state: Arc::new(State {
                 sup,
@@ -409,6 +423,7 @@ impl CellboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let st = &self.state;
+        let principal = Principal::of(&ctx)?;
         let a: ExecuteArgs = parse_args("execute_code", args)?;
         let language: Language = a
             .language
@@ -459,7 +474,7 @@ impl CellboxServer {
         }
 
         let lease = match &a.session_id {
-            Some(id) => match st.sessions.lease(id) {
+            Some(id) => match st.sessions.lease(&principal, id) {
                 Ok(l) => Some(l),
                 Err(e) => {
                     let kind = match e {
@@ -474,18 +489,17 @@ impl CellboxServer {
             },
             None => None,
         };
-        let admission = match st.gate.admit() {
+        let admission = match st.gate.admit(&principal) {
             Ok(a) => a,
-            Err(busy) => {
+            Err(refusal) => {
+                let kind = match refusal {
+                    Refused::Busy(_) => "ServerBusy",
+                    Refused::PrincipalBusy(_) => "ClientQueueFull",
+                };
                 return cell_tool_result(
-                    &refused(
-                        language,
-                        Status::LimitExceeded,
-                        "ServerBusy",
-                        busy.to_string(),
-                    ),
+                    &refused(language, Status::LimitExceeded, kind, refusal.to_string()),
                     a.verbose,
-                )
+                );
             }
         };
 
@@ -581,8 +595,11 @@ impl CellboxServer {
         }
     }
 
+    /// The session tools, for `principal`: its own sessions only; another
+    /// principal's session id answers as an unknown one.
     async fn session_tool(
         &self,
+        principal: &Principal,
         name: &str,
         args: Option<JsonObject>,
     ) -> Result<CallToolResult, ErrorData> {
@@ -591,7 +608,7 @@ impl CellboxServer {
         match name {
             "create_session" => {
                 let _: NoArgs = parse_args(name, args)?;
-                match sessions.create() {
+                match sessions.create(principal) {
                     Ok(id) => Ok(structured(
                         format!(
                             "Created session {id}. Pass session_id={id:?} to execute_code to \
@@ -601,8 +618,8 @@ impl CellboxServer {
                         json!({
                             "session_id": id,
                             "idle_expiry_seconds": idle,
-                            "sessions_open": sessions.len(),
-                            "max_sessions": sessions.max(),
+                            "sessions_open": sessions.held_by(principal),
+                            "max_sessions": sessions.max_per_principal(),
                         }),
                         false,
                     )),
@@ -611,7 +628,7 @@ impl CellboxServer {
             }
             "reset_session" => {
                 let a: SessionArgs = parse_args(name, args)?;
-                match sessions.reset(&a.session_id).await {
+                match sessions.reset(principal, &a.session_id).await {
                     Ok(()) => Ok(structured(
                         format!(
                             "Session {} reset: variables and definitions forgotten, files kept.",
@@ -625,7 +642,7 @@ impl CellboxServer {
             }
             "close_session" => {
                 let a: SessionArgs = parse_args(name, args)?;
-                match sessions.close(&a.session_id) {
+                match sessions.close(principal, &a.session_id) {
                     Ok(()) => Ok(structured(
                         format!("Session {} closed.", a.session_id),
                         json!({"session_id": a.session_id, "done": "closed"}),
@@ -636,7 +653,9 @@ impl CellboxServer {
             }
             "list_sessions" => {
                 let _: NoArgs = parse_args(name, args)?;
-                let list = sessions.list().await;
+                // The caller's sessions, and nothing about the host (paths,
+                // pids and cgroups are for `cellbox doctor` and the logs).
+                let list = sessions.list(principal).await;
                 let mut text = if list.is_empty() {
                     "No open sessions.".to_owned()
                 } else {
@@ -656,22 +675,10 @@ impl CellboxServer {
                         }
                     ));
                 }
-                let pools = self.state.sup.pool_status().await;
-                let alive = pools.python.iter().filter(|z| z.alive).count();
-                text.push_str(&format!(
-                    "\nWarm workers: Rhai fork server {}, {} live Python zygote(s).",
-                    if pools.rhai_fork_server {
-                        format!("running ({} sandboxed spare(s) waiting)", pools.rhai_spares)
-                    } else {
-                        "not running".to_owned()
-                    },
-                    alive
-                ));
                 let value = json!({
                     "sessions": list,
-                    "max_sessions": sessions.max(),
+                    "max_sessions": sessions.max_per_principal(),
                     "idle_expiry_seconds": idle,
-                    "pools": pools,
                 });
                 Ok(structured(text, value, false))
             }
@@ -737,9 +744,11 @@ impl ServerHandler for CellboxServer {
         Ok(())
     }
 
-    /// The stand-in for a message too long to read (see
-    /// [`super::lines`]): answered with what was wrong, so the client's
-    /// request does not wait forever.
+    /// Requests rmcp could not read into their type: the stand-in for a
+    /// message too long to read (see [`super::lines`]) or one that did not
+    /// parse (see [`super::jsonrpc`]), and a known method whose params have
+    /// the wrong shape. Each is answered with what was wrong, so the
+    /// client's request does not wait forever.
     async fn on_custom_request(
         &self,
         request: CustomRequest,
@@ -762,10 +771,33 @@ impl ServerHandler for CellboxServer {
                 None,
             ));
         }
+        use super::jsonrpc;
+        if request.method == jsonrpc::INVALID_METHOD {
+            let p = request.params.unwrap_or_default();
+            return Err(jsonrpc::error_for(
+                p.get("method").and_then(Value::as_str),
+                p.get("params_wrong")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                p.get("problem")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unreadable"),
+            ));
+        }
+        if jsonrpc::is_client_method(&request.method) {
+            let problem = jsonrpc::params_problem(&request.method, request.params.as_ref());
+            return Err(jsonrpc::error_for(
+                Some(&request.method),
+                true,
+                problem
+                    .as_deref()
+                    .unwrap_or("the params do not have the shape this method takes"),
+            ));
+        }
         if request.method != super::lines::OVERSIZED_METHOD {
             return Err(ErrorData::new(
                 ErrorCode::METHOD_NOT_FOUND,
-                request.method,
+                format!("unknown method {:?}", request.method),
                 None,
             ));
         }
@@ -793,7 +825,11 @@ impl ServerHandler for CellboxServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let result = match request.name.as_ref() {
             "execute_code" => self.execute_code(request.arguments, context).await?,
-            other => self.session_tool(other, request.arguments).await?,
+            other => {
+                let principal = Principal::of(&context)?;
+                self.session_tool(&principal, other, request.arguments)
+                    .await?
+            }
         };
         Ok(result.into())
     }

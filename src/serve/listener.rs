@@ -5,19 +5,35 @@
 //! named by `session_id` in the tool arguments), so each call's response
 //! stream belongs to that call alone and a client that drops it cancels the
 //! call, which kills its cell.
+//!
+//! Each bearer token names a [`Principal`]; the listener puts the caller's
+//! principal on the request (rmcp hands the request's `http::request::Parts`
+//! to the handler), or [`Principal::local`] when no token is configured.
+//!
+//! What one client can hold is bounded: `max_connections` open connections
+//! in all (more are closed as soon as they are accepted), at most
+//! `max_connections_per_peer` of them from one address before they have
+//! sent a request the server accepted (a valid token, or any complete
+//! request head when no token is configured), a request head must arrive
+//! within [`HEADER_READ_TIMEOUT`], and a POST body within the body timeout.
+//! A POST body that is a JSON-RPC request with an id that rmcp cannot read
+//! is answered here with an error for that id (see [`super::jsonrpc`]).
 
-use super::config::Exposure;
+use super::config::{Exposure, HttpLimits};
 use super::handler::CellboxServer;
+use super::principal::{NamedToken, Principal, Tokens};
 use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::{
     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
 };
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 type Response = http::Response<BoxBody<Bytes, Infallible>>;
@@ -59,47 +75,139 @@ fn loopback_origins(ip: IpAddr) -> Vec<String> {
         .collect()
 }
 
-/// Compare in time independent of where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// The principal whose token the request carries as
+/// `Authorization: Bearer <token>`, if any.
+fn authorized(req: &http::Request<Incoming>, tokens: &Tokens) -> Option<Principal> {
+    let value = req.headers().get(http::header::AUTHORIZATION)?;
+    let value = value.to_str().ok()?;
+    let (scheme, given) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    tokens.principal(given.trim())
 }
 
-/// Does the request carry `Authorization: Bearer <token>`?
-fn authorized(req: &http::Request<Incoming>, token: &str) -> bool {
-    let Some(value) = req.headers().get(http::header::AUTHORIZATION) else {
-        return false;
-    };
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let Some((scheme, given)) = value.trim().split_once(' ') else {
-        return false;
-    };
-    scheme.eq_ignore_ascii_case("bearer")
-        && constant_time_eq(given.trim().as_bytes(), token.as_bytes())
+fn plain(status: http::StatusCode, text: &'static str) -> Response {
+    let mut r = http::Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    r
 }
 
-/// Who sent an HTTP request, put in its extensions for the handler (see
-/// `handler::client_of`): with a bearer token required, the token it
-/// presented (checked before this is made); without one, one name shared
-/// by every client (a header a client makes up names nobody).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientName(pub Arc<str>);
+/// A JSON-RPC error for a request rmcp could not read.
+fn json_reply(value: &serde_json::Value) -> Response {
+    let mut r = http::Response::new(Full::new(Bytes::from(value.to_string())).boxed());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
 
-impl ClientName {
-    fn of(headers: &http::HeaderMap, token_required: bool) -> ClientName {
-        let presented = headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim());
-        match presented {
-            Some(t) if token_required => ClientName(format!("token:{t}").into()),
-            _ => ClientName("anonymous".into()),
+/// Open connections, and those of each peer address not yet accepted.
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    unproven: HashMap<IpAddr, usize>,
+}
+
+struct Conns {
+    counts: Mutex<Counts>,
+    limits: HttpLimits,
+}
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+        match self.counts.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Count a new connection from `peer`, or `None` when it is one too many.
+    fn open(self: &Arc<Self>, peer: IpAddr) -> Option<Conn> {
+        let mut c = self.lock();
+        let mine = c.unproven.get(&peer).copied().unwrap_or(0);
+        if c.total >= self.limits.max_connections || mine >= self.limits.max_connections_per_peer {
+            return None;
+        }
+        c.total += 1;
+        *c.unproven.entry(peer).or_insert(0) += 1;
+        Some(Conn {
+            conns: self.clone(),
+            peer,
+            proven: AtomicBool::new(false),
+        })
+    }
+
+    fn unprove(&self, c: &mut Counts, peer: IpAddr) {
+        if let Some(n) = c.unproven.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.unproven.remove(&peer);
+            }
+        }
+    }
+}
+
+/// One counted connection; uncounted when dropped.
+struct Conn {
+    conns: Arc<Conns>,
+    peer: IpAddr,
+    proven: AtomicBool,
+}
+
+impl Conn {
+    /// The connection sent a request the server accepted: it no longer
+    /// counts against its peer's unauthenticated share.
+    fn prove(&self) {
+        if !self.proven.swap(true, Ordering::AcqRel) {
+            let mut c = self.conns.lock();
+            self.conns.unprove(&mut c, self.peer);
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let mut c = self.conns.lock();
+        c.total = c.total.saturating_sub(1);
+        if !self.proven.load(Ordering::Acquire) {
+            self.conns.unprove(&mut c, self.peer);
+        }
+    }
+}
+
+/// Read a POST body within the time and size limits; a body rmcp cannot
+/// read that is a request with an id is answered here.
+async fn read_body(
+    body: Incoming,
+    max_body: usize,
+    limits: &HttpLimits,
+) -> Result<Bytes, Response> {
+    let read = Limited::new(body, max_body).collect();
+    match tokio::time::timeout(limits.body_timeout, read).await {
+        Err(_) => Err(plain(
+            http::StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time\n",
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(plain(
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            "the request body is over the limit for one message\n",
+        )),
+        Ok(Err(_)) => Err(plain(
+            http::StatusCode::BAD_REQUEST,
+            "failed to read the request body\n",
+        )),
+        Ok(Ok(collected)) => {
+            let bytes = collected.to_bytes();
+            match super::jsonrpc::check(&bytes) {
+                Some(u) => Err(json_reply(&u.error_reply())),
+                None => Ok(bytes),
+            }
         }
     }
 }
@@ -118,20 +226,6 @@ fn cancelled_request_id(body: &[u8]) -> Option<serde_json::Value> {
         return None;
     }
     m.params?.get("requestId").cloned()
-}
-
-fn too_large(limit: usize) -> Response {
-    let body = Full::new(Bytes::from(format!(
-        "{{\"error\":\"the request body is over the limit of {limit} bytes\"}}\n"
-    )))
-    .boxed();
-    let mut r = http::Response::new(body);
-    *r.status_mut() = http::StatusCode::PAYLOAD_TOO_LARGE;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    r
 }
 
 fn unauthorized() -> Response {
@@ -157,7 +251,9 @@ pub struct HttpServer {
     listener: tokio::net::TcpListener,
     service: StreamableHttpService<CellboxServer, LocalSessionManager>,
     server: CellboxServer,
-    token: Option<Arc<str>>,
+    /// Empty: no token needed, every request is [`Principal::local`].
+    tokens: Tokens,
+    limits: HttpLimits,
     max_body: usize,
 }
 
@@ -167,7 +263,8 @@ impl HttpServer {
         server: CellboxServer,
         addr: SocketAddr,
         exposure: Exposure,
-        token: Option<String>,
+        tokens: &[NamedToken],
+        limits: HttpLimits,
         max_body: usize,
         shutdown: &CancellationToken,
     ) -> std::io::Result<HttpServer> {
@@ -201,7 +298,8 @@ impl HttpServer {
             listener,
             service,
             server,
-            token: token.map(Arc::from),
+            tokens: Tokens::new(tokens),
+            limits,
             max_body,
         })
     }
@@ -216,9 +314,14 @@ impl HttpServer {
             listener,
             service,
             server,
-            token,
+            tokens,
+            limits,
             max_body,
         } = self;
+        let conns = Arc::new(Conns {
+            counts: Mutex::new(Counts::default()),
+            limits,
+        });
         loop {
             let (stream, peer) = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -232,48 +335,57 @@ impl HttpServer {
                     }
                 },
             };
+            let Some(conn) = conns.open(peer.ip()) else {
+                // Closed at once: it would hold a descriptor for nothing.
+                tracing::debug!(%peer, "refused an HTTP connection over the connection limits");
+                drop(stream);
+                continue;
+            };
+            let conn = Arc::new(conn);
             let service = service.clone();
             let server = server.clone();
-            let token = token.clone();
+            let tokens = tokens.clone();
             let conn_shutdown = shutdown.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                let svc = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                     let service = service.clone();
                     let server = server.clone();
-                    let token = token.clone();
+                    let tokens = tokens.clone();
+                    let conn = conn.clone();
                     async move {
-                        if let Some(t) = &token {
-                            if !authorized(&req, t) {
-                                tracing::info!(%peer, "rejected an HTTP request without a valid bearer token");
-                                return Ok::<Response, Infallible>(unauthorized());
+                        let principal = if tokens.is_empty() {
+                            Principal::local()
+                        } else {
+                            match authorized(&req, &tokens) {
+                                Some(p) => p,
+                                None => {
+                                    tracing::info!(%peer, "rejected an HTTP request without a valid bearer token");
+                                    return Ok::<Response, Infallible>(unauthorized());
+                                }
                             }
-                        }
-                        let name = ClientName::of(req.headers(), token.is_some());
-                        let mut req = req;
-                        req.extensions_mut().insert(name.clone());
+                        };
+                        conn.prove();
+                        req.extensions_mut().insert(principal.clone());
                         if req.method() != http::Method::POST {
                             return Ok(service.handle(req).await);
                         }
+                        let (parts, body) = req.into_parts();
+                        let bytes = match read_body(body, max_body, &limits).await {
+                            Ok(bytes) => bytes,
+                            Err(response) => return Ok(response),
+                        };
                         // The service runs each POST as a connection of its
                         // own and ignores notifications, so a
                         // `notifications/cancelled` (which clients send as
                         // a POST of its own) is honoured here, for the
-                        // calls the same client has running.
-                        let (parts, body) = req.into_parts();
-                        let bytes =
-                            match http_body_util::Limited::new(body, max_body).collect().await {
-                                Ok(b) => b.to_bytes(),
-                                Err(e) => {
-                                    tracing::debug!(%peer, "request body not read: {e}");
-                                    return Ok(too_large(max_body));
-                                }
-                            };
+                        // calls the same principal has running.
                         if let Some(id) = cancelled_request_id(&bytes) {
-                            let n = server.cancel_request(&name.0, &id);
+                            let n = server.cancel_request(&principal, &id);
                             tracing::info!(%peer, %id, "cancellation for {n} running call(s)");
                         }
-                        let req = http::Request::from_parts(parts, Full::new(bytes));
-                        Ok(service.handle(req).await)
+                        Ok(service
+                            .handle(http::Request::from_parts(parts, Full::new(bytes)))
+                            .await)
                     }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
@@ -341,19 +453,33 @@ mod tests {
             None
         );
         assert_eq!(id("not json"), None);
-        let mut h = http::HeaderMap::new();
-        let name = |h: &http::HeaderMap, required| ClientName::of(h, required).0.to_string();
-        assert_eq!(name(&h, true), "anonymous");
-        h.insert(http::header::AUTHORIZATION, "Bearer abc".parse().unwrap());
-        assert_eq!(name(&h, true), "token:abc");
-        // Without a required token, made-up tokens name nobody.
-        assert_eq!(name(&h, false), "anonymous");
     }
 
     #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
+    fn connections_are_counted_per_peer_until_proven() {
+        let conns = Arc::new(Conns {
+            counts: Mutex::new(Counts::default()),
+            limits: HttpLimits {
+                max_connections: 3,
+                max_connections_per_peer: 2,
+                body_timeout: std::time::Duration::from_secs(1),
+            },
+        });
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let b: IpAddr = "127.0.0.2".parse().unwrap();
+        let a1 = conns.open(a).unwrap();
+        let a2 = conns.open(a).unwrap();
+        assert!(conns.open(a).is_none(), "a third unproven connection of a");
+        // Once one is proven, a may open another; the total still holds.
+        a1.prove();
+        a1.prove();
+        let a3 = conns.open(a).unwrap();
+        assert!(conns.open(b).is_none(), "over the total");
+        drop(a2);
+        let b1 = conns.open(b).unwrap();
+        drop((a1, a3, b1));
+        let c = conns.lock();
+        assert_eq!(c.total, 0);
+        assert!(c.unproven.is_empty());
     }
 }

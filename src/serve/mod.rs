@@ -9,8 +9,11 @@
 //!   settings and the sandbox a probe cell actually got; input and output
 //!   schemas.
 //! - [`listener`]: the HTTP listener with its bearer-token check.
+//! - [`principal`]: who calls (one per token over HTTP); sessions and queue
+//!   shares belong to a principal.
 //! - [`lines`]: stdin cut into lines; one too long is answered, not lost.
 //! - [`fit`]: a cell result held to what clients accept and a model can read.
+//! - [`jsonrpc`]: a request that does not parse is answered for its id.
 //!
 //! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
 //! which kills their cells, and waits until the workers are reaped before
@@ -21,13 +24,16 @@ pub mod describe;
 pub mod fit;
 pub mod gate;
 pub mod handler;
+pub mod jsonrpc;
 pub mod lines;
 pub mod listener;
+pub mod principal;
 pub mod schema;
 pub mod sessions;
 
 pub use config::{ServeArgs, ServeConfig, Settings, Transport};
 pub use handler::CellboxServer;
+pub use principal::Principal;
 
 use crate::{EventSink, Supervisor};
 use rmcp::ServiceExt;
@@ -70,6 +76,12 @@ impl StdinReader {
                     match lines::next_line(&mut stdin, limit) {
                         Ok(lines::Line::End) => return,
                         Ok(lines::Line::Pass(line)) => {
+                            // A request rmcp cannot read is answered for
+                            // its id (see `jsonrpc`).
+                            let line = match jsonrpc::check(&line) {
+                                Some(u) => u.stand_in(),
+                                None => line,
+                            };
                             if tx.blocking_send(Ok(line)).is_err() {
                                 return;
                             }
@@ -302,14 +314,17 @@ async fn serve_http(server: CellboxServer, settings: &Settings, shutdown: Cancel
     let Transport::Http {
         addr,
         exposure,
-        token,
+        tokens,
+        limits,
     } = settings.transport.clone()
     else {
         return EXIT_INTERNAL;
     };
     let max_body = lines::max_message_bytes(settings.session.limits.max_script_bytes);
-    let http = match listener::HttpServer::bind(server, addr, exposure, token, max_body, &shutdown)
-        .await
+    let http = match listener::HttpServer::bind(
+        server, addr, exposure, &tokens, limits, max_body, &shutdown,
+    )
+    .await
     {
         Ok(h) => h,
         Err(e) => {

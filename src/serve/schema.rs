@@ -289,12 +289,11 @@ pub fn session_list() -> Map<String, Value> {
                              "expires_in_seconds", "busy", "execution_count", "variables"],
                 "additionalProperties": false
             }},
-            "max_sessions": {"type": "integer", "minimum": 1},
-            "idle_expiry_seconds": {"type": "integer", "minimum": 1},
-            "pools": {"type": "object",
-                      "description": "warm workers: the Rhai fork server and the Python zygotes"}
+            "max_sessions": {"type": "integer", "minimum": 1,
+                             "description": "sessions this client may hold at once"},
+            "idle_expiry_seconds": {"type": "integer", "minimum": 1}
         },
-        "required": ["sessions", "max_sessions", "idle_expiry_seconds", "pools"],
+        "required": ["sessions", "max_sessions", "idle_expiry_seconds"],
         "additionalProperties": false
     }))
 }

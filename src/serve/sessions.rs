@@ -4,7 +4,12 @@
 //! is [`crate::Session`]'s job); this table only decides which sessions
 //! exist. Ids are random (128 bits from the kernel), so on a shared HTTP
 //! listener one client cannot guess another's session.
+//!
+//! Every session belongs to the principal that created it. To any other
+//! principal it does not exist: every operation on it answers exactly as
+//! for an id that never existed, and listings leave it out.
 
+use super::principal::Principal;
 use crate::{Session, SessionConfig, Supervisor};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -26,11 +31,17 @@ pub enum SessionError {
          sessions also expire after {idle_secs} s)"
     )]
     Full { max: usize, idle_secs: u64 },
+    #[error(
+        "you hold {max} sessions, the most one client may hold at once; close one with \
+         close_session (idle sessions also expire after {idle_secs} s)"
+    )]
+    PrincipalFull { max: usize, idle_secs: u64 },
     #[error("failed to create a session: {0}")]
     Create(String),
 }
 
 struct Entry {
+    owner: Principal,
     session: Session,
     created_unix_ms: u64,
     last_used: Instant,
@@ -76,6 +87,7 @@ impl Drop for Lease {
 struct TableInner {
     map: Mutex<HashMap<String, Entry>>,
     max: usize,
+    max_per_principal: usize,
     idle: Duration,
 }
 
@@ -100,6 +112,7 @@ impl std::fmt::Debug for SessionTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionTable")
             .field("max", &self.inner.max)
+            .field("max_per_principal", &self.inner.max_per_principal)
             .field("idle", &self.inner.idle)
             .finish_non_exhaustive()
     }
@@ -123,11 +136,18 @@ fn new_id() -> Result<String, String> {
 }
 
 impl SessionTable {
-    pub fn new(sup: Supervisor, config: SessionConfig, max: usize, idle: Duration) -> Self {
+    pub fn new(
+        sup: Supervisor,
+        config: SessionConfig,
+        max: usize,
+        max_per_principal: usize,
+        idle: Duration,
+    ) -> Self {
         SessionTable {
             inner: Arc::new(TableInner {
                 map: Mutex::new(HashMap::new()),
                 max,
+                max_per_principal,
                 idle,
             }),
             sup,
@@ -139,6 +159,18 @@ impl SessionTable {
         self.inner.max
     }
 
+    /// Sessions one principal may hold at once.
+    pub fn max_per_principal(&self) -> usize {
+        self.inner.max_per_principal
+    }
+
+    fn unknown(&self, id: &str) -> SessionError {
+        SessionError::Unknown {
+            id: id.to_owned(),
+            idle_secs: self.idle_secs(),
+        }
+    }
+
     pub fn idle_expiry(&self) -> Duration {
         self.inner.idle
     }
@@ -147,13 +179,21 @@ impl SessionTable {
         self.inner.idle.as_secs()
     }
 
-    /// Create a session, after dropping expired ones.
-    pub fn create(&self) -> Result<String, SessionError> {
+    /// Create a session for `owner`, after dropping expired ones.
+    pub fn create(&self, owner: &Principal) -> Result<String, SessionError> {
         self.sweep();
         let mut map = self.inner.lock();
+        // The server-wide cap first: with one principal it is the one hit.
         if map.len() >= self.inner.max {
             return Err(SessionError::Full {
                 max: self.inner.max,
+                idle_secs: self.idle_secs(),
+            });
+        }
+        let held = map.values().filter(|e| e.owner == *owner).count();
+        if held >= self.inner.max_per_principal {
+            return Err(SessionError::PrincipalFull {
+                max: self.inner.max_per_principal,
                 idle_secs: self.idle_secs(),
             });
         }
@@ -165,6 +205,7 @@ impl SessionTable {
         map.insert(
             id.clone(),
             Entry {
+                owner: owner.clone(),
                 session,
                 created_unix_ms: now_unix_ms(),
                 last_used: Instant::now(),
@@ -176,14 +217,14 @@ impl SessionTable {
         Ok(id)
     }
 
-    /// Take a session for one call.
-    pub fn lease(&self, id: &str) -> Result<Lease, SessionError> {
+    /// Take one of `owner`'s sessions for one call.
+    pub fn lease(&self, owner: &Principal, id: &str) -> Result<Lease, SessionError> {
         self.sweep();
         let mut map = self.inner.lock();
-        let e = map.get_mut(id).ok_or_else(|| SessionError::Unknown {
-            id: id.to_owned(),
-            idle_secs: self.idle_secs(),
-        })?;
+        let e = map
+            .get_mut(id)
+            .filter(|e| e.owner == *owner)
+            .ok_or_else(|| self.unknown(id))?;
         e.busy += 1;
         e.last_used = Instant::now();
         Ok(Lease {
@@ -196,23 +237,23 @@ impl SessionTable {
     }
 
     /// Forget a session's variables and definitions (its files stay).
-    pub async fn reset(&self, id: &str) -> Result<(), SessionError> {
-        let lease = self.lease(id)?;
+    pub async fn reset(&self, owner: &Principal, id: &str) -> Result<(), SessionError> {
+        let lease = self.lease(owner, id)?;
         lease.session.reset().await;
         Ok(())
     }
 
     /// Close a session: a cell running in it is killed, its scratch
     /// directory is removed once the last call lets go of it.
-    pub fn close(&self, id: &str) -> Result<(), SessionError> {
-        let entry = self
-            .inner
-            .lock()
-            .remove(id)
-            .ok_or_else(|| SessionError::Unknown {
-                id: id.to_owned(),
-                idle_secs: self.idle_secs(),
-            })?;
+    pub fn close(&self, owner: &Principal, id: &str) -> Result<(), SessionError> {
+        let entry = {
+            let mut map = self.inner.lock();
+            match map.get(id) {
+                Some(e) if e.owner == *owner => map.remove(id),
+                _ => None,
+            }
+        }
+        .ok_or_else(|| self.unknown(id))?;
         entry.closed.cancel();
         Ok(())
     }
@@ -248,17 +289,27 @@ impl SessionTable {
         self.inner.lock().len()
     }
 
+    /// Sessions `owner` holds.
+    pub fn held_by(&self, owner: &Principal) -> usize {
+        self.inner
+            .lock()
+            .values()
+            .filter(|e| e.owner == *owner)
+            .count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Every live session, oldest first.
-    pub async fn list(&self) -> Vec<SessionInfo> {
+    /// `owner`'s live sessions, oldest first.
+    pub async fn list(&self, owner: &Principal) -> Vec<SessionInfo> {
         self.sweep();
         let snapshot: Vec<(String, Session, u64, Duration, bool)> = self
             .inner
             .lock()
             .iter()
+            .filter(|(_, e)| e.owner == *owner)
             .map(|(k, e)| {
                 (
                     k.clone(),

@@ -445,9 +445,15 @@ async fn sessions_keep_variables_between_calls() {
         .as_array()
         .unwrap()
         .contains(&json!("x")));
-    // The warm pools are reported: a Rhai cell ran, so the fork server is up.
-    assert_eq!(listed["pools"]["warm"], true, "{listed}");
-    assert_eq!(listed["pools"]["rhai_fork_server"], true, "{listed}");
+    // Nothing about the host: the warm workers (pids, scratch and cgroup
+    // paths) are for `cellbox doctor` and the logs.
+    assert_eq!(listed.get("pools"), None, "{listed}");
+    for internal in ["/run/", "/tmp/", "cgroup", "pid"] {
+        assert!(
+            !listed.to_string().contains(internal),
+            "{internal}: {listed}"
+        );
+    }
 
     // The cap on sessions.
     let second = call(&s.client, "create_session", json!({})).await;
@@ -1626,4 +1632,156 @@ fn every_advertised_method_answers_and_set_level_filters_logs() {
         assert!(t0.elapsed() < PATIENCE, "the server outlived its stdin");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Requests with an id whose params (or envelope) do not parse, each with
+/// the code and a piece of the message its error reply must carry.
+fn unreadable_requests() -> Vec<(Value, i64, &'static str)> {
+    vec![
+        (
+            json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": 5}}),
+            -32602,
+            "tools/call: invalid params",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": "s-12", "method": "tools/call",
+                   "params": {"name": "list_sessions", "arguments": "x"}}),
+            -32602,
+            "tools/call: invalid params",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 13, "method": "tools/call"}),
+            -32602,
+            "tools/call: invalid params",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 14, "method": "tools/list", "params": 7}),
+            -32602,
+            "tools/list: invalid params",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 15, "method": "foo/bar", "params": 7}),
+            -32600,
+            "foo/bar",
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 16, "method": "tools/call",
+                   "params": {"name": "execute_code", "arguments": {"language": 5, "code": "1"}}}),
+            -32602,
+            "execute_code: invalid arguments",
+        ),
+    ]
+}
+
+fn assert_error_reply(reply: &Value, id: &Value, code: i64, needle: &str) {
+    assert_eq!(&reply["id"], id, "{reply}");
+    assert_eq!(reply["error"]["code"], code, "{reply}");
+    let msg = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(needle), "{needle:?} not in {reply}");
+}
+
+/// Every request with an id is answered over stdio, even when its params
+/// do not parse (rmcp alone answers some with a null id and others with
+/// "method not found").
+#[test]
+fn stdio_answers_every_request_that_has_an_id() {
+    let mut child = std::process::Command::new(bin())
+        .args(["serve", "--language", "rhai"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut send = |v: &Value| {
+        let mut line = serde_json::to_vec(v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).unwrap();
+        stdin.flush().unwrap();
+    };
+    send(
+        &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    let init = rx.recv_timeout(PATIENCE).unwrap();
+    assert_eq!(init["id"], 0, "{init}");
+    send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let cases = unreadable_requests();
+    for (req, _, _) in &cases {
+        send(req);
+    }
+    // And a good call after them is served.
+    send(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"language": "rhai", "code": "40 + 2"}}}));
+    let mut replies = std::collections::HashMap::new();
+    while replies.len() < cases.len() + 1 {
+        let v = rx
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("missing replies; have {replies:?}"));
+        assert!(
+            v.get("id").is_some_and(|id| !id.is_null()),
+            "a reply without an id: {v}"
+        );
+        replies.insert(v["id"].to_string(), v);
+    }
+    for (req, code, needle) in &cases {
+        assert_error_reply(&replies[&req["id"].to_string()], &req["id"], *code, needle);
+    }
+    assert_eq!(
+        replies["99"]["result"]["structuredContent"]["value"], 42,
+        "{}",
+        replies["99"]
+    );
+    drop(stdin);
+    let _ = child.wait();
+}
+
+/// The same over streamable HTTP: each POST gets a JSON-RPC error for its
+/// id (rmcp alone answers some with a bare 415).
+#[tokio::test]
+async fn http_answers_every_request_that_has_an_id() {
+    let server = HttpServer::start(&["--language", "rhai"]);
+    let client = server.client(None).await.unwrap();
+    tools(&client).await;
+    for (req, code, needle) in unreadable_requests() {
+        let body = req.to_string();
+        let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        write!(
+            s,
+            "POST / HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\n\
+             MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            server.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut buf = String::new();
+        let _ = s.read_to_string(&mut buf);
+        // The reply is the body, plain JSON or one SSE `data:` line.
+        let reply: Value = buf
+            .lines()
+            .filter_map(|l| {
+                serde_json::from_str::<Value>(l.trim_start_matches("data:").trim()).ok()
+            })
+            .find(|v| v.get("jsonrpc").is_some())
+            .unwrap_or_else(|| panic!("no JSON-RPC reply to {req}:\n{buf}"));
+        assert_error_reply(&reply, &req["id"], code, needle);
+    }
+    client.cancel().await.unwrap();
+    assert_eq!(server.stop(), Some(0));
 }
