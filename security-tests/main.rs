@@ -4,11 +4,16 @@
 //!
 //! `cargo test --release --test security -- NAME` runs only attacks whose
 //! name contains NAME.
+//!
+//! After the script attacks comes the multi-tenant section (`tenancy/`):
+//! attacks between clients of one `cellbox serve --http`, in Rust.
 
 use cellbox::security::{self, catalog, Category, Lang, SuiteOptions};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
+
+mod tenancy;
 
 /// The embedded table and this directory must list the same attacks, or the
 /// CLI would silently run a different suite from CI.
@@ -205,6 +210,9 @@ fn main() -> ExitCode {
         for a in &attacks {
             println!("{}: test", a.name);
         }
+        for (name, _) in tenancy::ATTACKS {
+            println!("tenant_{name}: test");
+        }
         return ExitCode::SUCCESS;
     }
     let filter = filter_arg(&args);
@@ -222,6 +230,7 @@ fn main() -> ExitCode {
     // warm path (fork server / pre-started interpreters) of long-lived
     // surfaces.
     let (mut passed, mut failed) = (0, 0);
+    let mut ran = 0;
     for warm in [false, true] {
         let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
         opts.filter = filter.clone();
@@ -229,12 +238,9 @@ fn main() -> ExitCode {
         opts.warm = warm;
         let chosen = opts.select(attacks.clone());
         if chosen.is_empty() {
-            // `cargo test NAME` hands NAME to every test binary: like
-            // libtest, a filter that matches nothing here runs nothing here.
-            println!("security suite: no attack matches {:?}", opts.filter);
-            println!("0 passed, 0 failed");
-            return ExitCode::SUCCESS;
+            break;
         }
+        ran += chosen.len();
         let path = if warm { "warm path" } else { "fresh worker" };
         eprintln!("security suite: {path}");
         match security::run_suite(chosen, &opts) {
@@ -249,6 +255,22 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+    }
+    match tenancy::run(Path::new(env!("CARGO_BIN_EXE_cellbox")), filter.as_deref()) {
+        Ok((p, f, n)) => {
+            passed += p;
+            failed += f;
+            ran += n;
+        }
+        Err(e) => {
+            eprintln!("security suite (multi-tenant): {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if ran == 0 {
+        // `cargo test NAME` hands NAME to every test binary: like libtest,
+        // a filter that matches nothing here runs nothing here.
+        println!("security suite: no attack matches {filter:?}");
     }
     println!("{passed} passed, {failed} failed");
     if failed == 0 {
