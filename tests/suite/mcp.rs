@@ -1515,19 +1515,23 @@ async fn http_cancellation_in_its_own_post_kills_the_cell() {
     assert_eq!(server.stop(), Some(0));
 }
 
-/// Every method the server advertises in `initialize` answers as the
-/// protocol says, over raw stdio JSON-RPC; `logging/setLevel` filters the
-/// live output sent as log notifications.
-#[test]
-fn every_advertised_method_answers_and_set_level_filters_logs() {
+/// `cellbox serve` over raw stdio JSON-RPC: the child, its stdin, and every
+/// JSON line it writes, read on a thread of its own.
+fn raw_stdio_serve(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<Value>,
+) {
     let mut child = std::process::Command::new(bin())
-        .args(["serve", "--language", "python,rhai"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<Value>();
     std::thread::spawn(move || {
@@ -1540,6 +1544,15 @@ fn every_advertised_method_answers_and_set_level_filters_logs() {
             }
         }
     });
+    (child, stdin, rx)
+}
+
+/// Every method the server advertises in `initialize` answers as the
+/// protocol says, over raw stdio JSON-RPC; `logging/setLevel` filters the
+/// live output sent as log notifications.
+#[test]
+fn every_advertised_method_answers_and_set_level_filters_logs() {
+    let (mut child, mut stdin, rx) = raw_stdio_serve(&["serve", "--language", "python,rhai"]);
     let mut send = |v: Value| {
         let mut line = serde_json::to_vec(&v).unwrap();
         line.push(b'\n');
@@ -1685,26 +1698,7 @@ fn assert_error_reply(reply: &Value, id: &Value, code: i64, needle: &str) {
 /// "method not found").
 #[test]
 fn stdio_answers_every_request_that_has_an_id() {
-    let mut child = std::process::Command::new(bin())
-        .args(["serve", "--language", "rhai"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if let Ok(v) = serde_json::from_str(&line) {
-                if tx.send(v).is_err() {
-                    return;
-                }
-            }
-        }
-    });
+    let (mut child, mut stdin, rx) = raw_stdio_serve(&["serve", "--language", "rhai"]);
     let mut send = |v: &Value| {
         let mut line = serde_json::to_vec(v).unwrap();
         line.push(b'\n');
