@@ -206,19 +206,6 @@ pub struct Done {
     /// Which limit, when `status` is `limit_exceeded`.
     #[serde(default)]
     pub limit: Option<String>,
-    /// Sent by a worker that has already closed its stdout and stderr and
-    /// exits (code 0) right after this frame: its own CPU time and peak RSS
-    /// so far. The cell's result need not wait for the exit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub closing: Option<Closing>,
-}
-
-/// A worker's account of itself as it ends (see [`Done::closing`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Closing {
-    pub cpu_ms: u64,
-    pub max_rss_kb: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

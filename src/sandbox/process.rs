@@ -269,27 +269,6 @@ pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
-/// Close this process's stdout and stderr (its last output is written) and
-/// measure it: its CPU time and peak RSS so far, for a worker's `done`.
-/// `None` when either could not be done, so the caller waits for the exit.
-pub fn close_output() -> Option<crate::protocol::Closing> {
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).ok()?;
-    for fd in [1, 2] {
-        // SAFETY: closes a descriptor number; nothing in this process uses
-        // stdout or stderr after this (the caller sends `done` and exits).
-        if unsafe { libc::close(fd) } != 0 {
-            return None;
-        }
-    }
-    let ms = |tv: nix::sys::time::TimeVal| {
-        (tv.tv_sec().max(0) as u64) * 1000 + (tv.tv_usec().max(0) as u64) / 1000
-    };
-    Some(crate::protocol::Closing {
-        cpu_ms: ms(usage.user_time()) + ms(usage.system_time()),
-        max_rss_kb: usage.max_rss().max(0) as u64,
-    })
-}
-
 /// End this process at once with `code`: no exit handlers, no destructors,
 /// no stdio flush (flush first what must be written).
 pub fn exit_now(code: i32) -> ! {

@@ -5,11 +5,11 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Arrange for `fd` to be the child's fd 3 and for the child to start a new
 /// session (so the supervisor can kill its whole process group) with a
-/// parent-death SIGKILL. With `cgroup` (an open `cgroup.procs`, see
-/// [`crate::sandbox::linux::cgroup`]), the child joins that cgroup first,
-/// so nothing it or its descendants do escapes it. `fd` and `cgroup` must
-/// stay open until the child is spawned.
-pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroup: Option<RawFd>) {
+/// parent-death SIGKILL. With `cgroups` (open `tasks` or `cgroup.procs`
+/// files, one per hierarchy, see [`crate::sandbox::linux::cgroup`]), the
+/// child joins each first, so nothing it or its descendants do escapes
+/// them. `fd` and `cgroups` must stay open until the child is spawned.
+pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroups: Vec<RawFd>) {
     use std::os::unix::process::CommandExt;
     let raw = fd.as_raw_fd();
     let supervisor = std::process::id();
@@ -19,11 +19,11 @@ pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroup: Opt
     unsafe {
         cmd.pre_exec(move || {
             #[cfg(target_os = "linux")]
-            if let Some(cg) = cgroup {
-                crate::sandbox::linux::cgroup::join_fd(cg)?;
+            for cg in &cgroups {
+                crate::sandbox::linux::cgroup::join_fd(*cg)?;
             }
             #[cfg(not(target_os = "linux"))]
-            let _ = cgroup;
+            let _ = &cgroups;
             if raw == crate::protocol::PROTOCOL_FD {
                 // dup2 onto itself would keep CLOEXEC; clear it instead.
                 if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {

@@ -567,10 +567,15 @@ impl ServeConfig {
                 ))
             }
             Some(n) => n,
+            // Every running call's limit, plus the scratch tmpfs (its pages
+            // are memory that idle sessions' files hold and cannot be
+            // reclaimed without swap: they must not take what running cells
+            // are entitled to), plus room for the warm workers.
             None => self
                 .limits
                 .memory_bytes
                 .saturating_mul(s.max_concurrency as u64)
+                .saturating_add(s.scratch_bytes)
                 .saturating_add(512 << 20),
         };
         if s.events_max_bytes < 4096 {
@@ -857,13 +862,14 @@ mod tests {
         };
         c.apply_args(&args).unwrap();
         assert_eq!(c.validate().unwrap().cells_memory_bytes, 8 << 30);
-        // By default: every running call's memory limit, plus 512 MiB.
+        // By default: every running call's memory limit, plus the scratch
+        // tmpfs, plus 512 MiB.
         assert_eq!(
             ServeConfig::default()
                 .validate()
                 .unwrap()
                 .cells_memory_bytes,
-            4 * (1 << 30) + (512 << 20)
+            4 * (1 << 30) + crate::supervisor::DEFAULT_SCRATCH_BYTES + (512 << 20)
         );
         let args = ServeArgs {
             memory: Some(256 << 20),
@@ -874,7 +880,7 @@ mod tests {
         c.apply_args(&args).unwrap();
         assert_eq!(
             c.validate().unwrap().cells_memory_bytes,
-            (512 << 20) + (512 << 20)
+            (512 << 20) + crate::supervisor::DEFAULT_SCRATCH_BYTES + (512 << 20)
         );
         let e = parse("[server]\ncells_memory_bytes = 4096\n")
             .unwrap()

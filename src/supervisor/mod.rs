@@ -15,6 +15,7 @@ mod result;
 mod runner;
 mod scratch;
 mod session;
+mod tenancy;
 mod warm;
 #[cfg(target_os = "linux")]
 mod zygote;
@@ -224,6 +225,10 @@ pub(crate) struct Inner {
     /// pools, which live beneath it, so it is dropped after them).
     scratch_root: OnceLock<Option<scratch::ScratchRoot>>,
     scratch_bytes: u64,
+    /// A cgroup per session and per cell beneath the cells' one (declared
+    /// before it: dropped first), when this supervisor can make them.
+    #[cfg(target_os = "linux")]
+    pub(crate) groups: Option<Arc<crate::sandbox::linux::groups::Groups>>,
     /// The memory cgroup every worker process starts in, when this
     /// supervisor can make one.
     #[cfg(target_os = "linux")]
@@ -342,6 +347,11 @@ impl Inner {
             Some(r) => r.path().to_path_buf(),
             None => std::env::temp_dir(),
         }
+    }
+
+    /// The bytes all scratch directories may hold together.
+    pub(crate) fn scratch_bytes(&self) -> u64 {
+        self.scratch_bytes
     }
 
     fn scratch_root(&self) -> Option<&scratch::ScratchRoot> {
@@ -530,6 +540,24 @@ impl SupervisorBuilder {
         } else {
             None
         };
+        #[cfg(target_os = "linux")]
+        let groups = cells_cgroup.as_ref().and_then(|c| {
+            if c.kind() != "cgroup v1 memory" {
+                tracing::warn!(
+                    "sessions share the cells' cgroup: per-session groups need cgroup v1 \
+                     (memory, pids, cpuacct) and this host has {}",
+                    c.kind()
+                );
+                return None;
+            }
+            match crate::sandbox::linux::groups::Groups::new(c.path()) {
+                Ok(g) => Some(Arc::new(g)),
+                Err(e) => {
+                    tracing::warn!("sessions share the cells' cgroup: {e}");
+                    None
+                }
+            }
+        });
         // Warm workers see the scratch root from their start: make it now.
         let scratch_root = OnceLock::new();
         if self.warm {
@@ -571,6 +599,8 @@ impl SupervisorBuilder {
                 scratch_bytes: self.scratch_bytes,
                 #[cfg(target_os = "linux")]
                 cells_cgroup,
+                #[cfg(target_os = "linux")]
+                groups,
             }),
         })
     }

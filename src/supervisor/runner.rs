@@ -5,6 +5,7 @@ use super::capability::{CallContext, Handler};
 use super::output::Capture;
 use super::policy::{Budget, Policy};
 use super::result::{CallRecord, CellResult, RunInfo, Status};
+use super::tenancy::{groups_pid, CellGroup, TreeUsage};
 use super::{Inner, Language, Limits};
 use crate::protocol::{
     read_frame_async_within, write_frame_async, Backend, Call, Definition, Done, DoneStatus,
@@ -55,36 +56,8 @@ pub(crate) struct CellSpec {
     /// A live copy of stdout/stderr as it arrives.
     pub output: Option<tokio::sync::mpsc::Sender<super::OutputChunk>>,
     pub execution_count: u64,
-    /// The end of the previous cell's worker (shared by a session's cells).
-    pub fence: Arc<Fence>,
-}
-
-/// A cell's result can be returned before its worker has exited (see
-/// `reap_closed`). The next cell of the same session (and the removal of a
-/// sub-cell's scratch dir) waits here until that worker and everything it
-/// started are gone, so nothing of one cell runs beside the next.
-#[derive(Debug, Default)]
-pub(crate) struct Fence(Mutex<Option<tokio::sync::oneshot::Receiver<()>>>);
-
-impl Fence {
-    fn set(&self, rx: tokio::sync::oneshot::Receiver<()>) {
-        match self.0.lock() {
-            Ok(mut g) => *g = Some(rx),
-            Err(p) => *p.into_inner() = Some(rx),
-        }
-    }
-
-    /// Wait for the previous cell's worker to be gone (at once if it is).
-    pub(crate) async fn wait(&self) {
-        let rx = match self.0.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take(),
-        };
-        if let Some(rx) = rx {
-            // Resolves (with an error) when `reap_closed` ends.
-            let _ = rx.await;
-        }
-    }
+    /// The session's cgroups (shared by its cells and sub-cells).
+    pub share: Arc<super::tenancy::Share>,
 }
 
 /// A cell's outcome before it is turned into a result.
@@ -143,7 +116,6 @@ pub(crate) fn run_cell(
         if let Ok(p) = sup.profile(&profile_name(&sup, &spec)) {
             spec.limits = spec.limits.under_profile(&p.limits);
         }
-        spec.fence.wait().await;
         let started = Instant::now();
         let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
         result.execution_count = spec.execution_count;
@@ -187,12 +159,29 @@ fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
         .profile(&profile_name(sup, spec))
         .map_or(LayerMode::BestEffort, |p| p.layers.cgroup);
     #[cfg(target_os = "linux")]
-    return crate::sandbox::linux::cgroup::layer_report(
-        sup.cells_cgroup
-            .as_deref()
-            .filter(|_| mode != LayerMode::Off),
-        mode,
-    );
+    {
+        let mut report = crate::sandbox::linux::cgroup::layer_report(
+            sup.cells_cgroup
+                .as_deref()
+                .filter(|_| mode != LayerMode::Off),
+            mode,
+        );
+        if report.applied && sup.groups.is_some() {
+            let (memory, processes) = super::tenancy::session_bounds(sup, &spec.limits);
+            report.detail.push_str(&format!(
+                "; its session: {} MiB (its files too), {processes} processes; \
+                 the cell: {} processes, its whole process tree ended with it",
+                memory >> 20,
+                spec.limits.max_processes
+            ));
+        } else if report.applied {
+            report.detail.push_str(
+                "; sessions share it (per-session cgroups need cgroup v1 with the memory, \
+                 pids and cpuacct hierarchies)",
+            );
+        }
+        report
+    }
     #[cfg(not(target_os = "linux"))]
     crate::sandbox::LayerReport {
         name: "cgroup".into(),
@@ -359,6 +348,44 @@ async fn run_worker(
     result: &mut CellResult,
     started: Instant,
 ) -> Result<Option<Box<Done>>, String> {
+    // The cell's own cgroup (beneath its session's), unless its profile
+    // turns the cgroup layer off.
+    let mode = sup
+        .profile(&profile_name(sup, spec))
+        .map_or(crate::profiles::LayerMode::BestEffort, |p| p.layers.cgroup);
+    let group = if mode == crate::profiles::LayerMode::Off {
+        None
+    } else {
+        match spec.share.cell(sup, &spec.limits) {
+            Ok(g) => g.map(Arc::new),
+            Err(e) => {
+                result.status = Status::SandboxError;
+                result.error = Some(ScriptError {
+                    kind: "SandboxError".into(),
+                    message: format!("failed to make the cell's cgroup: {e}"),
+                    ..ScriptError::default()
+                });
+                return Ok(None);
+            }
+        }
+    };
+    let out = launch(sup, spec, result, started, group.clone()).await;
+    // Removing a cgroup may wait for its last processes: off the runtime.
+    if let Some(g) = group {
+        let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+    }
+    out
+}
+
+/// Start the cell's worker (forked when a warm parent fits, else fresh) in
+/// `group`, and see it through.
+async fn launch(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    started: Instant,
+    group: Option<Arc<CellGroup>>,
+) -> Result<Option<Box<Done>>, String> {
     let deadline = started + spec.limits.timeout();
     let max_frame = spec.limits.max_frame_bytes;
     let refuse = |result: &mut CellResult, message: String| {
@@ -378,7 +405,7 @@ async fn run_worker(
         None
     };
     if let Some(fs) = fork_server {
-        match start_forked(&fs, &spec.limits.os_limits()).await {
+        match start_forked(&fs, &spec.limits.os_limits(), group.as_deref()).await {
             Ok((started, sock)) => {
                 let launched = Launched {
                     started,
@@ -386,6 +413,7 @@ async fn run_worker(
                     backend: Backend::Rhai,
                     plan: None,
                     handshake: Handshake::SelfReady,
+                    group,
                 };
                 return finish_worker(sup, spec, result, launched, deadline, max_frame).await;
             }
@@ -411,12 +439,13 @@ async fn run_worker(
     let mut handshake = Handshake::Setup;
     let (mut sup_sock, worker_sock) = pair()?;
     let worker_fd: OwnedFd = worker_sock.into();
+    let g = group.as_deref();
     let started_worker = if spec.language == Language::Rhai || cfg!(not(target_os = "linux")) {
-        start_direct(sup, spec, &plan, worker_fd)?
+        start_direct(sup, spec, &plan, worker_fd, g)?
     } else {
         #[cfg(target_os = "linux")]
         match warm_python(sup, spec, &plan).await {
-            Some(z) => match start_zygote(&z, worker_fd, &plan).await {
+            Some(z) => match start_zygote(&z, worker_fd, &plan, g).await {
                 Ok(s) => {
                     handshake = Handshake::PreReady(z.cell_report());
                     s
@@ -425,10 +454,10 @@ async fn run_worker(
                     tracing::warn!("warm Python cell failed to start ({e}); running it cold");
                     let (a, b) = pair()?;
                     sup_sock = a;
-                    start_direct(sup, spec, &plan, b.into())?
+                    start_direct(sup, spec, &plan, b.into(), g)?
                 }
             },
-            None => start_direct(sup, spec, &plan, worker_fd)?,
+            None => start_direct(sup, spec, &plan, worker_fd, g)?,
         }
     };
     let launched = Launched {
@@ -437,6 +466,7 @@ async fn run_worker(
         backend,
         plan: Some(plan),
         handshake,
+        group,
     };
     finish_worker(sup, spec, result, launched, deadline, max_frame).await
 }
@@ -449,6 +479,8 @@ struct Launched {
     /// The plan for its `setup` frame (none when it needs no setup).
     plan: Option<SandboxPlan>,
     handshake: Handshake,
+    /// The cgroup its processes are in, when there is one.
+    group: Option<Arc<CellGroup>>,
 }
 
 /// Converse with a started worker until it is done, then collect its end,
@@ -467,6 +499,7 @@ async fn finish_worker(
         backend,
         plan,
         handshake,
+        group,
     } = launched;
     let Started {
         pid,
@@ -510,46 +543,7 @@ async fn finish_worker(
         sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame, handshake,
     )
     .await;
-    // A forked worker that closed its output and exits right after `done`:
-    // the cell is complete now. Its exit is awaited (and, past the grace,
-    // forced) after the result is returned.
-    let closing = match &o {
-        Outcome::Done(d) => d.closing,
-        _ => None,
-    };
-    // Its output must have ended too (a process it started may still hold
-    // stdout): otherwise the cell ends the usual way, with its exit.
-    let closing = match closing {
-        Some(c) if matches!(reap_src, Reap::Parent(..)) => {
-            outputs_ended(&mut pumps, OUTPUT_END_WITHIN)
-                .await
-                .then_some(c)
-        }
-        _ => None,
-    };
-    let mut reap_src = match (closing, reap_src) {
-        (Some(c), Reap::Parent(parent, rx)) => {
-            let (gone, fence) = tokio::sync::oneshot::channel();
-            spec.fence.set(fence);
-            tokio::spawn(reap_closed(
-                pid, exit_fd, guard, parent, rx, in_flight, gone,
-            ));
-            let reaped = process::Reaped {
-                code: Some(0),
-                signal: None,
-                cpu_ms: c.cpu_ms,
-                max_rss_kb: c.max_rss_kb,
-            };
-            collect_output(pumps).await;
-            result.record_end(
-                take_capture(&out_cap),
-                take_capture(&err_cap),
-                Some(&reaped),
-            );
-            return Ok(classify(spec, result, o, deadline));
-        }
-        (_, r) => r,
-    };
+    let mut reap_src = reap_src;
     let mut early = None;
     // A forked worker that reported exits by itself, and its parent's
     // report of that exit means it is gone: no need to watch it too.
@@ -604,6 +598,17 @@ async fn finish_worker(
     if reaped.is_ok() {
         guard.disarm();
     }
+    // The cell is over when its whole process tree is: whatever it started
+    // (in its own session, double-forked) is killed and waited for here,
+    // before its output is collected and before its slot, its scratch
+    // directory or its session's next cell are released.
+    let tree = end_tree(group.as_ref()).await;
+    let mut reaped = reaped;
+    if let (Ok(r), Some(cpu_ms)) = (reaped.as_mut(), tree.cpu_ms) {
+        // The group counts every process the cell had; the report only
+        // the first and the children it waited for.
+        r.cpu_ms = r.cpu_ms.max(cpu_ms);
+    }
     collect_output(pumps).await;
     result.record_end(
         take_capture(&out_cap),
@@ -613,22 +618,24 @@ async fn finish_worker(
     Ok(classify(spec, result, o, deadline))
 }
 
-/// How long a worker that closed its output before `done` may take for
-/// end-of-file to show on both pipes.
-const OUTPUT_END_WITHIN: Duration = Duration::from_millis(20);
+/// How long the rest of a cell's process tree may take to die once killed.
+const TREE_END_WITHIN: Duration = Duration::from_secs(10);
 
-/// Whether every output pump reached end-of-file within `within`. The pumps
-/// that did are removed (a finished task must not be awaited again).
-async fn outputs_ended(pumps: &mut Vec<tokio::task::JoinHandle<()>>, within: Duration) -> bool {
-    let ended = tokio::time::timeout(within, async {
-        for p in pumps.iter_mut() {
-            let _ = p.await;
+/// Kill what is left of a cell's tree and wait until nothing is; what its
+/// group measured of it.
+async fn end_tree(group: Option<&Arc<CellGroup>>) -> TreeUsage {
+    let Some(g) = group else {
+        return TreeUsage::default();
+    };
+    if !g.is_empty() {
+        let g2 = g.clone();
+        match tokio::task::spawn_blocking(move || g2.end(TREE_END_WITHIN)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("a cell's processes outlived it: {e}"),
+            Err(e) => tracing::warn!("failed to end a cell's processes: {e}"),
         }
-    })
-    .await
-    .is_ok();
-    pumps.retain(|p| !p.is_finished());
-    ended
+    }
+    g.usage()
 }
 
 /// Output pipes close once every process holding them is gone (or has
@@ -643,48 +650,6 @@ async fn collect_output(pumps: Vec<tokio::task::JoinHandle<()>>) {
             abort.abort();
         }
     }
-}
-
-/// The end of a forked worker whose cell is already complete (it closed its
-/// output and sent `done`): it gets [`EXIT_GRACE`] to exit by itself, then
-/// is killed; its parent's report releases the spare slot.
-async fn reap_closed(
-    pid: i32,
-    exit: process::ExitWatch,
-    mut guard: process::KillOnDrop,
-    parent: Arc<dyn super::warm::ForkingParent>,
-    mut rx: tokio::sync::oneshot::Receiver<process::Reaped>,
-    in_flight: Option<Box<dyn Send>>,
-    gone: tokio::sync::oneshot::Sender<()>,
-) {
-    let report = match tokio::time::timeout(EXIT_GRACE, &mut rx).await {
-        Ok(answer) => answer.ok(),
-        Err(_) => {
-            tracing::warn!(
-                "a worker that said it was done had not exited after {EXIT_GRACE:?}; killing it"
-            );
-            finish_process(pid, &exit, false, true).await;
-            tokio::time::timeout(Duration::from_secs(5), rx)
-                .await
-                .ok()
-                .and_then(Result::ok)
-        }
-    };
-    match report {
-        Some(r) => {
-            if r.code != Some(0) {
-                tracing::warn!(
-                    "a worker that said it was done ended with code {:?}, signal {:?}",
-                    r.code,
-                    r.signal
-                );
-            }
-            guard.disarm();
-        }
-        None => parent.forget(pid),
-    }
-    drop(in_flight);
-    drop(gone);
 }
 
 /// Wait for the worker to be gone, killing it (and its whole process group)
@@ -762,18 +727,30 @@ async fn start_zygote(
     z: &Arc<super::zygote::Zygote>,
     worker_fd: OwnedFd,
     plan: &SandboxPlan,
+    group: Option<&CellGroup>,
 ) -> Result<Started, String> {
     super::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
+    let mut limits = plan.limits.clone();
+    if group.is_some() {
+        // The cell's pids cgroup bounds its processes. RLIMIT_NPROC would
+        // count every cell of the zygote's user namespace together, so that
+        // one session's processes could stop another's from forking.
+        limits.max_processes = u64::MAX;
+    }
     let (pid, pidfd, in_flight) = z
-        .spawn(worker_fd, out_w, err_w, &plan.scratch, &plan.limits)
+        .spawn(worker_fd, out_w, err_w, &plan.scratch, &limits)
         .await?;
     let guard = process::KillOnDrop::pidfd(
         pidfd
             .try_clone()
             .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
     );
+    // Into its cgroup before it is sent any code.
+    if let Some(g) = group {
+        g.adopt(groups_pid(&pidfd)?)?;
+    }
     let rx = z.exit_of(pid);
     Ok(Started {
         pid,
@@ -796,6 +773,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
 async fn start_forked(
     fs: &Arc<super::warm::ForkServer>,
     limits: &crate::sandbox::OsLimits,
+    group: Option<&CellGroup>,
 ) -> Result<(Started, std::os::unix::net::UnixStream), String> {
     let (f, refill) = fs.spawn(limits).await?;
     let guard = process::KillOnDrop::pidfd(
@@ -803,6 +781,10 @@ async fn start_forked(
             .try_clone()
             .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
     );
+    // Into its cgroup before it is sent any code.
+    if let Some(g) = group {
+        g.adopt(groups_pid(&f.pidfd)?)?;
+    }
     let rx = fs.exit_of(f.pid);
     let started = Started {
         pid: f.pid,
@@ -822,6 +804,7 @@ fn start_direct(
     spec: &CellSpec,
     plan: &SandboxPlan,
     worker_fd: OwnedFd,
+    group: Option<&CellGroup>,
 ) -> Result<Started, String> {
     let home = spec
         .scratch
@@ -836,8 +819,13 @@ fn start_direct(
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let cgroup = sup.cgroup_for(plan.layers.cgroup)?;
-    spawn::prepare_worker(&mut cmd, &worker_fd, cgroup);
+    // It joins its own cgroup (beneath its session's and the cells') or
+    // else the cells' one, before it execs.
+    let joins = match group {
+        Some(g) => g.join_fds(),
+        None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),
+    };
+    spawn::prepare_worker(&mut cmd, &worker_fd, joins);
     let mut child = cmd.spawn().map_err(|e| {
         format!(
             "failed to start the worker {}: {e}",
@@ -1308,11 +1296,11 @@ async fn run_sub_cell(
         cancel: spec.cancel.clone(),
         output: None,
         execution_count: 0,
-        fence: Arc::new(Fence::default()),
+        // Its processes and memory count against the session's.
+        share: spec.share.clone(),
     };
-    let fence = child.fence.clone();
+    // Its whole process tree is gone when `run_cell` returns.
     let (sub, _) = run_cell(sup.clone(), child).await;
-    fence.wait().await;
     drop(scratch);
     result.absorb_calls(&sub);
     if sub.status == Status::Ok {

@@ -220,7 +220,7 @@ impl ForkServer {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());
-        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs, cgroup);
+        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs, cgroup.into_iter().collect());
         // Fork from a thread that lives as long as this handle: the server's
         // parent-death signal fires when the *thread* that forked it ends,
         // and the caller's thread (a runtime worker) may not outlive us.

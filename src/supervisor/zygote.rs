@@ -197,7 +197,7 @@ impl Zygote {
         crate::sandbox::spawn::prepare_worker(
             &mut cmd,
             &theirs,
-            cgroup.as_ref().map(|c| c.procs_fd()),
+            cgroup.as_ref().map(|c| c.procs_fd()).into_iter().collect(),
         );
         let child = cmd
             .spawn()
@@ -623,7 +623,14 @@ impl Pools {
         let ceiling = OsLimits {
             cpu_seconds: c.zygote_cpu_seconds,
             memory_bytes: c.memory_bytes,
-            max_processes: c.max_processes,
+            // With a pids cgroup per cell and per session, RLIMIT_NPROC
+            // (shared by every cell of the zygote's user namespace) is
+            // lifted: one session's processes must not stop another's.
+            max_processes: if sup.groups.is_some() {
+                u64::MAX
+            } else {
+                c.max_processes
+            },
             max_open_files: c.max_open_files,
             max_file_size_bytes: c.max_file_size_bytes,
         };

@@ -254,7 +254,6 @@ fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done
         definitions: Vec::new(),
         error: Some(error),
         limit,
-        closing: None,
     }
 }
 
@@ -353,19 +352,14 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
         definitions,
         error: None,
         limit: None,
-        closing: None,
     }
 }
 
 /// Run one Rhai cell and report it. Returns the worker's exit code.
 pub(crate) fn run_cell(chan: Channel, start: Start) -> i32 {
     let chan = Rc::new(RefCell::new(chan));
-    let mut done = evaluate(chan.clone(), &start);
+    let done = evaluate(chan.clone(), &start);
     let _ = std::io::stdout().flush();
-    // Output ends here (the supervisor sees end-of-file on both pipes before
-    // `done` arrives) and the process exits right after it: the result need
-    // not wait for the exit.
-    done.closing = crate::sandbox::process::close_output();
     let mut chan = chan.borrow_mut();
     match chan.send(&FromWorker::Done(Box::new(done))) {
         // Nothing is left to do (stdout was flushed above): end now, without

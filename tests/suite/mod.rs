@@ -7,4 +7,5 @@ mod mcp;
 mod python;
 mod rhai;
 mod supervisor;
+mod tenancy;
 mod zygote;

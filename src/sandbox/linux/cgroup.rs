@@ -153,36 +153,7 @@ impl CellCgroup {
     }
 
     fn set_limit(&self, bytes: u64) -> Result<(), String> {
-        let n = bytes.to_string();
-        if self.v2 {
-            self.write("memory.max", &n)?;
-            // Absent when the kernel has no swap support.
-            if self.dir.join("memory.swap.max").exists() {
-                self.write("memory.swap.max", "0")?;
-            }
-        } else {
-            // Present only where swap is accounted; memory + swap = memory.
-            // It may never be below the memory limit, so it is lifted first
-            // (a kept slot may hold a lower one from its last run).
-            let memsw = self.dir.join("memory.memsw.limit_in_bytes").exists();
-            if memsw {
-                self.write("memory.memsw.limit_in_bytes", "-1")?;
-            }
-            self.write("memory.limit_in_bytes", &n)?;
-            if memsw {
-                self.write("memory.memsw.limit_in_bytes", &n)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn write(&self, file: &str, value: &str) -> Result<(), String> {
-        let path = self.dir.join(file);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(value.as_bytes()))
-            .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+        set_memory_limit(&self.dir, self.v2, bytes)
     }
 
     /// The bytes its processes may hold together.
@@ -207,6 +178,40 @@ impl CellCgroup {
     pub fn procs_fd(&self) -> RawFd {
         self.procs.as_raw_fd()
     }
+}
+
+/// Bound what the processes of the memory cgroup at `dir` hold together
+/// to `bytes`, swap included.
+pub fn set_memory_limit(dir: &Path, v2: bool, bytes: u64) -> Result<(), String> {
+    let write = |file: &str, value: &str| {
+        let path = dir.join(file);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(value.as_bytes()))
+            .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+    };
+    let n = bytes.to_string();
+    if v2 {
+        write("memory.max", &n)?;
+        // Absent when the kernel has no swap support.
+        if dir.join("memory.swap.max").exists() {
+            write("memory.swap.max", "0")?;
+        }
+    } else {
+        // Present only where swap is accounted; memory + swap = memory.
+        // It may never be below the memory limit, so it is lifted first
+        // (a kept cgroup may hold a lower one from its last use).
+        let memsw = dir.join("memory.memsw.limit_in_bytes").exists();
+        if memsw {
+            write("memory.memsw.limit_in_bytes", "-1")?;
+        }
+        write("memory.limit_in_bytes", &n)?;
+        if memsw {
+            write("memory.memsw.limit_in_bytes", &n)?;
+        }
+    }
+    Ok(())
 }
 
 /// The `cgroup` entry of a cell's sandbox report: the cgroup its processes

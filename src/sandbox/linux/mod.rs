@@ -3,6 +3,7 @@
 
 pub mod cgroup;
 pub mod exec;
+pub mod groups;
 pub mod hygiene;
 pub mod landlock;
 pub mod mounts;

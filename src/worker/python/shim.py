@@ -551,25 +551,6 @@ def _fallback_done(message):
     return ('{"t":"done","status":"error","value":null,"error":{"type":"ShimError","message":%s}}' % _dumps(_clean(message))).encode("utf-8")
 
 
-def _closing():
-    """A cell forked from a zygote ends its output here and measures itself,
-    so the supervisor can return its result at `done` instead of after the
-    exit (the `closing` field). Empty when that cannot be done: the
-    supervisor then waits for the exit as for any worker."""
-    getrusage = _G.get("_zgetrusage")
-    if getrusage is None:
-        return b""
-    try:
-        ru = getrusage(0)  # RUSAGE_SELF
-        cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
-        rss_kb = int(ru.ru_maxrss)
-        posix.close(1)
-        posix.close(2)
-    except BaseException:
-        return b""
-    return (',"closing":{"cpu_ms":%d,"max_rss_kb":%d}' % (cpu_ms, rss_kb)).encode("utf-8")
-
-
 def _finish(out):
     _st["armed"] = False
     _signal.setitimer(_signal.ITIMER_REAL, 0)
@@ -581,11 +562,8 @@ def _finish(out):
             pass
     if posix.getpid() != _st["pid"]:
         posix._exit(0)  # a forked child of the cell never speaks for it
-    closing = _closing()
     try:
         data = _done_frame(out)
-        if closing and len(data) + len(closing) <= _st["max"]:
-            data = data[:-1] + closing + b"}"
     except BaseException as e:
         data = _fallback_done("the shim failed to build its result: %s" % _type_name(type(e)))
     try:

@@ -16,9 +16,6 @@ import select
 import ctypes
 
 _ZC = _loads(_ZYGOTE_CONFIG)
-# A forked cell measures itself with this as it ends (the shim's _finish):
-# its result is then returned at `done`, before its exit.
-_zgetrusage = resource.getrusage
 _CTL = _socket.socket(fileno=_FD)
 _EXIT_SANDBOX = 6
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -143,6 +140,14 @@ def _child(fds):
             if type(v) is not int or v < 0:
                 raise ValueError("bad rlimit " + name)
             hard = v + 1 if res == resource.RLIMIT_CPU else v
+            # Above the zygote's own hard limit is clamped to it, never
+            # raised (as the worker's rlimits layer does).
+            top = resource.getrlimit(res)[1]
+            if top != resource.RLIM_INFINITY:
+                v, hard = min(v, top), min(hard, top)
+            else:
+                v = resource.RLIM_INFINITY if v >= 1 << 63 else v
+                hard = resource.RLIM_INFINITY if hard >= 1 << 63 else hard
             resource.setrlimit(res, (v, hard))
         scratch = msg["scratch"]
         if type(scratch) is not str or not scratch.startswith("/"):

@@ -1,0 +1,119 @@
+//! A session's share of the host: the cgroups that bound its processes and
+//! memory apart from other sessions' and that hold each of its cells until
+//! the cell's whole process tree is gone (see
+//! `crate::sandbox::linux::groups`).
+
+use super::Inner;
+use std::sync::{Arc, OnceLock};
+
+#[cfg(target_os = "linux")]
+use crate::sandbox::linux::groups::SessionGroup;
+#[cfg(target_os = "linux")]
+pub(crate) use crate::sandbox::linux::groups::{CellGroup, TreeUsage};
+
+/// The pid (in our namespace) of the process behind a pidfd.
+#[cfg(target_os = "linux")]
+pub(crate) fn groups_pid(pidfd: &std::os::fd::OwnedFd) -> Result<i32, String> {
+    crate::sandbox::linux::groups::pidfd_pid(pidfd)
+}
+
+/// Elsewhere there are no cell groups: a stand-in that is never made.
+#[cfg(not(target_os = "linux"))]
+#[derive(Debug)]
+pub(crate) enum CellGroup {}
+
+#[cfg(not(target_os = "linux"))]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TreeUsage {
+    pub cpu_ms: Option<u64>,
+}
+
+#[cfg(not(target_os = "linux"))]
+impl CellGroup {
+    pub(crate) fn join_fds(&self) -> Vec<std::os::fd::RawFd> {
+        match *self {}
+    }
+    pub(crate) fn adopt(&self, _pid: i32) -> Result<(), String> {
+        match *self {}
+    }
+    pub(crate) fn end(&self, _within: std::time::Duration) -> Result<(), String> {
+        match *self {}
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        match *self {}
+    }
+    pub(crate) fn usage(&self) -> TreeUsage {
+        match *self {}
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn groups_pid(_pidfd: &std::os::fd::OwnedFd) -> Result<i32, String> {
+    Err("no cell groups on this system".into())
+}
+
+/// Made at the session's first cell, shared by its cells and sub-cells.
+#[derive(Debug, Default)]
+pub(crate) struct Share {
+    #[cfg(target_os = "linux")]
+    group: OnceLock<Option<Arc<SessionGroup>>>,
+    #[cfg(not(target_os = "linux"))]
+    group: OnceLock<()>,
+}
+
+/// How much a session may hold together: its cells' memory limit plus the
+/// scratch its files may take (tmpfs pages are charged to the session that
+/// wrote them, idle or not), and twice a cell's process count (a cell and
+/// the sub-cell it waits for).
+pub(crate) fn session_bounds(sup: &Inner, limits: &super::Limits) -> (u64, u64) {
+    (
+        limits.memory_bytes.saturating_add(sup.scratch_bytes()),
+        limits.max_processes.saturating_mul(2),
+    )
+}
+
+impl Share {
+    /// The session's group, made now with bounds from `limits` if this is
+    /// its first cell; `None` where the supervisor has no groups.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn session(&self, sup: &Inner, limits: &super::Limits) -> Option<Arc<SessionGroup>> {
+        self.group
+            .get_or_init(|| {
+                let groups = sup.groups.as_ref()?;
+                let (memory, processes) = session_bounds(sup, limits);
+                match groups.session(memory, processes) {
+                    Ok(g) => Some(Arc::new(g)),
+                    Err(e) => {
+                        tracing::warn!("a session runs without its own cgroup: {e}");
+                        None
+                    }
+                }
+            })
+            .clone()
+    }
+
+    /// A group for one cell of the session (its processes bounded by
+    /// `limits`); `None` where there are no groups.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn cell(
+        &self,
+        _sup: &Inner,
+        _limits: &super::Limits,
+    ) -> Result<Option<CellGroup>, String> {
+        Ok(None)
+    }
+
+    /// A group for one cell of the session (its processes bounded by
+    /// `limits`); `None` where there are no groups.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn cell(
+        &self,
+        sup: &Inner,
+        limits: &super::Limits,
+    ) -> Result<Option<CellGroup>, String> {
+        match self.session(sup, limits) {
+            Some(s) => s.cell(limits.max_processes).map(Some),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Sessions on one supervisor are bounded apart (issue: many tenants on
+//! one server): a cell is over only when every process it started is gone,
+//! whatever it told the supervisor; its CPU time is measured for its whole
+//! tree; processes are counted per session and per cell; the OOM killer
+//! stays inside the session that went past its bound; an idle session's
+//! files count against that session. Each test is judged from host-side
+//! evidence (the host's /proc, the cgroup files) and would fail without
+//! the defence (its comments say how).
+
+use super::common::*;
+use cellbox::{CellRequest, CellResult, Language, PoolConfig, SessionConfig, Status, Supervisor};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn py(code: &str) -> CellRequest {
+    CellRequest::new(Language::Python, code)
+}
+
+/// Host processes holding a file whose path contains `token` open.
+fn holders_of(token: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path())
+                .map(|l| l.to_string_lossy().contains(token))
+                .unwrap_or(false)
+            {
+                out.push(pid);
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn token(name: &str) -> String {
+    format!("{name}-{}-{}", std::process::id(), rand_u32())
+}
+
+fn rand_u32() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(7)
+}
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests need root: per-session cgroups are made by a root supervisor"
+    );
+}
+
+fn one_zygote() -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .python_pool(PoolConfig {
+            size: 1,
+            ..PoolConfig::default()
+        })
+        .build()
+        .unwrap()
+}
+
+fn layer(r: &CellResult) -> String {
+    r.sandbox
+        .as_ref()
+        .and_then(|s| s.layer("cgroup"))
+        .map(|l| l.detail.clone())
+        .unwrap_or_default()
+}
+
+/// A Python cell that forks a child into its own session (holding a file
+/// named with `token` open), then writes its own `done` frame on the
+/// protocol descriptor and lives on. The old supervisor returned at that
+/// `done` and killed the cell's process group, so the child (another
+/// session, another group) lived on after the result, with the cell's
+/// scratch directory removed under it and its concurrency slot free.
+fn forged_done(token: &str) -> String {
+    format!(
+        r#"
+import os, struct, time
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    f = open("{token}", "w")
+    while True:
+        time.sleep(0.05)
+time.sleep(0.3)
+frame = b'{{"t":"done","status":"ok","value":"forged"}}'
+os.write(3, struct.pack(">I", len(frame)) + frame)
+time.sleep(60)
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_is_over_only_when_its_whole_tree_is_gone() {
+    require_root();
+    let sup = one_zygote();
+    let session = sup.session(SessionConfig::default()).unwrap();
+    let t = token("early-done");
+    let started = Instant::now();
+    let r = session.run(py(&forged_done(&t))).await;
+    // The cell said it was done: it is, with whatever it said.
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{r:?}");
+    // Nothing it started is left once the result is here.
+    let left = holders_of(&t);
+    assert!(
+        left.is_empty(),
+        "processes of the cell outlived it: {left:?}"
+    );
+    assert!(layer(&r).contains("whole process tree"), "{}", layer(&r));
+    // The same for a cold shell cell that leaves a setsid'd child.
+    let t2 = token("shell-orphan");
+    let r = session
+        .run(CellRequest::new(
+            Language::Shell,
+            format!("setsid sh -c 'exec 9>{t2}; sleep 300' >/dev/null 2>&1 & sleep 0.3; echo out"),
+        ))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.stdout.trim(), "out");
+    let left = holders_of(&t2);
+    assert!(
+        left.is_empty(),
+        "processes of the shell cell outlived it: {left:?}"
+    );
+    // And the session goes on.
+    let r = session.run(py("1 + 1")).await;
+    assert_eq!(r.value, serde_json::json!(2), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_counts_every_process_of_the_cell() {
+    require_root();
+    let sup = one_zygote();
+    // A child spins for 0.6 s of CPU and exits; the cell never waits for
+    // it, so the first process's own rusage (what the cell's parent
+    // reports) does not include it. The old supervisor reported that (or
+    // whatever the cell wrote in its `done`).
+    let code = r#"
+import os, time
+pid = os.fork()
+if pid == 0:
+    t = time.process_time()
+    while time.process_time() - t < 0.6:
+        pass
+    os._exit(0)
+time.sleep(1.5)
+"#;
+    let r = sup.run(py(code), SessionConfig::default()).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(
+        r.usage.cpu_ms >= 500,
+        "cpu_ms {} leaves out the child's 600 ms",
+        r.usage.cpu_ms
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_are_counted_per_session_not_per_zygote() {
+    require_root();
+    // One zygote: every warm cell shares its user namespace, where
+    // RLIMIT_NPROC counted all of them together.
+    let sup = one_zygote();
+    let a = sup.session(SessionConfig::default()).unwrap();
+    let b = sup.session(SessionConfig::default()).unwrap();
+    // A takes as many processes as it can (its limit is 64) and holds them.
+    let hog = r#"
+import os, time
+n = 0
+for i in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(8)
+        os._exit(0)
+    n += 1
+print(n)
+time.sleep(5)
+"#;
+    let a_run = tokio::spawn(async move { a.run(py(hog)).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // B, meanwhile, forks 30 children.
+    let forks = r#"
+import os
+ok = 0
+for i in range(30):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("fork failed:", e)
+        break
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    ok += 1
+ok
+"#;
+    let rb = b.run(py(forks)).await;
+    let ra = a_run.await.unwrap();
+    assert_eq!(ra.status, Status::Ok, "{ra:?}");
+    let held: u64 = ra.stdout.trim().parse().unwrap();
+    // Its own bound holds (the cell's first process counts too).
+    assert!((40..64).contains(&held), "A held {held} processes");
+    assert_eq!(rb.status, Status::Ok, "{rb:?}");
+    assert_eq!(rb.value, serde_json::json!(30), "B could not fork: {rb:?}");
+}
+
+/// The cells' memory cgroup directory of `sup` (from its pool status).
+async fn cells_cgroup(sup: &Supervisor) -> PathBuf {
+    let s = sup.pool_status().await;
+    let text = s.cells_memory_cgroup.expect("a cells' memory cgroup");
+    PathBuf::from(text.rsplit(' ').next().unwrap())
+}
+
+/// `memory.usage_in_bytes` of every session cgroup beneath `cells`.
+fn session_usages(cells: &std::path::Path) -> Vec<u64> {
+    std::fs::read_dir(cells)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('s'))
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("memory.usage_in_bytes"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+fn small_sessions() -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .scratch_bytes(128 << 20)
+        .cells_memory_bytes(3 << 30)
+        .build()
+        .unwrap()
+}
+
+fn limited(memory: u64) -> SessionConfig {
+    let mut c = SessionConfig::default();
+    c.limits.memory_bytes = memory;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oom_killer_stays_in_the_session_past_its_bound() {
+    require_root();
+    // Sessions of 256 MiB cells: each session may hold 256 + 128 MiB. The
+    // cells' cgroup (3 GiB) would hold A's 4 x 150 MB, so without a bound
+    // per session nothing is killed; with the old shared bound it was the
+    // largest process of any session that went.
+    let sup = small_sessions();
+    let a = sup.session(limited(256 << 20)).unwrap();
+    let b = sup.session(limited(256 << 20)).unwrap();
+    let hog = r#"
+import os, time
+pids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        b = bytearray(150 << 20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        time.sleep(3)
+        os._exit(0)
+    pids.append(pid)
+[os.waitpid(p, 0)[1] for p in pids]
+"#;
+    let victim = r#"
+import time
+b = bytearray(180 << 20)
+for j in range(0, len(b), 4096):
+    b[j] = 1
+time.sleep(5)
+print("alive")
+"#;
+    let b_run = tokio::spawn(async move { b.run(py(victim)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ra = a.run(py(hog)).await;
+    let rb = b_run.await.unwrap();
+    assert_eq!(rb.status, Status::Ok, "the victim session was hit: {rb:?}");
+    assert_eq!(rb.stdout.trim(), "alive");
+    // Some of A's children were killed (SIGKILL: wait status 9).
+    assert_eq!(ra.status, Status::Ok, "{ra:?}");
+    let statuses: Vec<i64> = ra
+        .value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert!(
+        statuses.contains(&9),
+        "no child of A was killed past its session's bound: {statuses:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sessions_files_count_against_that_session() {
+    require_root();
+    let sup = small_sessions();
+    let cells = cells_cgroup(&sup).await;
+    let a = sup.session(limited(256 << 20)).unwrap();
+    let r = a
+        .run(py("for n in 'ab': open(n, 'wb').write(b'x' * (40 << 20))"))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    // The cell is over; its 80 MB of tmpfs pages stay charged to A's
+    // group (not to the cells' group as a whole, where they took what
+    // running cells of other sessions were entitled to).
+    let usages = session_usages(&cells);
+    assert!(
+        usages.iter().any(|&u| u >= 80 << 20),
+        "no session group holds the idle session's files: {usages:?}"
+    );
+    drop(a);
+}
