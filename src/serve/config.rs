@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// included (a memory cgroup; enforced when serving as root).
     #[arg(long = "cells-memory-bytes", value_name = "BYTES")]
     pub cells_memory_bytes: Option<u64>,
+    /// A cgroup per session and per cell (memory, processes, the cell's
+    /// whole process tree); default true where the host allows it.
+    #[arg(long = "session-cgroups", value_name = "BOOL")]
+    pub session_cgroups: Option<bool>,
     /// Python interpreter for python cells (default: the real python3 on PATH).
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
@@ -174,6 +178,8 @@ pub struct ServerSection {
     /// Bytes of memory all cells may hold together; by default room for
     /// every running call's memory limit plus 512 MiB for the warm workers.
     pub cells_memory_bytes: Option<u64>,
+    /// A cgroup per session and per cell beneath the cells' one.
+    pub session_cgroups: bool,
     /// Python interpreter for python cells.
     pub python: Option<PathBuf>,
     /// Append run events (JSON lines) to this file.
@@ -192,6 +198,7 @@ impl Default for ServerSection {
             progress_interval_ms: 1000,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
             cells_memory_bytes: None,
+            session_cgroups: true,
             python: None,
             events: None,
             events_max_bytes: crate::supervisor::DEFAULT_EVENTS_MAX_BYTES,
@@ -333,6 +340,7 @@ pub struct Settings {
     pub max_queue_per_principal: usize,
     pub scratch_bytes: u64,
     pub cells_memory_bytes: u64,
+    pub session_cgroups: bool,
     pub progress_interval: Duration,
     pub python: Option<PathBuf>,
     pub events: Option<PathBuf>,
@@ -459,6 +467,9 @@ impl ServeConfig {
         }
         if let Some(n) = args.cells_memory_bytes {
             self.server.cells_memory_bytes = Some(n);
+        }
+        if let Some(on) = args.session_cgroups {
+            self.server.session_cgroups = on;
         }
         if let Some(n) = args.max_queue {
             self.server.max_queue = n;
@@ -662,6 +673,7 @@ impl ServeConfig {
             max_queue_per_principal,
             scratch_bytes: s.scratch_bytes,
             cells_memory_bytes,
+            session_cgroups: s.session_cgroups,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
             events: s.events.clone(),

@@ -151,6 +151,7 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
     let mut b = Supervisor::builder()
         .scratch_bytes(settings.scratch_bytes)
         .cells_memory_bytes(settings.cells_memory_bytes)
+        .session_cgroups(settings.session_cgroups)
         .languages(settings.languages.iter().copied());
     for (lang, profile) in &settings.profiles {
         b = b.profile(*lang, profile.clone());

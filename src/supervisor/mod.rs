@@ -405,9 +405,21 @@ pub struct SupervisorBuilder {
     pool: zygote::PoolConfig,
     scratch_bytes: u64,
     cells_memory_bytes: u64,
+    session_cgroups: bool,
 }
 
 impl SupervisorBuilder {
+    /// A cgroup for every session and every cell beneath the cells' memory
+    /// cgroup (on by default; where the host allows: root, cgroup v1 with
+    /// the memory, pids and cpuacct hierarchies): sessions are bounded
+    /// apart in memory and processes, and a cell ends with its whole
+    /// process tree. Off, sessions share the cells' cgroup (the escape
+    /// suite turns it off to show what it stops).
+    pub fn session_cgroups(mut self, on: bool) -> Self {
+        self.session_cgroups = on;
+        self
+    }
+
     /// Bytes of memory all cells of this supervisor may hold together
     /// (default 4 GiB), on top of each process's own limit: a cell may
     /// start many processes, and each one's RLIMIT_AS alone does not bound
@@ -541,23 +553,26 @@ impl SupervisorBuilder {
             None
         };
         #[cfg(target_os = "linux")]
-        let groups = cells_cgroup.as_ref().and_then(|c| {
-            if c.kind() != "cgroup v1 memory" {
-                tracing::warn!(
-                    "sessions share the cells' cgroup: per-session groups need cgroup v1 \
+        let groups = cells_cgroup
+            .as_ref()
+            .filter(|_| self.session_cgroups)
+            .and_then(|c| {
+                if c.kind() != "cgroup v1 memory" {
+                    tracing::warn!(
+                        "sessions share the cells' cgroup: per-session groups need cgroup v1 \
                      (memory, pids, cpuacct) and this host has {}",
-                    c.kind()
-                );
-                return None;
-            }
-            match crate::sandbox::linux::groups::Groups::new(c.path()) {
-                Ok(g) => Some(Arc::new(g)),
-                Err(e) => {
-                    tracing::warn!("sessions share the cells' cgroup: {e}");
-                    None
+                        c.kind()
+                    );
+                    return None;
                 }
-            }
-        });
+                match crate::sandbox::linux::groups::Groups::new(c.path()) {
+                    Ok(g) => Some(Arc::new(g)),
+                    Err(e) => {
+                        tracing::warn!("sessions share the cells' cgroup: {e}");
+                        None
+                    }
+                }
+            });
         // Warm workers see the scratch root from their start: make it now.
         let scratch_root = OnceLock::new();
         if self.warm {
@@ -636,6 +651,7 @@ impl Supervisor {
             #[cfg(target_os = "linux")]
             pool: zygote::PoolConfig::default(),
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
+            session_cgroups: true,
             cells_memory_bytes: DEFAULT_CELLS_MEMORY_BYTES,
         }
     }

@@ -167,12 +167,13 @@ fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
             mode,
         );
         if report.applied && sup.groups.is_some() {
-            let (memory, processes) = super::tenancy::session_bounds(sup, &spec.limits);
+            let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+            let (memory, processes) = super::tenancy::session_bounds(sup, asked);
             report.detail.push_str(&format!(
                 "; its session: {} MiB (its files too), {processes} processes; \
                  the cell: {} processes, its whole process tree ended with it",
                 memory >> 20,
-                spec.limits.max_processes
+                super::tenancy::cell_processes(&spec.limits)
             ));
         } else if report.applied {
             report.detail.push_str(
@@ -356,7 +357,8 @@ async fn run_worker(
     let group = if mode == crate::profiles::LayerMode::Off {
         None
     } else {
-        match spec.share.cell(sup, &spec.limits) {
+        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+        match spec.share.cell(sup, &spec.limits, asked) {
             Ok(g) => g.map(Arc::new),
             Err(e) => {
                 result.status = Status::SandboxError;
@@ -822,7 +824,12 @@ fn start_direct(
     // It joins its own cgroup (beneath its session's and the cells') or
     // else the cells' one, before it execs.
     let joins = match group {
-        Some(g) => g.join_fds(),
+        Some(g) => {
+            // One more process than the cell's own: the worker that sets up
+            // the jail stays outside the cell's PID namespace as its parent.
+            g.set_max_processes(super::tenancy::cell_processes(&spec.limits).saturating_add(1))?;
+            g.join_fds()
+        }
         None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),
     };
     spawn::prepare_worker(&mut cmd, &worker_fd, joins);

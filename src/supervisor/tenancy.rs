@@ -45,6 +45,9 @@ impl CellGroup {
     pub(crate) fn usage(&self) -> TreeUsage {
         match *self {}
     }
+    pub(crate) fn set_max_processes(&self, _n: u64) -> Result<(), String> {
+        match *self {}
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -61,26 +64,34 @@ pub(crate) struct Share {
     group: OnceLock<()>,
 }
 
-/// How much a session may hold together: its cells' memory limit plus the
-/// scratch its files may take (tmpfs pages are charged to the session that
-/// wrote them, idle or not), and twice a cell's process count (a cell and
-/// the sub-cell it waits for).
-pub(crate) fn session_bounds(sup: &Inner, limits: &super::Limits) -> (u64, u64) {
+/// How much a session may hold together, from the limits it asked for
+/// (before a profile's ceiling narrowed them for one cell): its cells'
+/// memory limit plus the scratch its files may take (tmpfs pages are
+/// charged to the session that wrote them, idle or not), and twice a
+/// cell's processes (a cell and the sub-cell it waits for).
+pub(crate) fn session_bounds(sup: &Inner, asked: &super::Limits) -> (u64, u64) {
     (
-        limits.memory_bytes.saturating_add(sup.scratch_bytes()),
-        limits.max_processes.saturating_mul(2),
+        asked.memory_bytes.saturating_add(sup.scratch_bytes()),
+        cell_processes(asked).saturating_add(1).saturating_mul(2),
     )
 }
 
+/// The processes a cell's pids cgroup allows: its limit (threads count,
+/// as for RLIMIT_NPROC). A cold worker adds one for the jail itself (see
+/// `runner::start_direct`).
+pub(crate) fn cell_processes(limits: &super::Limits) -> u64 {
+    limits.max_processes
+}
+
 impl Share {
-    /// The session's group, made now with bounds from `limits` if this is
+    /// The session's group, made now with bounds from `asked` if this is
     /// its first cell; `None` where the supervisor has no groups.
     #[cfg(target_os = "linux")]
-    pub(crate) fn session(&self, sup: &Inner, limits: &super::Limits) -> Option<Arc<SessionGroup>> {
+    pub(crate) fn session(&self, sup: &Inner, asked: &super::Limits) -> Option<Arc<SessionGroup>> {
         self.group
             .get_or_init(|| {
                 let groups = sup.groups.as_ref()?;
-                let (memory, processes) = session_bounds(sup, limits);
+                let (memory, processes) = session_bounds(sup, asked);
                 match groups.session(memory, processes) {
                     Ok(g) => Some(Arc::new(g)),
                     Err(e) => {
@@ -99,6 +110,7 @@ impl Share {
         &self,
         _sup: &Inner,
         _limits: &super::Limits,
+        _asked: &super::Limits,
     ) -> Result<Option<CellGroup>, String> {
         Ok(None)
     }
@@ -110,9 +122,10 @@ impl Share {
         &self,
         sup: &Inner,
         limits: &super::Limits,
+        asked: &super::Limits,
     ) -> Result<Option<CellGroup>, String> {
-        match self.session(sup, limits) {
-            Some(s) => s.cell(limits.max_processes).map(Some),
+        match self.session(sup, asked) {
+            Some(s) => s.cell(cell_processes(limits)).map(Some),
             None => Ok(None),
         }
     }

@@ -212,7 +212,7 @@ ok
     assert_eq!(ra.status, Status::Ok, "{ra:?}");
     let held: u64 = ra.stdout.trim().parse().unwrap();
     // Its own bound holds (the cell's first process counts too).
-    assert!((40..64).contains(&held), "A held {held} processes");
+    assert!((40..64).contains(&held), "A held {held} more processes");
     assert_eq!(rb.status, Status::Ok, "{rb:?}");
     assert_eq!(rb.value, serde_json::json!(30), "B could not fork: {rb:?}");
 }

@@ -881,10 +881,15 @@ async fn cells_that_fork_are_held_to_the_memory_of_all_cells() {
                 ]
                 .map(move |root| std::path::Path::new(root).join(&p))
             })
-            .find(|d| {
-                d.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("cellbox-"))
-                    && d.join("cgroup.procs").exists()
+            // The cells' cgroup, or a session's beneath it.
+            .filter(|d| d.join("cgroup.procs").exists())
+            .find_map(|d| {
+                d.ancestors()
+                    .find(|a| {
+                        a.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("cellbox-"))
+                    })
+                    .map(std::path::Path::to_path_buf)
             })
             .unwrap_or_else(|| panic!("warm {warm}: the cell is in no cgroup of ours: {r:?}"));
         drop(s);

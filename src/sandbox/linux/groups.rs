@@ -375,6 +375,11 @@ impl CellGroup {
         Ok(())
     }
 
+    /// Allow the cell `n` processes at once (threads count).
+    pub fn set_max_processes(&self, n: u64) -> Result<(), String> {
+        write(&self.pids.join("pids.max"), &n.to_string())
+    }
+
     /// Kill whatever of the cell is left and wait until none of it is (at
     /// most `within`).
     pub fn end(&self, within: Duration) -> Result<(), String> {
