@@ -91,6 +91,13 @@ pub struct ServeArgs {
     /// (a tmpfs; enforced when serving as root).
     #[arg(long = "scratch-bytes", value_name = "BYTES")]
     pub scratch_bytes: Option<u64>,
+    /// Bytes one session's scratch may hold, its sub-cells' included (a
+    /// tmpfs of the session's own; enforced when serving as root).
+    #[arg(long = "session-scratch-bytes", value_name = "BYTES")]
+    pub session_scratch_bytes: Option<u64>,
+    /// Files, directories and links one session's scratch may hold.
+    #[arg(long = "session-scratch-inodes", value_name = "N")]
+    pub session_scratch_inodes: Option<u64>,
     /// Bytes of memory all cells may hold together, the warm workers
     /// included (a memory cgroup; enforced when serving as root).
     #[arg(long = "cells-memory-bytes", value_name = "BYTES")]
@@ -171,6 +178,10 @@ pub struct ServerSection {
     pub progress_interval_ms: u64,
     /// Bytes the scratch directories of all cells may hold together.
     pub scratch_bytes: u64,
+    /// Bytes one session's scratch may hold (its own tmpfs).
+    pub session_scratch_bytes: u64,
+    /// Inodes one session's scratch may hold.
+    pub session_scratch_inodes: u64,
     /// Bytes of memory all cells may hold together; by default room for
     /// every running call's memory limit plus 512 MiB for the warm workers.
     pub cells_memory_bytes: Option<u64>,
@@ -191,6 +202,8 @@ impl Default for ServerSection {
             max_queue_per_principal: None,
             progress_interval_ms: 1000,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
+            session_scratch_bytes: crate::supervisor::DEFAULT_SESSION_SCRATCH.bytes,
+            session_scratch_inodes: crate::supervisor::DEFAULT_SESSION_SCRATCH.inodes,
             cells_memory_bytes: None,
             python: None,
             events: None,
@@ -332,6 +345,8 @@ pub struct Settings {
     pub max_queue: usize,
     pub max_queue_per_principal: usize,
     pub scratch_bytes: u64,
+    /// The bounds of each session's own scratch.
+    pub session_scratch: crate::supervisor::ScratchQuota,
     pub cells_memory_bytes: u64,
     pub progress_interval: Duration,
     pub python: Option<PathBuf>,
@@ -457,6 +472,12 @@ impl ServeConfig {
         if let Some(n) = args.scratch_bytes {
             self.server.scratch_bytes = n;
         }
+        if let Some(n) = args.session_scratch_bytes {
+            self.server.session_scratch_bytes = n;
+        }
+        if let Some(n) = args.session_scratch_inodes {
+            self.server.session_scratch_inodes = n;
+        }
         if let Some(n) = args.cells_memory_bytes {
             self.server.cells_memory_bytes = Some(n);
         }
@@ -559,6 +580,22 @@ impl ServeConfig {
                 format!("{}: give at least 1048576 (1 MiB)", s.scratch_bytes),
             ));
         }
+        let session_scratch = crate::supervisor::ScratchQuota {
+            bytes: s.session_scratch_bytes,
+            inodes: s.session_scratch_inodes,
+        };
+        if s.session_scratch_bytes < 1 << 20 {
+            return Err(invalid(
+                "server.session_scratch_bytes (--session-scratch-bytes)",
+                format!("{}: give at least 1048576 (1 MiB)", s.session_scratch_bytes),
+            ));
+        }
+        if let Some(problem) = session_scratch.problem() {
+            return Err(invalid(
+                "server.session_scratch_inodes (--session-scratch-inodes)",
+                problem,
+            ));
+        }
         let cells_memory_bytes = match s.cells_memory_bytes {
             Some(n) if n < 64 << 20 => {
                 return Err(invalid(
@@ -656,6 +693,7 @@ impl ServeConfig {
             max_queue: s.max_queue,
             max_queue_per_principal,
             scratch_bytes: s.scratch_bytes,
+            session_scratch,
             cells_memory_bytes,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             python: s.python.clone(),
@@ -823,6 +861,53 @@ mod tests {
         let mut c = ServeConfig::default();
         c.apply_args(&args).unwrap();
         assert_eq!(c.limits.max_output_bytes, 2000);
+    }
+
+    #[test]
+    fn session_scratch_from_file_and_flags() {
+        let d = ServeConfig::default().validate().unwrap().session_scratch;
+        assert_eq!(d, crate::supervisor::DEFAULT_SESSION_SCRATCH);
+        assert_eq!((d.bytes, d.inodes), (256 << 20, 16384));
+        let mut c =
+            parse("[server]\nsession_scratch_bytes = 8388608\nsession_scratch_inodes = 1000\n")
+                .unwrap();
+        let q = c.validate().unwrap().session_scratch;
+        assert_eq!((q.bytes, q.inodes), (8 << 20, 1000));
+        c.apply_args(&ServeArgs {
+            session_scratch_bytes: Some(1 << 30),
+            session_scratch_inodes: Some(64),
+            ..Default::default()
+        })
+        .unwrap();
+        let q = c.validate().unwrap().session_scratch;
+        assert_eq!((q.bytes, q.inodes), (1 << 30, 64));
+        let e = parse("[server]\nsession_scratch_bytes = 4096\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.session_scratch_bytes (--session-scratch-bytes)"),
+            "{e}"
+        );
+        let e = parse("[server]\nsession_scratch_inodes = 10\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.session_scratch_inodes (--session-scratch-inodes)"),
+            "{e}"
+        );
+        // Strict like the rest: a string, a negative number and a
+        // misspelt key are refused.
+        for bad in [
+            "session_scratch_bytes = \"1M\"",
+            "session_scratch_inodes = -1",
+            "session_scratch_inode = 100",
+        ] {
+            assert!(parse(&format!("[server]\n{bad}\n")).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -6,5 +6,6 @@ mod isolation;
 mod mcp;
 mod python;
 mod rhai;
+mod scratch;
 mod supervisor;
 mod zygote;
