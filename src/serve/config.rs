@@ -87,8 +87,8 @@ pub struct ServeArgs {
     /// How many calls of one principal (token) may wait for a slot.
     #[arg(long = "max-queue-per-principal", value_name = "N")]
     pub max_queue_per_principal: Option<usize>,
-    /// Bytes the scratch directories of all cells may hold together
-    /// (a tmpfs; enforced when serving as root).
+    /// Bytes the scratch directories of all cells may hold together,
+    /// outside each session's own (a tmpfs; enforced when serving as root).
     #[arg(long = "scratch-bytes", value_name = "BYTES")]
     pub scratch_bytes: Option<u64>,
     /// Bytes one session's scratch may hold, its sub-cells' included (a

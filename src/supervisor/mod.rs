@@ -422,8 +422,10 @@ impl SupervisorBuilder {
         self
     }
 
-    /// Bytes the scratch directories of all cells and sessions may hold
-    /// together (default 1 GiB). Enforced with a tmpfs when the supervisor
+    /// Bytes the scratch directories of all cells may hold together outside
+    /// the sessions' own tmpfs (see [`Self::session_scratch_bytes`]; what
+    /// lands here is a session's scratch when its own tmpfs could not be
+    /// mounted) (default 1 GiB). Enforced with a tmpfs when the supervisor
     /// runs as root on Linux; otherwise only each file's size is bounded
     /// (the profile's `max_file_size_bytes`). The tmpfs is memory: its
     /// pages count against the host's RAM, not against a cell's limit.

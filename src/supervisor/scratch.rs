@@ -240,12 +240,32 @@ impl Scratch {
     }
 }
 
-/// Where every scratch directory of a supervisor is made. When the
-/// supervisor may mount (it runs as root on Linux), a tmpfs of at most
-/// `bytes` bytes and 65536 inodes that lives as long as the supervisor, so
-/// that its cells together cannot fill the disk beneath the system temp
-/// dir (RLIMIT_FSIZE bounds each file, not how many there are). Otherwise a
-/// plain directory there, where only each file's size is bounded.
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let Some(tree) = self.dir.take() else {
+            return;
+        };
+        // The last directory of a home that is a tmpfs of its own: the
+        // home is unmounted just after, which frees every file at once
+        // (removing a full session's 16384 files one by one would take
+        // a tenth of a second of the thread that closes it).
+        let mounted = self.home.dir.get().is_some_and(|d| d.quota.is_some());
+        if mounted && Arc::strong_count(&self.home) == 1 {
+            tree.release();
+        }
+        // Otherwise the tree is removed now (a sub-cell's, whose files
+        // leave its session's space as it ends).
+    }
+}
+
+/// Where every session's [`Home`] is made. When the supervisor may mount
+/// (it runs as root on Linux), a tmpfs of at most `bytes` bytes and 65536
+/// inodes that lives as long as the supervisor, so that its cells together
+/// cannot fill the disk beneath the system temp dir (RLIMIT_FSIZE bounds
+/// each file, not how many there are); each home is then a tmpfs of its
+/// own mounted on it, and the root holds only what a home that could not
+/// be mounted holds. Otherwise a plain directory there, where only each
+/// file's size is bounded.
 #[derive(Debug)]
 pub(crate) struct ScratchRoot {
     dir: OwnedTree,
@@ -466,6 +486,13 @@ mod tests {
         for i in 0..98 {
             std::fs::remove_file(pa.join(format!("e{i}"))).unwrap();
         }
+        // A sub-cell's directory, files and all, leaves a's space as it
+        // goes (a's does not go with it).
+        let sub = Scratch::beside(&a, "sub-");
+        let ps = sub.path().unwrap().to_path_buf();
+        std::fs::write(ps.join("f"), vec![0u8; 1 << 20]).unwrap();
+        drop(sub);
+        assert!(!ps.exists() && pa.exists());
         // Bytes.
         let r = std::fs::write(pa.join("big"), vec![0u8; 3 << 20]).unwrap_err();
         assert_eq!(r.raw_os_error(), Some(libc::ENOSPC), "{r}");
