@@ -143,6 +143,24 @@ async fn session_scratch_bytes_are_bounded_per_session_on_every_path() {
         assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
         assert_eq!(was_warm(&r), warm, "{r:?}");
         assert_eq!(r.value, json!([8u64 << 20, 16384]), "warm {warm}: {r:?}");
+        // A reaches nothing of B's: neither its directory nor its home.
+        let (pb, home_b) = (b.scratch_dir().unwrap().to_path_buf(), home_of(&b));
+        let code = format!(
+            "import os\nout = []\nfor f in (lambda: os.listdir({p:?}), \
+             lambda: open({p:?} + '/x', 'w'), lambda: os.listdir({h:?}), \
+             lambda: os.mkdir({h:?} + '/y')):\n    try:\n        f()\n        out.append('ok')\n    \
+             except OSError as e:\n        out.append(type(e).__name__)\nout",
+            p = pb.to_str().unwrap(),
+            h = home_b.to_str().unwrap()
+        );
+        let r = py_in(&a, &code).await;
+        assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
+        let outcomes = r.value.as_array().unwrap();
+        assert!(
+            outcomes.len() == 4 && outcomes.iter().all(|o| o != "ok"),
+            "warm {warm}: {r:?}"
+        );
+        assert!(!pb.join("x").exists() && !home_b.join("y").exists());
         let r = py_in(&b, FILL_BYTES_PY).await;
         assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
         let v = r.value.as_array().unwrap().clone();
@@ -174,7 +192,6 @@ async fn session_scratch_bytes_are_bounded_per_session_on_every_path() {
         }
         let r = sh_in(&b, "ls s0 s3").await;
         assert_eq!(r.status, Status::Ok, "warm {warm}: {r:?}");
-        let home_b = home_of(&b);
         drop(b);
         drop(sup);
         gone(&home_b).await;
