@@ -534,6 +534,12 @@ mod tests {
         if mounted {
             crate::sandbox::linux::mounts::mount_scratch_root(&stale, 1 << 20, 0o700).unwrap();
             std::fs::write(stale.join("f"), "x").unwrap();
+            // A session's home mounted beneath it goes too.
+            let home = stale.join(format!("{HOME_PREFIX}abc"));
+            std::fs::create_dir(&home).unwrap();
+            crate::sandbox::linux::mounts::mount_session_scratch(&home, 1 << 20, 64, HOME_MODE)
+                .unwrap();
+            std::fs::write(home.join("f"), "x").unwrap();
         }
         if mounted {
             // The tmpfs root belongs to another uid, as a real one does.
