@@ -911,6 +911,21 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
                     .to_owned(),
             }
         );
+        let session = &pools["session_scratch_quota"];
+        println!(
+            "  {:<16} {}",
+            "session scratch",
+            match (session["bytes"].as_u64(), session["inodes"].as_u64()) {
+                (Some(b), Some(i)) => format!(
+                    "{} MiB and {i} inodes per session, its sub-cells included (a tmpfs of \
+                     its own, outside the total above)",
+                    b >> 20
+                ),
+                _ => "NOT bounded per session (mounting a tmpfs per session needs root); \
+                      sessions share the scratch above"
+                    .to_owned(),
+            }
+        );
         println!(
             "  {:<16} {}",
             "memory",

@@ -51,10 +51,19 @@ impl OwnedTree {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Let the tree go without removing it: something else takes it away
+    /// (unmounting the tmpfs it is on frees it all at once).
+    pub fn release(mut self) {
+        self.path = PathBuf::new();
+    }
 }
 
 impl Drop for OwnedTree {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         if let Err(e) = remove_tree(&self.path) {
             tracing::warn!("{e}");
         }

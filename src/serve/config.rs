@@ -87,10 +87,17 @@ pub struct ServeArgs {
     /// How many calls of one principal (token) may wait for a slot.
     #[arg(long = "max-queue-per-principal", value_name = "N")]
     pub max_queue_per_principal: Option<usize>,
-    /// Bytes the scratch directories of all cells may hold together
-    /// (a tmpfs; enforced when serving as root).
+    /// Bytes the scratch directories of all cells may hold together,
+    /// outside each session's own (a tmpfs; enforced when serving as root).
     #[arg(long = "scratch-bytes", value_name = "BYTES")]
     pub scratch_bytes: Option<u64>,
+    /// Bytes one session's scratch may hold, its sub-cells' included (a
+    /// tmpfs of the session's own; enforced when serving as root).
+    #[arg(long = "session-scratch-bytes", value_name = "BYTES")]
+    pub session_scratch_bytes: Option<u64>,
+    /// Files, directories and links one session's scratch may hold.
+    #[arg(long = "session-scratch-inodes", value_name = "N")]
+    pub session_scratch_inodes: Option<u64>,
     /// Bytes of memory all cells may hold together, the warm workers
     /// included (a memory cgroup; enforced when serving as root).
     #[arg(long = "cells-memory-bytes", value_name = "BYTES")]
@@ -175,6 +182,10 @@ pub struct ServerSection {
     pub progress_interval_ms: u64,
     /// Bytes the scratch directories of all cells may hold together.
     pub scratch_bytes: u64,
+    /// Bytes one session's scratch may hold (its own tmpfs).
+    pub session_scratch_bytes: u64,
+    /// Inodes one session's scratch may hold.
+    pub session_scratch_inodes: u64,
     /// Bytes of memory all cells may hold together; by default room for
     /// every running call's memory limit plus 512 MiB for the warm workers.
     pub cells_memory_bytes: Option<u64>,
@@ -197,6 +208,8 @@ impl Default for ServerSection {
             max_queue_per_principal: None,
             progress_interval_ms: 1000,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
+            session_scratch_bytes: crate::supervisor::DEFAULT_SESSION_SCRATCH.bytes,
+            session_scratch_inodes: crate::supervisor::DEFAULT_SESSION_SCRATCH.inodes,
             cells_memory_bytes: None,
             session_cgroups: true,
             python: None,
@@ -339,6 +352,8 @@ pub struct Settings {
     pub max_queue: usize,
     pub max_queue_per_principal: usize,
     pub scratch_bytes: u64,
+    /// The bounds of each session's own scratch.
+    pub session_scratch: crate::supervisor::ScratchQuota,
     pub cells_memory_bytes: u64,
     pub session_cgroups: bool,
     pub progress_interval: Duration,
@@ -465,6 +480,12 @@ impl ServeConfig {
         if let Some(n) = args.scratch_bytes {
             self.server.scratch_bytes = n;
         }
+        if let Some(n) = args.session_scratch_bytes {
+            self.server.session_scratch_bytes = n;
+        }
+        if let Some(n) = args.session_scratch_inodes {
+            self.server.session_scratch_inodes = n;
+        }
         if let Some(n) = args.cells_memory_bytes {
             self.server.cells_memory_bytes = Some(n);
         }
@@ -570,6 +591,22 @@ impl ServeConfig {
                 format!("{}: give at least 1048576 (1 MiB)", s.scratch_bytes),
             ));
         }
+        let session_scratch = crate::supervisor::ScratchQuota {
+            bytes: s.session_scratch_bytes,
+            inodes: s.session_scratch_inodes,
+        };
+        if s.session_scratch_bytes < 1 << 20 {
+            return Err(invalid(
+                "server.session_scratch_bytes (--session-scratch-bytes)",
+                format!("{}: give at least 1048576 (1 MiB)", s.session_scratch_bytes),
+            ));
+        }
+        if let Some(problem) = session_scratch.problem() {
+            return Err(invalid(
+                "server.session_scratch_inodes (--session-scratch-inodes)",
+                problem,
+            ));
+        }
         let cells_memory_bytes = match s.cells_memory_bytes {
             Some(n) if n < 64 << 20 => {
                 return Err(invalid(
@@ -578,15 +615,19 @@ impl ServeConfig {
                 ))
             }
             Some(n) => n,
-            // Every running call's limit, plus the scratch tmpfs (its pages
-            // are memory that idle sessions' files hold and cannot be
-            // reclaimed without swap: they must not take what running cells
-            // are entitled to), plus room for the warm workers.
+            // Every running call's limit, plus the scratch of every session
+            // that may hold files, running or idle (tmpfs pages are memory
+            // that cannot be reclaimed without swap: idle sessions' files
+            // must not take what running cells are entitled to), plus room
+            // for the warm workers.
             None => self
                 .limits
                 .memory_bytes
                 .saturating_mul(s.max_concurrency as u64)
-                .saturating_add(s.scratch_bytes)
+                .saturating_add(
+                    s.session_scratch_bytes
+                        .saturating_mul((s.max_concurrency + self.sessions.max_sessions) as u64),
+                )
                 .saturating_add(512 << 20),
         };
         if s.events_max_bytes < 4096 {
@@ -672,6 +713,7 @@ impl ServeConfig {
             max_queue: s.max_queue,
             max_queue_per_principal,
             scratch_bytes: s.scratch_bytes,
+            session_scratch,
             cells_memory_bytes,
             session_cgroups: s.session_cgroups,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
@@ -843,6 +885,53 @@ mod tests {
     }
 
     #[test]
+    fn session_scratch_from_file_and_flags() {
+        let d = ServeConfig::default().validate().unwrap().session_scratch;
+        assert_eq!(d, crate::supervisor::DEFAULT_SESSION_SCRATCH);
+        assert_eq!((d.bytes, d.inodes), (256 << 20, 16384));
+        let mut c =
+            parse("[server]\nsession_scratch_bytes = 8388608\nsession_scratch_inodes = 1000\n")
+                .unwrap();
+        let q = c.validate().unwrap().session_scratch;
+        assert_eq!((q.bytes, q.inodes), (8 << 20, 1000));
+        c.apply_args(&ServeArgs {
+            session_scratch_bytes: Some(1 << 30),
+            session_scratch_inodes: Some(64),
+            ..Default::default()
+        })
+        .unwrap();
+        let q = c.validate().unwrap().session_scratch;
+        assert_eq!((q.bytes, q.inodes), (1 << 30, 64));
+        let e = parse("[server]\nsession_scratch_bytes = 4096\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.session_scratch_bytes (--session-scratch-bytes)"),
+            "{e}"
+        );
+        let e = parse("[server]\nsession_scratch_inodes = 10\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.session_scratch_inodes (--session-scratch-inodes)"),
+            "{e}"
+        );
+        // Strict like the rest: a string, a negative number and a
+        // misspelt key are refused.
+        for bad in [
+            "session_scratch_bytes = \"1M\"",
+            "session_scratch_inodes = -1",
+            "session_scratch_inode = 100",
+        ] {
+            assert!(parse(&format!("[server]\n{bad}\n")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn scratch_bytes_from_file_and_flag() {
         let mut c = parse("[server]\nscratch_bytes = 8388608\n").unwrap();
         assert_eq!(c.validate().unwrap().scratch_bytes, 8 << 20);
@@ -874,14 +963,16 @@ mod tests {
         };
         c.apply_args(&args).unwrap();
         assert_eq!(c.validate().unwrap().cells_memory_bytes, 8 << 30);
-        // By default: every running call's memory limit, plus the scratch
-        // tmpfs, plus 512 MiB.
+        // By default: every running call's memory limit, plus the scratch of
+        // every running call and every session, plus 512 MiB.
         assert_eq!(
             ServeConfig::default()
                 .validate()
                 .unwrap()
                 .cells_memory_bytes,
-            4 * (1 << 30) + crate::supervisor::DEFAULT_SCRATCH_BYTES + (512 << 20)
+            4 * (1 << 30)
+                + (4 + 16) * crate::supervisor::DEFAULT_SESSION_SCRATCH.bytes
+                + (512 << 20)
         );
         let args = ServeArgs {
             memory: Some(256 << 20),
@@ -892,7 +983,7 @@ mod tests {
         c.apply_args(&args).unwrap();
         assert_eq!(
             c.validate().unwrap().cells_memory_bytes,
-            (512 << 20) + crate::supervisor::DEFAULT_SCRATCH_BYTES + (512 << 20)
+            (512 << 20) + (2 + 16) * crate::supervisor::DEFAULT_SESSION_SCRATCH.bytes + (512 << 20)
         );
         let e = parse("[server]\ncells_memory_bytes = 4096\n")
             .unwrap()

@@ -237,6 +237,8 @@ pub struct Facts<'a> {
     pub observed: Option<&'a Observations>,
     /// Bytes all scratch directories may hold together, when enforced.
     pub scratch_quota: Option<u64>,
+    /// The bounds of each session's own scratch, when enforced.
+    pub session_scratch: Option<crate::supervisor::ScratchQuota>,
     /// Bytes of memory all cells may hold together, when enforced.
     pub cells_memory: Option<u64>,
 }
@@ -279,6 +281,7 @@ impl Facts<'_> {
             profiles,
             observed,
             scratch_quota: sup.scratch_quota(),
+            session_scratch: sup.session_scratch_quota(),
             cells_memory: sup.cells_memory(),
         }
     }
@@ -303,9 +306,16 @@ impl Facts<'_> {
             l.cpu_seconds,
             l.max_processes,
             bytes(l.max_file_size_bytes),
-            match self.scratch_quota {
-                Some(q) => format!(" each and {} in all (shared by every call)", bytes(q)),
-                None => String::new(),
+            match (self.session_scratch, self.scratch_quota) {
+                (Some(q), _) => format!(
+                    " each, and the session's scratch directory (with its run_cell calls') \
+                     up to {} and {} files in all (its own space, not shared with other \
+                     sessions)",
+                    bytes(q.bytes),
+                    q.inodes
+                ),
+                (None, Some(q)) => format!(" each and {} in all (shared by every call)", bytes(q)),
+                (None, None) => String::new(),
             },
             bytes(l.max_script_bytes as u64),
         );

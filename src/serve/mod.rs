@@ -150,6 +150,8 @@ impl AsyncRead for StdinReader {
 pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
     let mut b = Supervisor::builder()
         .scratch_bytes(settings.scratch_bytes)
+        .session_scratch_bytes(settings.session_scratch.bytes)
+        .session_scratch_inodes(settings.session_scratch.inodes)
         .cells_memory_bytes(settings.cells_memory_bytes)
         .session_cgroups(settings.session_cgroups)
         .languages(settings.languages.iter().copied());

@@ -32,6 +32,7 @@ pub use result::{
     CallRecord, CallsTruncation, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation,
     Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
+pub use scratch::{ScratchQuota, DEFAULT_SESSION_SCRATCH};
 pub use session::{HistoryEntry, Session, SessionConfig};
 #[cfg(target_os = "linux")]
 pub use zygote::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
@@ -225,6 +226,8 @@ pub(crate) struct Inner {
     /// pools, which live beneath it, so it is dropped after them).
     scratch_root: OnceLock<Option<scratch::ScratchRoot>>,
     scratch_bytes: u64,
+    /// The bounds of each session's own scratch tmpfs.
+    session_scratch: ScratchQuota,
     /// A cgroup per session and per cell beneath the cells' one (declared
     /// before it: dropped first), when this supervisor can make them.
     #[cfg(target_os = "linux")]
@@ -349,9 +352,21 @@ impl Inner {
         }
     }
 
-    /// The bytes all scratch directories may hold together.
-    pub(crate) fn scratch_bytes(&self) -> u64 {
-        self.scratch_bytes
+    /// The bytes one session's scratch may hold (its own tmpfs where the
+    /// supervisor can mount one, else the scratch root's).
+    pub(crate) fn session_scratch_bytes(&self) -> u64 {
+        match self.session_scratch_quota() {
+            Some(q) => q.bytes,
+            None => self.scratch_bytes,
+        }
+    }
+
+    /// The bounds of each session's own scratch tmpfs, when this
+    /// supervisor may mount them (it could mount its scratch root).
+    pub(crate) fn session_scratch_quota(&self) -> Option<ScratchQuota> {
+        self.scratch_root()
+            .and_then(|r| r.quota())
+            .map(|_| self.session_scratch)
     }
 
     fn scratch_root(&self) -> Option<&scratch::ScratchRoot> {
@@ -404,6 +419,7 @@ pub struct SupervisorBuilder {
     #[cfg(target_os = "linux")]
     pool: zygote::PoolConfig,
     scratch_bytes: u64,
+    session_scratch: ScratchQuota,
     cells_memory_bytes: u64,
     session_cgroups: bool,
 }
@@ -432,13 +448,35 @@ impl SupervisorBuilder {
         self
     }
 
-    /// Bytes the scratch directories of all cells and sessions may hold
-    /// together (default 1 GiB). Enforced with a tmpfs when the supervisor
+    /// Bytes the scratch directories of all cells may hold together outside
+    /// the sessions' own tmpfs (see [`Self::session_scratch_bytes`]; what
+    /// lands here is a session's scratch when its own tmpfs could not be
+    /// mounted) (default 1 GiB). Enforced with a tmpfs when the supervisor
     /// runs as root on Linux; otherwise only each file's size is bounded
     /// (the profile's `max_file_size_bytes`). The tmpfs is memory: its
     /// pages count against the host's RAM, not against a cell's limit.
     pub fn scratch_bytes(mut self, bytes: u64) -> Self {
         self.scratch_bytes = bytes;
+        self
+    }
+
+    /// Bytes one session's scratch may hold: its scratch directory and
+    /// those of its sub-cells together (default 256 MiB). Enforced with a
+    /// tmpfs of the session's own, mounted when a cell of it first needs a
+    /// scratch directory, when the supervisor runs as root on Linux (see
+    /// [`Supervisor::session_scratch_quota`]): a session that fills its
+    /// scratch, or keeps full files while it idles, takes nothing from the
+    /// others. These tmpfs are outside [`Self::scratch_bytes`]: together
+    /// they may hold up to this much per open session.
+    pub fn session_scratch_bytes(mut self, bytes: u64) -> Self {
+        self.session_scratch.bytes = bytes;
+        self
+    }
+
+    /// Files, directories and links one session's scratch may hold
+    /// together (default 16384; see [`Self::session_scratch_bytes`]).
+    pub fn session_scratch_inodes(mut self, inodes: u64) -> Self {
+        self.session_scratch.inodes = inodes;
         self
     }
 
@@ -531,6 +569,9 @@ impl SupervisorBuilder {
                 "scratch_bytes must be above 0: cells need a scratch directory".into(),
             ));
         }
+        if let Some(problem) = self.session_scratch.problem() {
+            return Err(Error::Config(problem));
+        }
         if self.cells_memory_bytes < 16 << 20 {
             return Err(Error::Config(format!(
                 "cells_memory_bytes {} is too small: give at least 16 MiB",
@@ -612,6 +653,7 @@ impl SupervisorBuilder {
                 profile_cache: Default::default(),
                 scratch_root,
                 scratch_bytes: self.scratch_bytes,
+                session_scratch: self.session_scratch,
                 #[cfg(target_os = "linux")]
                 cells_cgroup,
                 #[cfg(target_os = "linux")]
@@ -652,6 +694,7 @@ impl Supervisor {
             pool: zygote::PoolConfig::default(),
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
             session_cgroups: true,
+            session_scratch: DEFAULT_SESSION_SCRATCH,
             cells_memory_bytes: DEFAULT_CELLS_MEMORY_BYTES,
         }
     }
@@ -742,6 +785,12 @@ impl Supervisor {
         self.inner.scratch_root().and_then(|r| r.quota())
     }
 
+    /// The bounds of each session's own scratch, if this supervisor can
+    /// enforce them (see [`SupervisorBuilder::session_scratch_bytes`]).
+    pub fn session_scratch_quota(&self) -> Option<ScratchQuota> {
+        self.inner.session_scratch_quota()
+    }
+
     /// The state of the warm workers.
     #[cfg(target_os = "linux")]
     pub async fn pool_status(&self) -> PoolStatus {
@@ -769,6 +818,13 @@ impl Supervisor {
                 .get()
                 .and_then(|r| r.as_ref())
                 .and_then(|r| r.quota()),
+            session_scratch_quota: self
+                .inner
+                .scratch_root
+                .get()
+                .and_then(|r| r.as_ref())
+                .and_then(|r| r.quota())
+                .map(|_| self.inner.session_scratch),
             cells_memory_bytes: self.cells_memory(),
             cells_memory_cgroup: self
                 .inner

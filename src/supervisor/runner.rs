@@ -1270,8 +1270,9 @@ async fn run_sub_cell(
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let scratch = Arc::new(super::scratch::Scratch::new(
-        super::scratch::Parent::Supervisor(sup.clone()),
+    // In the session's own space: its files count against its quota.
+    let scratch = Arc::new(super::scratch::Scratch::beside(
+        &spec.scratch,
         "cellbox-sub-",
     ));
     let mut limits = spec.asked.clone().unwrap_or_else(|| spec.limits.clone());

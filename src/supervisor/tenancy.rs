@@ -66,12 +66,14 @@ pub(crate) struct Share {
 
 /// How much a session may hold together, from the limits it asked for
 /// (before a profile's ceiling narrowed them for one cell): its cells'
-/// memory limit plus the scratch its files may take (tmpfs pages are
+/// memory limit plus the scratch its files may take (its tmpfs pages are
 /// charged to the session that wrote them, idle or not), and twice a
 /// cell's processes (a cell and the sub-cell it waits for).
 pub(crate) fn session_bounds(sup: &Inner, asked: &super::Limits) -> (u64, u64) {
     (
-        asked.memory_bytes.saturating_add(sup.scratch_bytes()),
+        asked
+            .memory_bytes
+            .saturating_add(sup.session_scratch_bytes()),
         cell_processes(asked).saturating_add(1).saturating_mul(2),
     )
 }

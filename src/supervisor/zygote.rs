@@ -98,6 +98,9 @@ pub struct PoolStatus {
     /// Bytes all scratch directories may hold together (a tmpfs), when the
     /// supervisor could bound them (it must be root to mount one).
     pub scratch_quota_bytes: Option<u64>,
+    /// The bounds of each session's own scratch (a tmpfs each), when the
+    /// supervisor can mount them.
+    pub session_scratch_quota: Option<super::ScratchQuota>,
     /// Bytes of memory all cells may hold together (a memory cgroup), when
     /// the supervisor could make one, and which kind.
     pub cells_memory_bytes: Option<u64>,

@@ -162,6 +162,16 @@ fn doctor_reports_the_warm_workers() {
     let text = cellbox(&["doctor"], None);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("scratch          1024 MiB in all"), "{text}");
+    // And each session's scratch by a tmpfs of its own.
+    assert_eq!(
+        warm["pools"]["session_scratch_quota"],
+        serde_json::json!({"bytes": 256u64 << 20, "inodes": 16384}),
+        "{warm}"
+    );
+    assert!(
+        text.contains("session scratch  256 MiB and 16384 inodes per session"),
+        "{text}"
+    );
     // And the memory of all cells by a memory cgroup.
     assert_eq!(
         warm["pools"]["cells_memory_bytes"],

@@ -6,6 +6,7 @@ mod isolation;
 mod mcp;
 mod python;
 mod rhai;
+mod scratch;
 mod supervisor;
 mod tenancy;
 mod zygote;

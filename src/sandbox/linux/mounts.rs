@@ -2,7 +2,10 @@
 //! needs.
 //!
 //! Runs in the cell's first process, inside fresh mount and PID namespaces:
-//! 1. make every mount private, so nothing done here reaches the host;
+//! 1. make every mount a slave, so nothing done here reaches the host (the
+//!    new root is made private as a whole before step 4, but for the
+//!    scratch directory, which keeps receiving what the host mounts beneath
+//!    it: the sessions' own scratch tmpfs, for a zygote);
 //! 2. mount a scratch tmpfs over a base directory (`/tmp`) and `pivot_root`
 //!    into it: the host is now at `/oldroot`, and every bind below reads its
 //!    source from there, so a host path is never hidden by our own mounts;
@@ -153,6 +156,9 @@ fn mount_point(path: &Path, kind: Kind) -> Result<(), MountError> {
     }
 }
 
+/// Inodes of every tmpfs mounted here but a session's scratch.
+const TMPFS_INODES: u64 = 65536;
+
 /// A tmpfs at `target`, its root owned by `owner` if given (else by us).
 fn tmpfs(
     target: &Path,
@@ -161,7 +167,19 @@ fn tmpfs(
     flags: MsFlags,
     owner: Option<CellIds>,
 ) -> Result<(), MountError> {
-    let mut data = format!("size={bytes},mode={mode:o},nr_inodes=65536");
+    tmpfs_with_inodes(target, bytes, TMPFS_INODES, mode, flags, owner)
+}
+
+/// [`tmpfs`] with at most `inodes` inodes (the root directory is one).
+fn tmpfs_with_inodes(
+    target: &Path,
+    bytes: u64,
+    inodes: u64,
+    mode: u32,
+    flags: MsFlags,
+    owner: Option<CellIds>,
+) -> Result<(), MountError> {
+    let mut data = format!("size={bytes},mode={mode:o},nr_inodes={inodes}");
     if let Some(o) = owner {
         data.push_str(&format!(",uid={},gid={}", o.uid, o.gid));
     }
@@ -179,9 +197,42 @@ fn tmpfs(
 /// caller's own mount namespace, `nosuid,nodev,noexec`, its root with
 /// `mode`: the supervisor's scratch root, so that cells together cannot
 /// fill the disk it would otherwise live on. Needs `CAP_SYS_ADMIN`.
+///
+/// The mount is made shared (a peer group of its own), so that what is
+/// mounted beneath it later — each session's own scratch tmpfs, see
+/// [`mount_session_scratch`] — reaches the copies of it that the Python
+/// zygotes hold in their own mount namespaces, where [`build_root`] keeps
+/// it a slave: mounts propagate in, nothing propagates out.
 pub fn mount_scratch_root(target: &Path, bytes: u64, mode: u32) -> Result<(), MountError> {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    tmpfs(target, bytes, mode, flags, None)
+    tmpfs(target, bytes, mode, flags, None)?;
+    let shared = mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    );
+    if let Err(e) = shared {
+        let _ = detach(target);
+        return Err(nix_err("make shared", target)(e));
+    }
+    Ok(())
+}
+
+/// A session's own scratch tmpfs on `target` (a directory beneath the
+/// scratch root, in the caller's mount namespace): at most `bytes` bytes
+/// and `inodes` inodes (its root directory is one), `nosuid,nodev,noexec`,
+/// its root owned by us with `mode`. A session that fills it fills only
+/// its own. Needs `CAP_SYS_ADMIN`.
+pub fn mount_session_scratch(
+    target: &Path,
+    bytes: u64,
+    inodes: u64,
+    mode: u32,
+) -> Result<(), MountError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    tmpfs_with_inodes(target, bytes, inodes, mode, flags, None)
 }
 
 /// Detach the mount on `target` from the caller's mount namespace (it goes
@@ -201,14 +252,18 @@ pub fn build_root(
     ids: CellIds,
 ) -> Result<(), MountError> {
     let root = Path::new("/");
+    // Slave, not private: nothing done here reaches the host either way,
+    // but the host's scratch root (a shared mount) keeps sending the
+    // sessions' scratch mounts to the copy of it bound below. Everything
+    // else in the new root is made private before the pivot.
     mount(
         None::<&str>,
         root,
         None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
         None::<&str>,
     )
-    .map_err(nix_err("make private", root))?;
+    .map_err(nix_err("make slave", root))?;
 
     let base = BASE_CANDIDATES
         .iter()
@@ -377,6 +432,16 @@ pub fn build_root(
         // Something already there (a bound path) stays.
         create_with_parents(&link, "create symlink", || symlink(&s.target, &link))?;
     }
+    // The host's mounts and unmounts stop here for all but the scratch
+    // directory, moved in (still a slave) just after.
+    mount(
+        None::<&str>,
+        new,
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_err("make private", new))?;
     if view.scratch_in_cell.is_none() {
         mount_point(&scratch, Kind::Dir)?;
         mount(
