@@ -1273,3 +1273,53 @@ fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
     }
     drop(stopped);
 }
+
+/// The Rhai fork server is held to the same bounds: stopped, a cell that
+/// must be forked for it (no spare has its limits) runs cold within its
+/// limit, and the next cell gets a new server.
+#[tokio::test]
+async fn a_stopped_rhai_fork_server_is_replaced_and_its_cells_end_within_their_limit() {
+    let sup = supervisor();
+    sup.start_pools().await.unwrap();
+    let st = sup.pool_status().await;
+    let outer = st.rhai_fork_server_pid.expect("a fork server runs") as i32;
+    // Like a zygote, the server is the child (PID 1 inside) of the
+    // process the supervisor started, in a PID namespace; else that one.
+    assert!(is_live(outer), "{st:?}");
+    let mut inner: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|&p| proc_stat(p).is_some_and(|(_, ppid, _)| ppid == outer) && is_live(p))
+        .collect();
+    if inner.is_empty() {
+        inner.push(outer);
+    }
+    assert_eq!(
+        inner.len(),
+        1,
+        "one server process under {outer}: {inner:?}"
+    );
+    let stopped = Stopped::new(inner[0]);
+    let mut own =
+        CellRequest::new(Language::Rhai, "40 + 2").timeout(std::time::Duration::from_secs(5));
+    own.limits.memory_bytes = Some(200 << 20);
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = s.run(own).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    assert!(r.usage.wall_ms < 5000, "{r:?}");
+    let r = s
+        .run(CellRequest::new(Language::Rhai, "6 * 7").timeout(std::time::Duration::from_secs(5)))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    let st = sup.pool_status().await;
+    assert!(st.rhai_fork_server, "{st:?}");
+    assert_ne!(
+        st.rhai_fork_server_pid,
+        Some(outer as u32),
+        "the stopped server was replaced: {st:?}"
+    );
+    drop(stopped);
+}
