@@ -359,10 +359,9 @@ impl Zygote {
     /// zygote takes ([`SLOW_ANSWER`]): a moved cell avoids one that may be
     /// stalled too.
     fn answering(&self) -> bool {
-        !lock(&self.shared)
-            .pending
-            .values()
-            .any(|(t, _)| t.elapsed() >= SLOW_ANSWER)
+        let s = lock(&self.shared);
+        let slow = |t: &Instant| t.elapsed() >= SLOW_ANSWER;
+        !s.pending.values().any(|(t, _)| slow(t)) && !s.unanswered.as_ref().is_some_and(slow)
     }
 
     /// Whether a spawn its cell gave up on is unanswered past the window.
@@ -453,8 +452,15 @@ impl Zygote {
         deadline: tokio::time::Instant,
     ) -> Result<(i32, OwnedFd, InFlight), SpawnError> {
         use SpawnError::Failed;
-        if self.is_dead() || self.is_stalled() {
+        if self.is_dead() {
             return Err(Failed("the Python zygote is not running".into()));
+        }
+        // Found stalled since the cell was given it: the cell moves.
+        if self.is_stalled() {
+            return Err(SpawnError::Stalled(format!(
+                "the Python zygote (pid {}) is stalled",
+                self.pid
+            )));
         }
         let ruleset = self
             .rules

@@ -1323,3 +1323,43 @@ async fn a_stopped_rhai_fork_server_is_replaced_and_its_cells_end_within_their_l
     );
     drop(stopped);
 }
+
+/// A cell whose limit is shorter than the stall window ends `timeout` while
+/// it waits for a stopped zygote, saying so and naming the zygote; the
+/// answer it gave up on, still missing a window later, gets the zygote
+/// replaced when the next cell asks for one.
+#[tokio::test]
+async fn a_cell_whose_deadline_passes_waiting_for_a_stopped_zygote_says_so() {
+    let sup = one_zygote(pool(1));
+    let old = the_live_zygote(&sup).await;
+    let stopped = Stopped::new(zygote_process(old));
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "40 + 2")
+                .timeout(std::time::Duration::from_millis(500)),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    let msg = &r.error.as_ref().unwrap().message;
+    assert!(
+        msg.contains("before it started") && msg.contains(&format!("pid {old}")),
+        "{msg}"
+    );
+    assert!(r.usage.wall_ms < 500 + 2000, "{r:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "6 * 7").timeout(std::time::Duration::from_secs(5)),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    require_warm(&r);
+    let st = sup.pool_status().await;
+    let live: Vec<_> = st.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{st:?}");
+    assert_ne!(live[0].pid, old, "{st:?}");
+    drop(stopped);
+}
