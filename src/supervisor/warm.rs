@@ -279,7 +279,18 @@ impl ForkServer {
             },
             &[],
         )
-        .and_then(|()| forkserver::recv(ours.as_fd()));
+        .and_then(|()| {
+            // A server that stalls in its setup must not hold the cells
+            // waiting for it (and the supervisor's lock on it) for ever.
+            if readable_within(&ours, READY_WITHIN) {
+                forkserver::recv(ours.as_fd())
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer to its setup within {READY_WITHIN:?}"),
+                ))
+            }
+        });
         match report {
             Ok(Some((Control::Ready { .. }, _))) => {}
             Ok(Some((Control::Failed { layer, message }, _))) => {
@@ -422,6 +433,25 @@ impl ForkServer {
     /// How child `pid` ended (resolves once the server reaped it).
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
         lock(&self.shared).exits.ask(pid, None)
+    }
+}
+
+/// How long the fork server may take to apply its layers and say `ready`.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Whether `fd` turns readable within `timeout`.
+pub(crate) fn readable_within(fd: &OwnedFd, timeout: Duration) -> bool {
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    loop {
+        let mut fds = [nix::poll::PollFd::new(
+            fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(n) => return n > 0,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
     }
 }
 

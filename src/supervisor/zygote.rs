@@ -271,7 +271,7 @@ impl Zygote {
         };
         zygote::send(ours.as_fd(), &setup, &[])
             .map_err(|e| format!("failed to send the zygote its setup: {e}"))?;
-        if !wait_readable(&ours, answer_timeout) {
+        if !super::warm::readable_within(&ours, answer_timeout) {
             return Err("the Python zygote did not get ready in time".into());
         }
         let (report, anchors, fds) = match zygote::recv::<ZygoteMsg>(ours.as_fd(), 1 << 16) {
@@ -583,21 +583,6 @@ impl Drop for KillAndReap {
     fn drop(&mut self) {
         let _ = crate::sandbox::process::kill_pid(self.0);
         let _ = crate::sandbox::process::reap(self.0);
-    }
-}
-
-fn wait_readable(fd: &OwnedFd, timeout: Duration) -> bool {
-    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-    loop {
-        let mut fds = [nix::poll::PollFd::new(
-            fd.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
-            Ok(n) => return n > 0,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return false,
-        }
     }
 }
 
