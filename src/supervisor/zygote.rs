@@ -766,10 +766,16 @@ impl Pools {
                 .ok_or_else(|| "no Python zygote".to_owned());
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % slot.len();
-        // The least busy, starting from a rotating index.
+        // The least busy of those that answer (one keeping a spawn waiting
+        // may be stalling), starting from a rotating index.
         let best = (0..slot.len())
             .map(|k| (i + k) % slot.len())
-            .min_by_key(|&k| slot[k].in_flight.load(Ordering::SeqCst))
+            .min_by_key(|&k| {
+                (
+                    !slot[k].answering(),
+                    slot[k].in_flight.load(Ordering::SeqCst),
+                )
+            })
             .unwrap_or(i);
         Ok(slot[best].clone())
     }
