@@ -92,11 +92,20 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
-    // Diagnostics only when asked for: building a filter costs start-up time.
-    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
+    // Diagnostics only when asked for (building a filter costs start-up
+    // time), except for `serve`: long-lived, its stderr is its log.
+    let filter = match tracing_subscriber::EnvFilter::try_from_env("CELLBOX_LOG") {
+        Ok(filter) => Some(filter),
+        Err(_) if matches!(cli.command, Command::Serve(_)) => Some(
+            tracing_subscriber::EnvFilter::new(cellbox::serve::DEFAULT_LOG),
+        ),
+        Err(_) => None,
+    };
+    if let Some(filter) = filter {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init();
     }
     // One program in one cell: this process, still single-threaded, runs it

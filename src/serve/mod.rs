@@ -15,6 +15,8 @@
 //! - [`fit`]: a cell result held to what clients accept and a model can read.
 //! - [`jsonrpc`]: a request that does not parse is answered for its id.
 //!
+//! Logging: stderr, filtered by `CELLBOX_LOG`, else [`DEFAULT_LOG`].
+//!
 //! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
 //! which kills their cells, and waits until the workers are reaped before
 //! returning.
@@ -32,6 +34,11 @@ pub mod schema;
 pub mod sessions;
 
 pub use config::{ServeArgs, ServeConfig, Settings, Transport};
+
+/// What `serve` logs to stderr when `CELLBOX_LOG` does not say: warnings,
+/// and the warm pools' events (zygotes and the fork server started,
+/// retired, found dead, stalled and replaced; cells moved off them).
+pub const DEFAULT_LOG: &str = "warn,cellbox::pool=info";
 pub use handler::CellboxServer;
 pub use principal::Principal;
 

@@ -298,14 +298,15 @@ impl Inner {
                 return Some(fs.clone());
             }
             tracing::warn!(
+                target: warm::POOL_LOG,
                 pid = fs.pid,
-                "the Rhai fork server died; starting a new one"
+                "the Rhai fork server died or stalled; starting a new one"
             );
         }
         let profile = self.profile_name(Language::Rhai, None);
         match warm::ForkServer::start(&self.worker_exe, &profile, self) {
             Ok(fs) => {
-                tracing::info!(pid = fs.pid, profile = %profile, "Rhai fork server started");
+                tracing::info!(target: warm::POOL_LOG, pid = fs.pid, profile = %profile, "Rhai fork server started");
                 let fs = Arc::new(fs);
                 *slot = Some(fs.clone());
                 Some(fs)

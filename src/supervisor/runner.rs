@@ -407,7 +407,8 @@ async fn launch(
         None
     };
     if let Some(fs) = fork_server {
-        match start_forked(&fs, &spec.limits.os_limits(), group.as_deref()).await {
+        let deadline_t = tokio::time::Instant::from_std(deadline);
+        match start_forked(&fs, &spec.limits.os_limits(), deadline_t, group.as_deref()).await {
             Ok((started, sock)) => {
                 let launched = Launched {
                     started,
@@ -419,10 +420,19 @@ async fn launch(
                 };
                 return finish_worker(sup, spec, result, launched, deadline, max_frame).await;
             }
-            // It died under us (the next cell starts a new one): this cell
-            // runs in a fresh worker instead.
+            // Its deadline came while it waited: say so, with the real time.
+            Err(e) if Instant::now() >= deadline => {
+                stalled_timeout(result, spec, started, &e);
+                return Ok(None);
+            }
+            // It died or stalled under us (the next cell starts a new
+            // one): this cell runs in a fresh worker instead.
             Err(e) if fs.is_dead() => {
-                tracing::warn!("the fork server is gone ({e}); running the cell cold");
+                tracing::warn!(
+                    target: super::warm::POOL_LOG,
+                    run_id = %spec.run.run_id,
+                    "the fork server is gone ({e}); cell moved to a cold worker"
+                );
             }
             Err(e) => return Err(e),
         }
@@ -434,33 +444,18 @@ async fn launch(
             return Ok(None);
         }
     };
-    let pair = || {
-        std::os::unix::net::UnixStream::pair()
-            .map_err(|e| format!("failed to create the protocol socket pair: {e}"))
-    };
-    let mut handshake = Handshake::Setup;
-    let (mut sup_sock, worker_sock) = pair()?;
-    let worker_fd: OwnedFd = worker_sock.into();
     let g = group.as_deref();
-    let started_worker = if spec.language == Language::Rhai || cfg!(not(target_os = "linux")) {
-        start_direct(sup, spec, &plan, worker_fd, g)?
+    #[cfg(target_os = "linux")]
+    let launched = if spec.language == Language::Python {
+        launch_python(sup, spec, &plan, result, started, deadline, g).await?
     } else {
-        #[cfg(target_os = "linux")]
-        match warm_python(sup, spec, &plan).await {
-            Some(z) => match start_zygote(&z, worker_fd, &plan, g).await {
-                Ok(s) => {
-                    handshake = Handshake::PreReady(z.cell_report());
-                    s
-                }
-                Err(e) => {
-                    tracing::warn!("warm Python cell failed to start ({e}); running it cold");
-                    let (a, b) = pair()?;
-                    sup_sock = a;
-                    start_direct(sup, spec, &plan, b.into(), g)?
-                }
-            },
-            None => start_direct(sup, spec, &plan, worker_fd, g)?,
-        }
+        Some(start_cold(sup, spec, &plan, g)?)
+    };
+    #[cfg(not(target_os = "linux"))]
+    let launched = Some(start_cold(sup, spec, &plan, g)?);
+    // None: the cell ended before it started (its result says how).
+    let Some((started_worker, sup_sock, handshake)) = launched else {
+        return Ok(None);
     };
     let launched = Launched {
         started: started_worker,
@@ -471,6 +466,153 @@ async fn launch(
         group,
     };
     finish_worker(sup, spec, result, launched, deadline, max_frame).await
+}
+
+/// A worker that is started and the supervisor's end of its protocol
+/// socket, and how it becomes ready.
+type Start3 = (Started, std::os::unix::net::UnixStream, Handshake);
+
+/// Start the cell in a fresh worker of its own.
+fn start_cold(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    group: Option<&CellGroup>,
+) -> Result<Start3, String> {
+    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+    let s = start_direct(sup, spec, plan, worker_sock.into(), group)?;
+    Ok((s, sup_sock, Handshake::Setup))
+}
+
+/// How many zygotes a Python cell tries before it runs cold: the one it
+/// was given and, if that one stalled, one more.
+#[cfg(target_os = "linux")]
+const ZYGOTE_TRIES: usize = 2;
+
+/// Start a Python cell: forked from a zygote of its pool when it can be
+/// warm; moved to another zygote (a fresh one if need be) when one stalls;
+/// else, or when no zygote answers, in a fresh worker; all within the
+/// cell's deadline. `None`: the deadline came first (`result` says so).
+#[cfg(target_os = "linux")]
+async fn launch_python(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    result: &mut CellResult,
+    started: Instant,
+    deadline: Instant,
+    group: Option<&CellGroup>,
+) -> Result<Option<Start3>, String> {
+    use super::warm::POOL_LOG;
+    use super::zygote::SpawnError;
+    let deadline_t = tokio::time::Instant::from_std(deadline);
+    // The stalled zygote the cell moved from, if it did.
+    let mut moved_from: Option<i32> = None;
+    for _ in 0..ZYGOTE_TRIES {
+        let z = match tokio::time::timeout_at(
+            deadline_t,
+            warm_python(sup, spec, plan, moved_from.is_some()),
+        )
+        .await
+        {
+            Ok(Some(z)) => z,
+            Ok(None) => break,
+            Err(_) => {
+                stalled_timeout(
+                    result,
+                    spec,
+                    started,
+                    "no Python zygote was ready for it in time",
+                );
+                return Ok(None);
+            }
+        };
+        let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+        match start_zygote(&z, worker_sock.into(), plan, deadline_t, group).await {
+            Ok(s) => {
+                if let Some(from) = moved_from {
+                    tracing::info!(
+                        target: POOL_LOG,
+                        run_id = %spec.run.run_id,
+                        from,
+                        to = z.pid(),
+                        "cell moved from a stalled Python zygote to another"
+                    );
+                }
+                return Ok(Some((s, sup_sock, Handshake::PreReady(z.cell_report()))));
+            }
+            Err(SpawnError::Stalled(e)) => {
+                tracing::warn!(
+                    target: POOL_LOG,
+                    run_id = %spec.run.run_id,
+                    "{e}; moving the cell"
+                );
+                moved_from = Some(z.pid());
+                refill(sup, profile_name(sup, spec));
+            }
+            Err(SpawnError::Deadline(e)) => {
+                stalled_timeout(result, spec, started, &e);
+                return Ok(None);
+            }
+            Err(SpawnError::Failed(e)) => {
+                tracing::warn!(
+                    target: POOL_LOG,
+                    run_id = %spec.run.run_id,
+                    "warm Python cell failed to start ({e}); running it cold"
+                );
+                break;
+            }
+        }
+    }
+    if let Some(from) = moved_from {
+        if Instant::now() >= deadline {
+            let e =
+                format!("the Python zygotes it was given (the last, pid {from}) did not answer");
+            stalled_timeout(result, spec, started, &e);
+            return Ok(None);
+        }
+        tracing::warn!(
+            target: POOL_LOG,
+            run_id = %spec.run.run_id,
+            from,
+            "cell moved from a stalled Python zygote to a cold worker"
+        );
+    }
+    start_cold(sup, spec, plan, group).map(Some)
+}
+
+/// Start the zygotes a pool lacks, in the background (a stalled one was
+/// dropped from it).
+#[cfg(target_os = "linux")]
+fn refill(sup: &Arc<Inner>, profile: String) {
+    let sup = sup.clone();
+    tokio::spawn(async move {
+        if let Some(pools) = sup.pools.as_ref() {
+            if let Err(e) = pools.fill(&sup, &profile).await {
+                tracing::warn!(
+                    target: super::warm::POOL_LOG,
+                    profile = %profile,
+                    "failed to replace a stalled Python zygote: {e}"
+                );
+            }
+        }
+    });
+}
+
+/// The cell's deadline came before it started, while it waited for a warm
+/// parent (`why`): a timeout that says so, with the real time it took.
+fn stalled_timeout(result: &mut CellResult, spec: &CellSpec, started: Instant, why: &str) {
+    result.fail(
+        Status::Timeout,
+        "Timeout",
+        format!(
+            "the cell reached its wall-clock limit of {} ms after {} ms, before it started: {why}",
+            spec.limits.timeout_ms,
+            started.elapsed().as_millis()
+        ),
+    );
 }
 
 /// A started worker and how to talk to it.
@@ -551,16 +693,14 @@ async fn finish_worker(
     // report of that exit means it is gone: no need to watch it too.
     let mut graced = false;
     if let Outcome::Done(_) = &o {
-        let rx = match &mut reap_src {
-            Reap::Direct => None,
-            Reap::Parent(_, rx) => Some(rx),
-        };
-        if let Some(rx) = rx {
+        if let Reap::Parent(parent, rx) = &mut reap_src {
             graced = true;
-            // Once it has answered (a report, or its reporter gone)
-            // it must not be awaited again.
-            if let Ok(answer) = tokio::time::timeout(EXIT_GRACE, rx).await {
-                early = Some(answer.ok());
+            // Once it has answered (a report, or its reporter gone or
+            // stalled) it must not be awaited again.
+            match await_report(parent.as_ref(), &exit_fd, rx, EXIT_GRACE).await {
+                Report::Reported(r) => early = Some(Some(r)),
+                Report::Gone => early = Some(None),
+                Report::NotExited => {}
             }
         }
     }
@@ -583,10 +723,12 @@ async fn finish_worker(
                 parent.name()
             ))
         }
-        (None, Reap::Parent(parent, rx)) => {
-            match tokio::time::timeout(Duration::from_secs(5), rx).await {
-                Ok(Ok(r)) => Ok(r),
-                _ => {
+        (None, Reap::Parent(parent, mut rx)) => {
+            // It is gone (or beyond our reach): its parent reports that at
+            // once, unless it is stalled.
+            match await_report(parent.as_ref(), &exit_fd, &mut rx, Duration::ZERO).await {
+                Report::Reported(r) => Ok(r),
+                Report::Gone | Report::NotExited => {
                     parent.forget(pid);
                     Err(format!(
                         "{} did not report how the cell ended",
@@ -612,12 +754,53 @@ async fn finish_worker(
         r.cpu_ms = r.cpu_ms.max(cpu_ms);
     }
     collect_output(pumps).await;
+
     result.record_end(
         take_capture(&out_cap),
         take_capture(&err_cap),
         reaped.as_ref().ok(),
     );
     Ok(classify(spec, result, o, deadline))
+}
+
+/// What a forked worker's parent said of its end.
+enum Report {
+    Reported(process::Reaped),
+    /// No report will come: the parent is gone, or stalled (and replaced).
+    Gone,
+    /// The worker had not exited within its grace.
+    NotExited,
+}
+
+/// Wait for a forked worker's end as its parent reports it: the worker may
+/// take `grace` to exit; once it has, its parent must report that within
+/// its stall window, or the parent is stalled (and replaced), so a stopped
+/// parent costs a cell at most that window, not a fixed wait.
+async fn await_report(
+    parent: &dyn super::warm::ForkingParent,
+    exit: &process::ExitWatch,
+    rx: &mut tokio::sync::oneshot::Receiver<process::Reaped>,
+    grace: Duration,
+) -> Report {
+    let answer = |a: Result<process::Reaped, _>| match a {
+        Ok(r) => Report::Reported(r),
+        Err(_) => Report::Gone,
+    };
+    tokio::select! {
+        biased;
+        a = &mut *rx => return answer(a),
+        _ = exit.exited() => {}
+        _ = tokio::time::sleep(grace) => return Report::NotExited,
+    }
+    let within = parent.report_within();
+    let gone_at = Instant::now();
+    match tokio::time::timeout(within, &mut *rx).await {
+        Ok(a) => answer(a),
+        Err(_) => {
+            parent.stalled("a cell's end", gone_at.elapsed());
+            Report::Gone
+        }
+    }
 }
 
 /// How long the rest of a cell's process tree may take to die once killed.
@@ -707,16 +890,20 @@ async fn warm_python(
     sup: &Arc<Inner>,
     spec: &CellSpec,
     plan: &SandboxPlan,
+    running: bool,
 ) -> Option<Arc<super::zygote::Zygote>> {
     let pools = sup.pools.as_ref()?;
     if !super::zygote::eligible(pools, spec.language, &plan.scratch) {
         return None;
     }
     let profile = profile_name(sup, spec);
-    let z = match pools.get(sup, &profile).await {
+    let z = match pools.get(sup, &profile, running).await {
         Ok(z) => z,
         Err(e) => {
-            tracing::warn!("Python zygote unavailable, running the cell cold: {e}");
+            tracing::warn!(
+                target: super::warm::POOL_LOG,
+                "Python zygote unavailable, running the cell cold: {e}"
+            );
             return None;
         }
     };
@@ -729,11 +916,13 @@ async fn start_zygote(
     z: &Arc<super::zygote::Zygote>,
     worker_fd: OwnedFd,
     plan: &SandboxPlan,
+    deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
-) -> Result<Started, String> {
-    super::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)?;
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
+) -> Result<Started, super::zygote::SpawnError> {
+    use super::zygote::SpawnError::Failed;
+    super::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid).map_err(Failed)?;
+    let (out_r, out_w) = pipe().map_err(Failed)?;
+    let (err_r, err_w) = pipe().map_err(Failed)?;
     let mut limits = plan.limits.clone();
     if group.is_some() {
         // The cell's pids cgroup bounds its processes. RLIMIT_NPROC would
@@ -742,16 +931,18 @@ async fn start_zygote(
         limits.max_processes = u64::MAX;
     }
     let (pid, pidfd, in_flight) = z
-        .spawn(worker_fd, out_w, err_w, &plan.scratch, &limits)
+        .spawn(worker_fd, out_w, err_w, &plan.scratch, &limits, deadline)
         .await?;
     let guard = process::KillOnDrop::pidfd(
         pidfd
             .try_clone()
-            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+            .map_err(|e| Failed(format!("failed to keep the worker's pidfd: {e}")))?,
     );
     // Into its cgroup before it is sent any code.
     if let Some(g) = group {
-        g.adopt(groups_pid(&pidfd)?)?;
+        groups_pid(&pidfd)
+            .and_then(|p| g.adopt(p))
+            .map_err(Failed)?;
     }
     let rx = z.exit_of(pid);
     Ok(Started {
@@ -775,9 +966,10 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
 async fn start_forked(
     fs: &Arc<super::warm::ForkServer>,
     limits: &crate::sandbox::OsLimits,
+    deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
 ) -> Result<(Started, std::os::unix::net::UnixStream), String> {
-    let (f, refill) = fs.spawn(limits).await?;
+    let (f, refill) = fs.spawn(limits, deadline).await?;
     let guard = process::KillOnDrop::pidfd(
         f.pidfd
             .try_clone()
@@ -833,6 +1025,7 @@ fn start_direct(
         None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),
     };
     spawn::prepare_worker(&mut cmd, &worker_fd, joins);
+
     let mut child = cmd.spawn().map_err(|e| {
         format!(
             "failed to start the worker {}: {e}",

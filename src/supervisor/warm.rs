@@ -13,6 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+/// The `tracing` target of pool events (zygotes and the fork server
+/// started, retired, found dead, stalled and replaced; cells moved), which
+/// `serve` logs by default.
+pub(crate) const POOL_LOG: &str = "cellbox::pool";
+
 /// A process that forks cell workers and reports how they ended (the Rhai
 /// fork server, a Python zygote).
 pub(crate) trait ForkingParent: Send + Sync {
@@ -20,6 +25,12 @@ pub(crate) trait ForkingParent: Send + Sync {
     fn name(&self) -> &'static str;
     /// Forget a child whose end will not be asked for any more.
     fn forget(&self, pid: i32);
+    /// How long it may take to report a child's end once the child is gone
+    /// (a healthy parent reaps it at once).
+    fn report_within(&self) -> Duration;
+    /// It did not answer `what` within `waited`: it takes no more cells and
+    /// is replaced.
+    fn stalled(&self, what: &str, waited: Duration);
 }
 
 impl ForkingParent for ForkServer {
@@ -30,7 +41,20 @@ impl ForkingParent for ForkServer {
     fn forget(&self, pid: i32) {
         lock(&self.shared).exits.forget(pid);
     }
+
+    fn report_within(&self) -> Duration {
+        STALL_WITHIN
+    }
+
+    fn stalled(&self, what: &str, waited: Duration) {
+        self.mark_stalled(what, waited);
+    }
 }
+
+/// A healthy fork server answers a spawn, and reports a child's end once
+/// the child is gone, in a few ms; one that takes longer than this is
+/// stalled and replaced (the cell that waited runs in a fresh worker).
+const STALL_WITHIN: Duration = Duration::from_secs(1);
 
 /// Children the fork server keeps sandboxed and waiting, so a cell with the
 /// default limits only has to take one. Three: at two cells at a time, the
@@ -171,6 +195,9 @@ pub(crate) struct ForkServer {
     ctl: Mutex<OwnedFd>,
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
+    /// It stopped answering in time: it is replaced, and killed once
+    /// nothing of it is in use.
+    stalled: AtomicBool,
     next_id: AtomicU64,
     /// The server's process id (the outer process, as the host sees it).
     pub(crate) pid: i32,
@@ -252,7 +279,18 @@ impl ForkServer {
             },
             &[],
         )
-        .and_then(|()| forkserver::recv(ours.as_fd()));
+        .and_then(|()| {
+            // A server that stalls in its setup must not hold the cells
+            // waiting for it (and the supervisor's lock on it) for ever.
+            if readable_within(&ours, READY_WITHIN) {
+                forkserver::recv(ours.as_fd())
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer to its setup within {READY_WITHIN:?}"),
+                ))
+            }
+        });
         match report {
             Ok(Some((Control::Ready { .. }, _))) => {}
             Ok(Some((Control::Failed { layer, message }, _))) => {
@@ -285,6 +323,7 @@ impl ForkServer {
             ctl: Mutex::new(ours),
             shared,
             dead,
+            stalled: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             pid: server_pid,
         })
@@ -295,18 +334,36 @@ impl ForkServer {
         lock(&self.shared).spares.len()
     }
 
+    /// Dead or stalled: the next cell starts a new one.
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+        self.dead.load(Ordering::SeqCst) || self.stalled.load(Ordering::SeqCst)
+    }
+
+    /// It did not answer `what` in time (see [`STALL_WITHIN`]).
+    fn mark_stalled(&self, what: &str, waited: Duration) {
+        if self.stalled.swap(true, Ordering::SeqCst) || self.dead.load(Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(
+            target: POOL_LOG,
+            profile = %self.profile,
+            pid = self.pid,
+            waited_ms = waited.as_millis() as u64,
+            "Rhai fork server stalled: it did not answer {what} in time; it is replaced"
+        );
     }
 
     /// A sandboxed child with these limits, waiting for `start`: a spare if
     /// one fits, else one forked now. The second value, when present, asks
     /// for the spare's replacement when dropped: while another spare is
     /// waiting the replacement is made after the cell, so its fork and
-    /// sandboxing do not compete with the cell for the CPUs.
+    /// sandboxing do not compete with the cell for the CPUs. The wait for
+    /// a fork ends at [`STALL_WITHIN`] (the server is then stalled and
+    /// replaced) or at the cell's `deadline`, whichever comes first.
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         limits: &OsLimits,
+        deadline: tokio::time::Instant,
     ) -> Result<(Forked, Option<Refill>), String> {
         if self.is_dead() {
             return Err("the fork server is not running".into());
@@ -334,15 +391,25 @@ impl ForkServer {
             id,
             limits: limits.clone(),
         };
+        let asked = std::time::Instant::now();
         if let Err(e) = self.control(&msg, Some(id)) {
             return Err(format!("failed to reach the fork server: {e}"));
         }
-        match tokio::time::timeout(Duration::from_secs(10), rx).await {
+        let stall_at = tokio::time::Instant::from_std(asked) + STALL_WITHIN;
+        match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
             Ok(Ok(r)) => r.map(|f| (f, None)),
             Ok(Err(_)) => Err("the fork server went away".into()),
             Err(_) => {
                 lock(&self.shared).pending.remove(&id);
-                Err("the fork server did not answer".into())
+                let waited = asked.elapsed();
+                if stall_at <= deadline {
+                    self.mark_stalled("a spawn", waited);
+                }
+                Err(format!(
+                    "the fork server (pid {}) did not answer a spawn within {} ms",
+                    self.pid,
+                    waited.as_millis()
+                ))
             }
         }
     }
@@ -366,6 +433,25 @@ impl ForkServer {
     /// How child `pid` ended (resolves once the server reaped it).
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
         lock(&self.shared).exits.ask(pid, None)
+    }
+}
+
+/// How long the fork server may take to apply its layers and say `ready`.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Whether `fd` turns readable within `timeout`.
+pub(crate) fn readable_within(fd: &OwnedFd, timeout: Duration) -> bool {
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    loop {
+        let mut fds = [nix::poll::PollFd::new(
+            fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(n) => return n > 0,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
     }
 }
 
@@ -490,5 +576,10 @@ impl Drop for ForkServer {
             std::os::fd::AsRawFd::as_raw_fd(&*ctl),
             nix::sys::socket::Shutdown::Both,
         );
+        // A stalled server may never read that EOF: kill it (its cells are
+        // over: each held this handle).
+        if self.stalled.load(Ordering::SeqCst) && !self.dead.load(Ordering::SeqCst) {
+            let _ = crate::sandbox::process::kill_pid(self.pid);
+        }
     }
 }

@@ -9,6 +9,7 @@
 //! path, read-write for the zygote but, through each cell's own nested
 //! Landlock domain, only the cell's own directory for the cell.
 
+use super::warm::POOL_LOG;
 use super::{Inner, Language};
 use crate::sandbox::linux::landlock::{CellRules, Grant};
 use crate::sandbox::linux::view::Kind;
@@ -32,9 +33,16 @@ pub struct PoolConfig {
     pub max_cells: u64,
     /// A zygote is replaced once it is this old.
     pub max_age: Duration,
-    /// A zygote that does not answer a spawn (or its setup) within this is
-    /// treated as broken and replaced.
+    /// A zygote that does not get ready within this is treated as broken
+    /// and replaced (it bounds the answer to a spawn too).
     pub answer_timeout: Duration,
+    /// A healthy zygote answers a spawn, and reports a cell's end once the
+    /// cell is gone, in a few ms. One that takes longer than this is
+    /// **stalled**: it takes no new cells and is replaced (and killed once
+    /// its running cells are over), and the cell that waited for it moves
+    /// to another zygote or runs cold. Every such wait is also bounded by
+    /// the cell's own deadline.
+    pub stall_timeout: Duration,
     /// The pool-wide resource limits a zygote runs under: the ceiling for
     /// its cells. A cell asking for more runs cold, in its own worker.
     pub ceiling: PoolCeiling,
@@ -62,6 +70,7 @@ impl Default for PoolConfig {
             max_cells: 2000,
             max_age: Duration::from_secs(600),
             answer_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(1),
             ceiling: PoolCeiling {
                 memory_bytes: 1 << 30,
                 max_open_files: 256,
@@ -82,7 +91,10 @@ pub struct ZygoteStatus {
     pub cells: u64,
     pub in_flight: u64,
     pub age_ms: u64,
+    /// Running and taking cells (not dead, not stalled).
     pub alive: bool,
+    /// It stopped answering in time: it takes no cells and is replaced.
+    pub stalled: bool,
 }
 
 /// What [`super::Supervisor::pool_status`] reports.
@@ -115,8 +127,36 @@ type SpawnReply = Result<(i32, OwnedFd), String>;
 
 #[derive(Default)]
 struct Shared {
-    pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
+    /// Spawns waiting for an answer, and when each was asked for.
+    pending: HashMap<u64, (Instant, oneshot::Sender<SpawnReply>)>,
     exits: super::warm::ExitTable,
+    /// When the oldest spawn that is still unanswered was asked for, when
+    /// its cell gave up waiting (its deadline came first): cleared by any
+    /// answer. A zygote whose answer is overdue by the stall window is
+    /// stalled even though no cell waited that long.
+    unanswered: Option<Instant>,
+}
+
+/// Why a cell could not be forked from a zygote.
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    /// The zygote did not answer within its stall window: it is marked
+    /// stalled (and replaced); the cell may move to another.
+    Stalled(String),
+    /// The cell's deadline came while it waited for the zygote's answer.
+    Deadline(String),
+    /// The zygote is gone or could not fork the cell.
+    Failed(String),
+}
+
+impl std::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpawnError::Stalled(m) | SpawnError::Deadline(m) | SpawnError::Failed(m) => {
+                f.write_str(m)
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -125,6 +165,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         Err(p) => p.into_inner(),
     }
 }
+
+/// A healthy zygote answers a spawn in a few ms: one that has kept a spawn
+/// waiting longer is not given a cell that moved off a stalled one.
+const SLOW_ANSWER: Duration = Duration::from_millis(100);
+
+/// How long a stalled zygote's report of a cell's end is waited for.
+const STALLED_REPORT_WITHIN: Duration = Duration::from_millis(50);
 
 /// How a cell ended when its zygote vanished before reporting it: the
 /// kernel killed every process of the zygote's PID namespace.
@@ -141,6 +188,8 @@ pub(crate) struct Zygote {
     ctl: Mutex<OwnedFd>,
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
+    /// It stopped answering in time (see [`PoolConfig::stall_timeout`]).
+    stalled: AtomicBool,
     next_id: AtomicU64,
     pid: i32,
     born: Instant,
@@ -150,6 +199,7 @@ pub(crate) struct Zygote {
     report: SandboxReport,
     ceiling: OsLimits,
     answer_timeout: Duration,
+    stall_timeout: Duration,
 }
 
 /// Decrements a zygote's in-flight count when a warm cell is over.
@@ -167,6 +217,7 @@ struct Launch {
     worker_exe: PathBuf,
     interpreter: String,
     answer_timeout: Duration,
+    stall_timeout: Duration,
     cgroup: Option<Arc<crate::sandbox::linux::cgroup::CellCgroup>>,
 }
 
@@ -184,9 +235,11 @@ impl Zygote {
             worker_exe,
             interpreter,
             answer_timeout,
+            stall_timeout,
             cgroup,
         } = launch;
         let answer_timeout = *answer_timeout;
+        let stall_timeout = *stall_timeout;
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the zygote channel: {e}"))?;
         let mut cmd = std::process::Command::new(worker_exe);
@@ -221,7 +274,7 @@ impl Zygote {
         };
         zygote::send(ours.as_fd(), &setup, &[])
             .map_err(|e| format!("failed to send the zygote its setup: {e}"))?;
-        if !wait_readable(&ours, answer_timeout) {
+        if !super::warm::readable_within(&ours, answer_timeout) {
             return Err("the Python zygote did not get ready in time".into());
         }
         let (report, anchors, fds) = match zygote::recv::<ZygoteMsg>(ours.as_fd(), 1 << 16) {
@@ -277,6 +330,7 @@ impl Zygote {
             ctl: Mutex::new(ours),
             shared,
             dead,
+            stalled: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             pid,
             born: Instant::now(),
@@ -286,7 +340,56 @@ impl Zygote {
             report,
             ceiling,
             answer_timeout,
+            stall_timeout,
         })
+    }
+
+    /// The supervisor's child (see [`ZygoteStatus::pid`]).
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// How long it may take to answer a spawn or report a cell's end.
+    fn stall_window(&self) -> Duration {
+        self.stall_timeout.min(self.answer_timeout)
+    }
+
+    pub(crate) fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::SeqCst)
+    }
+
+    /// Whether no spawn has waited for its answer longer than a healthy
+    /// zygote takes ([`SLOW_ANSWER`]): a moved cell avoids one that may be
+    /// stalled too.
+    fn answering(&self) -> bool {
+        let s = lock(&self.shared);
+        let slow = |t: &Instant| t.elapsed() >= SLOW_ANSWER;
+        !s.pending.values().any(|(t, _)| slow(t)) && !s.unanswered.as_ref().is_some_and(slow)
+    }
+
+    /// Whether a spawn its cell gave up on is unanswered past the window.
+    fn overdue(&self) -> bool {
+        lock(&self.shared)
+            .unanswered
+            .is_some_and(|t| t.elapsed() >= self.stall_window())
+    }
+
+    /// It did not answer `what` in time: it takes no new cells (the pool
+    /// replaces it) and is killed once nothing of it is in use (see
+    /// `Drop`). Its running cells go on: their outputs and results do not
+    /// pass through it.
+    pub(crate) fn mark_stalled(&self, what: &str, waited: Duration) {
+        if self.stalled.swap(true, Ordering::SeqCst) || self.is_dead() {
+            return;
+        }
+        tracing::warn!(
+            target: POOL_LOG,
+            profile = %self.profile,
+            pid = self.pid,
+            waited_ms = waited.as_millis() as u64,
+            in_flight = self.in_flight.load(Ordering::SeqCst),
+            "Python zygote stalled: it did not answer {what} in time; it takes no more cells and is replaced"
+        );
     }
 
     pub(crate) fn is_dead(&self) -> bool {
@@ -295,6 +398,7 @@ impl Zygote {
 
     fn retired(&self, cfg: &PoolConfig) -> bool {
         self.is_dead()
+            || self.is_stalled()
             || self.cells.load(Ordering::SeqCst) >= cfg.max_cells
             || self.born.elapsed() >= cfg.max_age
     }
@@ -338,7 +442,9 @@ impl Zygote {
         r
     }
 
-    /// Fork one cell with these fds as its 3 (protocol), 1 and 2.
+    /// Fork one cell with these fds as its 3 (protocol), 1 and 2, waiting
+    /// for the zygote's answer until its stall window ends or `deadline`
+    /// (the cell's), whichever comes first.
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         sock: OwnedFd,
@@ -346,17 +452,26 @@ impl Zygote {
         err: OwnedFd,
         scratch: &Path,
         limits: &OsLimits,
-    ) -> Result<(i32, OwnedFd, InFlight), String> {
+        deadline: tokio::time::Instant,
+    ) -> Result<(i32, OwnedFd, InFlight), SpawnError> {
+        use SpawnError::Failed;
         if self.is_dead() {
-            return Err("the Python zygote is not running".into());
+            return Err(Failed("the Python zygote is not running".into()));
+        }
+        // Found stalled since the cell was given it: the cell moves.
+        if self.is_stalled() {
+            return Err(SpawnError::Stalled(format!(
+                "the Python zygote (pid {}) is stalled",
+                self.pid
+            )));
         }
         let ruleset = self
             .rules
             .ruleset(scratch)
-            .map_err(|e| format!("failed to build the cell's Landlock ruleset: {e}"))?;
+            .map_err(|e| Failed(format!("failed to build the cell's Landlock ruleset: {e}")))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.shared).pending.insert(id, tx);
+        lock(&self.shared).pending.insert(id, (Instant::now(), tx));
         self.cells.fetch_add(1, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let in_flight = InFlight(self.in_flight.clone());
@@ -365,8 +480,9 @@ impl Zygote {
             scratch: scratch.to_string_lossy().into_owned(),
             rlimits: CellRlimits::from(limits),
         })
-        .map_err(|e| format!("failed to pass the cell its setup: {e}"))?;
+        .map_err(|e| Failed(format!("failed to pass the cell its setup: {e}")))?;
         let msg = ZygoteMsg::Spawn { id };
+        let asked = Instant::now();
         let sent = {
             let ctl = lock(&self.ctl);
             zygote::send(
@@ -385,16 +501,36 @@ impl Zygote {
         if let Err(e) = sent {
             lock(&self.shared).pending.remove(&id);
             self.mark_dead();
-            return Err(format!("failed to reach the Python zygote: {e}"));
+            return Err(Failed(format!("failed to reach the Python zygote: {e}")));
         }
-        match tokio::time::timeout(self.answer_timeout, rx).await {
+        let window = self.stall_window();
+        let stall_at = tokio::time::Instant::from_std(asked) + window;
+        match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
             Ok(Ok(Ok((pid, pidfd)))) => Ok((pid, pidfd, in_flight)),
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(_)) => Err("the Python zygote went away".into()),
+            Ok(Ok(Err(e))) => Err(Failed(e)),
+            Ok(Err(_)) => Err(Failed("the Python zygote went away".into())),
             Err(_) => {
-                lock(&self.shared).pending.remove(&id);
-                self.mark_dead();
-                Err("the Python zygote did not answer in time; it is replaced".into())
+                let waited = asked.elapsed();
+                let mut s = lock(&self.shared);
+                s.pending.remove(&id);
+                if stall_at <= deadline {
+                    drop(s);
+                    self.mark_stalled("a spawn", waited);
+                    Err(SpawnError::Stalled(format!(
+                        "the Python zygote (pid {}) did not answer a spawn within {} ms",
+                        self.pid,
+                        waited.as_millis()
+                    )))
+                } else {
+                    // Not a fair trial of the zygote: the next cell asking
+                    // for it checks whether this answer is overdue.
+                    s.unanswered.get_or_insert(asked);
+                    Err(SpawnError::Deadline(format!(
+                        "it waited {} ms for the Python zygote (pid {}) to fork it and got no answer",
+                        waited.as_millis(),
+                        self.pid
+                    )))
+                }
             }
         }
     }
@@ -413,7 +549,8 @@ impl Zygote {
             cells: self.cells.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
             age_ms: self.born.elapsed().as_millis() as u64,
-            alive: !self.is_dead(),
+            alive: !self.is_dead() && !self.is_stalled(),
+            stalled: self.is_stalled(),
         }
     }
 }
@@ -427,6 +564,18 @@ impl Drop for Zygote {
             std::os::fd::AsRawFd::as_raw_fd(&*ctl),
             nix::sys::socket::Shutdown::Both,
         );
+        // A stalled one may never read that EOF: its last cell is over, so
+        // it is killed (its PID namespace with it); the reader then sees
+        // the channel close and reaps it.
+        if self.is_stalled() && !self.is_dead() {
+            tracing::info!(
+                target: POOL_LOG,
+                profile = %self.profile,
+                pid = self.pid,
+                "stalled Python zygote killed: none of its cells is left"
+            );
+            let _ = crate::sandbox::process::kill_pid(self.pid);
+        }
     }
 }
 
@@ -440,21 +589,6 @@ impl Drop for KillAndReap {
     }
 }
 
-fn wait_readable(fd: &OwnedFd, timeout: Duration) -> bool {
-    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-    loop {
-        let mut fds = [nix::poll::PollFd::new(
-            fd.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
-            Ok(n) => return n > 0,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return false,
-        }
-    }
-}
-
 impl super::warm::ForkingParent for Zygote {
     fn name(&self) -> &'static str {
         "the Python zygote"
@@ -462,6 +596,18 @@ impl super::warm::ForkingParent for Zygote {
 
     fn forget(&self, pid: i32) {
         lock(&self.shared).exits.forget(pid);
+    }
+
+    fn report_within(&self) -> Duration {
+        // A stalled one is not waited for (it may still answer at once).
+        if self.is_stalled() {
+            return STALLED_REPORT_WITHIN.min(self.stall_window());
+        }
+        self.stall_window()
+    }
+
+    fn stalled(&self, what: &str, waited: Duration) {
+        self.mark_stalled(what, waited);
     }
 }
 
@@ -491,25 +637,31 @@ async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
     while let Some(msg) = super::warm::next_packet::<ZygoteMsg>(&fd, 4096).await {
         match msg {
             (ZygoteMsg::Spawned { id, pid }, mut fds) => {
-                let tx = lock(shared).pending.remove(&id);
+                let tx = {
+                    let mut s = lock(shared);
+                    s.unanswered = None;
+                    s.pending.remove(&id).map(|(_, tx)| tx)
+                };
                 let reply = match (fds.pop(), fds.is_empty()) {
                     (Some(pidfd), true) => Ok((pid, pidfd)),
                     _ => Err("the Python zygote sent a malformed spawned message".into()),
                 };
-                match tx {
-                    Some(tx) => {
-                        let _ = tx.send(reply);
-                    }
-                    // Nobody waits (timed out): the child must not run.
-                    None => {
-                        if let Ok((_, pidfd)) = &reply {
-                            let _ = crate::sandbox::process::pidfd_kill(pidfd.as_fd());
-                        }
-                    }
+                // Nobody waits (it gave up): the child must not run.
+                let unclaimed = match tx {
+                    Some(tx) => tx.send(reply).err(),
+                    None => Some(reply),
+                };
+                if let Some(Ok((_, pidfd))) = &unclaimed {
+                    let _ = crate::sandbox::process::pidfd_kill(pidfd.as_fd());
                 }
             }
             (ZygoteMsg::Error { id, message }, _) => {
-                if let Some(tx) = lock(shared).pending.remove(&id) {
+                let tx = {
+                    let mut s = lock(shared);
+                    s.unanswered = None;
+                    s.pending.remove(&id).map(|(_, tx)| tx)
+                };
+                if let Some(tx) = tx {
                     let _ = tx.send(Err(format!(
                         "the Python zygote could not fork the cell: {message}"
                     )));
@@ -584,11 +736,29 @@ impl Pools {
     }
 
     /// A live zygote for `profile`, starting or replacing zygotes as needed.
-    pub(crate) async fn get(&self, sup: &Inner, profile: &str) -> Result<Arc<Zygote>, String> {
+    /// `running`: a cell moved off a stalled zygote takes one that runs
+    /// already when there is one (the pool is refilled behind it, see
+    /// [`Pools::fill`]), rather than wait for a new one to start.
+    pub(crate) async fn get(
+        &self,
+        sup: &Inner,
+        profile: &str,
+        running: bool,
+    ) -> Result<Arc<Zygote>, String> {
         let mut map = self.zygotes.lock().await;
         let slot = map.entry(profile.to_owned()).or_default();
-        slot.retain(|z| !z.retired(&self.config));
+        self.prune(slot);
         let size = self.config.size.max(1);
+        // A moved cell takes a running zygote that answers when there is
+        // one, else a new one (the pool size allowing).
+        if running {
+            let answering = (0..slot.len())
+                .filter(|&k| slot[k].answering())
+                .min_by_key(|&k| slot[k].in_flight.load(Ordering::SeqCst));
+            if let Some(k) = answering {
+                return Ok(slot[k].clone());
+            }
+        }
         if slot.len() < size {
             // Start one now; the rest of the pool fills on later calls.
             let z = self.start_one(sup, profile).await?;
@@ -599,10 +769,16 @@ impl Pools {
                 .ok_or_else(|| "no Python zygote".to_owned());
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % slot.len();
-        // The least busy, starting from a rotating index.
+        // The least busy of those that answer (one keeping a spawn waiting
+        // may be stalling), starting from a rotating index.
         let best = (0..slot.len())
             .map(|k| (i + k) % slot.len())
-            .min_by_key(|&k| slot[k].in_flight.load(Ordering::SeqCst))
+            .min_by_key(|&k| {
+                (
+                    !slot[k].answering(),
+                    slot[k].in_flight.load(Ordering::SeqCst),
+                )
+            })
             .unwrap_or(i);
         Ok(slot[best].clone())
     }
@@ -611,12 +787,61 @@ impl Pools {
     pub(crate) async fn fill(&self, sup: &Inner, profile: &str) -> Result<(), String> {
         let mut map = self.zygotes.lock().await;
         let slot = map.entry(profile.to_owned()).or_default();
-        slot.retain(|z| !z.retired(&self.config));
+        self.prune(slot);
         while slot.len() < self.config.size.max(1) {
             let z = self.start_one(sup, profile).await?;
             slot.push(Arc::new(z));
         }
         Ok(())
+    }
+
+    /// Drop the zygotes that are done for from `slot`, saying why.
+    fn prune(&self, slot: &mut Vec<Arc<Zygote>>) {
+        let cfg = &self.config;
+        slot.retain(|z| {
+            if !z.is_dead() && !z.is_stalled() && z.overdue() {
+                z.mark_stalled("a spawn its cell gave up on", z.stall_window());
+            }
+            if !z.retired(cfg) {
+                return true;
+            }
+            let cells = z.cells.load(Ordering::SeqCst);
+            let age_ms = z.born.elapsed().as_millis() as u64;
+            let in_flight = z.in_flight.load(Ordering::SeqCst);
+            if z.is_stalled() {
+                tracing::warn!(
+                    target: POOL_LOG,
+                    profile = %z.profile,
+                    pid = z.pid,
+                    in_flight,
+                    "stalled Python zygote removed from the pool; a new one replaces it"
+                );
+            } else if z.is_dead() {
+                tracing::warn!(
+                    target: POOL_LOG,
+                    profile = %z.profile,
+                    pid = z.pid,
+                    cells,
+                    age_ms,
+                    "Python zygote found dead; a new one replaces it"
+                );
+            } else {
+                let why = if cells >= cfg.max_cells {
+                    "cell count"
+                } else {
+                    "age"
+                };
+                tracing::info!(
+                    target: POOL_LOG,
+                    profile = %z.profile,
+                    pid = z.pid,
+                    cells,
+                    age_ms,
+                    "Python zygote retired (its {why}); a new one replaces it"
+                );
+            }
+            false
+        });
     }
 
     async fn start_one(&self, sup: &Inner, profile_name: &str) -> Result<Zygote, String> {
@@ -645,6 +870,7 @@ impl Pools {
             worker_exe: sup.worker_exe.clone(),
             interpreter: py.executable.to_string_lossy().into_owned(),
             answer_timeout: self.config.answer_timeout,
+            stall_timeout: self.config.stall_timeout,
             cgroup: match profile.layers.cgroup {
                 crate::profiles::LayerMode::Off => None,
                 mode => sup.cgroup_for(mode).map(|_| sup.cells_cgroup.clone())?,
@@ -659,8 +885,14 @@ impl Pools {
         lock(&self.launcher)
             .send(job)
             .map_err(|_| "the zygote launcher thread is gone".to_owned())?;
-        rx.await
+        let z = rx
+            .await
             .map_err(|_| "the zygote launcher thread is gone".to_owned())?
+            .inspect_err(|e| {
+                tracing::warn!(target: POOL_LOG, profile = %profile_name, "a Python zygote failed to start: {e}");
+            })?;
+        tracing::info!(target: POOL_LOG, profile = %profile_name, pid = z.pid, "Python zygote started");
+        Ok(z)
     }
 
     pub(crate) async fn status(&self) -> Vec<ZygoteStatus> {

@@ -828,3 +828,468 @@ async fn cells_that_fork_are_held_to_the_memory_of_all_cells() {
         assert!(!dir.exists(), "warm {warm}: {} left behind", dir.display());
     }
 }
+
+/// `(state, ppid, comm)` of a process, from /proc (None once it is gone).
+fn proc_stat(pid: i32) -> Option<(char, i32, String)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let comm = s[open + 1..close].to_owned();
+    let mut rest = s[close + 2..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some((state, ppid, comm))
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn is_live(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _, _)| !matches!(state, 'Z' | 'X' | 'x'))
+}
+
+/// The Python zygote process behind the pool status's `pid` (the
+/// supervisor's child): with a PID namespace that child only waits, and
+/// the zygote is its child (PID 1 inside) running Python. Panics unless
+/// the zygote is found and live: a test that stops it must stop the
+/// process that answers the supervisor.
+fn zygote_process(outer: i32) -> i32 {
+    assert!(is_live(outer), "the pool's zygote {outer} is not running");
+    let mut found = Vec::new();
+    if proc_stat(outer).is_some_and(|(_, _, comm)| comm.starts_with("python")) {
+        found.push(outer);
+    }
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some((_, ppid, comm)) = proc_stat(pid) {
+            if ppid == outer && comm.starts_with("python") && is_live(pid) {
+                found.push(pid);
+            }
+        }
+    }
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one live Python zygote at or under {outer}: {found:?}"
+    );
+    found[0]
+}
+
+/// A process stopped with SIGSTOP for the length of a test; continued and
+/// killed at its end whatever happened (it may be gone already).
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: i32) -> Stopped {
+        assert!(is_live(pid), "{pid} is not running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+        let stopped = Stopped(pid);
+        // The signal is delivered asynchronously: see it take effect.
+        for _ in 0..200 {
+            if proc_stat(pid).is_some_and(|(state, _, _)| state == 'T') {
+                return stopped;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("{pid} did not stop: {:?}", proc_stat(pid));
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// The one live zygote of a pool of one, after a cell made sure it runs.
+async fn the_live_zygote(sup: &Supervisor) -> i32 {
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "1"),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    let st = sup.pool_status().await;
+    let live: Vec<_> = st.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{st:?}");
+    live[0].pid
+}
+
+#[tokio::test]
+async fn a_stopped_zygote_is_replaced_and_a_cell_moves_to_a_new_one_within_its_deadline() {
+    let sup = one_zygote(pool(1));
+    let old = the_live_zygote(&sup).await;
+    let zygote = zygote_process(old);
+    let stopped = Stopped::new(zygote);
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "40 + 2").timeout(std::time::Duration::from_secs(5)),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    require_warm(&r);
+    assert!(r.usage.wall_ms < 5000, "{r:?}");
+    let st = sup.pool_status().await;
+    let live: Vec<_> = st.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{st:?}");
+    assert_ne!(live[0].pid, old, "the stopped zygote was replaced: {st:?}");
+    assert!(st.python.iter().all(|z| z.pid != old || !z.alive), "{st:?}");
+    // Nothing of it was in use any more: it is killed, not left stopped.
+    let mut gone = false;
+    for _ in 0..100 {
+        if !is_live(zygote) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        gone,
+        "the stalled zygote {zygote} still exists: {:?}",
+        proc_stat(zygote)
+    );
+    drop(stopped);
+}
+
+#[tokio::test]
+async fn cells_move_off_a_stopped_zygote_to_a_running_one_of_the_pool() {
+    let sup = one_zygote(pool(2));
+    sup.start_pools().await.unwrap();
+    let st = sup.pool_status().await;
+    let pids: Vec<i32> = st
+        .python
+        .iter()
+        .filter(|z| z.alive)
+        .map(|z| z.pid)
+        .collect();
+    assert_eq!(pids.len(), 2, "{st:?}");
+    let stopped = Stopped::new(zygote_process(pids[0]));
+    // The pool hands cells to its zygotes in turn: one of these two is
+    // given the stopped one and moves.
+    for _ in 0..2 {
+        let r = sup
+            .run(
+                CellRequest::new(Language::Python, "6 * 7")
+                    .timeout(std::time::Duration::from_secs(5)),
+                SessionConfig::default(),
+            )
+            .await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.value, json!(42));
+        require_warm(&r);
+    }
+    // The stopped one is replaced behind the moved cell.
+    let mut now = Vec::new();
+    for _ in 0..100 {
+        let st = sup.pool_status().await;
+        now = st
+            .python
+            .iter()
+            .filter(|z| z.alive)
+            .map(|z| z.pid)
+            .collect();
+        if now.len() == 2 && !now.contains(&pids[0]) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(!now.contains(&pids[0]), "{now:?} still has {}", pids[0]);
+    assert!(now.contains(&pids[1]), "the running zygote stays: {now:?}");
+    drop(stopped);
+}
+
+#[tokio::test]
+async fn cells_in_flight_when_their_zygote_stops_end_by_their_own_deadline() {
+    let sup = one_zygote(pool(1));
+    let old = the_live_zygote(&sup).await;
+    let zygote = zygote_process(old);
+    // One cell that would run past its limit (it ignores the shim's own
+    // timer, so the supervisor's deadline ends it), one that ends on its
+    // own, in a session whose next cell follows it.
+    let s1 = sup.clone();
+    let long = tokio::spawn(async move {
+        s1.run(
+            CellRequest::new(
+                Language::Python,
+                "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(30)",
+            )
+                .timeout(std::time::Duration::from_secs(5)),
+            SessionConfig::default(),
+        )
+        .await
+    });
+    let session = sup.session(SessionConfig::default()).unwrap();
+    let short = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            session
+                .run(
+                    CellRequest::new(Language::Python, "import time\ntime.sleep(1.5)\n42")
+                        .timeout(std::time::Duration::from_secs(5)),
+                )
+                .await
+        })
+    };
+    let mut both = false;
+    for _ in 0..500 {
+        let st = sup.pool_status().await;
+        if st.python.iter().any(|z| z.pid == old && z.in_flight == 2) {
+            both = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(both, "the two cells never ran on zygote {old}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let stopped = Stopped::new(zygote);
+    let r = tokio::time::timeout(std::time::Duration::from_secs(15), short)
+        .await
+        .expect("the short cell did not end")
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    let r = tokio::time::timeout(std::time::Duration::from_secs(15), long)
+        .await
+        .expect("the long cell did not end")
+        .unwrap();
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    assert!(
+        r.usage.wall_ms < 5000 + 2000,
+        "it ended by its 5 s deadline (+2 s): {r:?}"
+    );
+    // The session's next cell runs (on a new zygote) within its deadline.
+    let r = session
+        .run(CellRequest::new(Language::Python, "6 * 7").timeout(std::time::Duration::from_secs(5)))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    require_warm(&r);
+    let st = sup.pool_status().await;
+    let live: Vec<_> = st.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{st:?}");
+    assert_ne!(live[0].pid, old, "{st:?}");
+    drop(stopped);
+}
+
+/// The pids named `pid=N` in log lines that contain `what`.
+fn logged_pids(lines: &[String], what: &str) -> Vec<i32> {
+    lines
+        .iter()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            let at = l.find(" pid=")? + 5;
+            let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+/// `serve` logs the pools' events at its default level: its zygotes as they
+/// start and, when they are all stopped, each found stalled and replaced and
+/// the cell moved (it still ends `ok` within its limit).
+#[test]
+fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::time::{Duration, Instant};
+    let mut child = std::process::Command::new(bin())
+        .arg("serve")
+        .env_remove("CELLBOX_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, answers) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                log.lock().unwrap().push(line);
+            }
+        });
+    }
+    let mut send = |v: Value| {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).unwrap();
+        stdin.flush().unwrap();
+    };
+    let patience = Duration::from_secs(60);
+    send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    // The pools start before the server reads its first request.
+    let init = answers.recv_timeout(patience).unwrap();
+    assert_eq!(init["id"], 0, "{init}");
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let wait_for = |what: &str, n: usize| -> Vec<String> {
+        let t0 = Instant::now();
+        loop {
+            let lines = log.lock().unwrap().clone();
+            if lines.iter().filter(|l| l.contains(what)).count() >= n {
+                return lines;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "serve never logged {what:?} {n} times: {lines:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let lines = wait_for("Python zygote started", 1);
+    let started = logged_pids(&lines, "Python zygote started");
+    assert!(
+        lines.iter().any(|l| l.contains("cellbox::pool")),
+        "{lines:#?}"
+    );
+    let stopped: Vec<Stopped> = started
+        .iter()
+        .map(|&p| Stopped::new(zygote_process(p)))
+        .collect();
+    send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "execute_code",
+                   "arguments": {"language": "python", "code": "6 * 7", "timeout_seconds": 5}}}));
+    let r = answers.recv_timeout(patience).unwrap();
+    assert_eq!(r["id"], 1, "{r}");
+    let result = &r["result"]["structuredContent"];
+    assert_eq!(result["status"], "ok", "{r}");
+    assert_eq!(result["value"], 42, "{r}");
+    let lines = wait_for("cell moved", 1);
+    let stalled = logged_pids(&lines, "stalled");
+    assert!(
+        started.iter().any(|p| stalled.contains(p)),
+        "no stopped zygote was logged as stalled: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("stalled")),
+        "{lines:#?}"
+    );
+    drop(stdin);
+    // It ends (stopped zygotes and all) once its stdin closes.
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < patience, "the server outlived its stdin");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stopped);
+}
+
+/// The Rhai fork server is held to the same bounds: stopped, a cell that
+/// must be forked for it (no spare has its limits) runs cold within its
+/// limit, and the next cell gets a new server.
+#[tokio::test]
+async fn a_stopped_rhai_fork_server_is_replaced_and_its_cells_end_within_their_limit() {
+    let sup = supervisor();
+    sup.start_pools().await.unwrap();
+    let st = sup.pool_status().await;
+    let outer = st.rhai_fork_server_pid.expect("a fork server runs") as i32;
+    // Like a zygote, the server is the child (PID 1 inside) of the
+    // process the supervisor started, in a PID namespace; else that one.
+    assert!(is_live(outer), "{st:?}");
+    let mut inner: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|&p| proc_stat(p).is_some_and(|(_, ppid, _)| ppid == outer) && is_live(p))
+        .collect();
+    if inner.is_empty() {
+        inner.push(outer);
+    }
+    assert_eq!(
+        inner.len(),
+        1,
+        "one server process under {outer}: {inner:?}"
+    );
+    let stopped = Stopped::new(inner[0]);
+    let mut own =
+        CellRequest::new(Language::Rhai, "40 + 2").timeout(std::time::Duration::from_secs(5));
+    own.limits.memory_bytes = Some(200 << 20);
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = s.run(own).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    assert!(r.usage.wall_ms < 5000, "{r:?}");
+    let r = s
+        .run(CellRequest::new(Language::Rhai, "6 * 7").timeout(std::time::Duration::from_secs(5)))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    let st = sup.pool_status().await;
+    assert!(st.rhai_fork_server, "{st:?}");
+    assert_ne!(
+        st.rhai_fork_server_pid,
+        Some(outer as u32),
+        "the stopped server was replaced: {st:?}"
+    );
+    drop(stopped);
+}
+
+/// A cell whose limit is shorter than the stall window ends `timeout` while
+/// it waits for a stopped zygote, saying so and naming the zygote; the
+/// answer it gave up on, still missing a window later, gets the zygote
+/// replaced when the next cell asks for one.
+#[tokio::test]
+async fn a_cell_whose_deadline_passes_waiting_for_a_stopped_zygote_says_so() {
+    let sup = one_zygote(pool(1));
+    let old = the_live_zygote(&sup).await;
+    let stopped = Stopped::new(zygote_process(old));
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "40 + 2")
+                .timeout(std::time::Duration::from_millis(500)),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    let msg = &r.error.as_ref().unwrap().message;
+    assert!(
+        msg.contains("before it started") && msg.contains(&format!("pid {old}")),
+        "{msg}"
+    );
+    assert!(r.usage.wall_ms < 500 + 2000, "{r:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Python, "6 * 7").timeout(std::time::Duration::from_secs(5)),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(42));
+    require_warm(&r);
+    let st = sup.pool_status().await;
+    let live: Vec<_> = st.python.iter().filter(|z| z.alive).collect();
+    assert_eq!(live.len(), 1, "{st:?}");
+    assert_ne!(live[0].pid, old, "{st:?}");
+    drop(stopped);
+}
