@@ -162,6 +162,67 @@ pub async fn cells_alternating(
     Ok((figures(cells, tc), figures(base, tb)))
 }
 
+/// `n` trivial cells on `a` and on `b` in turn, so both are measured at
+/// the same moments.
+pub async fn cells_ab(
+    a: &Supervisor,
+    b: &Supervisor,
+    language: Language,
+    code: &str,
+    n: usize,
+) -> Result<(Figures, Figures), String> {
+    let config = SessionConfig {
+        policy: Policy::deny_all(),
+        ..SessionConfig::default()
+    };
+    let (mut fa, mut fb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..n {
+        tokio::time::sleep(SETTLE).await;
+        let d = timed_cell(a, language, code, &config).await?;
+        ta += d;
+        fa.push(d);
+        tokio::time::sleep(SETTLE).await;
+        let d = timed_cell(b, language, code, &config).await?;
+        tb += d;
+        fb.push(d);
+    }
+    Ok((figures(fa, ta), figures(fb, tb)))
+}
+
+/// What a cgroup per session and per cell costs a warm cell: the same
+/// cells with and without them, in turn.
+async fn tenancy_cost(
+    n: usize,
+    warm: &Supervisor,
+    language: Language,
+    code: &str,
+    lang: &str,
+) -> Result<String, String> {
+    if !warm.pool_status().await.session_cgroups {
+        return Ok(format!(
+            "{lang:6} cell, warm, session cgroups: not measured (this supervisor has none)\n"
+        ));
+    }
+    let shared = Supervisor::builder()
+        .warm(true)
+        .session_cgroups(false)
+        .build()
+        .map_err(|e| e.to_string())?;
+    if language == Language::Python {
+        shared.start_pools().await.map_err(|e| e.to_string())?;
+    }
+    let (on, off) = cells_ab(warm, &shared, language, code, n).await?;
+    Ok(format!(
+        "{lang:6} cell, warm, session cgroups on vs off (in turn): p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x)\n",
+        ms(on.p50),
+        ms(off.p50),
+        ms(on.p99),
+        ms(off.p99),
+        on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
+    ))
+}
+
 /// The whole report.
 pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
     let cold = Supervisor::builder()
@@ -293,6 +354,9 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 ms(b.p99),
                 c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
             );
+        }
+        if language != Language::Shell {
+            out.push_str(&tenancy_cost(n, &warm, language, code, lang).await?);
         }
         if language == Language::Python {
             out.push_str(&idle_memory(&warm).await?);

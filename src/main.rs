@@ -951,6 +951,19 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
                     .to_owned(),
             }
         );
+        println!(
+            "  {:<16} {}",
+            "sessions",
+            if pools["session_cgroups"] == serde_json::json!(true) {
+                "a cgroup each (memory: its cells' limit plus its scratch; processes: twice a \
+                 cell's), and one per cell (its processes; the cell ends with its whole process \
+                 tree; its CPU time counted for the tree)"
+            } else {
+                "NOT apart: sessions share the cells' cgroup (per-session cgroups need root and \
+                 cgroup v1 memory, pids and cpuacct hierarchies); a cell's processes in other \
+                 sessions or groups of its own may outlive it"
+            }
+        );
     }
     if ok {
         ExitCode::SUCCESS

@@ -64,7 +64,17 @@ impl Drop for OwnedTree {
         if self.path.as_os_str().is_empty() {
             return;
         }
-        if let Err(e) = remove_tree(&self.path) {
+        // The processes that wrote it are gone (a cell ends with its whole
+        // process tree), so nothing renames entries under the walk any
+        // more; a pass that still failed is tried again before giving up.
+        let mut last = None;
+        for _ in 0..3 {
+            match remove_tree(&self.path) {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
             tracing::warn!("{e}");
         }
     }

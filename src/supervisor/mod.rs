@@ -832,6 +832,10 @@ impl Supervisor {
                 .cells_cgroup
                 .as_ref()
                 .map(|c| format!("{} {}", c.kind(), c.path().display())),
+            #[cfg(target_os = "linux")]
+            session_cgroups: self.inner.groups.is_some(),
+            #[cfg(not(target_os = "linux"))]
+            session_cgroups: false,
             pool_size: config.size,
             max_cells: config.max_cells,
             max_age_ms: config.max_age.as_millis() as u64,

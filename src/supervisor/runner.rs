@@ -372,9 +372,14 @@ async fn run_worker(
         }
     };
     let out = launch(sup, spec, result, started, group.clone()).await;
-    // Removing a cgroup may wait for its last processes: off the runtime.
+    // Emptying a cgroup may wait for its last processes: off the runtime
+    // (an empty one, the usual case, is kept for the session's next cell).
     if let Some(g) = group {
-        let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+        if g.is_empty() {
+            drop(g);
+        } else {
+            let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+        }
     }
     out
 }

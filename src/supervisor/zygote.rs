@@ -117,6 +117,10 @@ pub struct PoolStatus {
     /// the supervisor could make one, and which kind.
     pub cells_memory_bytes: Option<u64>,
     pub cells_memory_cgroup: Option<String>,
+    /// Whether each session and each cell has a cgroup of its own beneath
+    /// the cells' one (memory and processes per session; a cell's whole
+    /// process tree ended with it).
+    pub session_cgroups: bool,
     pub pool_size: usize,
     pub max_cells: u64,
     pub max_age_ms: u64,

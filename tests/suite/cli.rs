@@ -172,6 +172,9 @@ fn doctor_reports_the_warm_workers() {
         text.contains("session scratch  256 MiB and 16384 inodes per session"),
         "{text}"
     );
+    // And sessions and cells apart, by cgroups of their own.
+    assert_eq!(warm["pools"]["session_cgroups"], true, "{warm}");
+    assert!(text.contains("sessions         a cgroup each"), "{text}");
     // And the memory of all cells by a memory cgroup.
     assert_eq!(
         warm["pools"]["cells_memory_bytes"],

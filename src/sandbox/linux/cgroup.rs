@@ -509,9 +509,21 @@ fn controller_in(
     Ok(Controller { v2: true, own })
 }
 
+/// Held by the tests that make or sweep cgroups of this process: making
+/// one sweeps what looks stale, which would take another test's fixtures.
+#[cfg(test)]
+pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        match TEST_LOCK.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
 
     const HYBRID_CGROUP: &str = "9:name=systemd:/\n4:memory:/jobs/abc\n1:cpu:/\n0::/\n";
     const HYBRID_MOUNTS: &str = "\
@@ -549,6 +561,7 @@ mod tests {
     /// supervisor's cgroup and one not named for a pid stay.
     #[test]
     fn cgroups_of_gone_supervisors_are_killed_and_removed() {
+        let _serial = serial();
         if !nix::unistd::geteuid().is_root() {
             panic!("making cgroups needs root; run the suite as root");
         }
@@ -622,6 +635,7 @@ mod tests {
 
     #[test]
     fn one_shot_slots_are_exclusive_kept_and_emptied() {
+        let _serial = serial();
         if !nix::unistd::geteuid().is_root() {
             panic!("making a memory cgroup needs root; run the tests as root");
         }
@@ -655,6 +669,7 @@ mod tests {
     /// cgroup is gone after the drop. Root only: making cgroups needs it.
     #[test]
     fn processes_beneath_are_held_to_the_limit_together() {
+        let _serial = serial();
         if !nix::unistd::geteuid().is_root() {
             panic!("making a memory cgroup needs root; run the tests as root");
         }

@@ -55,7 +55,7 @@ pub struct Groups {
     pids: PathBuf,
     cpu: PathBuf,
     next: AtomicU64,
-    free: Mutex<Vec<u64>>,
+    free: Mutex<Vec<Arc<SessionDir>>>,
 }
 
 /// What [`Groups::new`] needs to know of the pids and cpuacct hierarchies.
@@ -88,10 +88,6 @@ fn write(path: &Path, value: &str) -> Result<(), String> {
         .open(path)
         .and_then(|mut f| f.write_all(value.as_bytes()))
         .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
-}
-
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 fn open_tasks(dir: &Path) -> Result<OwnedFd, String> {
@@ -198,11 +194,6 @@ impl Groups {
         })
     }
 
-    fn dirs(&self, k: u64) -> [PathBuf; 3] {
-        let s = format!("s{k}");
-        [self.memory.join(&s), self.pids.join(&s), self.cpu.join(&s)]
-    }
-
     /// A group for one session: its processes together may hold
     /// `memory_bytes` (files it keeps in a tmpfs count too) and number
     /// `max_processes`.
@@ -211,26 +202,19 @@ impl Groups {
         memory_bytes: u64,
         max_processes: u64,
     ) -> Result<SessionGroup, String> {
-        let reused = match self.free.lock() {
-            Ok(mut f) => f.pop(),
-            Err(p) => p.into_inner().pop(),
+        let kept = lock(&self.free).pop();
+        let dir = match kept {
+            Some(d) => d,
+            None => Arc::new(SessionDir::make(
+                self,
+                self.next.fetch_add(1, Ordering::Relaxed),
+            )?),
         };
-        let k = reused.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed));
-        let [memory, pids, cpu] = self.dirs(k);
-        let group = SessionGroup {
+        dir.bound(memory_bytes, max_processes)?;
+        Ok(SessionGroup {
             groups: self.clone(),
-            k,
-            memory,
-            pids,
-            cpu,
-            next: AtomicU64::new(0),
-        };
-        for d in [&group.memory, &group.pids, &group.cpu] {
-            make_dir(d)?;
-        }
-        super::cgroup::set_memory_limit(&group.memory, false, memory_bytes)?;
-        write(&group.pids.join("pids.max"), &max_processes.to_string())?;
-        Ok(group)
+            dir,
+        })
     }
 
     /// The cells' pids and cpuacct directories (for `doctor` and tests).
@@ -241,16 +225,231 @@ impl Groups {
 
 impl Drop for Groups {
     fn drop(&mut self) {
-        let kept = match self.free.lock() {
-            Ok(mut f) => std::mem::take(&mut *f),
-            Err(p) => std::mem::take(&mut *p.into_inner()),
-        };
-        for k in kept {
-            for d in self.dirs(k) {
-                let _ = rmdir(&d);
+        // Kept session directories go first (each removes its cells').
+        lock(&self.free).clear();
+        // The memory directory is the cells' cgroup's own, removed with it.
+        for d in [&self.pids, &self.cpu] {
+            if let Err(e) = rmdir(d) {
+                tracing::warn!("{e}");
             }
         }
-        // The memory directory is the cells' cgroup's own, removed with it.
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn open_rw(path: &Path) -> Result<std::fs::File, String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+fn open_r(path: &Path) -> Result<std::fs::File, String> {
+    std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+/// Write `value` through a kept descriptor of a cgroup file.
+fn put(file: &std::fs::File, value: &str, what: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    file.write_at(value.as_bytes(), 0)
+        .map(|_| ())
+        .map_err(|e| format!("cannot write {value} to {}: {e}", what.display()))
+}
+
+/// Read a number through a kept descriptor of a cgroup file (each read at
+/// offset 0 is a fresh one).
+fn get(file: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 64];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(buf.get(..n)?).ok()?.trim().parse().ok()
+}
+
+/// Whether a kept `cgroup.procs` lists no process.
+fn none_in(procs: &std::fs::File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 16];
+    matches!(procs.read_at(&mut buf, 0), Ok(0))
+}
+
+/// Whether the cgroup at `dir` lists no process.
+fn none_in_dir(dir: &Path) -> bool {
+    procs(dir).is_empty()
+}
+
+/// A session's directories, with the files a cell's start and end touch
+/// kept open; kept for another session once its own is over.
+#[derive(Debug)]
+struct SessionDir {
+    memory: PathBuf,
+    pids: PathBuf,
+    cpu: PathBuf,
+    memory_tasks: OwnedFd,
+    max_usage: std::fs::File,
+    usage: std::fs::File,
+    pids_max: std::fs::File,
+    /// The bounds written last (not written again when unchanged).
+    bounds: Mutex<Option<(u64, u64)>>,
+    /// Emptied cell directories, for its next cells.
+    cells: Mutex<Vec<Arc<CellDir>>>,
+    next_cell: AtomicU64,
+}
+
+impl SessionDir {
+    fn make(groups: &Groups, k: u64) -> Result<SessionDir, String> {
+        let s = format!("s{k}");
+        let (memory, pids, cpu) = (
+            groups.memory.join(&s),
+            groups.pids.join(&s),
+            groups.cpu.join(&s),
+        );
+        for d in [&memory, &pids, &cpu] {
+            if let Err(e) = make_dir(d) {
+                for d in [&memory, &pids, &cpu] {
+                    let _ = rmdir(d);
+                }
+                return Err(e);
+            }
+        }
+        let files = (|| {
+            Ok::<_, String>((
+                open_tasks(&memory)?,
+                open_rw(&memory.join("memory.max_usage_in_bytes"))?,
+                open_r(&memory.join("memory.usage_in_bytes"))?,
+                open_rw(&pids.join("pids.max"))?,
+            ))
+        })();
+        let (memory_tasks, max_usage, usage, pids_max) = match files {
+            Ok(f) => f,
+            Err(e) => {
+                for d in [&memory, &pids, &cpu] {
+                    let _ = rmdir(d);
+                }
+                return Err(e);
+            }
+        };
+        Ok(SessionDir {
+            memory,
+            pids,
+            cpu,
+            memory_tasks,
+            max_usage,
+            usage,
+            pids_max,
+            bounds: Mutex::new(None),
+            cells: Mutex::new(Vec::new()),
+            next_cell: AtomicU64::new(0),
+        })
+    }
+
+    fn bound(&self, memory_bytes: u64, max_processes: u64) -> Result<(), String> {
+        let mut b = lock(&self.bounds);
+        if *b != Some((memory_bytes, max_processes)) {
+            *b = None;
+            super::cgroup::set_memory_limit(&self.memory, false, memory_bytes)?;
+            put(
+                &self.pids_max,
+                &max_processes.to_string(),
+                &self.pids.join("pids.max"),
+            )?;
+            *b = Some((memory_bytes, max_processes));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SessionDir {
+    fn drop(&mut self) {
+        // Its cells' directories first: a cgroup with children stays.
+        lock(&self.cells).clear();
+        for d in [&self.memory, &self.pids, &self.cpu] {
+            if let Err(e) = rmdir(d) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+/// One cell's pids and cpuacct directories, with their files kept open;
+/// kept for the session's next cell once emptied.
+#[derive(Debug)]
+struct CellDir {
+    pids: PathBuf,
+    cpu: PathBuf,
+    pids_tasks: OwnedFd,
+    cpu_tasks: OwnedFd,
+    procs: std::fs::File,
+    pids_max: std::fs::File,
+    cpu_usage: std::fs::File,
+    /// The `pids.max` written last.
+    max: AtomicU64,
+}
+
+impl CellDir {
+    fn make(session: &SessionDir) -> Result<CellDir, String> {
+        let c = format!("c{}", session.next_cell.fetch_add(1, Ordering::Relaxed));
+        let (pids, cpu) = (session.pids.join(&c), session.cpu.join(&c));
+        make_dir(&pids)?;
+        if let Err(e) = make_dir(&cpu) {
+            let _ = rmdir(&pids);
+            return Err(e);
+        }
+        let files = (|| {
+            Ok::<_, String>((
+                open_tasks(&pids)?,
+                open_tasks(&cpu)?,
+                open_r(&pids.join("cgroup.procs"))?,
+                open_rw(&pids.join("pids.max"))?,
+                open_r(&cpu.join("cpuacct.usage"))?,
+            ))
+        })();
+        match files {
+            Ok((pids_tasks, cpu_tasks, procs, pids_max, cpu_usage)) => Ok(CellDir {
+                pids,
+                cpu,
+                pids_tasks,
+                cpu_tasks,
+                procs,
+                pids_max,
+                cpu_usage,
+                max: AtomicU64::new(u64::MAX),
+            }),
+            Err(e) => {
+                let _ = rmdir(&pids);
+                let _ = rmdir(&cpu);
+                Err(e)
+            }
+        }
+    }
+
+    /// See [`empty`]; the `pids.max` it may have set is forgotten.
+    fn empty(&self, within: Duration) -> Result<(), String> {
+        let r = empty(&self.pids, within);
+        self.max.store(u64::MAX, Ordering::Relaxed);
+        r
+    }
+
+    fn set_max(&self, n: u64) -> Result<(), String> {
+        if self.max.load(Ordering::Relaxed) != n {
+            put(&self.pids_max, &n.to_string(), &self.pids.join("pids.max"))?;
+            self.max.store(n, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CellDir {
+    fn drop(&mut self) {
+        if let Err(e) = self.empty(Duration::from_secs(10)) {
+            tracing::warn!("{e}");
+        }
         for d in [&self.pids, &self.cpu] {
             if let Err(e) = rmdir(d) {
                 tracing::warn!("{e}");
@@ -263,51 +462,41 @@ impl Drop for Groups {
 #[derive(Debug)]
 pub struct SessionGroup {
     groups: Arc<Groups>,
-    k: u64,
-    memory: PathBuf,
-    pids: PathBuf,
-    cpu: PathBuf,
-    next: AtomicU64,
+    dir: Arc<SessionDir>,
 }
 
 impl SessionGroup {
     /// A group for one cell of this session, of at most `max_processes`.
     pub fn cell(self: &Arc<Self>, max_processes: u64) -> Result<CellGroup, String> {
-        let m = self.next.fetch_add(1, Ordering::Relaxed);
-        let c = format!("c{m}");
-        let (pids, cpu) = (self.pids.join(&c), self.cpu.join(&c));
-        make_dir(&pids)?;
-        if let Err(e) = make_dir(&cpu) {
-            let _ = rmdir(&pids);
-            return Err(e);
-        }
-        // From here on the directories go with `cell`.
-        let mut cell = CellGroup {
-            session: self.clone(),
-            pids,
-            cpu,
-            joins: Vec::new(),
+        let kept = lock(&self.dir.cells).pop();
+        let dir = match kept {
+            Some(d) => d,
+            None => Arc::new(CellDir::make(&self.dir)?),
         };
-        write(&cell.pids.join("pids.max"), &max_processes.to_string())?;
+        dir.set_max(max_processes)?;
         // The session's peak is the cell's while it runs (its sub-cells,
         // which run while it waits, count with it).
-        let _ = write(&self.memory.join("memory.max_usage_in_bytes"), "0");
-        cell.joins = vec![
-            open_tasks(&self.memory)?,
-            open_tasks(&cell.pids)?,
-            open_tasks(&cell.cpu)?,
-        ];
-        Ok(cell)
+        let _ = put(
+            &self.dir.max_usage,
+            "0",
+            &self.dir.memory.join("memory.max_usage_in_bytes"),
+        );
+        let cpu_start = get(&dir.cpu_usage).unwrap_or(0);
+        Ok(CellGroup {
+            session: self.clone(),
+            dir,
+            cpu_start,
+        })
     }
 
     /// The session's memory cgroup directory.
     pub fn memory_path(&self) -> &Path {
-        &self.memory
+        &self.dir.memory
     }
 
     /// The session's pids cgroup directory.
     pub fn pids_path(&self) -> &Path {
-        &self.pids
+        &self.dir.pids
     }
 }
 
@@ -315,37 +504,30 @@ impl Drop for SessionGroup {
     fn drop(&mut self) {
         // Its cells are over (each holds the session); anything left is
         // killed before the group is kept or removed.
-        if let Err(e) = empty(&self.pids, Duration::from_secs(10)) {
-            tracing::warn!("{e}");
-        }
-        let usage = read_u64(&self.memory.join("memory.usage_in_bytes")).unwrap_or(u64::MAX);
-        let mut free = match self.groups.free.lock() {
-            Ok(f) => f,
-            Err(p) => p.into_inner(),
-        };
-        // A group that still holds memory (pages of files not yet freed)
-        // is not handed to another session.
-        if free.len() < KEEP && usage < (1 << 20) {
-            free.push(self.k);
-            return;
-        }
-        drop(free);
-        for d in [&self.memory, &self.pids, &self.cpu] {
-            if let Err(e) = rmdir(d) {
+        if !none_in_dir(&self.dir.pids) {
+            if let Err(e) = empty(&self.dir.pids, Duration::from_secs(10)) {
                 tracing::warn!("{e}");
             }
+            // Its pids.max was set to 0 to empty it.
+            *lock(&self.dir.bounds) = None;
+        }
+        // A group that still holds memory (pages of files not yet freed)
+        // is not handed to another session.
+        let usage = get(&self.dir.usage).unwrap_or(u64::MAX);
+        let mut free = lock(&self.groups.free);
+        if free.len() < KEEP && usage < (1 << 20) {
+            free.push(self.dir.clone());
         }
     }
 }
 
-/// One cell's group (see the module docs); removed when dropped, after
-/// killing anything still in it.
+/// One cell's group (see the module docs): emptied when dropped, and kept
+/// for the session's next cell.
 #[derive(Debug)]
 pub struct CellGroup {
     session: Arc<SessionGroup>,
-    pids: PathBuf,
-    cpu: PathBuf,
-    joins: Vec<OwnedFd>,
+    dir: Arc<CellDir>,
+    cpu_start: u64,
 }
 
 /// What a cell's group measured of its whole process tree.
@@ -360,16 +542,23 @@ impl CellGroup {
     /// and exec to join (see [`super::cgroup::join_fd`]); they stay open
     /// as long as `self`.
     pub fn join_fds(&self) -> Vec<RawFd> {
-        self.joins.iter().map(AsRawFd::as_raw_fd).collect()
+        vec![
+            self.session.dir.memory_tasks.as_raw_fd(),
+            self.dir.pids_tasks.as_raw_fd(),
+            self.dir.cpu_tasks.as_raw_fd(),
+        ]
     }
 
     /// Move the single-threaded process `pid` (in this process's PID
     /// namespace) into the group.
     pub fn adopt(&self, pid: i32) -> Result<(), String> {
         let text = pid.to_string();
-        for fd in &self.joins {
-            let mut f = std::fs::File::from(fd.try_clone().map_err(|e| e.to_string())?);
-            f.write_all(text.as_bytes())
+        for fd in [
+            &self.session.dir.memory_tasks,
+            &self.dir.pids_tasks,
+            &self.dir.cpu_tasks,
+        ] {
+            nix::unistd::write(fd, text.as_bytes())
                 .map_err(|e| format!("cannot move process {pid} into its cell's cgroup: {e}"))?;
         }
         Ok(())
@@ -377,46 +566,47 @@ impl CellGroup {
 
     /// Allow the cell `n` processes at once (threads count).
     pub fn set_max_processes(&self, n: u64) -> Result<(), String> {
-        write(&self.pids.join("pids.max"), &n.to_string())
+        self.dir.set_max(n)
     }
 
     /// Kill whatever of the cell is left and wait until none of it is (at
     /// most `within`).
     pub fn end(&self, within: Duration) -> Result<(), String> {
-        empty(&self.pids, within)
+        self.dir.empty(within)
     }
 
     /// Whether no process of the cell is left.
     pub fn is_empty(&self) -> bool {
-        procs(&self.pids).is_empty()
+        none_in(&self.dir.procs)
     }
 
     /// CPU time of every process the cell had, and the session's peak
     /// memory while it ran.
     pub fn usage(&self) -> TreeUsage {
         TreeUsage {
-            cpu_ms: read_u64(&self.cpu.join("cpuacct.usage")).map(|ns| ns / 1_000_000),
-            peak_bytes: read_u64(&self.session.memory.join("memory.max_usage_in_bytes")),
+            cpu_ms: get(&self.dir.cpu_usage)
+                .map(|ns| ns.saturating_sub(self.cpu_start) / 1_000_000),
+            peak_bytes: get(&self.session.dir.max_usage),
         }
     }
 
     /// The cell's pids cgroup directory.
     pub fn pids_path(&self) -> &Path {
-        &self.pids
+        &self.dir.pids
     }
 }
 
 impl Drop for CellGroup {
     fn drop(&mut self) {
-        self.joins.clear();
-        if let Err(e) = empty(&self.pids, Duration::from_secs(10)) {
-            tracing::warn!("{e}");
-        }
-        for d in [&self.pids, &self.cpu] {
-            if let Err(e) = rmdir(d) {
+        if !self.is_empty() {
+            if let Err(e) = self.dir.empty(Duration::from_secs(10)) {
+                // Not handed to another cell: its directory goes (or is
+                // tried again) when the last handle does.
                 tracing::warn!("{e}");
+                return;
             }
         }
+        lock(&self.session.dir.cells).push(self.dir.clone());
     }
 }
 
@@ -447,6 +637,10 @@ mod tests {
 
     #[test]
     fn a_cells_tree_is_bounded_counted_and_emptied() {
+        let _serial = match super::super::cgroup::TEST_LOCK.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
         let Some((cells_cgroup, g)) = groups() else {
             panic!("this test needs root and cgroup v1 memory, pids and cpuacct hierarchies");
         };
@@ -478,9 +672,23 @@ mod tests {
         assert!(cell.usage().cpu_ms.is_some());
         let path = cell.pids_path().to_path_buf();
         drop(cell);
-        assert!(!path.exists(), "the cell's group is removed");
+        // Kept, empty, for the session's next cell.
+        let again = s.cell(4).expect("cell group");
+        assert_eq!(again.pids_path(), path.as_path());
+        assert!(again.is_empty());
+        let pids_max = std::fs::read_to_string(path.join("pids.max")).expect("pids.max");
+        assert_eq!(
+            pids_max.trim(),
+            "4",
+            "emptying it must not leave pids.max at 0"
+        );
+        drop(again);
         drop(s);
         drop(g);
+        assert!(
+            !path.exists(),
+            "the cell's group is removed with the supervisor's"
+        );
         drop(cells_cgroup);
     }
 
