@@ -14,9 +14,8 @@
 //! least the number the cell made, and the kept records are answered
 //! `unknown`.
 
-use super::harness::{exec, Env, Serve};
+use super::harness::{python, session, Env, Serve};
 use super::Outcome;
-use serde_json::json;
 
 const HUGE: usize = 40;
 /// The three together stay within the run's call budget (1000).
@@ -76,21 +75,15 @@ pub fn run(env: &Env) -> Result<Outcome, String> {
     let x = serve.client(env, "x")?;
     let y = serve.client(env, "y")?;
     // Warm up (a zygote, a first cell) before the baseline.
-    let warm = env.block_on(
-        "warm-up",
-        exec(&y, json!({"language": "python", "code": "1"})),
-    )?;
+    let (sx, sy) = env.block_on("sessions", async {
+        Ok::<_, String>((session(&x).await?, session(&y).await?))
+    })??;
+    let warm = env.block_on("warm-up", python(&y, Some(&sy), "1", 10))?;
     if warm.is_error {
         return Err(format!("warm-up failed: {}", warm.all_text()));
     }
     let before = hwm_kb(serve.pid())?;
-    let a = env.block_on(
-        "attack",
-        exec(
-            &x,
-            json!({"language": "python", "code": code(), "timeout_seconds": 30}),
-        ),
-    )?;
+    let a = env.block_on("attack", python(&x, Some(&sx), &code(), 30))?;
     let after = hwm_kb(serve.pid())?;
     let s = a
         .structured
