@@ -6,7 +6,7 @@ use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -243,4 +243,112 @@ pub async fn call(client: &Client, tool: &'static str, args: Value) -> ToolAnswe
 /// `execute_code` with these arguments.
 pub async fn exec(client: &Client, args: Value) -> ToolAnswer {
     call(client, "execute_code", args).await
+}
+
+/// `create_session` for `client`: the new session's id.
+pub async fn session(client: &Client) -> Result<String, String> {
+    let a = call(client, "create_session", json!({})).await;
+    a.structured
+        .as_ref()
+        .and_then(|v| v["session_id"].as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("create_session failed: {}", a.all_text()))
+}
+
+/// A Python cell (in `sid` if given), with a wall limit of `timeout` s.
+pub async fn python(client: &Client, sid: Option<&str>, code: &str, timeout: u64) -> ToolAnswer {
+    let mut args = json!({"language": "python", "code": code, "timeout_seconds": timeout});
+    if let Some(s) = sid {
+        args["session_id"] = json!(s);
+    }
+    exec(client, args).await
+}
+
+/// `execute_code` with `args` on its own task, so that other calls can be
+/// made while it runs.
+pub fn spawn_exec(client: &Client, args: Value) -> tokio::task::JoinHandle<ToolAnswer> {
+    let peer = client.peer().clone();
+    tokio::spawn(async move {
+        let params = CallToolRequestParams::new("execute_code").with_arguments(obj(args));
+        answer(peer.call_tool(params).await)
+    })
+}
+
+/// Await a task of [`spawn_exec`].
+pub async fn join(task: tokio::task::JoinHandle<ToolAnswer>) -> Result<ToolAnswer, String> {
+    task.await.map_err(|e| format!("a call's task failed: {e}"))
+}
+
+impl ToolAnswer {
+    /// The result's `status` (empty when there is no structured result).
+    pub fn status(&self) -> String {
+        self.field("status")
+    }
+
+    /// The result's `stdout`.
+    pub fn stdout(&self) -> String {
+        self.field("stdout")
+    }
+
+    fn field(&self, name: &str) -> String {
+        self.structured
+            .as_ref()
+            .and_then(|v| v[name].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// Host processes (by pid) with an open descriptor whose target contains
+/// `token`, read from the host's `/proc/*/fd` (the attacker cannot hide
+/// from it or fake it).
+pub fn holders(token: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        if fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .map(|t| t.to_string_lossy().contains(token))
+                .unwrap_or(false)
+        }) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Wait (at most `within`) until some host process holds a file named
+/// with `token` open; those processes.
+pub async fn wait_holders(token: &str, within: Duration) -> Result<Vec<i32>, String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let h = holders(token);
+        if !h.is_empty() {
+            return Ok(h);
+        }
+        if t0.elapsed() > within {
+            return Err(format!(
+                "no process opened the file {token} within {within:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One line of `/proc/<pid>/<file>` that starts with `key`, as the host
+/// sees it.
+pub fn proc_line(pid: i32, file: &str, key: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(key))
+        .map(str::to_owned)
 }

@@ -22,11 +22,18 @@
 //!
 //! `cargo test --release --test security -- tenant_` runs only this section.
 
+mod call_records;
 mod caps;
+mod early_done;
 mod flood;
 mod harness;
+mod oom;
 mod ownership;
+mod pids;
+mod scratch_quota;
+mod sibling_proc;
 mod slow_body;
+mod subcell;
 
 pub use harness::{Env, ToolAnswer};
 
@@ -53,6 +60,13 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("principal_caps", caps::run),
     ("connection_flood", flood::run),
     ("slow_body", slow_body::run),
+    ("subcell_widening", subcell::run),
+    ("early_done", early_done::run),
+    ("call_records", call_records::run),
+    ("scratch_quota", scratch_quota::run),
+    ("oom_targeting", oom::run),
+    ("process_count", pids::run),
+    ("sibling_proc", sibling_proc::run),
 ];
 
 /// Run the attacks whose name (with its `tenant_` prefix) contains
