@@ -1022,9 +1022,14 @@ fn start_direct(
     // else the cells' one, before it execs.
     let joins = match group {
         Some(g) => {
-            // One more process than the cell's own: the worker that sets up
-            // the jail stays outside the cell's PID namespace as its parent.
-            g.set_max_processes(super::tenancy::cell_processes(&spec.limits).saturating_add(1))?;
+            // A fresh worker has a user namespace of its own, where its
+            // RLIMIT_NPROC counts exactly its cell's processes (set by the
+            // worker once it is sandboxed); a cgroup bound from its first
+            // instruction would also count what the worker does before
+            // that (the threads of a program whose `main` starts a runtime
+            // before `dispatch`, which must get its error, not a hang). Its
+            // session's bound holds all the same.
+            g.set_max_processes(u64::MAX)?;
             g.join_fds()
         }
         None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),

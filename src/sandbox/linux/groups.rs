@@ -43,6 +43,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// A cell directory's `pids.max` as not known (a bound is at least 1).
+const UNKNOWN: u64 = 0;
+
 /// How many emptied session groups are kept for reuse.
 const KEEP: usize = 32;
 
@@ -388,7 +391,7 @@ struct CellDir {
     procs: std::fs::File,
     pids_max: std::fs::File,
     cpu_usage: std::fs::File,
-    /// The `pids.max` written last.
+    /// The `pids.max` written last ([`UNKNOWN`]: not known).
     max: AtomicU64,
 }
 
@@ -419,7 +422,7 @@ impl CellDir {
                 procs,
                 pids_max,
                 cpu_usage,
-                max: AtomicU64::new(u64::MAX),
+                max: AtomicU64::new(UNKNOWN),
             }),
             Err(e) => {
                 let _ = rmdir(&pids);
@@ -432,13 +435,20 @@ impl CellDir {
     /// See [`empty`]; the `pids.max` it may have set is forgotten.
     fn empty(&self, within: Duration) -> Result<(), String> {
         let r = empty(&self.pids, within);
-        self.max.store(u64::MAX, Ordering::Relaxed);
+        self.max.store(UNKNOWN, Ordering::Relaxed);
         r
     }
 
+    /// `n` processes at most; `u64::MAX`: no bound of its own (its
+    /// session's holds).
     fn set_max(&self, n: u64) -> Result<(), String> {
         if self.max.load(Ordering::Relaxed) != n {
-            put(&self.pids_max, &n.to_string(), &self.pids.join("pids.max"))?;
+            let value = if n == u64::MAX {
+                "max".to_owned()
+            } else {
+                n.to_string()
+            };
+            put(&self.pids_max, &value, &self.pids.join("pids.max"))?;
             self.max.store(n, Ordering::Relaxed);
         }
         Ok(())
@@ -564,7 +574,8 @@ impl CellGroup {
         Ok(())
     }
 
-    /// Allow the cell `n` processes at once (threads count).
+    /// Allow the cell `n` processes at once (threads count); `u64::MAX`:
+    /// no bound of its own, its session's holds.
     pub fn set_max_processes(&self, n: u64) -> Result<(), String> {
         self.dir.set_max(n)
     }
