@@ -46,8 +46,10 @@ use std::time::{Duration, Instant};
 /// A cell directory's `pids.max` as not known (a bound is at least 1).
 const UNKNOWN: u64 = 0;
 
-/// How many emptied session groups are kept for reuse.
-const KEEP: usize = 32;
+/// How many emptied session groups are kept for reuse: enough for the
+/// sessionless calls running at once to find one; each holds about nine
+/// descriptors (its files and its kept cell's) while it waits.
+const KEEP: usize = 8;
 
 /// The hierarchies of one supervisor's cells.
 #[derive(Debug)]
