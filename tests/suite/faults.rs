@@ -207,7 +207,7 @@ fn cgroup_dirs() -> Vec<PathBuf> {
 
 /// Everything on the host named for supervisor `pid`: scratch roots, fork
 /// server directories, mounts, cgroups.
-fn left_by(pid: u32) -> Vec<String> {
+pub(crate) fn left_by(pid: u32) -> Vec<String> {
     let tmp = std::env::temp_dir();
     let mut out: Vec<String> = Vec::new();
     for prefix in ["cellbox-scratch-", "cellbox-forkserver-"] {

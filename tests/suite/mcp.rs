@@ -1256,7 +1256,34 @@ async fn http_client_that_goes_away_gets_its_cell_killed() {
     let server = HttpServer::start(&["--max-operations", "0"]);
     let client = server.client(None).await.unwrap();
     tools(&client).await;
+    // Another client's session, with state, and a cell of it running while
+    // the first client goes away.
+    let other = server.client(None).await.unwrap();
+    let created = call(&other, "create_session", json!({})).await;
+    let sid = created.structured_content.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, e, _) = exec(
+        &other,
+        json!({"language": "python", "code": "x = 41", "session_id": sid}),
+    )
+    .await;
+    assert!(!e);
     let baseline = descendants(server.pid());
+    let other_peer = other.peer().clone();
+    let other_sid = sid.clone();
+    let other_running = tokio::spawn(async move {
+        other_peer
+            .call_tool(
+                CallToolRequestParams::new("execute_code").with_arguments(obj(json!({
+                    "language": "python",
+                    "code": "import time\ntime.sleep(2)\nx + 1",
+                    "session_id": other_sid,
+                }))),
+            )
+            .await
+    });
     let peer = client.peer().clone();
     let pending = tokio::spawn(async move {
         peer.call_tool(
@@ -1271,13 +1298,32 @@ async fn http_client_that_goes_away_gets_its_cell_killed() {
     pending.abort();
     within("close", client.cancel()).await.unwrap();
     wait_gone(&workers, "after the HTTP client went away").await;
-    // The server is still up for others.
-    let other = server.client(None).await.unwrap();
-    let (r, e, _) = exec(&other, json!({"language": "rhai", "code": "7"})).await;
+    // The other client's cell ran on, and its session kept its state.
+    let r = within("the other client's cell", other_running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    assert_eq!(r.structured_content.unwrap()["value"], 42);
+    let (r, e, _) = exec(
+        &other,
+        json!({"language": "python", "code": "x", "session_id": sid}),
+    )
+    .await;
+    assert!(!e);
+    assert_eq!(r["value"], 41);
+    // The server is still up for new clients.
+    let third = server.client(None).await.unwrap();
+    let (r, e, _) = exec(&third, json!({"language": "rhai", "code": "7"})).await;
     assert!(!e);
     assert_eq!(r["value"], 7);
+    third.cancel().await.unwrap();
     other.cancel().await.unwrap();
+    let pid = server.pid();
     assert_eq!(server.stop(), Some(0));
+    // Nothing of it is left on the host.
+    let left = super::faults::left_by(pid as u32);
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[tokio::test]
