@@ -244,6 +244,7 @@ fn small_sessions() -> Supervisor {
     Supervisor::builder()
         .worker_exe(bin())
         .scratch_bytes(128 << 20)
+        .session_scratch_bytes(128 << 20)
         .cells_memory_bytes(3 << 30)
         .build()
         .unwrap()
