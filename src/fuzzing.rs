@@ -323,18 +323,29 @@ pub fn jsonrpc_http(data: &[u8]) {
             assert!(reply["error"]["message"]
                 .as_str()
                 .is_some_and(|m| !m.is_empty()));
+            // An MCP client (rmcp's types: an id is a string or an i64)
+            // reads the reply. Other ids (1.5, 2^64) are echoed as JSON-RPC
+            // asks, and only a client that sends such ids reads them back.
             let text = reply.to_string();
-            if let Err(e) = serde_json::from_str::<rmcp::model::ServerJsonRpcMessage>(&text) {
-                panic!("a client cannot read the reply {text}: {e}");
+            if u.id.is_string() || u.id.is_i64() {
+                if let Err(e) = serde_json::from_str::<rmcp::model::ServerJsonRpcMessage>(&text) {
+                    panic!("a client cannot read the reply {text}: {e}");
+                }
             }
-            // The stdio stand-in for the same message reads as MCP.
-            let stand_in = u.stand_in();
-            assert!(
-                jsonrpc::check(&stand_in).is_none(),
-                "the stand-in is refused"
-            );
-            if let Err(e) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(&stand_in) {
-                panic!("the stand-in does not read: {e}");
+            // The stdio stand-in for the same message reads as MCP. (With
+            // an id rmcp cannot hold it does not: such a request gets
+            // rmcp's error with a null id over stdio.)
+            if u.id.is_string() || u.id.is_i64() {
+                let stand_in = u.stand_in();
+                assert!(
+                    jsonrpc::check(&stand_in).is_none(),
+                    "the stand-in is refused"
+                );
+                if let Err(e) =
+                    serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(&stand_in)
+                {
+                    panic!("the stand-in does not read: {e}");
+                }
             }
         }
         None => {
