@@ -4,6 +4,9 @@
 
 pub mod bench;
 pub mod cli;
+/// Fuzz-target bodies (`fuzz/`, `tests/suite/fuzz_corpus.rs`).
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]

@@ -23,7 +23,8 @@ mod messages;
 
 pub use codec::{
     decode_body, encode_frame, read_frame_async, read_frame_async_within, read_frame_blocking,
-    write_frame_async, write_frame_blocking, FrameError, DEFAULT_MAX_FRAME_BYTES, LEN_PREFIX,
+    write_frame_async, write_frame_blocking, FrameError, Tagged, DEFAULT_MAX_FRAME_BYTES,
+    LEN_PREFIX,
 };
 pub use messages::*;
 
