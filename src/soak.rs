@@ -50,6 +50,10 @@ pub struct SoakOptions {
 /// emptied session cgroups for (`sandbox::linux::groups`).
 const WARM_SESSIONS: usize = 8;
 
+/// How long the server is given to go idle before the figures after the
+/// run are taken.
+const MIN_SETTLE: Duration = Duration::from_secs(5);
+
 /// Give up on one call after this long: a hang is a lost result.
 const CALL_PATIENCE: Duration = Duration::from_secs(120);
 
@@ -386,7 +390,7 @@ fn hostile(rng: &mut Rng) -> Cell {
 
 fn benign(rng: &mut Rng) -> Cell {
     let k = rng.below(100_000) as i64;
-    match rng.below(3) {
+    match rng.below(4) {
         0 => Cell {
             kind: "python",
             language: "python",
@@ -394,6 +398,18 @@ fn benign(rng: &mut Rng) -> Cell {
             timeout: None,
             expect: Expect::Stdout(format!("{}\n", k * (k - 1) / 2)),
         },
+        3 => {
+            // A large result (up to serve's default output cap of 32 KiB a
+            // stream): buffers the server holds and frees.
+            let n = 4_000 + rng.below(28_000) as usize;
+            Cell {
+                kind: "python_large",
+                language: "python",
+                code: format!("print('z' * {n})"),
+                timeout: None,
+                expect: Expect::Stdout(format!("{}\n", "z".repeat(n))),
+            }
+        }
         1 => Cell {
             kind: "rhai",
             language: "rhai",
@@ -535,9 +551,10 @@ async fn run_cell(
         )
     };
     match &cell.expect {
-        Expect::Stdout(want) if status != "ok" || stdout != want => {
-            Err(wrong(format!("expected ok and stdout {want:?}")))
-        }
+        Expect::Stdout(want) if status != "ok" || stdout != want => Err(wrong(format!(
+            "expected ok and stdout {:?}",
+            truncate(want)
+        ))),
         Expect::Value(want) if status != "ok" || &s["value"] != want => {
             Err(wrong(format!("expected ok and value {want}")))
         }
@@ -854,7 +871,10 @@ pub async fn run(opts: SoakOptions) -> Result<(String, bool), String> {
     let wall = started.elapsed();
 
     // Every session is closed: wait for the server to settle back.
+    // The server gives back freed memory a moment after it goes idle
+    // (`serve`'s trimmer looks every 2 s): the figures are taken after that.
     let settle_start = Instant::now();
+    tokio::time::sleep(MIN_SETTLE.min(opts.settle)).await;
     let mut after = sample(pid);
     while !beyond(&idle, &after, &opts).is_empty() && settle_start.elapsed() < opts.settle {
         tokio::time::sleep(Duration::from_millis(500)).await;

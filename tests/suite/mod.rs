@@ -7,6 +7,7 @@ mod mcp;
 mod python;
 mod rhai;
 mod scratch;
+mod soak;
 mod supervisor;
 mod tenancy;
 mod zygote;
