@@ -13,6 +13,7 @@ pub mod protocol;
 pub mod sandbox;
 pub mod security;
 pub mod serve;
+pub mod soak;
 pub mod supervisor;
 pub mod worker;
 

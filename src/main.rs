@@ -80,6 +80,40 @@ enum Command {
         #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
         langs: Vec<String>,
     },
+    /// Drive `cellbox serve` through an MCP client with benign and hostile
+    /// cells, checking every result and the server's use of the host.
+    Soak {
+        /// Cells in all.
+        #[arg(long, default_value_t = 1000)]
+        cells: usize,
+        /// Client tasks sending cells at once over the one connection.
+        #[arg(long, default_value_t = 3)]
+        concurrency: usize,
+        /// Percentage of hostile cells.
+        #[arg(long = "hostile-percent", default_value_t = 10)]
+        hostile_percent: u32,
+        /// Session cells each session runs before it is closed.
+        #[arg(long = "session-cells", default_value_t = 40)]
+        session_cells: usize,
+        /// Seed of the cell mix.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Descriptors the server may hold above idle at the end.
+        #[arg(long = "fd-slack", default_value_t = 8)]
+        fd_slack: u64,
+        /// Megabytes of RSS the server may hold above idle at the end.
+        #[arg(long = "rss-slack-mb", default_value_t = 10)]
+        rss_slack_mb: u64,
+        /// Seconds the server gets to settle back after the sessions close.
+        #[arg(long = "settle", default_value_t = 20)]
+        settle: u64,
+        /// Write the server's stderr to this file.
+        #[arg(long = "serve-log", value_name = "FILE")]
+        serve_log: Option<PathBuf>,
+        /// An extra argument for `serve` (repeatable).
+        #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+        serve_args: Vec<String>,
+    },
     /// Run the escape-attempt suite against this binary.
     SecurityTest(cellbox::security::SecurityTestArgs),
 }
@@ -156,6 +190,53 @@ fn main() -> ExitCode {
             Command::Exec(_) => ExitCode::from(EXIT_INTERNAL),
             Command::Bench { iterations, langs } => cmd_bench(iterations, langs).await,
             Command::Serve(args) => cellbox::serve::run(*args).await,
+            Command::Soak {
+                cells,
+                concurrency,
+                hostile_percent,
+                session_cells,
+                seed,
+                fd_slack,
+                rss_slack_mb,
+                settle,
+                serve_log,
+                serve_args,
+            } => {
+                let binary = match cellbox::cli::front_binary() {
+                    Ok(b) => b,
+                    Err(e) => {
+                        eprintln!("cellbox soak: cannot find this binary: {e}");
+                        return ExitCode::from(EXIT_INTERNAL);
+                    }
+                };
+                let opts = cellbox::soak::SoakOptions {
+                    cells,
+                    concurrency,
+                    hostile_percent: hostile_percent.min(100),
+                    session_cells: session_cells.max(1),
+                    seed,
+                    binary,
+                    serve_args,
+                    serve_log,
+                    fd_slack,
+                    rss_slack: rss_slack_mb * 1_000_000,
+                    settle: std::time::Duration::from_secs(settle),
+                };
+                match cellbox::soak::run(opts).await {
+                    Ok((report, true)) => {
+                        print!("{report}");
+                        ExitCode::SUCCESS
+                    }
+                    Ok((report, false)) => {
+                        print!("{report}");
+                        ExitCode::FAILURE
+                    }
+                    Err(e) => {
+                        eprintln!("cellbox soak: {e}");
+                        ExitCode::from(EXIT_INTERNAL)
+                    }
+                }
+            }
             Command::SecurityTest(args) => {
                 tokio::task::block_in_place(|| cellbox::security::cli_main(args))
             }

@@ -28,6 +28,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod forkserver;
+pub mod memory;
 #[cfg(target_os = "linux")]
 pub mod oneshot;
 pub mod packet;

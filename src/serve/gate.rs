@@ -6,7 +6,7 @@
 
 use super::principal::Principal;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -47,6 +47,8 @@ struct Inner {
     slots: Arc<Semaphore>,
     /// Calls admitted and not finished: running plus waiting.
     admitted: AtomicUsize,
+    /// Calls admitted since the start.
+    total: AtomicU64,
     /// Calls admitted and not yet running, per principal.
     waiting: Mutex<HashMap<Principal, usize>>,
     max_concurrency: usize,
@@ -122,6 +124,7 @@ impl Gate {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(max_concurrency)),
                 admitted: AtomicUsize::new(0),
+                total: AtomicU64::new(0),
                 waiting: Mutex::new(HashMap::new()),
                 max_concurrency,
                 max_queue,
@@ -140,6 +143,11 @@ impl Gate {
 
     pub fn max_queue(&self) -> usize {
         self.inner.max_queue
+    }
+
+    /// Calls let in since the server started.
+    pub fn total_admitted(&self) -> u64 {
+        self.inner.total.load(Ordering::Acquire)
     }
 
     /// Calls in flight (running or waiting).
@@ -196,11 +204,12 @@ impl Gate {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
+                    self.inner.total.fetch_add(1, Ordering::AcqRel);
                     return Ok(Admission {
                         inner: self.inner.clone(),
                         principal: who.clone(),
                         waiting: AtomicBool::new(false),
-                    })
+                    });
                 }
                 Err(actual) => cur = actual,
             }

@@ -251,6 +251,39 @@ fn watch_signals(shutdown: CancellationToken) {
     }
 }
 
+/// The malloc arenas a server uses: its tokio workers share them, so that
+/// what one frees another reuses instead of a heap each that keeps its peak.
+const MALLOC_ARENAS: u8 = 2;
+
+/// How often the server looks whether it went idle, to give back the
+/// memory it freed.
+const TRIM_EVERY: Duration = Duration::from_secs(2);
+
+/// Once no call is in flight and something happened since the last look
+/// (a call, a session opened or closed), hand the heap's free memory back
+/// to the system: without it the server keeps its peak after every
+/// session closes.
+fn spawn_trimmer(server: &CellboxServer, shutdown: CancellationToken) {
+    let sessions = server.sessions().clone();
+    let gate = server.gate().clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TRIM_EVERY);
+        let mut trimmed_at = (0u64, 0usize);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    let now = (gate.total_admitted(), sessions.len());
+                    if gate.admitted() == 0 && now != trimmed_at {
+                        trimmed_at = now;
+                        crate::sandbox::memory::release_free_memory();
+                    }
+                }
+            }
+        }
+    });
+}
+
 fn spawn_sweeper(server: &CellboxServer, shutdown: CancellationToken) {
     let sessions = server.sessions().clone();
     let every = (sessions.idle_expiry() / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
@@ -360,6 +393,9 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // Few malloc arenas: see `sandbox::memory` (before the supervisor's
+    // threads allocate).
+    crate::sandbox::memory::cap_arenas(MALLOC_ARENAS);
     let sup = match build_supervisor(&settings) {
         Ok(s) => s,
         Err(e) => {
@@ -386,6 +422,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         }
     });
     spawn_sweeper(&server, shutdown.clone());
+    spawn_trimmer(&server, shutdown.clone());
     watch_signals(shutdown.clone());
     let code = match settings.transport {
         Transport::Stdio => {

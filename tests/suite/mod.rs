@@ -8,6 +8,7 @@ mod mcp;
 mod python;
 mod rhai;
 mod scratch;
+mod soak;
 mod supervisor;
 mod tenancy;
 mod zygote;
