@@ -270,7 +270,7 @@ impl Drop for CellCgroup {
 }
 
 /// Kill what is left in the cgroup at `dir` and remove it.
-fn remove(dir: &Path, v2: bool) -> Result<(), String> {
+pub(crate) fn remove(dir: &Path, v2: bool) -> Result<(), String> {
     for attempt in 0..100 {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),

@@ -118,23 +118,10 @@ fn procs(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// Remove an empty cgroup directory, retrying while its last processes
-/// finish exiting.
+/// Remove a cgroup directory (v1), killing what is left in it while its
+/// last processes exit.
 fn rmdir(dir: &Path) -> Result<(), String> {
-    for attempt in 0..200 {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 199 => {
-                for pid in procs(dir) {
-                    let _ = crate::sandbox::process::kill_pid(pid);
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("cannot remove the cgroup {}: {e}", dir.display())),
-        }
-    }
-    Err(format!("cannot remove the cgroup {}", dir.display()))
+    super::cgroup::remove(dir, false)
 }
 
 /// Kill every process of the cgroup at `pids_dir` (a pids cgroup) and wait
