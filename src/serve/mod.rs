@@ -14,6 +14,8 @@
 //! - [`lines`]: stdin cut into lines; one too long is answered, not lost.
 //! - [`fit`]: a cell result held to what clients accept and a model can read.
 //! - [`jsonrpc`]: a request that does not parse is answered for its id.
+//! - [`ids`]: over stdio, a request id rmcp cannot hold (`1.5`, past `i64`)
+//!   is served under a token and put back in the reply.
 //!
 //! Logging: stderr, filtered by `CELLBOX_LOG`, else [`DEFAULT_LOG`].
 //!
@@ -26,6 +28,7 @@ pub mod describe;
 pub mod fit;
 pub mod gate;
 pub mod handler;
+pub mod ids;
 pub mod jsonrpc;
 pub mod lines;
 pub mod listener;
@@ -46,6 +49,7 @@ use crate::{EventSink, Supervisor};
 use rmcp::ServiceExt;
 use std::pin::Pin;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -73,7 +77,11 @@ struct StdinReader {
 impl StdinReader {
     /// Read standard input on its own thread, a line at a time, none held
     /// longer than `limit` bytes (see [`lines`]).
-    fn spawn(eof: CancellationToken, limit: usize) -> std::io::Result<StdinReader> {
+    fn spawn(
+        eof: CancellationToken,
+        limit: usize,
+        swap: Arc<ids::IdSwap>,
+    ) -> std::io::Result<StdinReader> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         std::thread::Builder::new()
             .name("cellbox-stdin".into())
@@ -84,10 +92,18 @@ impl StdinReader {
                         Ok(lines::Line::End) => return,
                         Ok(lines::Line::Pass(line)) => {
                             // A request rmcp cannot read is answered for
-                            // its id (see `jsonrpc`).
+                            // its id (see `jsonrpc`); one whose only fault
+                            // is an id rmcp cannot hold goes on under a
+                            // token (see `ids`).
                             let line = match jsonrpc::check(&line) {
-                                Some(u) => u.stand_in(),
                                 None => line,
+                                Some(u) => match swap.admit(&line) {
+                                    Some(swapped) => match jsonrpc::check(&swapped) {
+                                        None => swapped,
+                                        Some(u) => u.stand_in(),
+                                    },
+                                    None => u.stand_in(),
+                                },
                             };
                             if tx.blocking_send(Ok(line)).is_err() {
                                 return;
@@ -305,8 +321,10 @@ async fn serve_stdio(
 ) -> u8 {
     // rmcp's writer half: non-blocking when stdout is a pipe.
     let (_, writer) = rmcp::transport::stdio_pipes();
+    let swap = ids::IdSwap::new();
+    let writer = ids::Restoring::new(writer, swap.clone());
     let limit = lines::max_message_bytes(max_script_bytes);
-    let reader = match StdinReader::spawn(shutdown.clone(), limit) {
+    let reader = match StdinReader::spawn(shutdown.clone(), limit, swap) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cellbox serve: failed to start the stdin reader: {e}");

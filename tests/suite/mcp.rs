@@ -1789,6 +1789,82 @@ fn stdio_answers_every_request_that_has_an_id() {
     let _ = child.wait();
 }
 
+/// JSON-RPC ids rmcp cannot hold (a fraction, an integer past `i64`) are
+/// served over stdio like any other, and each reply carries the id exactly
+/// as the client wrote it.
+#[test]
+fn stdio_serves_requests_whose_ids_rmcp_cannot_hold() {
+    let mut child = std::process::Command::new(bin())
+        .args(["serve", "--language", "rhai"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    writeln!(stdin, "{init}").unwrap();
+    assert!(rx.recv_timeout(PATIENCE).unwrap().contains(r#""id":0"#));
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+    )
+    .unwrap();
+    let ids = [
+        "1.5",
+        "18446744073709551615",
+        "123456789012345678901234567890",
+        "-0.25",
+    ];
+    // A ping, a call, and a request that is wrong besides its id.
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":ID,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":ID,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"rhai","code":"40 + 2"}}}"#,
+        r#"{"jsonrpc":"2.0","id":ID,"method":"tools/list","params":7}"#,
+    ];
+    let mut sent = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let req = requests[i % requests.len()];
+        writeln!(stdin, "{}", req.replace("ID", id)).unwrap();
+        sent.push((id.to_string(), i % requests.len()));
+    }
+    stdin.flush().unwrap();
+    let mut replies = Vec::new();
+    while replies.len() < ids.len() {
+        let line = rx
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("missing replies; have {replies:?}"));
+        if line.contains(r#""id":"#) {
+            replies.push(line);
+        }
+    }
+    for (id, kind) in sent {
+        let needle = format!(r#""id":{id},"#);
+        let reply = replies
+            .iter()
+            .find(|r| r.contains(&needle))
+            .unwrap_or_else(|| panic!("no reply with {needle}: {replies:?}"));
+        let v: Value = serde_json::from_str(reply).unwrap();
+        match kind {
+            0 => assert_eq!(v["result"], json!({}), "{reply}"),
+            1 => assert_eq!(v["result"]["structuredContent"]["value"], 42, "{reply}"),
+            _ => assert_eq!(v["error"]["code"], -32602, "{reply}"),
+        }
+    }
+    drop(stdin);
+    let _ = child.wait();
+}
+
 /// The same over streamable HTTP: each POST gets a JSON-RPC error for its
 /// id (rmcp alone answers some with a bare 415).
 #[tokio::test]
