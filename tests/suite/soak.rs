@@ -12,7 +12,7 @@ fn a_short_soak_loses_nothing_and_leaves_nothing() {
         .args([
             "soak",
             "--cells",
-            "400",
+            "1000",
             "--concurrency",
             "3",
             "--seed",
@@ -32,5 +32,5 @@ fn a_short_soak_loses_nothing_and_leaves_nothing() {
         out.status
     );
     assert!(report.contains("PASS"), "{report}");
-    assert!(report.contains("soak: 400 cells"), "{report}");
+    assert!(report.contains("soak: 1000 cells"), "{report}");
 }
