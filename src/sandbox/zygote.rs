@@ -33,9 +33,11 @@
 //! zygote nor a sibling), and a second seccomp filter ([`cell_filter`]) that
 //! takes back every syscall the zygote needed and the cell profile denies.
 
+use super::linux::seccomp::{program_for, Action, ArgCheck, Filter, Verdict};
 use super::{SandboxPlan, SandboxReport};
 use crate::profiles::{ArgAllow, DenyGroup, SeccompSpec, SyscallGroup};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -214,69 +216,45 @@ pub fn zygote_seccomp(cell: &SeccompSpec) -> SeccompSpec {
     spec
 }
 
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JEQ_K: u16 = 0x15;
-const BPF_RET_K: u16 = 0x06;
-const RET_ALLOW: u32 = 0x7fff_0000;
-const RET_EPERM: u32 = 0x0005_0000 | libc::EPERM as u32;
-
-fn audit_arch() -> Option<u32> {
-    match std::env::consts::ARCH {
-        "x86_64" => Some(0xC000_003E),
-        "aarch64" => Some(0xC000_00B7),
-        "riscv64" => Some(0xC000_00F3),
-        _ => None,
-    }
-}
-
 /// The filter each zygote child stacks on the zygote's: EPERM for
 /// [`ZYGOTE_EXTRAS`] and `setpgid`, and for `prctl(PR_SET_DUMPABLE)`;
-/// everything else falls through to the zygote's allowlist, which is the
-/// cell profile's. Returned as the kernel's `sock_filter` array bytes.
-pub fn cell_filter() -> Result<Vec<u8>, String> {
-    let arch = audit_arch().ok_or_else(|| {
-        format!(
-            "architecture {} is not supported by the seccomp layer",
-            std::env::consts::ARCH
-        )
-    })?;
+/// everything else is allowed here and so decided by the zygote's own
+/// filter, whose allowlist is the cell profile's (a call under a foreign
+/// architecture included: that filter kills it).
+pub fn cell_filter_rules() -> Result<Filter, String> {
     let num = |n: &str| -> Result<u32, String> {
         super::syscalls::number(n)
             .and_then(|nr| u32::try_from(nr).ok())
             .ok_or_else(|| format!("no syscall number for {n}"))
     };
-    let mut denied = Vec::new();
-    for (n, _) in ZYGOTE_EXTRAS {
-        denied.push(num(n)?);
+    let mut verdicts = BTreeMap::new();
+    for n in ZYGOTE_EXTRAS.iter().map(|(n, _)| *n).chain(["setpgid"]) {
+        verdicts.insert(num(n)?, Verdict::Ret(Action::EPERM));
     }
-    denied.push(num("setpgid")?);
-    let prctl = num("prctl")?;
-    let ins = |code: u16, jt: u8, jf: u8, k: u32| (code, jt, jf, k);
-    // [0] ld arch; [1] jeq arch ? next : allow; [2] ld nr;
-    // per denied: jeq nr ? ret eperm : next; then the prctl check; allow.
-    let mut prog = vec![
-        ins(BPF_LD_W_ABS, 0, 0, 4),
-        ins(BPF_JEQ_K, 0, 0, arch), // jf patched below
-        ins(BPF_LD_W_ABS, 0, 0, 0),
-    ];
-    for nr in denied {
-        prog.push(ins(BPF_JEQ_K, 0, 1, nr));
-        prog.push(ins(BPF_RET_K, 0, 0, RET_EPERM));
-    }
-    // prctl: option is args[0], low 32 bits at offset 16 (little-endian).
-    prog.push(ins(BPF_JEQ_K, 0, 3, prctl));
-    prog.push(ins(BPF_LD_W_ABS, 0, 0, 16));
-    prog.push(ins(BPF_JEQ_K, 0, 1, libc::PR_SET_DUMPABLE as u32));
-    prog.push(ins(BPF_RET_K, 0, 0, RET_EPERM));
-    prog.push(ins(BPF_RET_K, 0, 0, RET_ALLOW));
-    let to_allow = prog.len() - 1 - 2;
-    prog[1].2 = u8::try_from(to_allow).map_err(|_| "the cell filter is too long".to_owned())?;
+    verdicts.insert(
+        num("prctl")?,
+        Verdict::Allow(ArgCheck::NotOneOf {
+            arg: 0,
+            values: vec![libc::PR_SET_DUMPABLE as u32],
+        }),
+    );
+    Ok(Filter {
+        verdicts,
+        default: Action::Allow,
+        foreign_arch: Action::Allow,
+    })
+}
+
+/// [`cell_filter_rules`] compiled, as the kernel's `sock_filter` array
+/// bytes (the zygote installs it with `seccomp(2)` from Python).
+pub fn cell_filter() -> Result<Vec<u8>, String> {
+    let prog = program_for(&cell_filter_rules()?).map_err(|e| e.to_string())?;
     let mut bytes = Vec::with_capacity(prog.len() * 8);
-    for (code, jt, jf, k) in prog {
-        bytes.extend_from_slice(&code.to_ne_bytes());
-        bytes.push(jt);
-        bytes.push(jf);
-        bytes.extend_from_slice(&k.to_ne_bytes());
+    for ins in prog {
+        bytes.extend_from_slice(&ins.code.to_ne_bytes());
+        bytes.push(ins.jt);
+        bytes.push(ins.jf);
+        bytes.extend_from_slice(&ins.k.to_ne_bytes());
     }
     Ok(bytes)
 }
@@ -319,7 +297,7 @@ pub fn take_control_fd() -> io::Result<OwnedFd> {
 mod tests {
     use super::*;
     use crate::profiles::Profile;
-    use crate::sandbox::linux::seccomp::tests::run;
+    use crate::sandbox::linux::seccomp::tests::{run, ALLOW as RET_ALLOW, EPERM as RET_EPERM};
 
     fn decode(bytes: &[u8]) -> Vec<seccompiler::sock_filter> {
         bytes
@@ -360,6 +338,10 @@ mod tests {
         );
         for n in ["read", "write", "clone", "openat", "exit_group"] {
             assert_eq!(run(&prog, nr(n), [0; 6]), RET_ALLOW, "{n}");
+        }
+        // Numbers it does not name are the zygote filter's to decide.
+        for n in [0, 5000, 0x4000_0000] {
+            assert_eq!(run(&prog, n, [0; 6]), RET_ALLOW, "{n}");
         }
     }
 

@@ -96,6 +96,31 @@ fn audit_arch() -> Result<u32, SeccompError> {
     }
 }
 
+/// What a filter returns for a call (seccompiler's `SeccompAction`, the
+/// three this project uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Allow,
+    /// Fail with this errno.
+    Errno(u16),
+    /// Kill the whole process (SIGSYS).
+    KillProcess,
+}
+
+impl Action {
+    /// Fail with EPERM: what a call the policy does not name gets.
+    pub const EPERM: Action = Action::Errno(libc::EPERM as u16);
+
+    /// The `SECCOMP_RET_*` value.
+    pub fn ret(self) -> u32 {
+        match self {
+            Action::Allow => SECCOMP_RET_ALLOW,
+            Action::Errno(e) => SECCOMP_RET_ERRNO | u32::from(e),
+            Action::KillProcess => SECCOMP_RET_KILL_PROCESS,
+        }
+    }
+}
+
 /// A check on a syscall's arguments: pass → allowed, fail → EPERM.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ArgCheck {
@@ -105,16 +130,39 @@ pub enum ArgCheck {
     NoneOf { arg: u8, mask: u32 },
     /// Argument `arg`, all 64 bits, equals `value`.
     Equals { arg: u8, value: u64 },
+    /// The low 32 bits of argument `arg` are none of `values`.
+    NotOneOf { arg: u8, values: Vec<u32> },
 }
 
-/// What the filter does with one syscall number. Numbers without a
-/// verdict fail with EPERM.
+/// What the filter does with one syscall number.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Verdict {
-    /// Return this action (allow, kill, an errno).
-    Ret(u32),
+    /// Return this action.
+    Ret(Action),
     /// Allowed when the arguments pass the check.
     Allow(ArgCheck),
+}
+
+/// A whole filter before it is compiled: the verdict for each number it
+/// names, what every other number gets, and what a call made under
+/// another architecture's calling convention gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter {
+    pub verdicts: BTreeMap<u32, Verdict>,
+    pub default: Action,
+    pub foreign_arch: Action,
+}
+
+impl Filter {
+    /// A cell's filter: what `verdicts` names, EPERM for the rest, a
+    /// foreign architecture killed.
+    pub fn deny_by_default(verdicts: BTreeMap<u32, Verdict>) -> Filter {
+        Filter {
+            verdicts,
+            default: Action::EPERM,
+            foreign_arch: Action::KillProcess,
+        }
+    }
 }
 
 fn number(name: &str) -> Option<u32> {
@@ -136,7 +184,7 @@ pub fn verdicts(
             out.insert(nr, v);
         }
     };
-    let allow = Verdict::Ret(SECCOMP_RET_ALLOW);
+    let allow = Verdict::Ret(Action::Allow);
     for group in &spec.allow {
         for name in &group.syscalls {
             let v = match name.as_str() {
@@ -170,13 +218,10 @@ pub fn verdicts(
     }
     for group in spec.deny.iter().filter(|g| g.action == DenyAction::Kill) {
         for name in &group.syscalls {
-            set(name, Verdict::Ret(SECCOMP_RET_KILL_PROCESS));
+            set(name, Verdict::Ret(Action::KillProcess));
         }
     }
-    set(
-        "clone3",
-        Verdict::Ret(SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-    );
+    set("clone3", Verdict::Ret(Action::Errno(libc::ENOSYS as u16)));
     Ok(out)
 }
 
@@ -251,7 +296,7 @@ fn load_arg(arg: u8, high: bool) -> sock_filter {
 /// path. Jumps stay inside the block.
 fn verdict_block(nr: u32, v: &Verdict) -> Result<Vec<sock_filter>, SeccompError> {
     Ok(match v {
-        Verdict::Ret(k) => vec![stmt(BPF_RET_K, *k)],
+        Verdict::Ret(a) => vec![stmt(BPF_RET_K, a.ret())],
         Verdict::Allow(ArgCheck::NoneOf { arg, mask }) => vec![
             load_arg(*arg, false),
             stmt(BPF_ALU_AND_K, *mask),
@@ -282,14 +327,32 @@ fn verdict_block(nr: u32, v: &Verdict) -> Result<Vec<sock_filter>, SeccompError>
             b.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
             b
         }
+        Verdict::Allow(ArgCheck::NotOneOf { arg, values }) => {
+            // ld; jeq v_i → EPERM (one per value); ret ALLOW; ret EPERM.
+            let n = values.len();
+            let mut b = Vec::with_capacity(n + 3);
+            b.push(load_arg(*arg, false));
+            for (i, v) in values.iter().enumerate() {
+                let to_deny = u8::try_from(n - i)
+                    .map_err(|_| SeccompError::RuleTooLarge { nr, len: n + 3 })?;
+                b.push(jump(BPF_JEQ_K, *v, to_deny, 0));
+            }
+            b.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+            b.push(stmt(BPF_RET_K, RET_EPERM));
+            b
+        }
     })
 }
 
-/// A leaf: compare the number with each entry, EPERM if none matches, and
-/// each distinct verdict's block after that.
-fn emit_leaf(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(), SeccompError> {
+/// A leaf: compare the number with each entry, `default` if none matches,
+/// and each distinct verdict's block after that.
+fn emit_leaf(
+    entries: &[(u32, Verdict)],
+    default: Action,
+    out: &mut Vec<sock_filter>,
+) -> Result<(), SeccompError> {
     let mut blocks: Vec<(Verdict, Vec<sock_filter>)> = Vec::new();
-    // Offsets of each block from the end of the compare chain (the EPERM
+    // Offsets of each block from the end of the compare chain (the default
     // return comes first).
     let mut block_of = Vec::with_capacity(entries.len());
     let mut at = 1usize;
@@ -316,7 +379,7 @@ fn emit_leaf(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(
         let jt = u8::try_from(off).map_err(|_| SeccompError::RuleTooLarge { nr: *nr, len: off })?;
         out.push(jump(BPF_JEQ_K, *nr, jt, 0));
     }
-    out.push(stmt(BPF_RET_K, RET_EPERM));
+    out.push(stmt(BPF_RET_K, default.ret()));
     for (_, code) in blocks {
         out.extend(code);
     }
@@ -325,9 +388,13 @@ fn emit_leaf(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(
 
 /// A binary search over the sorted entries: numbers at or above the middle
 /// entry go right (through a long jump), the rest fall through to the left.
-fn emit_tree(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(), SeccompError> {
+fn emit_tree(
+    entries: &[(u32, Verdict)],
+    default: Action,
+    out: &mut Vec<sock_filter>,
+) -> Result<(), SeccompError> {
     if entries.len() <= LEAF_ENTRIES {
-        return emit_leaf(entries, out);
+        return emit_leaf(entries, default, out);
     }
     let mid = entries.len() / 2;
     let (left, right) = entries.split_at(mid);
@@ -335,10 +402,10 @@ fn emit_tree(entries: &[(u32, Verdict)], out: &mut Vec<sock_filter>) -> Result<(
     out.push(jump(BPF_JGE_K, right[0].0, 0, 1));
     let ja = out.len();
     out.push(stmt(BPF_JA, 0));
-    emit_tree(left, out)?;
+    emit_tree(left, default, out)?;
     let skip = out.len() - ja - 1;
     out[ja].k = u32::try_from(skip).map_err(|_| SeccompError::TooLong(out.len()))?;
-    emit_tree(right, out)
+    emit_tree(right, default, out)
 }
 
 /// The whole program for `spec`. `exec_gate` is the address of the exec
@@ -355,21 +422,26 @@ pub fn build_program(
     spec: &SeccompSpec,
     exec_gate: Option<u64>,
 ) -> Result<BpfProgram, SeccompError> {
-    program_for(&verdicts(spec, exec_gate)?)
+    program_for(&Filter::deny_by_default(verdicts(spec, exec_gate)?))
 }
 
-/// The program deciding `verdicts` (see [`build_program`]).
-pub fn program_for(verdicts: &BTreeMap<u32, Verdict>) -> Result<BpfProgram, SeccompError> {
+/// The program deciding `filter` (see [`build_program`]; the zygote's
+/// per-cell filter, which allows by default, is one too).
+pub fn program_for(filter: &Filter) -> Result<BpfProgram, SeccompError> {
     let arch = audit_arch()?;
-    let entries: Vec<(u32, Verdict)> = verdicts.iter().map(|(n, v)| (*n, v.clone())).collect();
+    let entries: Vec<(u32, Verdict)> = filter
+        .verdicts
+        .iter()
+        .map(|(n, v)| (*n, v.clone()))
+        .collect();
     let mut prog = Vec::with_capacity(16 + 2 * entries.len());
     prog.push(stmt(BPF_LD_W_ABS, DATA_ARCH));
     prog.push(jump(BPF_JEQ_K, arch, 1, 0));
-    prog.push(stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS));
+    prog.push(stmt(BPF_RET_K, filter.foreign_arch.ret()));
     prog.push(stmt(BPF_LD_W_ABS, DATA_NR));
-    match range_tree(&entries)? {
+    match range_tree(&entries, filter.default)? {
         Some(tree) => prog.extend(tree),
-        None => emit_tree(&entries, &mut prog)?,
+        None => emit_tree(&entries, filter.default, &mut prog)?,
     }
     if prog.len() > MAX_INSNS {
         return Err(SeccompError::TooLong(prog.len()));
@@ -379,9 +451,9 @@ pub fn program_for(verdicts: &BTreeMap<u32, Verdict>) -> Result<BpfProgram, Secc
 
 /// The number line cut into runs of one verdict: `(first number, verdict)`,
 /// each run ending where the next begins, the first at 0. Numbers without
-/// an entry are denied (EPERM).
-fn segments(entries: &[(u32, Verdict)]) -> Vec<(u32, Verdict)> {
-    let deny = Verdict::Ret(RET_EPERM);
+/// an entry get `default`.
+fn segments(entries: &[(u32, Verdict)], default: Action) -> Vec<(u32, Verdict)> {
+    let deny = Verdict::Ret(default);
     let mut segs: Vec<(u32, Verdict)> = vec![(0, deny.clone())];
     let mut push = |start: u32, v: &Verdict| {
         if let Some(last) = segs.last_mut() {
@@ -425,8 +497,11 @@ enum Target {
 /// kernel checks, converts, compiles and emulates every instruction for its
 /// constant-verdict cache). `None` when a jump would not fit in the 8-bit
 /// offsets of a conditional jump: the caller then uses [`emit_tree`].
-fn range_tree(entries: &[(u32, Verdict)]) -> Result<Option<Vec<sock_filter>>, SeccompError> {
-    let segs = segments(entries);
+fn range_tree(
+    entries: &[(u32, Verdict)],
+    default: Action,
+) -> Result<Option<Vec<sock_filter>>, SeccompError> {
+    let segs = segments(entries, default);
     let mut blocks: Vec<(Verdict, Vec<sock_filter>)> = Vec::new();
     let mut block_of = Vec::with_capacity(segs.len());
     for (nr, v) in &segs {
@@ -813,7 +888,7 @@ pub(crate) mod tests {
             }),
         );
         assert!(matches!(
-            program_for(&v),
+            program_for(&Filter::deny_by_default(v.clone())),
             Err(SeccompError::RuleTooLarge { nr: 16, .. })
         ));
         // 250 values still fit in one block.
@@ -824,7 +899,7 @@ pub(crate) mod tests {
                 values: (0..250).collect(),
             }),
         );
-        let prog = program_for(&v).unwrap();
+        let prog = program_for(&Filter::deny_by_default(v)).unwrap();
         assert_eq!(run(&prog, 16, [0, 249, 0, 0, 0, 0]), ALLOW);
         assert_eq!(run(&prog, 16, [0, 250, 0, 0, 0, 0]), EPERM);
     }
@@ -837,19 +912,22 @@ pub(crate) mod tests {
     fn a_large_table_is_searched_correctly() {
         let large = table(600);
         let entries: Vec<(u32, Verdict)> = large.iter().map(|(n, v)| (*n, v.clone())).collect();
-        assert!(range_tree(&entries).unwrap().is_none());
+        assert!(range_tree(&entries, Action::EPERM).unwrap().is_none());
         check_table(&large);
         let medium = table(60);
         let entries: Vec<(u32, Verdict)> = medium.iter().map(|(n, v)| (*n, v.clone())).collect();
-        assert!(range_tree(&entries).unwrap().is_some());
+        assert!(range_tree(&entries, Action::EPERM).unwrap().is_some());
         check_table(&medium);
         // Adjacent numbers with one verdict make one run.
         let mut runs = BTreeMap::new();
         for nr in (10..20).chain(30..31) {
-            runs.insert(nr, Verdict::Ret(SECCOMP_RET_ALLOW));
+            runs.insert(nr, Verdict::Ret(Action::Allow));
         }
         let entries: Vec<(u32, Verdict)> = runs.iter().map(|(n, v)| (*n, v.clone())).collect();
-        let starts: Vec<u32> = segments(&entries).iter().map(|(n, _)| *n).collect();
+        let starts: Vec<u32> = segments(&entries, Action::EPERM)
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
         assert_eq!(starts, [0, 10, 20, 30, 31]);
         check_table(&runs);
     }
@@ -862,9 +940,14 @@ pub(crate) mod tests {
             // A simple LCG spreads the numbers and verdict kinds.
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
             let nr = (x >> 8) % 2000;
-            let verdict = match i % 5 {
-                0 => Verdict::Ret(SECCOMP_RET_ALLOW),
-                1 => Verdict::Ret(SECCOMP_RET_KILL_PROCESS),
+            let verdict = match i % 7 {
+                0 => Verdict::Ret(Action::Allow),
+                1 => Verdict::Ret(Action::KillProcess),
+                5 => Verdict::Ret(Action::Errno(libc::ENOSYS as u16)),
+                6 => Verdict::Allow(ArgCheck::NotOneOf {
+                    arg: 1,
+                    values: vec![i, 5],
+                }),
                 2 => Verdict::Allow(ArgCheck::OneOf {
                     arg: (i % 6) as u8,
                     values: vec![i, i + 7, 3],
@@ -880,12 +963,27 @@ pub(crate) mod tests {
         v
     }
 
-    /// The program for `v` decides every number below 2100 as `v` says.
+    /// The program for `v` decides every number below 2100 as `v` says,
+    /// with either default.
     fn check_table(v: &BTreeMap<u32, Verdict>) {
-        let prog = program_for(v).unwrap();
+        for default in [Action::EPERM, Action::Allow] {
+            check_filter(&Filter {
+                verdicts: v.clone(),
+                default,
+                foreign_arch: Action::KillProcess,
+            });
+        }
+    }
+
+    fn check_filter(f: &Filter) {
+        let prog = program_for(f).unwrap();
+        let v = &f.verdicts;
         for nr in 0..2100u32 {
             let arg_sets: Vec<[u64; 6]> = match v.get(&nr) {
-                Some(Verdict::Allow(ArgCheck::OneOf { arg, values })) => {
+                Some(
+                    Verdict::Allow(ArgCheck::OneOf { arg, values })
+                    | Verdict::Allow(ArgCheck::NotOneOf { arg, values }),
+                ) => {
                     let mut sets = Vec::new();
                     for val in values.iter().map(|x| u64::from(*x)).chain([999_999]) {
                         let mut a = [0u64; 6];
@@ -902,8 +1000,15 @@ pub(crate) mod tests {
             };
             for a in arg_sets {
                 let want = match v.get(&nr) {
-                    None => EPERM,
-                    Some(Verdict::Ret(k)) => *k,
+                    None => f.default.ret(),
+                    Some(Verdict::Ret(k)) => k.ret(),
+                    Some(Verdict::Allow(ArgCheck::NotOneOf { arg, values })) => {
+                        if values.contains(&(a[*arg as usize] as u32)) {
+                            EPERM
+                        } else {
+                            ALLOW
+                        }
+                    }
                     Some(Verdict::Allow(ArgCheck::OneOf { arg, values })) => {
                         if values.contains(&(a[*arg as usize] as u32)) {
                             ALLOW
