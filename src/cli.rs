@@ -1,11 +1,12 @@
 //! The parts of the command line that both binaries share: the options of
 //! a cell and the whole of `cellbox exec`, which the small `cellbox` front
 //! binary runs itself (see `src/bin/cellbox.rs`) and `cellbox-engine`
-//! runs the same way.
+//! runs the same way; and what the engine's cell-running commands
+//! (`run`, `repl`) share: the supervisor, the language, Ctrl-C.
 
-use crate::{CellResult, EventSink, Policy, SessionConfig, Status};
+use crate::{CellResult, EventSink, Language, Policy, SessionConfig, Status, Supervisor};
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Exit code of a usage or configuration error.
@@ -224,6 +225,85 @@ pub fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
     let cell = crate::oneshot::OneShot::exec(argv, !json);
     let result = crate::oneshot::run(cell, config, &events);
     exec_exit(&result, json)
+}
+
+/// `cellbox exec` where cells cannot be run from this process: through a
+/// supervisor.
+#[cfg(not(target_os = "linux"))]
+pub async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let sup = match build_supervisor(&opts, false, &config) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let result = sup.exec(argv, config, !json).await;
+    exec_exit(&result, json)
+}
+
+/// A supervisor for the cells of one command: they run one at a time, so
+/// together (with a warm worker's own share) they are held to one cell's
+/// memory limit.
+pub fn build_supervisor(
+    opts: &CellOpts,
+    warm: bool,
+    config: &SessionConfig,
+) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder()
+        .warm(warm)
+        .cells_memory_bytes(config.limits.memory_bytes.saturating_add(64 << 20));
+    if let Some(p) = &opts.python {
+        b = b.python(p);
+    }
+    if opts.events.is_some() {
+        b = b.events(events_sink(opts)?);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+/// The language of a cell: `--lang`, else the file's extension, else Rhai
+/// (stdin, the REPL).
+pub fn pick_language(opts: &CellOpts, file: Option<&Path>) -> Result<Language, String> {
+    if let Some(l) = &opts.lang {
+        return l.parse().map_err(|e: crate::Error| e.to_string());
+    }
+    match file {
+        Some(f) => Language::from_path(f).ok_or_else(|| {
+            format!(
+                "cannot tell the language of {} from its extension; pass --lang rhai|python|shell",
+                f.display()
+            )
+        }),
+        None => Ok(Language::Rhai),
+    }
+}
+
+/// Await a cell; Ctrl-C (SIGINT) meanwhile cancels it, and the result then
+/// (status `killed`) keeps what the cell printed. Without a SIGINT stream
+/// (none could be made) the cell runs to its end.
+pub async fn interruptible(
+    run: impl std::future::Future<Output = CellResult>,
+    cancel: &tokio_util::sync::CancellationToken,
+    sigint: Option<&mut tokio::signal::unix::Signal>,
+) -> CellResult {
+    tokio::pin!(run);
+    let Some(sigint) = sigint else {
+        return run.await;
+    };
+    tokio::select! {
+        r = &mut run => r,
+        _ = sigint.recv() => {
+            cancel.cancel();
+            run.await
+        }
+    }
+}
+
+/// SIGINT as a stream: from here on Ctrl-C no longer ends this process.
+pub fn sigint_stream() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok()
 }
 
 /// File name of the full command line, installed next to `cellbox`.

@@ -4,11 +4,15 @@
 
 pub mod bench;
 pub mod cli;
+pub mod doctor;
 /// Fuzz-target bodies (`fuzz/`, `tests/suite/fuzz_corpus.rs`).
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod profiles;
 pub mod protocol;
+pub mod render;
+pub mod repl;
+pub mod run;
 #[allow(unsafe_code)]
 pub mod sandbox;
 pub mod security;
