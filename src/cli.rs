@@ -25,6 +25,18 @@ pub struct CellOpts {
     /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
     #[arg(long)]
     pub profile: Option<String>,
+    #[command(flatten)]
+    pub cell: CellArgs,
+}
+
+/// A cell's capabilities, limits, interpreter and events file: the flags
+/// the cell-running commands ([`CellOpts`]) and `cellbox serve`
+/// ([`crate::serve::ServeArgs`], which words their help for a server) both
+/// take. None has a default here: an absent flag leaves the command's own
+/// (`serve` keeps less output, for instance), resolved where the flags are
+/// read ([`session_config`], `ServeConfig::apply_args`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct CellArgs {
     /// Allow a capability by name (repeatable); everything else is denied.
     #[arg(long = "allow", value_name = "CAP")]
     pub allow: Vec<String>,
@@ -57,7 +69,7 @@ pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
 /// The session configuration the options ask for.
 pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
     let mut policy = Policy::deny_all();
-    for a in &opts.allow {
+    for a in &opts.cell.allow {
         for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
                 && !name.starts_with(|c: char| c.is_ascii_digit());
@@ -71,19 +83,19 @@ pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
         policy,
         ..SessionConfig::default()
     };
-    if let Some(t) = opts.timeout {
+    if let Some(t) = opts.cell.timeout {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(format!("--timeout {t}: give seconds between 0 and 86400"));
         }
         config.limits.timeout_ms = (t * 1000.0).ceil() as u64;
     }
-    if let Some(m) = opts.max_output {
+    if let Some(m) = opts.cell.max_output {
         config.limits.max_output_bytes = m;
     }
-    if let Some(n) = opts.max_operations {
+    if let Some(n) = opts.cell.max_operations {
         config.limits.max_operations = n;
     }
-    if let Some(m) = opts.memory {
+    if let Some(m) = opts.cell.memory {
         config.limits.memory_bytes = m;
     }
     config.profile = opts.profile.clone();
@@ -204,7 +216,7 @@ pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
 
 /// The events sink `--events` asks for.
 pub fn events_sink(opts: &CellOpts) -> Result<EventSink, String> {
-    match &opts.events {
+    match &opts.cell.events {
         Some(path) => EventSink::to_file(path)
             .map_err(|e| format!("failed to open the events file {}: {e}", path.display())),
         None => Ok(EventSink::default()),
@@ -254,10 +266,10 @@ pub fn build_supervisor(
     let mut b = Supervisor::builder()
         .warm(warm)
         .cells_memory_bytes(config.limits.memory_bytes.saturating_add(64 << 20));
-    if let Some(p) = &opts.python {
+    if let Some(p) = &opts.cell.python {
         b = b.python(p);
     }
-    if opts.events.is_some() {
+    if opts.cell.events.is_some() {
         b = b.events(events_sink(opts)?);
     }
     b.build().map_err(|e| e.to_string())
