@@ -234,8 +234,8 @@ pub fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
-    let cell = crate::oneshot::OneShot::exec(argv, !json);
-    let result = crate::oneshot::run(cell, config, &events);
+    let cell = crate::supervisor::oneshot::OneShot::exec(argv, !json);
+    let result = crate::supervisor::oneshot::run(cell, config, &events);
     exec_exit(&result, json)
 }
 

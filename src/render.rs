@@ -9,7 +9,7 @@ use std::io::Write;
 /// Python cell), the answer, the error. `in_session`: the cell ran in a
 /// session that goes on (the REPL), so values it could not keep are worth
 /// a warning; a one-shot run keeps nothing anyway. `streamed`: the cell ran
-/// with [`Forward::Head`], so the head of its output is on the terminal
+/// with [`Forward::Head`](crate::Forward::Head), so the head of its output is on the terminal
 /// already and only the rest (omitted count, tail) is printed.
 pub fn print_result(r: &CellResult, in_session: bool, streamed: bool) {
     let mut out = std::io::stdout().lock();

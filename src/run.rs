@@ -128,10 +128,10 @@ pub fn one_shot_shell(args: &RunArgs) -> Option<ExitCode> {
         Err(e) => return Some(usage(e)),
     };
     let forward = if json { Forward::No } else { Forward::Head };
-    let cell = crate::oneshot::OneShot::shell(&code)
+    let cell = crate::supervisor::oneshot::OneShot::shell(&code)
         .forwarding(forward)
         .interruptible();
-    let result = crate::oneshot::run(cell, config, &events);
+    let result = crate::supervisor::oneshot::run(cell, config, &events);
     if json {
         if let Err(code) = print_json(&result) {
             return Some(code);
