@@ -375,3 +375,79 @@ pub async fn cli_main(args: DoctorArgs) -> ExitCode {
         ExitCode::from(6)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::doctor::MemoryCgroup;
+
+    fn bare_host() -> HostSupport {
+        HostSupport {
+            os: "linux".into(),
+            kernel: "6.1".into(),
+            arch: "x86_64".into(),
+            running_as_root: false,
+            landlock_abi: None,
+            landlock_pinned_abi: 6,
+            seccomp: true,
+            user_namespaces: false,
+            namespaces: false,
+            mount_setattr: false,
+            cgroup_v2: false,
+            memory_cgroup: MemoryCgroup::default(),
+            python: None,
+        }
+    }
+
+    #[test]
+    fn a_supervisor_that_could_not_start_is_reported_as_no_warm_workers() {
+        let report = DoctorReport {
+            warm_workers: WarmWorkers::Failed {
+                error: "no supervisor".into(),
+            },
+            host: bare_host(),
+            python: Err("no python3 on PATH".into()),
+            profiles: Vec::new(),
+            ok: true,
+        };
+        let text = report.to_string();
+        let expected = "\
+cellbox doctor: linux x86_64 kernel 6.1, running as an unprivileged user
+host support:
+  landlock         NO
+  seccomp          yes
+  user namespaces  NO
+  namespaces       NO
+  mount_setattr    NO
+  memory cgroup    NO: no memory controller
+  cgroup2 mounted  no
+  python           NO: no python3 on PATH
+warm workers (fork server, Python zygotes):
+  trial cells      rhai cell -, python cell -
+  rhai             NO fork server (cells spawn a fresh worker)
+  python           0 live zygote(s)
+";
+        assert!(text.starts_with(expected), "{text}");
+        assert!(
+            text.contains("\n  scratch          NOT bounded in total"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n  memory           NOT bounded in total"),
+            "{text}"
+        );
+        assert!(text.contains("\n  sessions         NOT apart"), "{text}");
+        assert!(text.ends_with("may outlive it\n"), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json["warm_workers"],
+            serde_json::json!({"error": "no supervisor"})
+        );
+        assert_eq!(
+            json["python"],
+            serde_json::json!({"error": "no python3 on PATH"})
+        );
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["warm_workers", "host", "python", "profiles", "ok"]);
+    }
+}
