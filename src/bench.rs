@@ -2,8 +2,10 @@
 //! the same run, reported as ratios (these machines are noisy; absolute
 //! numbers from different runs do not compare).
 
+use crate::cli::EXIT_INTERNAL;
 use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
 use std::fmt::Write as _;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// Latency figures of one measurement.
@@ -221,6 +223,31 @@ async fn tenancy_cost(
         ms(off.p99),
         on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
     ))
+}
+
+/// The arguments of `cellbox bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Cells per measurement.
+    #[arg(long, default_value_t = 200)]
+    pub iterations: usize,
+    /// Languages to measure.
+    #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
+    pub langs: Vec<String>,
+}
+
+/// `cellbox bench`: print the report.
+pub async fn cli_main(args: BenchArgs) -> ExitCode {
+    match run(args.iterations, &args.langs).await {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cellbox bench: {e}");
+            ExitCode::from(EXIT_INTERNAL)
+        }
+    }
 }
 
 /// The whole report.

@@ -1,11 +1,12 @@
 //! The parts of the command line that both binaries share: the options of
 //! a cell and the whole of `cellbox exec`, which the small `cellbox` front
 //! binary runs itself (see `src/bin/cellbox.rs`) and `cellbox-engine`
-//! runs the same way.
+//! runs the same way; and what the engine's cell-running commands
+//! (`run`, `repl`) share: the supervisor, the language, Ctrl-C.
 
-use crate::{CellResult, EventSink, Policy, SessionConfig, Status};
+use crate::{CellResult, EventSink, Language, Policy, SessionConfig, Status, Supervisor};
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Exit code of a usage or configuration error.
@@ -24,6 +25,18 @@ pub struct CellOpts {
     /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
     #[arg(long)]
     pub profile: Option<String>,
+    #[command(flatten)]
+    pub cell: CellArgs,
+}
+
+/// A cell's capabilities, limits, interpreter and events file: the flags
+/// the cell-running commands ([`CellOpts`]) and `cellbox serve`
+/// ([`crate::serve::ServeArgs`], which words their help for a server) both
+/// take. None has a default here: an absent flag leaves the command's own
+/// (`serve` keeps less output, for instance), resolved where the flags are
+/// read ([`session_config`], `ServeConfig::apply_args`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct CellArgs {
     /// Allow a capability by name (repeatable); everything else is denied.
     #[arg(long = "allow", value_name = "CAP")]
     pub allow: Vec<String>,
@@ -56,7 +69,7 @@ pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
 /// The session configuration the options ask for.
 pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
     let mut policy = Policy::deny_all();
-    for a in &opts.allow {
+    for a in &opts.cell.allow {
         for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
                 && !name.starts_with(|c: char| c.is_ascii_digit());
@@ -70,19 +83,19 @@ pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
         policy,
         ..SessionConfig::default()
     };
-    if let Some(t) = opts.timeout {
+    if let Some(t) = opts.cell.timeout {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(format!("--timeout {t}: give seconds between 0 and 86400"));
         }
         config.limits.timeout_ms = (t * 1000.0).ceil() as u64;
     }
-    if let Some(m) = opts.max_output {
+    if let Some(m) = opts.cell.max_output {
         config.limits.max_output_bytes = m;
     }
-    if let Some(n) = opts.max_operations {
+    if let Some(n) = opts.cell.max_operations {
         config.limits.max_operations = n;
     }
-    if let Some(m) = opts.memory {
+    if let Some(m) = opts.cell.memory {
         config.limits.memory_bytes = m;
     }
     config.profile = opts.profile.clone();
@@ -203,7 +216,7 @@ pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
 
 /// The events sink `--events` asks for.
 pub fn events_sink(opts: &CellOpts) -> Result<EventSink, String> {
-    match &opts.events {
+    match &opts.cell.events {
         Some(path) => EventSink::to_file(path)
             .map_err(|e| format!("failed to open the events file {}: {e}", path.display())),
         None => Ok(EventSink::default()),
@@ -221,9 +234,88 @@ pub fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
-    let cell = crate::oneshot::OneShot::exec(argv, !json);
-    let result = crate::oneshot::run(cell, config, &events);
+    let cell = crate::supervisor::oneshot::OneShot::exec(argv, !json);
+    let result = crate::supervisor::oneshot::run(cell, config, &events);
     exec_exit(&result, json)
+}
+
+/// `cellbox exec` where cells cannot be run from this process: through a
+/// supervisor.
+#[cfg(not(target_os = "linux"))]
+pub async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode {
+    let config = match session_config(&opts) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let sup = match build_supervisor(&opts, false, &config) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let result = sup.exec(argv, config, !json).await;
+    exec_exit(&result, json)
+}
+
+/// A supervisor for the cells of one command: they run one at a time, so
+/// together (with a warm worker's own share) they are held to one cell's
+/// memory limit.
+pub fn build_supervisor(
+    opts: &CellOpts,
+    warm: bool,
+    config: &SessionConfig,
+) -> Result<Supervisor, String> {
+    let mut b = Supervisor::builder()
+        .warm(warm)
+        .cells_memory_bytes(config.limits.memory_bytes.saturating_add(64 << 20));
+    if let Some(p) = &opts.cell.python {
+        b = b.python(p);
+    }
+    if opts.cell.events.is_some() {
+        b = b.events(events_sink(opts)?);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+/// The language of a cell: `--lang`, else the file's extension, else Rhai
+/// (stdin, the REPL).
+pub fn pick_language(opts: &CellOpts, file: Option<&Path>) -> Result<Language, String> {
+    if let Some(l) = &opts.lang {
+        return l.parse().map_err(|e: crate::Error| e.to_string());
+    }
+    match file {
+        Some(f) => Language::from_path(f).ok_or_else(|| {
+            format!(
+                "cannot tell the language of {} from its extension; pass --lang rhai|python|shell",
+                f.display()
+            )
+        }),
+        None => Ok(Language::Rhai),
+    }
+}
+
+/// Await a cell; Ctrl-C (SIGINT) meanwhile cancels it, and the result then
+/// (status `killed`) keeps what the cell printed. Without a SIGINT stream
+/// (none could be made) the cell runs to its end.
+pub async fn interruptible(
+    run: impl std::future::Future<Output = CellResult>,
+    cancel: &tokio_util::sync::CancellationToken,
+    sigint: Option<&mut tokio::signal::unix::Signal>,
+) -> CellResult {
+    tokio::pin!(run);
+    let Some(sigint) = sigint else {
+        return run.await;
+    };
+    tokio::select! {
+        r = &mut run => r,
+        _ = sigint.recv() => {
+            cancel.cancel();
+            run.await
+        }
+    }
+}
+
+/// SIGINT as a stream: from here on Ctrl-C no longer ends this process.
+pub fn sigint_stream() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok()
 }
 
 /// File name of the full command line, installed next to `cellbox`.

@@ -8,6 +8,7 @@
 //! once every session is closed, they have not come back to their idle
 //! figures (within the stated bounds).
 
+use crate::cli::EXIT_INTERNAL;
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::Peer;
 use rmcp::transport::TokioChildProcess;
@@ -16,8 +17,83 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The arguments of `cellbox soak`.
+#[derive(clap::Args, Debug)]
+pub struct SoakArgs {
+    /// Cells in all.
+    #[arg(long, default_value_t = 1000)]
+    pub cells: usize,
+    /// Client tasks sending cells at once over the one connection.
+    #[arg(long, default_value_t = 3)]
+    pub concurrency: usize,
+    /// Percentage of hostile cells.
+    #[arg(long = "hostile-percent", default_value_t = 10)]
+    pub hostile_percent: u32,
+    /// Session cells each session runs before it is closed.
+    #[arg(long = "session-cells", default_value_t = 40)]
+    pub session_cells: usize,
+    /// Seed of the cell mix.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Descriptors the server may hold above idle at the end.
+    #[arg(long = "fd-slack", default_value_t = 8)]
+    pub fd_slack: u64,
+    /// Megabytes of RSS the server may hold above idle at the end.
+    #[arg(long = "rss-slack-mb", default_value_t = 10)]
+    pub rss_slack_mb: u64,
+    /// Seconds the server gets to settle back after the sessions close.
+    #[arg(long = "settle", default_value_t = 20)]
+    pub settle: u64,
+    /// Write the server's stderr to this file.
+    #[arg(long = "serve-log", value_name = "FILE")]
+    pub serve_log: Option<PathBuf>,
+    /// An extra argument for `serve` (repeatable).
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
+}
+
+/// `cellbox soak` against the front binary next to this one: print the
+/// report; exit 1 when the run failed.
+pub async fn cli_main(args: SoakArgs) -> ExitCode {
+    let binary = match crate::cli::front_binary() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("cellbox soak: cannot find this binary: {e}");
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    };
+    let opts = SoakOptions {
+        cells: args.cells,
+        concurrency: args.concurrency,
+        hostile_percent: args.hostile_percent.min(100),
+        session_cells: args.session_cells.max(1),
+        seed: args.seed,
+        binary,
+        serve_args: args.serve_args,
+        serve_log: args.serve_log,
+        fd_slack: args.fd_slack,
+        rss_slack: args.rss_slack_mb * 1_000_000,
+        settle: Duration::from_secs(args.settle),
+    };
+    match run(opts).await {
+        Ok((report, true)) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Ok((report, false)) => {
+            print!("{report}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("cellbox soak: {e}");
+            ExitCode::from(EXIT_INTERNAL)
+        }
+    }
+}
 
 /// What a soak run does and how much growth it tolerates.
 #[derive(Debug, Clone)]

@@ -7,6 +7,7 @@
 //! find it in either place.
 
 use super::principal::{self, NamedToken};
+use crate::cli::CellArgs;
 use crate::{Language, Limits, Policy, SessionConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -22,6 +23,13 @@ const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
 /// The `cellbox serve` flags. Each one overrides the config file.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(
+    mut_arg("timeout", |a| a.help("Wall-clock limit per cell in seconds (calls may only lower it)")),
+    mut_arg("max_output", |a| a.help("Bytes of stdout (and of stderr) kept per cell (calls may only lower it)")),
+    mut_arg("memory", |a| a.help("Memory limit per cell in bytes")),
+    mut_arg("max_operations", |a| a.help("Rhai: operations before the engine stops a script (0 = no limit)")),
+    mut_arg("python", |a| a.help("Python interpreter for python cells (default: the real python3 on PATH)")),
+)]
 pub struct ServeArgs {
     /// Read settings from this TOML file (see examples/cellbox.toml).
     #[arg(long, value_name = "FILE")]
@@ -54,21 +62,10 @@ pub struct ServeArgs {
     /// Sandbox profile for one language: LANG=NAME_OR_PATH (repeatable).
     #[arg(long = "profile", value_name = "LANG=PROFILE")]
     pub profiles: Vec<String>,
-    /// Allow a capability by name (repeatable); everything else is denied.
-    #[arg(long = "allow", value_name = "CAP")]
-    pub allow: Vec<String>,
-    /// Wall-clock limit per cell in seconds (calls may only lower it).
-    #[arg(long, value_name = "SECS")]
-    pub timeout: Option<f64>,
-    /// Bytes of stdout (and of stderr) kept per cell (calls may only lower it).
-    #[arg(long = "max-output", value_name = "BYTES")]
-    pub max_output: Option<usize>,
-    /// Memory limit per cell in bytes.
-    #[arg(long, value_name = "BYTES")]
-    pub memory: Option<u64>,
-    /// Rhai: operations before the engine stops a script (0 = no limit).
-    #[arg(long = "max-operations", value_name = "N")]
-    pub max_operations: Option<u64>,
+    /// `--allow`, `--timeout`, `--max-output`, `--memory`,
+    /// `--max-operations`, `--python`, `--events`.
+    #[command(flatten)]
+    pub cell: CellArgs,
     /// How many sessions may exist at once.
     #[arg(long = "max-sessions", value_name = "N")]
     pub max_sessions: Option<usize>,
@@ -106,12 +103,6 @@ pub struct ServeArgs {
     /// whole process tree); default true where the host allows it.
     #[arg(long = "session-cgroups", value_name = "BOOL")]
     pub session_cgroups: Option<bool>,
-    /// Python interpreter for python cells (default: the real python3 on PATH).
-    #[arg(long, value_name = "PATH")]
-    pub python: Option<PathBuf>,
-    /// Append run events (JSON lines) to this file.
-    #[arg(long, value_name = "FILE")]
-    pub events: Option<PathBuf>,
     /// Bytes the events file may hold before it is moved to FILE.1
     /// (replacing the older one); default 64 MiB.
     #[arg(long = "events-max-bytes", value_name = "BYTES")]
@@ -444,10 +435,10 @@ impl ServeConfig {
             };
             *slot = Some(name.trim().to_owned());
         }
-        for name in split_list(&args.allow) {
+        for name in split_list(&args.cell.allow) {
             self.policy.allow.insert(name);
         }
-        if let Some(t) = args.timeout {
+        if let Some(t) = args.cell.timeout {
             if !(t.is_finite() && t > 0.0 && t * 1000.0 <= MAX_TIMEOUT_MS as f64) {
                 return Err(invalid(
                     "limits.timeout_ms (--timeout)",
@@ -456,13 +447,13 @@ impl ServeConfig {
             }
             self.limits.timeout_ms = (t * 1000.0).ceil() as u64;
         }
-        if let Some(m) = args.max_output {
+        if let Some(m) = args.cell.max_output {
             self.limits.max_output_bytes = m;
         }
-        if let Some(m) = args.memory {
+        if let Some(m) = args.cell.memory {
             self.limits.memory_bytes = m;
         }
-        if let Some(n) = args.max_operations {
+        if let Some(n) = args.cell.max_operations {
             self.limits.max_operations = n;
         }
         if let Some(n) = args.max_sessions {
@@ -498,10 +489,10 @@ impl ServeConfig {
         if let Some(n) = args.max_queue_per_principal {
             self.server.max_queue_per_principal = Some(n);
         }
-        if let Some(p) = &args.python {
+        if let Some(p) = &args.cell.python {
             self.server.python = Some(p.clone());
         }
-        if let Some(p) = &args.events {
+        if let Some(p) = &args.cell.events {
             self.server.events = Some(p.clone());
         }
         if let Some(n) = args.events_max_bytes {
@@ -876,7 +867,10 @@ mod tests {
         let e = parse("[limits]\nmax_outptu_bytes = 1000\n").unwrap_err();
         assert!(e.to_string().contains("max_outptu_bytes"), "{e}");
         let args = ServeArgs {
-            max_output: Some(2000),
+            cell: CellArgs {
+                max_output: Some(2000),
+                ..CellArgs::default()
+            },
             ..Default::default()
         };
         let mut c = ServeConfig::default();
@@ -975,7 +969,10 @@ mod tests {
                 + (512 << 20)
         );
         let args = ServeArgs {
-            memory: Some(256 << 20),
+            cell: CellArgs {
+                memory: Some(256 << 20),
+                ..CellArgs::default()
+            },
             max_concurrency: Some(2),
             ..ServeArgs::default()
         };
@@ -1022,7 +1019,10 @@ mod tests {
         .unwrap();
         let args = ServeArgs {
             max_concurrency: Some(7),
-            allow: vec!["answer".into()],
+            cell: CellArgs {
+                allow: vec!["answer".into()],
+                ..CellArgs::default()
+            },
             ..ServeArgs::default()
         };
         c.apply_args(&args).unwrap();
