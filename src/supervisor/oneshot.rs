@@ -90,7 +90,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
     // it; a cell without a mount namespace gets a host directory from
     // `spawn` instead, removed when it has ended.
     let scratch = std::env::temp_dir().join(format!("cellbox-{:016x}", random_u64()));
-    let session_id = super::runner::new_run_id();
+    let session_id = super::cell::new_run_id();
     let started = Instant::now();
     let run = RunInfo::root();
     let mut result = CellResult::new("shell", run.clone());

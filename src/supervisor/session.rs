@@ -1,8 +1,8 @@
 //! Sessions: a namespace (JSON variables + replayable definitions), a
 //! history, and a scratch directory that persist across cells.
 
+use super::cell::{self, CellSpec};
 use super::result::{CellResult, RunInfo, Status};
-use super::runner::{self, CellSpec};
 use super::{valid_var_name, CellRequest, Error, Inner, Language, Limits, Namespace, Policy};
 use crate::protocol::{Definition, Done};
 use serde::{Deserialize, Serialize};
@@ -74,7 +74,7 @@ impl Session {
         ));
         Ok(Session {
             inner: Arc::new(SessionInner {
-                id: runner::new_run_id(),
+                id: cell::new_run_id(),
                 sup,
                 config,
                 scratch,
@@ -149,7 +149,7 @@ impl Session {
             output: request.output.clone(),
             execution_count: count,
         };
-        let (mut result, done) = runner::run_cell(self.inner.sup.clone(), spec).await;
+        let (mut result, done) = cell::run_cell(self.inner.sup.clone(), spec).await;
         if result.status == Status::Ok && request.language != Language::Shell {
             if let Some(done) = done {
                 apply(&mut state, request.language, &done, &mut result);
@@ -196,7 +196,7 @@ impl Session {
             output: None,
             execution_count: 0,
         };
-        runner::run_cell(self.inner.sup.clone(), spec).await.0
+        cell::run_cell(self.inner.sup.clone(), spec).await.0
     }
 
     /// Run a program under the sandbox (no namespace).
@@ -239,7 +239,7 @@ impl Session {
             output: None,
             execution_count: state.execution_count,
         };
-        runner::run_cell(self.inner.sup.clone(), spec).await.0
+        cell::run_cell(self.inner.sup.clone(), spec).await.0
     }
 
     fn push_history(&self, state: &mut State, request: &CellRequest, result: &CellResult) {

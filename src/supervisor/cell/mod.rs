@@ -1,23 +1,26 @@
 //! The cell runner: spawn one worker, pump the protocol, enforce the outer
 //! limits (wall clock, output caps, frame size), kill and reap.
 
-use super::capability::{CallContext, Handler};
-use super::output::Capture;
-use super::policy::{Budget, Policy};
-use super::result::{CallRecord, CellResult, RunInfo, Status};
-use super::tenancy::{groups_pid, CellGroup, TreeUsage};
-use super::{Inner, Language, Limits};
 use crate::protocol::{
     read_frame_async_within, write_frame_async, Backend, Call, Definition, Done, DoneStatus,
     FrameError, FromWorker, Reply, ReplyError, ScriptError, Setup, Start, ToWorker,
 };
 use crate::sandbox::{process, spawn, SandboxPlan};
+use crate::supervisor::capability::{CallContext, Handler};
+use crate::supervisor::output::Capture;
+use crate::supervisor::policy::{Budget, Policy};
+use crate::supervisor::result::{CallRecord, CellResult, RunInfo, Status};
+use crate::supervisor::tenancy::{groups_pid, CellGroup, TreeUsage};
+use crate::supervisor::{Inner, Language, Limits};
+use conversation::{Conversation, Handshake, Outcome, Step};
 use serde_json::{json, Map, Value};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod conversation;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
@@ -40,32 +43,24 @@ pub(crate) struct CellSpec {
     pub policy: Policy,
     pub budget: Arc<Budget>,
     /// The session's `emit` events so far (shared by all its cells).
-    pub session_emits: Arc<super::policy::EmitTally>,
+    pub session_emits: Arc<crate::supervisor::policy::EmitTally>,
     pub run: RunInfo,
     pub session_id: String,
     /// Made on first use: a cell from the Rhai fork server needs none.
-    pub scratch: Arc<super::scratch::Scratch>,
+    pub scratch: Arc<crate::supervisor::scratch::Scratch>,
     /// The session's profile (for cells of any language) when it names
     /// one; else the supervisor's for the cell's language applies (see
     /// `Inner::profile_name`). Sub-cells inherit it.
     pub profile: Option<String>,
     /// Copy the worker's stdout/stderr to ours as it arrives.
-    pub forward_output: super::Forward,
+    pub forward_output: crate::supervisor::Forward,
     /// Kill the cell when cancelled (status `killed`).
     pub cancel: Option<tokio_util::sync::CancellationToken>,
     /// A live copy of stdout/stderr as it arrives.
-    pub output: Option<tokio::sync::mpsc::Sender<super::OutputChunk>>,
+    pub output: Option<tokio::sync::mpsc::Sender<crate::supervisor::OutputChunk>>,
     pub execution_count: u64,
     /// The session's cgroups (shared by its cells and sub-cells).
-    pub share: Arc<super::tenancy::Share>,
-}
-
-/// A cell's outcome before it is turned into a result.
-enum Outcome {
-    Done(Box<Done>),
-    Timeout,
-    Exited,
-    Fatal(Status, &'static str, String),
+    pub share: Arc<crate::supervisor::tenancy::Share>,
 }
 
 /// Longest capability name a call may give (registered names are at most
@@ -168,12 +163,12 @@ fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::LayerReport {
         );
         if report.applied && sup.groups.is_some() {
             let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
-            let (memory, processes) = super::tenancy::session_bounds(sup, asked);
+            let (memory, processes) = crate::supervisor::tenancy::session_bounds(sup, asked);
             report.detail.push_str(&format!(
                 "; its session: {} MiB (its files too), {processes} processes; \
                  the cell: {} processes, its whole process tree ended with it",
                 memory >> 20,
-                super::tenancy::cell_processes(&spec.limits)
+                crate::supervisor::tenancy::cell_processes(&spec.limits)
             ));
         } else if report.applied {
             report.detail.push_str(
@@ -227,7 +222,7 @@ fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), S
                 None => vec!["/bin/sh".into(), "-c".into(), spec.code.clone()],
             };
             let prog = argv.first().ok_or("exec needs a program to run")?;
-            let resolved = super::resolve_program(prog)?;
+            let resolved = crate::supervisor::resolve_program(prog)?;
             plan.exec.push(resolved.clone());
             let mut argv = argv;
             argv[0] = resolved.to_string_lossy().into_owned();
@@ -247,15 +242,15 @@ async fn cancelled(token: Option<&tokio_util::sync::CancellationToken>) {
 
 /// Where a live copy of a stream's output goes (at most `budget` bytes).
 struct Tap {
-    tx: tokio::sync::mpsc::Sender<super::OutputChunk>,
-    stream: super::OutputStream,
+    tx: tokio::sync::mpsc::Sender<crate::supervisor::OutputChunk>,
+    stream: crate::supervisor::OutputStream,
     budget: usize,
 }
 
 async fn pump<R: AsyncRead + Unpin>(
     mut r: R,
     cap: Arc<Mutex<Capture>>,
-    forward: (super::Forward, bool),
+    forward: (crate::supervisor::Forward, bool),
     mut tap: Option<Tap>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -270,7 +265,7 @@ async fn pump<R: AsyncRead + Unpin>(
             // wait for a slow consumer, never pass more than the cap.
             let take = chunk.len().min(t.budget);
             if take > 0 {
-                let c = super::OutputChunk {
+                let c = crate::supervisor::OutputChunk {
                     stream: t.stream,
                     text: String::from_utf8_lossy(&chunk[..take]).into_owned(),
                 };
@@ -284,9 +279,9 @@ async fn pump<R: AsyncRead + Unpin>(
             Err(p) => p.into_inner().push(chunk),
         };
         let shown = match forward.0 {
-            super::Forward::No => &chunk[..0],
-            super::Forward::All => chunk,
-            super::Forward::Head => &chunk[..to_head],
+            crate::supervisor::Forward::No => &chunk[..0],
+            crate::supervisor::Forward::All => chunk,
+            crate::supervisor::Forward::Head => &chunk[..to_head],
         };
         // Flushed before the next read, so that it is out before the result
         // the caller prints after it.
@@ -394,7 +389,6 @@ async fn launch(
     group: Option<Arc<CellGroup>>,
 ) -> Result<Option<Box<Done>>, String> {
     let deadline = started + spec.limits.timeout();
-    let max_frame = spec.limits.max_frame_bytes;
     let refuse = |result: &mut CellResult, message: String| {
         result.status = Status::SandboxError;
         result.error = Some(ScriptError {
@@ -423,7 +417,7 @@ async fn launch(
                     handshake: Handshake::SelfReady,
                     group,
                 };
-                return finish_worker(sup, spec, result, launched, deadline, max_frame).await;
+                return finish_worker(sup, spec, result, launched, deadline).await;
             }
             // Its deadline came while it waited: say so, with the real time.
             Err(e) if Instant::now() >= deadline => {
@@ -434,7 +428,7 @@ async fn launch(
             // one): this cell runs in a fresh worker instead.
             Err(e) if fs.is_dead() => {
                 tracing::warn!(
-                    target: super::warm::POOL_LOG,
+                    target: crate::supervisor::warm::POOL_LOG,
                     run_id = %spec.run.run_id,
                     "the fork server is gone ({e}); cell moved to a cold worker"
                 );
@@ -470,7 +464,7 @@ async fn launch(
         handshake,
         group,
     };
-    finish_worker(sup, spec, result, launched, deadline, max_frame).await
+    finish_worker(sup, spec, result, launched, deadline).await
 }
 
 /// A worker that is started and the supervisor's end of its protocol
@@ -509,8 +503,8 @@ async fn launch_python(
     deadline: Instant,
     group: Option<&CellGroup>,
 ) -> Result<Option<Start3>, String> {
-    use super::warm::POOL_LOG;
-    use super::zygote::SpawnError;
+    use crate::supervisor::warm::POOL_LOG;
+    use crate::supervisor::zygote::SpawnError;
     let deadline_t = tokio::time::Instant::from_std(deadline);
     // The stalled zygote the cell moved from, if it did.
     let mut moved_from: Option<i32> = None;
@@ -597,7 +591,7 @@ fn refill(sup: &Arc<Inner>, profile: String) {
         if let Some(pools) = sup.pools.as_ref() {
             if let Err(e) = pools.fill(&sup, &profile).await {
                 tracing::warn!(
-                    target: super::warm::POOL_LOG,
+                    target: crate::supervisor::warm::POOL_LOG,
                     profile = %profile,
                     "failed to replace a stalled Python zygote: {e}"
                 );
@@ -640,7 +634,6 @@ async fn finish_worker(
     result: &mut CellResult,
     launched: Launched,
     deadline: Instant,
-    max_frame: usize,
 ) -> Result<Option<Box<Done>>, String> {
     let Launched {
         started: started_worker,
@@ -666,7 +659,7 @@ async fn finish_worker(
         let fwd = (spec.forward_output, true);
         let tap = spec.output.clone().map(|tx| Tap {
             tx,
-            stream: super::OutputStream::Stdout,
+            stream: crate::supervisor::OutputStream::Stdout,
             budget: spec.limits.max_output_bytes,
         });
         pumps.push(tokio::spawn(pump(rx, out_cap.clone(), fwd, tap)));
@@ -675,7 +668,7 @@ async fn finish_worker(
         let fwd = (spec.forward_output, false);
         let tap = spec.output.clone().map(|tx| Tap {
             tx,
-            stream: super::OutputStream::Stderr,
+            stream: crate::supervisor::OutputStream::Stderr,
             budget: spec.limits.max_output_bytes,
         });
         pumps.push(tokio::spawn(pump(rx, err_cap.clone(), fwd, tap)));
@@ -688,10 +681,9 @@ async fn finish_worker(
             return Err(format!("failed to watch the worker process: {e}"));
         }
     };
-    let o = converse(
-        sup, spec, result, sup_sock, &exit_fd, deadline, backend, plan, max_frame, handshake,
-    )
-    .await;
+    let (setup, start) = opening(sup, spec, backend, plan);
+    let conv = Conversation::new(handshake, setup, start);
+    let o = converse(sup, spec, result, sup_sock, &exit_fd, deadline, conv).await;
     let mut reap_src = reap_src;
     let mut early = None;
     // A forked worker that reported exits by itself, and its parent's
@@ -782,7 +774,7 @@ enum Report {
 /// its stall window, or the parent is stalled (and replaced), so a stopped
 /// parent costs a cell at most that window, not a fixed wait.
 async fn await_report(
-    parent: &dyn super::warm::ForkingParent,
+    parent: &dyn crate::supervisor::warm::ForkingParent,
     exit: &process::ExitWatch,
     rx: &mut tokio::sync::oneshot::Receiver<process::Reaped>,
     grace: Duration,
@@ -870,7 +862,7 @@ enum Reap {
     Direct,
     /// A child of the fork server or a Python zygote: its parent reports it.
     Parent(
-        Arc<dyn super::warm::ForkingParent>,
+        Arc<dyn crate::supervisor::warm::ForkingParent>,
         tokio::sync::oneshot::Receiver<process::Reaped>,
     ),
 }
@@ -896,9 +888,9 @@ async fn warm_python(
     spec: &CellSpec,
     plan: &SandboxPlan,
     running: bool,
-) -> Option<Arc<super::zygote::Zygote>> {
+) -> Option<Arc<crate::supervisor::zygote::Zygote>> {
     let pools = sup.pools.as_ref()?;
-    if !super::zygote::eligible(pools, spec.language, &plan.scratch) {
+    if !crate::supervisor::zygote::eligible(pools, spec.language, &plan.scratch) {
         return None;
     }
     let profile = profile_name(sup, spec);
@@ -906,7 +898,7 @@ async fn warm_python(
         Ok(z) => z,
         Err(e) => {
             tracing::warn!(
-                target: super::warm::POOL_LOG,
+                target: crate::supervisor::warm::POOL_LOG,
                 "Python zygote unavailable, running the cell cold: {e}"
             );
             return None;
@@ -918,14 +910,15 @@ async fn warm_python(
 /// Fork the cell from a Python zygote.
 #[cfg(target_os = "linux")]
 async fn start_zygote(
-    z: &Arc<super::zygote::Zygote>,
+    z: &Arc<crate::supervisor::zygote::Zygote>,
     worker_fd: OwnedFd,
     plan: &SandboxPlan,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
-) -> Result<Started, super::zygote::SpawnError> {
-    use super::zygote::SpawnError::Failed;
-    super::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid).map_err(Failed)?;
+) -> Result<Started, crate::supervisor::zygote::SpawnError> {
+    use crate::supervisor::zygote::SpawnError::Failed;
+    crate::supervisor::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)
+        .map_err(Failed)?;
     let (out_r, out_w) = pipe().map_err(Failed)?;
     let (err_r, err_w) = pipe().map_err(Failed)?;
     let mut limits = plan.limits.clone();
@@ -969,7 +962,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
 /// Take a sandboxed worker from the warm fork server (a spare when one
 /// fits). Returns it and the supervisor's end of its protocol socket.
 async fn start_forked(
-    fs: &Arc<super::warm::ForkServer>,
+    fs: &Arc<crate::supervisor::warm::ForkServer>,
     limits: &crate::sandbox::OsLimits,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
@@ -1061,17 +1054,32 @@ fn start_direct(
     })
 }
 
-/// How a worker comes to be ready for `start`.
-enum Handshake {
-    /// It needs the `setup` frame and answers `ready`.
-    Setup,
-    /// It was sandboxed without one and sends `ready` by itself.
-    SelfReady,
-    /// It is ready already (the report is known).
-    PreReady(crate::sandbox::SandboxReport),
+/// The frames that begin a cell: `setup` (for a worker that needs its plan)
+/// and `start` (none for a program, which speaks no protocol).
+fn opening(
+    sup: &Inner,
+    spec: &CellSpec,
+    backend: Backend,
+    plan: Option<SandboxPlan>,
+) -> (Option<ToWorker>, Option<ToWorker>) {
+    let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
+        ToWorker::Start(Start {
+            language: spec.language.as_str().to_owned(),
+            code: spec.code.clone(),
+            vars: spec.vars.clone(),
+            definitions: spec.definitions.clone(),
+            capabilities: sup.registry.iter().map(|c| c.spec()).collect(),
+            limits: spec.limits.script_limits(),
+            max_frame_bytes: spec.limits.max_frame_bytes,
+        })
+    });
+    let setup = plan.map(|plan| ToWorker::Setup(Setup { backend, plan }));
+    (setup, start)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Drive `conv` over the worker's protocol socket until the cell's end:
+/// read its frames, write ours, perform its calls, and watch its exit, the
+/// deadline and cancellation. The worker's sandbox report goes to `result`.
 async fn converse(
     sup: &Arc<Inner>,
     spec: &CellSpec,
@@ -1079,11 +1087,9 @@ async fn converse(
     sock: std::os::unix::net::UnixStream,
     exit_fd: &process::ExitWatch,
     deadline: Instant,
-    backend: Backend,
-    plan: Option<SandboxPlan>,
-    max_frame: usize,
-    handshake: Handshake,
+    mut conv: Conversation,
 ) -> Outcome {
+    let max_frame = spec.limits.max_frame_bytes;
     let stream = match sock
         .set_nonblocking(true)
         .and_then(|()| tokio::net::UnixStream::from_std(sock))
@@ -1116,180 +1122,77 @@ async fn converse(
             }
         }
     });
-    let is_exec = matches!(backend, Backend::Exec { .. });
-    let setup = plan.map(|plan| ToWorker::Setup(Setup { backend, plan }));
-    let mut start = if is_exec {
-        None
-    } else {
-        Some(ToWorker::Start(Start {
-            language: spec.language.as_str().to_owned(),
-            code: spec.code.clone(),
-            vars: spec.vars.clone(),
-            definitions: spec.definitions.clone(),
-            capabilities: sup.registry.iter().map(|c| c.spec()).collect(),
-            limits: spec.limits.script_limits(),
-            max_frame_bytes: max_frame,
-        }))
-    };
-    let mut ready = false;
-    let mut rx_open = true;
-    let mut deny_seen = false;
     let deadline_t = tokio::time::Instant::from_std(deadline);
-    let first = match handshake {
-        Handshake::Setup if setup.is_none() => {
-            return Outcome::Fatal(
-                Status::SandboxError,
-                "SpawnError",
-                "a worker that needs a setup frame was started without a plan".into(),
-            )
-        }
-        Handshake::Setup => setup,
-        // A forked worker sandboxes itself from the server's plan and says
-        // `ready` by itself; `start` can wait in its socket meanwhile (it
-        // reads nothing before its layers are on, and nothing it sends
-        // counts before its `ready`).
-        Handshake::SelfReady => start.take(),
-        // A zygote's cell arrives sandboxed: it reads `start` straight away.
-        Handshake::PreReady(report) => {
-            ready = true;
-            result.sandbox = Some(report);
-            start.take()
-        }
-    };
-    if let Some(first) = first {
-        if let Err(SendError::Deadline) = send(&mut wr, &first, max_frame, deadline_t).await {
-            return Outcome::Timeout;
-        }
-    }
+    let mut step = conv.begin();
     let outcome = loop {
-        tokio::select! {
+        // Carry out the step at hand, then wait for the next input.
+        match step {
+            Step::Wait => {}
+            Step::Finish(o) => break o,
+            Step::Send(frame) => {
+                if let Err(SendError::Deadline) = send(&mut wr, &frame, max_frame, deadline_t).await
+                {
+                    break Outcome::Timeout;
+                }
+            }
+            Step::Offer(frame) => {
+                if let Err(e) = send(&mut wr, &frame, max_frame, deadline_t).await {
+                    tracing::debug!("worker went away before start: {e}");
+                }
+            }
+            Step::Call(call) => match handle_call(sup, spec, result, call, deadline).await {
+                Ok((reply, denied)) => {
+                    step = conv.answered(reply, denied);
+                    continue;
+                }
+                Err(fatal) => break fatal,
+            },
+            Step::Emit(call) => {
+                if let Err(fatal) = handle_call(sup, spec, result, call, deadline).await {
+                    break fatal;
+                }
+            }
+            Step::Log(l) => {
+                let msg: String = l.message.chars().take(2000).collect();
+                tracing::info!(run_id = %spec.run.run_id, level = %l.level, "worker: {msg}");
+            }
+        }
+        step = tokio::select! {
             biased;
-            msg = rx.recv(), if rx_open => match msg {
-                Some(Ok(FromWorker::Ready(r))) if !ready => {
-                    ready = true;
-                    result.sandbox = Some(r.report);
-                    if let Some(s) = start.take() {
-                        if let Err(e) = send(&mut wr, &s, max_frame, deadline_t).await {
-                            tracing::debug!("worker went away before start: {e}");
-                        }
-                    }
-                }
-                Some(Ok(FromWorker::SandboxError(f))) if !ready => {
-                    break Outcome::Fatal(
-                        Status::SandboxError,
-                        "SandboxError",
-                        format!("the {} layer could not be applied: {}", f.layer, f.message),
-                    );
-                }
-                Some(Ok(FromWorker::Call(call))) if ready && !is_exec => {
-                    match handle_call(sup, spec, result, call, deadline).await {
-                        Ok((reply, denied)) => {
-                            deny_seen |= denied;
-                            if let Err(SendError::Deadline) =
-                                send(&mut wr, &ToWorker::Reply(reply), max_frame, deadline_t).await
-                            {
-                                break Outcome::Timeout;
-                            }
-                        }
-                        Err(fatal) => break fatal,
-                    }
-                }
-                Some(Ok(FromWorker::Emit { event })) if ready && !is_exec => {
-                    let call = Call { id: 0, cap: "emit".into(), args: {
-                        let mut m = Map::new();
-                        m.insert("event".into(), event);
-                        m
-                    }};
-                    if let Err(fatal) = handle_call(sup, spec, result, call, deadline).await {
-                        break fatal;
-                    }
-                }
-                Some(Ok(FromWorker::Log(l))) if ready && !is_exec => {
-                    let msg: String = l.message.chars().take(2000).collect();
-                    tracing::info!(run_id = %spec.run.run_id, level = %l.level, "worker: {msg}");
-                }
-                Some(Ok(FromWorker::Done(done))) if ready && !is_exec => {
-                    break Outcome::Done(done);
-                }
-                Some(Ok(other)) => {
-                    let tag = match other {
-                        FromWorker::Ready(_) => "ready",
-                        FromWorker::SandboxError(_) => "sandbox_error",
-                        FromWorker::Call(_) => "call",
-                        FromWorker::Emit { .. } => "emit",
-                        FromWorker::Log(_) => "log",
-                        FromWorker::Done(_) => "done",
-                    };
-                    break Outcome::Fatal(
-                        Status::ProtocolError,
-                        "ProtocolError",
-                        format!("the worker sent an unexpected {tag:?} message"),
-                    );
-                }
-                Some(Err(FrameError::Closed)) | None => {
-                    rx_open = false;
-                }
-                Some(Err(e)) => {
-                    break Outcome::Fatal(
-                        Status::ProtocolError,
-                        "ProtocolError",
-                        format!("the worker sent a bad frame: {e}"),
-                    );
-                }
+            msg = rx.recv(), if conv.listening() => match msg {
+                Some(Ok(frame)) => conv.on(frame),
+                Some(Err(e)) => conv.on_bad_frame(e),
+                None => conv.on_bad_frame(FrameError::Closed),
             },
             _ = exit_fd.exited() => {
                 // The worker is gone; a `done` may still be queued.
                 let mut last = Outcome::Exited;
-                while rx_open {
+                let mut open = conv.listening();
+                while open {
                     let next = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await;
-                    rx_open = matches!(next, Ok(Some(Ok(_))));
-                    match next {
-                        // A fast program may exit before its `ready` was read.
-                        Ok(Some(Ok(FromWorker::Ready(r)))) if !ready => {
-                            ready = true;
-                            result.sandbox = Some(r.report);
-                        }
-                        Ok(Some(Ok(FromWorker::Done(d)))) if ready && !is_exec => {
-                            last = Outcome::Done(d);
-                            break;
-                        }
-                        Ok(Some(Ok(FromWorker::SandboxError(f)))) if !ready => {
-                            last = Outcome::Fatal(
-                                Status::SandboxError,
-                                "SandboxError",
-                                format!("the {} layer could not be applied: {}", f.layer, f.message),
-                            );
-                            break;
-                        }
-                        Ok(Some(Ok(_))) => {}
-                        _ => break,
+                    let Ok(Some(Ok(frame))) = next else { break };
+                    if let Some(o) = conv.after_exit(frame) {
+                        last = o;
+                        open = false;
                     }
                 }
-                break last;
+                Step::Finish(last)
             }
-            _ = cancelled(spec.cancel.as_ref()) => break Outcome::Fatal(
-                Status::Killed,
-                "Interrupted",
-                "the cell was interrupted and killed; this result keeps what it printed until then"
-                    .into(),
-            ),
-            _ = tokio::time::sleep_until(deadline_t) => break Outcome::Timeout,
-        }
+            _ = cancelled(spec.cancel.as_ref()) => Step::Finish(Outcome::interrupted()),
+            _ = tokio::time::sleep_until(deadline_t) => Step::Finish(Outcome::Timeout),
+        };
     };
     reader.abort();
     let _ = wr.shutdown().await;
-    if deny_seen {
-        if let Outcome::Done(d) = &outcome {
-            if d.status == DoneStatus::Error
-                && d.error.as_ref().map(|e| e.kind.as_str()) == Some("PermissionError")
-            {
-                result.status = Status::PolicyDenied;
-            }
-        }
+    let ended = conv.end(outcome);
+    if let Some(report) = ended.report {
+        result.sandbox = Some(report);
     }
-    outcome
+    if ended.policy_denied {
+        result.status = Status::PolicyDenied;
+    }
+    ended.outcome
 }
-
 /// Check and perform one capability call. `Err` ends the cell.
 async fn handle_call(
     sup: &Arc<Inner>,
@@ -1381,8 +1284,8 @@ async fn handle_call(
             let charged = spec.budget.charge_emit(bytes).and_then(|()| {
                 spec.session_emits.charge(
                     bytes,
-                    super::policy::MAX_EMITS_PER_SESSION,
-                    super::policy::MAX_EMIT_BYTES_PER_SESSION,
+                    crate::supervisor::policy::MAX_EMITS_PER_SESSION,
+                    crate::supervisor::policy::MAX_EMIT_BYTES_PER_SESSION,
                     "session",
                 )
             });
@@ -1455,7 +1358,7 @@ async fn run_sub_cell(
     let lang_s = args.get("language").and_then(Value::as_str).unwrap_or("");
     let language: Language = lang_s
         .parse()
-        .map_err(|e: super::Error| ("invalid_args".to_owned(), e.to_string()))?;
+        .map_err(|e: crate::supervisor::Error| ("invalid_args".to_owned(), e.to_string()))?;
     // The server's language list holds for sub-cells as for any cell.
     if let Some(refusal) = sup.language_refusal(language) {
         return Err(("denied".into(), format!("run_cell refused: {refusal}")));
@@ -1465,7 +1368,7 @@ async fn run_sub_cell(
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
-    if let Some(problem) = super::session::code_problem(language, &code, &spec.limits) {
+    if let Some(problem) = crate::supervisor::session::code_problem(language, &code, &spec.limits) {
         return Err(("invalid_args".into(), format!("sub-cell: {problem}")));
     }
     let vars = args
@@ -1474,7 +1377,7 @@ async fn run_sub_cell(
         .cloned()
         .unwrap_or_default();
     // In the session's own space: its files count against its quota.
-    let scratch = Arc::new(super::scratch::Scratch::beside(
+    let scratch = Arc::new(crate::supervisor::scratch::Scratch::beside(
         &spec.scratch,
         "cellbox-sub-",
     ));
@@ -1502,7 +1405,7 @@ async fn run_sub_cell(
         // The session's profile, or the supervisor's for the language (and
         // its ceiling over the limits), exactly as for a top-level cell.
         profile: spec.profile.clone(),
-        forward_output: super::Forward::No,
+        forward_output: crate::supervisor::Forward::No,
         // Cancelling the parent ends the cell it waits for too.
         cancel: spec.cancel.clone(),
         output: None,
