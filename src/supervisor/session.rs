@@ -136,7 +136,7 @@ impl Session {
             .cancel(request.cancel.clone())
             .output(request.output.clone())
             .execution_count(count);
-        let (mut result, done) = cell::run_cell(self.inner.sup.clone(), spec).await;
+        let (mut result, done) = cell::run(self.inner.sup.clone(), spec).await;
         if result.status == Status::Ok && request.language != Language::Shell {
             if let Some(done) = done {
                 apply(&mut state, request.language, &done, &mut result);
@@ -164,7 +164,7 @@ impl Session {
         vars.insert("__call_args".into(), Value::Object(args));
         let code = format!("invoke({cap:?}, __call_args)");
         let spec = CellSpec::new(self.view(), RunInfo::root(), Language::Rhai, code).vars(vars);
-        cell::run_cell(self.inner.sup.clone(), spec).await.0
+        cell::run(self.inner.sup.clone(), spec).await.0
     }
 
     /// Run a program under the sandbox (no namespace).
@@ -191,7 +191,7 @@ impl Session {
             .argv(argv)
             .forward(forward_output)
             .execution_count(state.execution_count);
-        cell::run_cell(self.inner.sup.clone(), spec).await.0
+        cell::run(self.inner.sup.clone(), spec).await.0
     }
 
     /// What its cells have of it.

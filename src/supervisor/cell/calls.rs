@@ -2,7 +2,7 @@
 //! registry, performed (a sub-cell runs as a cell of its own), recorded.
 
 use super::conversation::Outcome;
-use super::{new_run_id, run_cell, CellSpec};
+use super::{new_run_id, CellSpec};
 use crate::protocol::{Call, Reply, ReplyError};
 use crate::supervisor::capability::{CallContext, Handler};
 use crate::supervisor::result::{CallRecord, CellResult, RunInfo, Status};
@@ -221,8 +221,8 @@ async fn run_sub_cell(
         .budget(spec.budget.clone())
         .scratch(scratch.clone())
         .cancel(spec.cancel.clone());
-    // Its whole process tree is gone when `run_cell` returns.
-    let (sub, _) = run_cell(sup.clone(), child).await;
+    // Its whole process tree is gone when `cell::run` returns.
+    let (sub, _) = super::run(sup.clone(), child).await;
     drop(scratch);
     result.absorb_calls(&sub);
     if sub.status == Status::Ok {

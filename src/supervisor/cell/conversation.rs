@@ -10,7 +10,7 @@
 //! ends the cell with a protocol error, except after the worker exited:
 //! then only a queued `ready`, `sandbox_error` or `done` counts.
 
-use crate::protocol::{Call, Done, FrameError, FromWorker, Log, ToWorker};
+use crate::protocol::{Call, Done, FrameError, FromWorker, Log, SandboxFailure, ToWorker};
 use crate::sandbox::SandboxReport;
 use crate::supervisor::result::Status;
 use serde_json::Map;
@@ -32,6 +32,15 @@ impl Outcome {
             "Interrupted",
             "the cell was interrupted and killed; this result keeps what it printed until then"
                 .into(),
+        )
+    }
+
+    /// A mandatory layer of the sandbox could not be applied.
+    pub(crate) fn sandbox_failure(f: &SandboxFailure) -> Outcome {
+        Outcome::Fatal(
+            Status::SandboxError,
+            "SandboxError",
+            format!("the {} layer could not be applied: {}", f.layer, f.message),
         )
     }
 
@@ -167,11 +176,9 @@ impl Conversation {
                 self.report = Some(r.report);
                 self.start.take().map_or(Step::Wait, Step::Offer)
             }
-            FromWorker::SandboxError(f) if !self.ready => Step::Finish(Outcome::Fatal(
-                Status::SandboxError,
-                "SandboxError",
-                format!("the {} layer could not be applied: {}", f.layer, f.message),
-            )),
+            FromWorker::SandboxError(f) if !self.ready => {
+                Step::Finish(Outcome::sandbox_failure(&f))
+            }
             FromWorker::Call(call) if speaks => Step::Call(call),
             FromWorker::Emit { event } if speaks => {
                 let mut args = Map::new();
@@ -233,11 +240,7 @@ impl Conversation {
                 None
             }
             FromWorker::Done(d) if self.ready && !self.exec => Some(Outcome::Done(d)),
-            FromWorker::SandboxError(f) if !self.ready => Some(Outcome::Fatal(
-                Status::SandboxError,
-                "SandboxError",
-                format!("the {} layer could not be applied: {}", f.layer, f.message),
-            )),
+            FromWorker::SandboxError(f) if !self.ready => Some(Outcome::sandbox_failure(&f)),
             _ => None,
         }
     }
@@ -259,9 +262,7 @@ impl Conversation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{
-        DoneStatus, Ready, Reply, ReplyError, SandboxFailure, ScriptError, Start,
-    };
+    use crate::protocol::{DoneStatus, Ready, Reply, ReplyError, ScriptError, Start};
     use serde_json::json;
 
     fn report(tag: &str) -> SandboxReport {

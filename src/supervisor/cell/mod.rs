@@ -1,4 +1,4 @@
-//! A cell's life, in one place: [`run_cell`] checks it may run, gives it
+//! A cell's life, in one place: [`run`] checks it may run, gives it
 //! its cgroup and then [`life`] reads as the cell lives: its worker is
 //! launched (`launch`: forked from a warm parent or fresh), the protocol
 //! conversation runs (`converse`, driving the sans-I/O `conversation`,
@@ -15,7 +15,8 @@ mod launch;
 mod plan;
 mod streams;
 
-use conversation::{Conversation, Outcome};
+use conversation::Conversation;
+pub(crate) use conversation::Outcome;
 use converse::{converse, opening};
 use launch::{Launch, Launched};
 use streams::Streams;
@@ -45,7 +46,7 @@ pub(crate) struct CellSpec {
     pub definitions: Vec<Definition>,
     pub limits: Limits,
     /// The limits the session and call asked for, before the profile's
-    /// ceiling narrowed them into `limits` (set by `run_cell`): a sub-cell
+    /// ceiling narrowed them into `limits` (set by `run`): a sub-cell
     /// starts from these and gets its own profile's ceiling, exactly as a
     /// top-level cell of its language would.
     pub asked: Option<Limits>,
@@ -200,11 +201,8 @@ pub(crate) fn new_run_id() -> String {
     format!("{:x}-{:x}-{n}", t, std::process::id())
 }
 
-/// Run one cell (and, through `run_cell` calls, its sub-cells).
-pub(crate) fn run_cell(
-    sup: Arc<Inner>,
-    mut spec: CellSpec,
-) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+/// Run one cell (and, through its `run_cell` calls, its sub-cells).
+pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
     Box::pin(async move {
         // Every cell passes here, top-level, `exec` and sub-cells alike:
         // the supervisor's languages and the profile's ceiling hold for all.
@@ -348,19 +346,19 @@ async fn life(
     let reaped = end::end(ending, &exit, done, group.as_ref()).await;
     let (stdout, stderr) = streams.collect().await;
     result.record_end(stdout, stderr, reaped.as_ref().ok());
-    Ok(classify(spec, result, outcome))
+    let exec = spec.language == Language::Shell;
+    Ok(classify(&spec.limits, exec, result, outcome))
 }
 
-/// Turn the outcome and exit information into the result's status/error.
-fn classify(spec: &CellSpec, result: &mut CellResult, outcome: Outcome) -> Option<Box<Done>> {
-    let set_err = |result: &mut CellResult, status: Status, kind: &str, message: String| {
-        result.status = status;
-        result.error = Some(ScriptError {
-            kind: kind.to_owned(),
-            message,
-            ..ScriptError::default()
-        });
-    };
+/// Turn the outcome and exit information into the result's status/error
+/// (`exec`: the cell ran a program, whose exit is its whole story). The
+/// one-shot supervisor classifies its cells here too.
+pub(crate) fn classify(
+    limits: &Limits,
+    exec: bool,
+    result: &mut CellResult,
+    outcome: Outcome,
+) -> Option<Box<Done>> {
     match outcome {
         Outcome::Done(done) => {
             if result.status != Status::PolicyDenied {
@@ -383,15 +381,15 @@ fn classify(spec: &CellSpec, result: &mut CellResult, outcome: Outcome) -> Optio
             Some(done)
         }
         Outcome::Timeout => {
-            result.timed_out(&spec.limits);
+            result.timed_out(limits);
             None
         }
         Outcome::Fatal(status, kind, message) => {
-            set_err(result, status, kind, message);
+            result.fail(status, kind, message);
             None
         }
         Outcome::Exited => {
-            result.classify_exit(&spec.limits, spec.language == Language::Shell);
+            result.classify_exit(limits, exec);
             None
         }
     }

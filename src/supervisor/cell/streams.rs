@@ -90,11 +90,7 @@ async fn pump<R: AsyncRead + Unpin>(
             Ok(mut c) => c.push(chunk),
             Err(p) => p.into_inner().push(chunk),
         };
-        let shown = match forward.0 {
-            crate::supervisor::Forward::No => &chunk[..0],
-            crate::supervisor::Forward::All => chunk,
-            crate::supervisor::Forward::Head => &chunk[..to_head],
-        };
+        let shown = forward.0.shown(chunk, to_head);
         // Flushed before the next read, so that it is out before the result
         // the caller prints after it.
         if !shown.is_empty() {
