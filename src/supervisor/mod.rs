@@ -4,6 +4,7 @@
 //! events); a worker owns nothing and is killed and reaped after each cell.
 
 mod capability;
+mod cell;
 mod events;
 mod limits;
 #[cfg(target_os = "linux")]
@@ -12,7 +13,6 @@ mod output;
 mod policy;
 mod python;
 mod result;
-mod runner;
 mod scratch;
 mod session;
 mod tenancy;
@@ -851,7 +851,7 @@ impl Supervisor {
 
 impl RunInfo {
     pub(crate) fn root() -> RunInfo {
-        let id = runner::new_run_id();
+        let id = cell::new_run_id();
         RunInfo {
             run_id: id.clone(),
             parent_run_id: None,

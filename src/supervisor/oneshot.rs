@@ -9,6 +9,7 @@
 //! of the whole process group, reap with rusage, and the same
 //! [`CellResult`], classified by the same code.
 
+use super::cell::{classify, Outcome};
 use super::events::EventSink;
 use super::output::Capture;
 use super::result::{CellResult, RunInfo, Status};
@@ -74,13 +75,6 @@ impl OneShot {
     }
 }
 
-/// How the cell ended, before it is classified.
-enum Outcome {
-    Exited,
-    Timeout,
-    Fatal(Status, &'static str, String),
-}
-
 /// Run one shell-language cell in a fresh session, as
 /// [`super::Supervisor::exec`] does, but in this process: it must have a
 /// single thread (no runtime started yet). The result has the same shape,
@@ -90,7 +84,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
     // it; a cell without a mount namespace gets a host directory from
     // `spawn` instead, removed when it has ended.
     let scratch = std::env::temp_dir().join(format!("cellbox-{:016x}", random_u64()));
-    let session_id = super::runner::new_run_id();
+    let session_id = super::cell::new_run_id();
     let started = Instant::now();
     let run = RunInfo::root();
     let mut result = CellResult::new("shell", run.clone());
@@ -283,11 +277,7 @@ impl Stream {
                 Ok(n) => {
                     let chunk = &buf[..n];
                     let to_head = self.capture.push(chunk);
-                    let shown = match self.forward.0 {
-                        super::Forward::No => &chunk[..0],
-                        super::Forward::All => chunk,
-                        super::Forward::Head => &chunk[..to_head],
-                    };
+                    let shown = self.forward.0.shown(chunk, to_head);
                     if !shown.is_empty() {
                         if self.forward.1 {
                             let mut out = std::io::stdout().lock();
@@ -452,12 +442,7 @@ fn supervise(
 
     drop(sigint);
     let outcome = if interrupted {
-        Outcome::Fatal(
-            Status::Killed,
-            "Interrupted",
-            "the cell was interrupted and killed; this result keeps what it printed until then"
-                .into(),
-        )
+        Outcome::interrupted()
     } else if timed_out {
         Outcome::Timeout
     } else {
@@ -466,11 +451,7 @@ fn supervise(
                 result.sandbox = Some(r);
                 Outcome::Exited
             }
-            Ok(Some(Report::SandboxError(f))) => Outcome::Fatal(
-                Status::SandboxError,
-                "SandboxError",
-                format!("the {} layer could not be applied: {}", f.layer, f.message),
-            ),
+            Ok(Some(Report::SandboxError(f))) => Outcome::sandbox_failure(&f),
             Ok(None) => Outcome::Exited,
             Err(e) => Outcome::Fatal(
                 Status::ProtocolError,
@@ -487,11 +468,8 @@ fn supervise(
         }
     }
     result.record_end(out.capture, err.capture, reaped.as_ref().ok());
-    match outcome {
-        Outcome::Exited => result.classify_exit(limits, true),
-        Outcome::Timeout => result.timed_out(limits),
-        Outcome::Fatal(status, kind, message) => result.fail(status, kind, message),
-    }
+    // A program: it says nothing of how it ended but its exit.
+    classify(limits, true, result, outcome);
 }
 
 /// Read what the control socket has; drop it at EOF.

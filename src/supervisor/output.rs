@@ -2,7 +2,20 @@
 //! counts every byte, never grows past the cap.
 
 use super::result::Truncation;
+use super::Forward;
 use std::collections::VecDeque;
+
+impl Forward {
+    /// The part of `chunk` to copy to our own stream, of which the first
+    /// `to_head` bytes went to the capture's head.
+    pub(crate) fn shown(self, chunk: &[u8], to_head: usize) -> &[u8] {
+        match self {
+            Forward::No => &chunk[..0],
+            Forward::All => chunk,
+            Forward::Head => &chunk[..to_head],
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct Capture {

@@ -1,8 +1,8 @@
 //! Sessions: a namespace (JSON variables + replayable definitions), a
 //! history, and a scratch directory that persist across cells.
 
+use super::cell::{self, CellSpec, SessionView};
 use super::result::{CellResult, RunInfo, Status};
-use super::runner::{self, CellSpec};
 use super::{valid_var_name, CellRequest, Error, Inner, Language, Limits, Namespace, Policy};
 use crate::protocol::{Definition, Done};
 use serde::{Deserialize, Serialize};
@@ -74,7 +74,7 @@ impl Session {
         ));
         Ok(Session {
             inner: Arc::new(SessionInner {
-                id: runner::new_run_id(),
+                id: cell::new_run_id(),
                 sup,
                 config,
                 scratch,
@@ -128,28 +128,15 @@ impl Session {
             .filter(|(l, _)| *l == request.language)
             .map(|(_, d)| d.clone())
             .collect();
-        let spec = CellSpec {
-            language: request.language,
-            code: request.code.clone(),
-            argv: None,
-            vars: state.vars.clone(),
-            definitions,
-            limits,
-            asked: None,
-            policy: self.inner.config.policy.clone(),
-            budget: Arc::new(super::Budget::default()),
-            session_emits: self.inner.emits.clone(),
-            run,
-            session_id: self.inner.id.clone(),
-            scratch: self.inner.scratch.clone(),
-            share: self.inner.share.clone(),
-            profile: self.inner.config.profile.clone(),
-            forward_output: request.forward,
-            cancel: request.cancel.clone(),
-            output: request.output.clone(),
-            execution_count: count,
-        };
-        let (mut result, done) = runner::run_cell(self.inner.sup.clone(), spec).await;
+        let spec = CellSpec::new(self.view(), run, request.language, request.code.clone())
+            .vars(state.vars.clone())
+            .definitions(definitions)
+            .limits(limits)
+            .forward(request.forward)
+            .cancel(request.cancel.clone())
+            .output(request.output.clone())
+            .execution_count(count);
+        let (mut result, done) = cell::run(self.inner.sup.clone(), spec).await;
         if result.status == Status::Ok && request.language != Language::Shell {
             if let Some(done) = done {
                 apply(&mut state, request.language, &done, &mut result);
@@ -175,28 +162,9 @@ impl Session {
         let _state = self.inner.state.lock().await;
         let mut vars = Namespace::new();
         vars.insert("__call_args".into(), Value::Object(args));
-        let spec = CellSpec {
-            language: Language::Rhai,
-            code: format!("invoke({cap:?}, __call_args)"),
-            argv: None,
-            vars,
-            definitions: Vec::new(),
-            limits: self.inner.config.limits.clone(),
-            asked: None,
-            policy: self.inner.config.policy.clone(),
-            budget: Arc::new(super::Budget::default()),
-            session_emits: self.inner.emits.clone(),
-            run: RunInfo::root(),
-            session_id: self.inner.id.clone(),
-            scratch: self.inner.scratch.clone(),
-            share: self.inner.share.clone(),
-            profile: self.inner.config.profile.clone(),
-            forward_output: super::Forward::No,
-            cancel: None,
-            output: None,
-            execution_count: 0,
-        };
-        runner::run_cell(self.inner.sup.clone(), spec).await.0
+        let code = format!("invoke({cap:?}, __call_args)");
+        let spec = CellSpec::new(self.view(), RunInfo::root(), Language::Rhai, code).vars(vars);
+        cell::run(self.inner.sup.clone(), spec).await.0
     }
 
     /// Run a program under the sandbox (no namespace).
@@ -218,28 +186,26 @@ impl Session {
             r.execution_count = state.execution_count;
             return r;
         }
-        let spec = CellSpec {
-            language: Language::Shell,
-            code: argv.join(" "),
-            argv: Some(argv),
-            vars: Default::default(),
-            definitions: Vec::new(),
-            limits: self.inner.config.limits.clone(),
-            asked: None,
-            policy: self.inner.config.policy.clone(),
-            budget: Arc::new(super::Budget::default()),
-            session_emits: self.inner.emits.clone(),
-            run: RunInfo::root(),
-            session_id: self.inner.id.clone(),
-            scratch: self.inner.scratch.clone(),
-            share: self.inner.share.clone(),
-            profile: self.inner.config.profile.clone(),
-            forward_output,
-            cancel: None,
-            output: None,
-            execution_count: state.execution_count,
-        };
-        runner::run_cell(self.inner.sup.clone(), spec).await.0
+        let code = argv.join(" ");
+        let spec = CellSpec::new(self.view(), RunInfo::root(), Language::Shell, code)
+            .argv(argv)
+            .forward(forward_output)
+            .execution_count(state.execution_count);
+        cell::run(self.inner.sup.clone(), spec).await.0
+    }
+
+    /// What its cells have of it.
+    fn view(&self) -> SessionView<'_> {
+        let inner = &self.inner;
+        SessionView {
+            id: &inner.id,
+            limits: &inner.config.limits,
+            policy: &inner.config.policy,
+            profile: inner.config.profile.as_deref(),
+            emits: &inner.emits,
+            scratch: &inner.scratch,
+            share: &inner.share,
+        }
     }
 
     fn push_history(&self, state: &mut State, request: &CellRequest, result: &CellResult) {

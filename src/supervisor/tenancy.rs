@@ -80,7 +80,7 @@ pub(crate) fn session_bounds(sup: &Inner, asked: &super::Limits) -> (u64, u64) {
 
 /// The processes a warm cell's pids cgroup allows: its limit (threads
 /// count, as for RLIMIT_NPROC). A cold worker's is bounded by RLIMIT_NPROC
-/// in its own user namespace instead (see `runner::start_direct`).
+/// in its own user namespace instead (see `cell::launch::start_direct`).
 pub(crate) fn cell_processes(limits: &super::Limits) -> u64 {
     limits.max_processes
 }

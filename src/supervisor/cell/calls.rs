@@ -1,0 +1,241 @@
+//! A cell's capability calls: charged, checked against the policy and the
+//! registry, performed (a sub-cell runs as a cell of its own), recorded.
+
+use super::conversation::Outcome;
+use super::{new_run_id, CellSpec};
+use crate::protocol::{Call, Reply, ReplyError};
+use crate::supervisor::capability::{CallContext, Handler};
+use crate::supervisor::result::{CallRecord, CellResult, RunInfo, Status};
+use crate::supervisor::{Inner, Language};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest capability name a call may give (registered names are at most
+/// 64 bytes); a longer one is answered `unknown` and kept shortened.
+pub(crate) const MAX_CAP_NAME_BYTES: usize = 128;
+
+/// Check and perform one capability call. `Err` ends the cell.
+pub(super) async fn handle_call(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    call: Call,
+    deadline: Instant,
+) -> Result<(Reply, bool), Outcome> {
+    let t0 = Instant::now();
+    let id = call.id;
+    // A cell chooses the names it calls: records and events keep at most
+    // MAX_CAP_NAME_BYTES of one.
+    let name_fits = call.cap.len() <= MAX_CAP_NAME_BYTES;
+    let shown = if name_fits {
+        call.cap.clone()
+    } else {
+        let mut end = 32;
+        while !call.cap.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}... ({} bytes)", &call.cap[..end], call.cap.len())
+    };
+    let record = |outcome: &str, message: Option<String>, result: &mut CellResult| {
+        sup.events.record(
+            "call",
+            &spec.run,
+            json!({"cap": shown, "outcome": outcome, "message": message}),
+        );
+        result.push_call(CallRecord {
+            cap: shown.clone(),
+            outcome: outcome.to_owned(),
+            message,
+            run_id: spec.run.run_id.clone(),
+            depth: spec.run.depth,
+            ms: t0.elapsed().as_millis() as u64,
+        });
+    };
+    let err = |kind: &str, message: String| Reply {
+        id,
+        ok: None,
+        error: Some(ReplyError {
+            kind: kind.to_owned(),
+            message,
+        }),
+    };
+    // Every call is charged first, whatever it asks for: unknown, denied
+    // and malformed calls use the budget too.
+    let budget_key = if name_fits { call.cap.as_str() } else { "" };
+    if let Err(e) = spec.budget.charge(&spec.policy, budget_key) {
+        record("budget", Some(e.to_string()), result);
+        return Err(Outcome::Fatal(
+            Status::LimitExceeded,
+            "LimitExceeded",
+            e.to_string(),
+        ));
+    }
+    if !name_fits {
+        let msg = format!(
+            "unknown capability: its name is {} bytes, over the limit of {MAX_CAP_NAME_BYTES} bytes",
+            call.cap.len()
+        );
+        record("unknown", Some(msg.clone()), result);
+        return Ok((err("unknown", msg), true));
+    }
+    let Some(cap) = sup.registry.get(&call.cap) else {
+        let msg = format!("unknown capability {:?}", call.cap);
+        record("unknown", Some(msg.clone()), result);
+        return Ok((err("unknown", msg), true));
+    };
+    if !spec.policy.permits(&call.cap) {
+        let msg = format!(
+            "capability {:?} is not allowed by this session's policy",
+            call.cap
+        );
+        record("denied", Some(msg.clone()), result);
+        return Ok((err("denied", msg), true));
+    }
+    if let Err(msg) = cap.validate(&call.args) {
+        let msg = format!("invalid arguments for {:?}: {msg}", call.cap);
+        record("invalid_args", Some(msg.clone()), result);
+        return Ok((err("invalid_args", msg), false));
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let outcome: Result<Value, (String, String)> = match &cap.handler {
+        Handler::Emit => {
+            let event = call.args.get("event").cloned().unwrap_or(Value::Null);
+            // Bounded per cell and per session, in count and bytes.
+            let bytes = serde_json::to_vec(&event).map_or(0, |v| v.len() as u64);
+            let charged = spec.budget.charge_emit(bytes).and_then(|()| {
+                spec.session_emits.charge(
+                    bytes,
+                    crate::supervisor::policy::MAX_EMITS_PER_SESSION,
+                    crate::supervisor::policy::MAX_EMIT_BYTES_PER_SESSION,
+                    "session",
+                )
+            });
+            match charged {
+                Ok(()) => {
+                    sup.events
+                        .record("emit", &spec.run, json!({ "data": event }));
+                    Ok(Value::Null)
+                }
+                Err(m) => Err(("limit".into(), m)),
+            }
+        }
+        Handler::Answer => {
+            result.final_answer = Some(call.args.get("value").cloned().unwrap_or(Value::Null));
+            Ok(Value::Null)
+        }
+        Handler::RunCell => run_sub_cell(sup, spec, result, &call.args, remaining).await,
+        Handler::Host(f) => {
+            let ctx = CallContext {
+                session_id: spec.session_id.clone(),
+                run: spec.run.clone(),
+            };
+            match tokio::time::timeout(remaining, f(ctx, call.args.clone())).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(m)) => Err(("failed".into(), m)),
+                Err(_) => Err((
+                    "failed".into(),
+                    "the capability did not finish in time".into(),
+                )),
+            }
+        }
+    };
+    match outcome {
+        Ok(v) => {
+            record("ok", None, result);
+            Ok((
+                Reply {
+                    id,
+                    ok: Some(v),
+                    error: None,
+                },
+                false,
+            ))
+        }
+        Err((kind, msg)) => {
+            let denied = kind == "denied";
+            record(&kind, Some(msg.clone()), result);
+            Ok((err(&kind, msg), denied))
+        }
+    }
+}
+
+async fn run_sub_cell(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    args: &Map<String, Value>,
+    remaining: Duration,
+) -> Result<Value, (String, String)> {
+    let depth = spec.run.depth + 1;
+    if depth > spec.policy.max_depth {
+        return Err((
+            "denied".into(),
+            format!(
+                "run_cell refused: depth {depth} exceeds max_depth {}",
+                spec.policy.max_depth
+            ),
+        ));
+    }
+    let lang_s = args.get("language").and_then(Value::as_str).unwrap_or("");
+    let language: Language = lang_s
+        .parse()
+        .map_err(|e: crate::supervisor::Error| ("invalid_args".to_owned(), e.to_string()))?;
+    // The server's language list holds for sub-cells as for any cell.
+    if let Some(refusal) = sup.language_refusal(language) {
+        return Err(("denied".into(), format!("run_cell refused: {refusal}")));
+    }
+    let code = args
+        .get("code")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if let Some(problem) = crate::supervisor::session::code_problem(language, &code, &spec.limits) {
+        return Err(("invalid_args".into(), format!("sub-cell: {problem}")));
+    }
+    let vars = args
+        .get("vars")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    // In the session's own space: its files count against its quota.
+    let scratch = Arc::new(crate::supervisor::scratch::Scratch::beside(
+        &spec.scratch,
+        "cellbox-sub-",
+    ));
+    let mut limits = spec.session().limits.clone();
+    limits.timeout_ms = limits.timeout_ms.min(remaining.as_millis() as u64);
+    let run = RunInfo {
+        run_id: new_run_id(),
+        parent_run_id: Some(spec.run.run_id.clone()),
+        root_run_id: spec.run.root_run_id.clone(),
+        depth,
+    };
+    // Of its parent's session: the session's profile, or the supervisor's
+    // for the language (and its ceiling over the limits), exactly as for a
+    // top-level cell; its processes and memory count against the
+    // session's; cancelling the parent ends the cell it waits for too.
+    let child = CellSpec::new(spec.session(), run, language, code)
+        .vars(vars)
+        .limits(limits)
+        .budget(spec.budget.clone())
+        .scratch(scratch.clone())
+        .cancel(spec.cancel.clone());
+    // Its whole process tree is gone when `cell::run` returns.
+    let (sub, _) = super::run(sup.clone(), child).await;
+    drop(scratch);
+    result.absorb_calls(&sub);
+    if sub.status == Status::Ok {
+        Ok(sub.value)
+    } else {
+        let msg = sub
+            .error
+            .as_ref()
+            .map(|e| format!("{}: {}", e.kind, e.message))
+            .unwrap_or_default();
+        Err((
+            "failed".into(),
+            format!("sub-cell ended with status {}: {msg}", sub.status),
+        ))
+    }
+}

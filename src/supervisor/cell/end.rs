@@ -1,0 +1,186 @@
+//! A cell's end: its worker gone (a worker that said `done` first gets a
+//! grace to exit by itself), reaped by us or reported by its parent, and
+//! then what is left of its process tree ended.
+
+use super::launch::Reap;
+use crate::sandbox::process;
+use crate::supervisor::tenancy::{CellGroup, TreeUsage};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a worker that reported `done` may take to exit by itself.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// A worker whose conversation is over: what it takes to see it gone.
+pub(super) struct Worker {
+    pub(super) pid: i32,
+    pub(super) guard: process::KillOnDrop,
+    pub(super) reap: Reap,
+    /// Held until it is reaped (see `Started::in_flight`).
+    pub(super) in_flight: Option<Box<dyn Send>>,
+}
+
+/// See `worker` gone (one that reported `done` first gets its grace to
+/// exit by itself) and reaped, or its end reported by its parent; then the
+/// rest of its process tree in `group`. How it ended, as far as known.
+pub(super) async fn end(
+    worker: Worker,
+    exit_fd: &process::ExitWatch,
+    done: bool,
+    group: Option<&Arc<CellGroup>>,
+) -> Result<process::Reaped, String> {
+    let Worker {
+        pid,
+        mut guard,
+        reap: mut reap_src,
+        in_flight,
+    } = worker;
+    let mut early = None;
+    // A forked worker that reported exits by itself, and its parent's
+    // report of that exit means it is gone: no need to watch it too.
+    let mut graced = false;
+    if done {
+        if let Reap::Parent(parent, rx) = &mut reap_src {
+            graced = true;
+            // Once it has answered (a report, or its reporter gone or
+            // stalled) it must not be awaited again.
+            match await_report(parent.as_ref(), exit_fd, rx, EXIT_GRACE).await {
+                Report::Reported(r) => early = Some(Some(r)),
+                Report::Gone => early = Some(None),
+                Report::NotExited => {}
+            }
+        }
+    }
+    if !matches!(early, Some(Some(_))) {
+        let forked = !matches!(reap_src, Reap::Direct);
+        // Its grace after `done` is used up: kill it now.
+        let grace = done && !graced;
+        finish_process(pid, exit_fd, grace, forked).await;
+    }
+    let reaped = match (early, reap_src) {
+        (Some(Some(r)), _) => Ok(r),
+        (_, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string())),
+        (Some(None), Reap::Parent(parent, _)) => {
+            parent.forget(pid);
+            Err(format!(
+                "{} went away before it reported how the cell ended",
+                parent.name()
+            ))
+        }
+        (None, Reap::Parent(parent, mut rx)) => {
+            // It is gone (or beyond our reach): its parent reports that at
+            // once, unless it is stalled.
+            match await_report(parent.as_ref(), exit_fd, &mut rx, Duration::ZERO).await {
+                Report::Reported(r) => Ok(r),
+                Report::Gone | Report::NotExited => {
+                    parent.forget(pid);
+                    Err(format!(
+                        "{} did not report how the cell ended",
+                        parent.name()
+                    ))
+                }
+            }
+        }
+    };
+    drop(in_flight);
+    if reaped.is_ok() {
+        guard.disarm();
+    }
+    // The cell is over when its whole process tree is: whatever it started
+    // (in its own session, double-forked) is killed and waited for here,
+    // before its output is collected and before its slot, its scratch
+    // directory or its session's next cell are released.
+    let tree = end_tree(group).await;
+    let mut reaped = reaped;
+    if let (Ok(r), Some(cpu_ms)) = (reaped.as_mut(), tree.cpu_ms) {
+        // The group counts every process the cell had; the report only
+        // the first and the children it waited for.
+        r.cpu_ms = r.cpu_ms.max(cpu_ms);
+    }
+    reaped
+}
+
+/// What a forked worker's parent said of its end.
+enum Report {
+    Reported(process::Reaped),
+    /// No report will come: the parent is gone, or stalled (and replaced).
+    Gone,
+    /// The worker had not exited within its grace.
+    NotExited,
+}
+
+/// Wait for a forked worker's end as its parent reports it: the worker may
+/// take `grace` to exit; once it has, its parent must report that within
+/// its stall window, or the parent is stalled (and replaced), so a stopped
+/// parent costs a cell at most that window, not a fixed wait.
+async fn await_report(
+    parent: &dyn crate::supervisor::warm::ForkingParent,
+    exit: &process::ExitWatch,
+    rx: &mut tokio::sync::oneshot::Receiver<process::Reaped>,
+    grace: Duration,
+) -> Report {
+    let answer = |a: Result<process::Reaped, _>| match a {
+        Ok(r) => Report::Reported(r),
+        Err(_) => Report::Gone,
+    };
+    tokio::select! {
+        biased;
+        a = &mut *rx => return answer(a),
+        _ = exit.exited() => {}
+        _ = tokio::time::sleep(grace) => return Report::NotExited,
+    }
+    let within = parent.report_within();
+    let gone_at = Instant::now();
+    match tokio::time::timeout(within, &mut *rx).await {
+        Ok(a) => answer(a),
+        Err(_) => {
+            parent.stalled("a cell's end", gone_at.elapsed());
+            Report::Gone
+        }
+    }
+}
+
+/// How long the rest of a cell's process tree may take to die once killed.
+const TREE_END_WITHIN: Duration = Duration::from_secs(10);
+
+/// Kill what is left of a cell's tree and wait until nothing is; what its
+/// group measured of it.
+async fn end_tree(group: Option<&Arc<CellGroup>>) -> TreeUsage {
+    let Some(g) = group else {
+        return TreeUsage::default();
+    };
+    if !g.is_empty() {
+        let g2 = g.clone();
+        match tokio::task::spawn_blocking(move || g2.end(TREE_END_WITHIN)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("a cell's processes outlived it: {e}"),
+            Err(e) => tracing::warn!("failed to end a cell's processes: {e}"),
+        }
+    }
+    g.usage()
+}
+
+/// Wait for the worker to be gone, killing it (and its whole process group)
+/// as needed. Returns once the leader has exited (it stays a zombie until
+/// reaped, so its pid and pgid cannot be reused while we kill the group).
+/// With `grace` (a worker that reported `done` exits by itself) it first
+/// gets [`EXIT_GRACE`] to do so.
+async fn finish_process(pid: i32, exit: &process::ExitWatch, grace: bool, forked: bool) {
+    if grace {
+        let _ = tokio::time::timeout(EXIT_GRACE, exit.exited()).await;
+    }
+    if forked {
+        // The fork server kills the child's group before reaping it.
+        let _ = exit.kill();
+        let _ = tokio::time::timeout(Duration::from_secs(10), exit.exited()).await;
+        return;
+    }
+    let _ = process::kill_group(pid);
+    let _ = process::kill_pid(pid);
+    let _ = tokio::time::timeout(Duration::from_secs(10), exit.exited()).await;
+    // Anything it left in its group dies too.
+    let _ = process::kill_group(pid);
+}

@@ -1,0 +1,470 @@
+//! How a cell's worker is started: forked from the warm Rhai fork server,
+//! forked from a Python zygote, or a fresh worker of its own.
+
+use super::conversation::Handshake;
+use super::{plan, profile_name, CellSpec};
+use crate::protocol::Backend;
+use crate::sandbox::{process, spawn, SandboxPlan};
+use crate::supervisor::result::{CellResult, Status};
+use crate::supervisor::tenancy::{groups_pid, CellGroup};
+use crate::supervisor::{Inner, Language};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The way a cell's worker starts.
+pub(super) enum Launch {
+    /// Forked from the warm Rhai fork server: a Rhai cell of the server's
+    /// profile arrives sandboxed by the server's plan and says `ready` by
+    /// itself (no plan, no scratch dir). A fresh worker if the server died.
+    ForkServer(Arc<crate::supervisor::warm::ForkServer>),
+    /// Forked from a zygote of its profile's Python pool when it can be
+    /// warm (arrives ready), else a fresh worker.
+    #[cfg(target_os = "linux")]
+    Zygote,
+    /// A fresh worker of its own (`setup`, then `ready`).
+    Fresh,
+}
+
+impl Launch {
+    /// The way that fits `spec`.
+    pub(super) async fn pick(sup: &Arc<Inner>, spec: &CellSpec) -> Launch {
+        match spec.language {
+            Language::Rhai => {
+                let name = profile_name(sup, spec);
+                match sup.fork_server().await.filter(|fs| fs.profile == name) {
+                    Some(fs) => Launch::ForkServer(fs),
+                    None => Launch::Fresh,
+                }
+            }
+            #[cfg(target_os = "linux")]
+            Language::Python => Launch::Zygote,
+            _ => Launch::Fresh,
+        }
+    }
+
+    /// Start the cell's worker in `group`. `None`: the cell ended before
+    /// it started (`result` says how).
+    pub(super) async fn start(
+        self,
+        sup: &Arc<Inner>,
+        spec: &CellSpec,
+        result: &mut CellResult,
+        started: Instant,
+        group: Option<Arc<CellGroup>>,
+    ) -> Result<Option<Launched>, String> {
+        let deadline = started + spec.limits.timeout();
+        if let Launch::ForkServer(fs) = &self {
+            let deadline_t = tokio::time::Instant::from_std(deadline);
+            match start_forked(fs, &spec.limits.os_limits(), deadline_t, group.as_deref()).await {
+                Ok((worker, sock)) => {
+                    return Ok(Some(Launched {
+                        started: worker,
+                        sock,
+                        backend: Backend::Rhai,
+                        plan: None,
+                        handshake: Handshake::SelfReady,
+                        group,
+                    }));
+                }
+                // Its deadline came while it waited: say so, with the real
+                // time.
+                Err(e) if Instant::now() >= deadline => {
+                    stalled_timeout(result, spec, started, &e);
+                    return Ok(None);
+                }
+                // It died or stalled under us (the next cell starts a new
+                // one): this cell runs in a fresh worker instead.
+                Err(e) if fs.is_dead() => {
+                    tracing::warn!(
+                        target: crate::supervisor::warm::POOL_LOG,
+                        run_id = %spec.run.run_id,
+                        "the fork server is gone ({e}); cell moved to a cold worker"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (backend, plan) = match plan::backend_for(sup, spec) {
+            Ok(b) => b,
+            Err(e) => {
+                result.fail(Status::SandboxError, "SandboxError", e);
+                return Ok(None);
+            }
+        };
+        let g = group.as_deref();
+        let launched = match self {
+            #[cfg(target_os = "linux")]
+            Launch::Zygote => launch_python(sup, spec, &plan, result, started, deadline, g).await?,
+            Launch::ForkServer(_) | Launch::Fresh => Some(start_cold(sup, spec, &plan, g)?),
+        };
+        let Some((worker, sock, handshake)) = launched else {
+            return Ok(None);
+        };
+        Ok(Some(Launched {
+            started: worker,
+            sock,
+            backend,
+            plan: Some(plan),
+            handshake,
+            group,
+        }))
+    }
+}
+
+/// A worker that is started and the supervisor's end of its protocol
+/// socket, and how it becomes ready.
+type Start3 = (Started, std::os::unix::net::UnixStream, Handshake);
+
+/// Start the cell in a fresh worker of its own.
+fn start_cold(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    group: Option<&CellGroup>,
+) -> Result<Start3, String> {
+    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+    let s = start_direct(sup, spec, plan, worker_sock.into(), group)?;
+    Ok((s, sup_sock, Handshake::Setup))
+}
+
+/// How many zygotes a Python cell tries before it runs cold: the one it
+/// was given and, if that one stalled, one more.
+#[cfg(target_os = "linux")]
+const ZYGOTE_TRIES: usize = 2;
+
+/// Start a Python cell: forked from a zygote of its pool when it can be
+/// warm; moved to another zygote (a fresh one if need be) when one stalls;
+/// else, or when no zygote answers, in a fresh worker; all within the
+/// cell's deadline. `None`: the deadline came first (`result` says so).
+#[cfg(target_os = "linux")]
+async fn launch_python(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    result: &mut CellResult,
+    started: Instant,
+    deadline: Instant,
+    group: Option<&CellGroup>,
+) -> Result<Option<Start3>, String> {
+    use crate::supervisor::warm::POOL_LOG;
+    use crate::supervisor::zygote::SpawnError;
+    let deadline_t = tokio::time::Instant::from_std(deadline);
+    // The stalled zygote the cell moved from, if it did.
+    let mut moved_from: Option<i32> = None;
+    for _ in 0..ZYGOTE_TRIES {
+        let z = match tokio::time::timeout_at(
+            deadline_t,
+            warm_python(sup, spec, plan, moved_from.is_some()),
+        )
+        .await
+        {
+            Ok(Some(z)) => z,
+            Ok(None) => break,
+            Err(_) => {
+                stalled_timeout(
+                    result,
+                    spec,
+                    started,
+                    "no Python zygote was ready for it in time",
+                );
+                return Ok(None);
+            }
+        };
+        let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+        match start_zygote(&z, worker_sock.into(), plan, deadline_t, group).await {
+            Ok(s) => {
+                if let Some(from) = moved_from {
+                    tracing::info!(
+                        target: POOL_LOG,
+                        run_id = %spec.run.run_id,
+                        from,
+                        to = z.pid(),
+                        "cell moved from a stalled Python zygote to another"
+                    );
+                }
+                return Ok(Some((s, sup_sock, Handshake::PreReady(z.cell_report()))));
+            }
+            Err(SpawnError::Stalled(e)) => {
+                tracing::warn!(
+                    target: POOL_LOG,
+                    run_id = %spec.run.run_id,
+                    "{e}; moving the cell"
+                );
+                moved_from = Some(z.pid());
+                refill(sup, profile_name(sup, spec));
+            }
+            Err(SpawnError::Deadline(e)) => {
+                stalled_timeout(result, spec, started, &e);
+                return Ok(None);
+            }
+            Err(SpawnError::Failed(e)) => {
+                tracing::warn!(
+                    target: POOL_LOG,
+                    run_id = %spec.run.run_id,
+                    "warm Python cell failed to start ({e}); running it cold"
+                );
+                break;
+            }
+        }
+    }
+    if let Some(from) = moved_from {
+        if Instant::now() >= deadline {
+            let e =
+                format!("the Python zygotes it was given (the last, pid {from}) did not answer");
+            stalled_timeout(result, spec, started, &e);
+            return Ok(None);
+        }
+        tracing::warn!(
+            target: POOL_LOG,
+            run_id = %spec.run.run_id,
+            from,
+            "cell moved from a stalled Python zygote to a cold worker"
+        );
+    }
+    start_cold(sup, spec, plan, group).map(Some)
+}
+
+/// Start the zygotes a pool lacks, in the background (a stalled one was
+/// dropped from it).
+#[cfg(target_os = "linux")]
+fn refill(sup: &Arc<Inner>, profile: String) {
+    let sup = sup.clone();
+    tokio::spawn(async move {
+        if let Some(pools) = sup.pools.as_ref() {
+            if let Err(e) = pools.fill(&sup, &profile).await {
+                tracing::warn!(
+                    target: crate::supervisor::warm::POOL_LOG,
+                    profile = %profile,
+                    "failed to replace a stalled Python zygote: {e}"
+                );
+            }
+        }
+    });
+}
+
+/// The cell's deadline came before it started, while it waited for a warm
+/// parent (`why`): a timeout that says so, with the real time it took.
+fn stalled_timeout(result: &mut CellResult, spec: &CellSpec, started: Instant, why: &str) {
+    result.fail(
+        Status::Timeout,
+        "Timeout",
+        format!(
+            "the cell reached its wall-clock limit of {} ms after {} ms, before it started: {why}",
+            spec.limits.timeout_ms,
+            started.elapsed().as_millis()
+        ),
+    );
+}
+
+/// A started worker and how to talk to it.
+pub(super) struct Launched {
+    pub(super) started: Started,
+    pub(super) sock: std::os::unix::net::UnixStream,
+    pub(super) backend: Backend,
+    /// The plan for its `setup` frame (none when it needs no setup).
+    pub(super) plan: Option<SandboxPlan>,
+    pub(super) handshake: Handshake,
+    /// The cgroup its processes are in, when there is one.
+    pub(super) group: Option<Arc<CellGroup>>,
+}
+
+/// How the worker's end is learned.
+pub(super) enum Reap {
+    /// Our own child: wait4 it.
+    Direct,
+    /// A child of the fork server or a Python zygote: its parent reports it.
+    Parent(
+        Arc<dyn crate::supervisor::warm::ForkingParent>,
+        tokio::sync::oneshot::Receiver<process::Reaped>,
+    ),
+}
+
+pub(super) struct Started {
+    pub(super) pid: i32,
+    pub(super) exit: std::io::Result<process::ExitWatch>,
+    pub(super) guard: process::KillOnDrop,
+    pub(super) stdout: OwnedFd,
+    pub(super) stderr: OwnedFd,
+    pub(super) reap: Reap,
+    /// Held while the cell runs, dropped once it is reaped (a zygote's
+    /// in-flight count; a fork-server spare's replacement).
+    pub(super) in_flight: Option<Box<dyn Send>>,
+}
+
+/// The zygote to fork this Python cell from, if it can be warm: warm
+/// workers on, its scratch dir beneath the pool root, its limits under the
+/// pool's ceiling, and a zygote that starts.
+#[cfg(target_os = "linux")]
+async fn warm_python(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    running: bool,
+) -> Option<Arc<crate::supervisor::zygote::Zygote>> {
+    let pools = sup.pools.as_ref()?;
+    if !crate::supervisor::zygote::eligible(pools, spec.language, &plan.scratch) {
+        return None;
+    }
+    let profile = profile_name(sup, spec);
+    let z = match pools.get(sup, &profile, running).await {
+        Ok(z) => z,
+        Err(e) => {
+            tracing::warn!(
+                target: crate::supervisor::warm::POOL_LOG,
+                "Python zygote unavailable, running the cell cold: {e}"
+            );
+            return None;
+        }
+    };
+    z.fits(&plan.limits).then_some(z)
+}
+
+/// Fork the cell from a Python zygote.
+#[cfg(target_os = "linux")]
+async fn start_zygote(
+    z: &Arc<crate::supervisor::zygote::Zygote>,
+    worker_fd: OwnedFd,
+    plan: &SandboxPlan,
+    deadline: tokio::time::Instant,
+    group: Option<&CellGroup>,
+) -> Result<Started, crate::supervisor::zygote::SpawnError> {
+    use crate::supervisor::zygote::SpawnError::Failed;
+    crate::supervisor::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)
+        .map_err(Failed)?;
+    let (out_r, out_w) = pipe().map_err(Failed)?;
+    let (err_r, err_w) = pipe().map_err(Failed)?;
+    let mut limits = plan.limits.clone();
+    if group.is_some() {
+        // The cell's pids cgroup bounds its processes. RLIMIT_NPROC would
+        // count every cell of the zygote's user namespace together, so that
+        // one session's processes could stop another's from forking.
+        limits.max_processes = u64::MAX;
+    }
+    let (pid, pidfd, in_flight) = z
+        .spawn(worker_fd, out_w, err_w, &plan.scratch, &limits, deadline)
+        .await?;
+    let guard = process::KillOnDrop::pidfd(
+        pidfd
+            .try_clone()
+            .map_err(|e| Failed(format!("failed to keep the worker's pidfd: {e}")))?,
+    );
+    // Into its cgroup before it is sent any code.
+    if let Some(g) = group {
+        groups_pid(&pidfd)
+            .and_then(|p| g.adopt(p))
+            .map_err(Failed)?;
+    }
+    let rx = z.exit_of(pid);
+    Ok(Started {
+        pid,
+        exit: process::ExitWatch::from_pidfd(pidfd),
+        guard,
+        stdout: out_r,
+        stderr: err_r,
+        reap: Reap::Parent(z.clone(), rx),
+        in_flight: Some(Box::new(in_flight)),
+    })
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("failed to create an output pipe: {e}"))
+}
+
+/// Take a sandboxed worker from the warm fork server (a spare when one
+/// fits). Returns it and the supervisor's end of its protocol socket.
+async fn start_forked(
+    fs: &Arc<crate::supervisor::warm::ForkServer>,
+    limits: &crate::sandbox::OsLimits,
+    deadline: tokio::time::Instant,
+    group: Option<&CellGroup>,
+) -> Result<(Started, std::os::unix::net::UnixStream), String> {
+    let (f, refill) = fs.spawn(limits, deadline).await?;
+    let guard = process::KillOnDrop::pidfd(
+        f.pidfd
+            .try_clone()
+            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+    );
+    // Into its cgroup before it is sent any code.
+    if let Some(g) = group {
+        g.adopt(groups_pid(&f.pidfd)?)?;
+    }
+    let rx = fs.exit_of(f.pid);
+    let started = Started {
+        pid: f.pid,
+        exit: process::ExitWatch::from_pidfd(f.pidfd),
+        guard,
+        stdout: f.stdout,
+        stderr: f.stderr,
+        reap: Reap::Parent(fs.clone(), rx),
+        in_flight: refill.map(|r| Box::new(r) as Box<dyn Send>),
+    };
+    Ok((started, f.sock.into()))
+}
+
+/// Spawn the worker by re-executing our binary.
+pub(super) fn start_direct(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    worker_fd: OwnedFd,
+    group: Option<&CellGroup>,
+) -> Result<Started, String> {
+    let home = spec
+        .scratch
+        .path()
+        .map_err(|e| format!("failed to create the scratch directory: {e}"))?;
+    let mut cmd = std::process::Command::new(&sup.worker_exe);
+    cmd.arg(crate::worker::WORKER_ARG)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("HOME", home)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // It joins its own cgroup (beneath its session's and the cells') or
+    // else the cells' one, before it execs.
+    let joins = match group {
+        Some(g) => {
+            // A fresh worker has a user namespace of its own, where its
+            // RLIMIT_NPROC counts exactly its cell's processes (set by the
+            // worker once it is sandboxed); a cgroup bound from its first
+            // instruction would also count what the worker does before
+            // that (the threads of a program whose `main` starts a runtime
+            // before `dispatch`, which must get its error, not a hang). Its
+            // session's bound holds all the same.
+            g.set_max_processes(u64::MAX)?;
+            g.join_fds()
+        }
+        None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),
+    };
+    spawn::prepare_worker(&mut cmd, &worker_fd, joins);
+
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "failed to start the worker {}: {e}",
+            sup.worker_exe.display()
+        )
+    })?;
+    drop(worker_fd);
+    let pid = child.id() as i32;
+    // From here on the child must be killed and reaped on every path.
+    let guard = process::KillOnDrop::new(pid);
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err("the worker's output pipes are missing".into());
+    };
+    drop(child); // std's Child never reaps on drop; we reap with wait4.
+    Ok(Started {
+        pid,
+        exit: process::ExitWatch::open(pid),
+        guard,
+        stdout: OwnedFd::from(out),
+        stderr: OwnedFd::from(err),
+        reap: Reap::Direct,
+        in_flight: None,
+    })
+}

@@ -1,0 +1,396 @@
+//! A cell's life, in one place: [`run`] checks it may run, gives it
+//! its cgroup and then [`life`] reads as the cell lives: its worker is
+//! launched (`launch`: forked from a warm parent or fresh), the protocol
+//! conversation runs (`converse`, driving the sans-I/O `conversation`,
+//! with its capability `calls`), its worker and process tree are ended and
+//! reaped (`end`), its output collected (`streams`), and how it ended is
+//! classified into its result. The outer limits (wall clock, output caps,
+//! frame size) are enforced here, whatever the worker does.
+
+mod calls;
+mod conversation;
+mod converse;
+mod end;
+mod launch;
+mod plan;
+mod streams;
+
+use conversation::Conversation;
+pub(crate) use conversation::Outcome;
+use converse::{converse, opening};
+use launch::{Launch, Launched};
+use streams::Streams;
+
+use crate::protocol::{Definition, Done, DoneStatus, ScriptError};
+use crate::supervisor::policy::{Budget, EmitTally, Policy};
+use crate::supervisor::result::{CellResult, RunInfo, Status};
+use crate::supervisor::scratch::Scratch;
+use crate::supervisor::tenancy::{CellGroup, Share};
+use crate::supervisor::{Forward, Inner, Language, Limits, OutputChunk};
+use serde_json::{json, Map, Value};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Everything needed to run one cell.
+#[derive(Debug, Clone)]
+pub(crate) struct CellSpec {
+    pub language: Language,
+    pub code: String,
+    /// For `Language::Shell` via `exec`: the program and its arguments.
+    pub argv: Option<Vec<String>>,
+    pub vars: Map<String, Value>,
+    pub definitions: Vec<Definition>,
+    pub limits: Limits,
+    /// The limits the session and call asked for, before the profile's
+    /// ceiling narrowed them into `limits` (set by `run`): a sub-cell
+    /// starts from these and gets its own profile's ceiling, exactly as a
+    /// top-level cell of its language would.
+    pub asked: Option<Limits>,
+    pub policy: Policy,
+    pub budget: Arc<Budget>,
+    /// The session's `emit` events so far (shared by all its cells).
+    pub session_emits: Arc<EmitTally>,
+    pub run: RunInfo,
+    pub session_id: String,
+    /// Made on first use: a cell from the Rhai fork server needs none.
+    pub scratch: Arc<Scratch>,
+    /// The session's profile (for cells of any language) when it names
+    /// one; else the supervisor's for the cell's language applies (see
+    /// `Inner::profile_name`). Sub-cells inherit it.
+    pub profile: Option<String>,
+    /// Copy the worker's stdout/stderr to ours as it arrives.
+    pub forward_output: Forward,
+    /// Kill the cell when cancelled (status `killed`).
+    pub cancel: Option<CancellationToken>,
+    /// A live copy of stdout/stderr as it arrives.
+    pub output: Option<mpsc::Sender<OutputChunk>>,
+    pub execution_count: u64,
+    /// The session's cgroups (shared by its cells and sub-cells).
+    pub share: Arc<Share>,
+}
+
+/// What a cell has of its session (a sub-cell of its parent's): shared by
+/// all the session's cells.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionView<'a> {
+    pub id: &'a str,
+    /// The limits its cells start from.
+    pub limits: &'a Limits,
+    pub policy: &'a Policy,
+    pub profile: Option<&'a str>,
+    pub emits: &'a Arc<EmitTally>,
+    pub scratch: &'a Arc<Scratch>,
+    pub share: &'a Arc<Share>,
+}
+
+impl CellSpec {
+    /// A cell of `session` running `code`: the session's limits, policy,
+    /// profile, scratch directory and cgroups, a budget of its own, no
+    /// variables or definitions, its output captured only.
+    pub(crate) fn new(
+        session: SessionView<'_>,
+        run: RunInfo,
+        language: Language,
+        code: impl Into<String>,
+    ) -> CellSpec {
+        CellSpec {
+            language,
+            code: code.into(),
+            argv: None,
+            vars: Map::new(),
+            definitions: Vec::new(),
+            limits: session.limits.clone(),
+            asked: None,
+            policy: session.policy.clone(),
+            budget: Arc::new(Budget::default()),
+            session_emits: session.emits.clone(),
+            run,
+            session_id: session.id.to_owned(),
+            scratch: session.scratch.clone(),
+            profile: session.profile.map(str::to_owned),
+            forward_output: Forward::No,
+            cancel: None,
+            output: None,
+            execution_count: 0,
+            share: session.share.clone(),
+        }
+    }
+
+    /// What this cell's sub-cells have of its session: the limits it asked
+    /// for (before its profile's ceiling) and the rest of its session's.
+    pub(crate) fn session(&self) -> SessionView<'_> {
+        SessionView {
+            id: &self.session_id,
+            limits: self.asked.as_ref().unwrap_or(&self.limits),
+            policy: &self.policy,
+            profile: self.profile.as_deref(),
+            emits: &self.session_emits,
+            scratch: &self.scratch,
+            share: &self.share,
+        }
+    }
+
+    /// A program to execute (`exec`) rather than `code` for the shell.
+    pub(crate) fn argv(mut self, argv: Vec<String>) -> CellSpec {
+        self.argv = Some(argv);
+        self
+    }
+
+    pub(crate) fn vars(mut self, vars: Map<String, Value>) -> CellSpec {
+        self.vars = vars;
+        self
+    }
+
+    pub(crate) fn definitions(mut self, definitions: Vec<Definition>) -> CellSpec {
+        self.definitions = definitions;
+        self
+    }
+
+    pub(crate) fn limits(mut self, limits: Limits) -> CellSpec {
+        self.limits = limits;
+        self
+    }
+
+    /// Share a budget of calls (a sub-cell's is its parent's).
+    pub(crate) fn budget(mut self, budget: Arc<Budget>) -> CellSpec {
+        self.budget = budget;
+        self
+    }
+
+    pub(crate) fn scratch(mut self, scratch: Arc<Scratch>) -> CellSpec {
+        self.scratch = scratch;
+        self
+    }
+
+    pub(crate) fn forward(mut self, forward: Forward) -> CellSpec {
+        self.forward_output = forward;
+        self
+    }
+
+    pub(crate) fn cancel(mut self, cancel: Option<CancellationToken>) -> CellSpec {
+        self.cancel = cancel;
+        self
+    }
+
+    pub(crate) fn output(mut self, output: Option<mpsc::Sender<OutputChunk>>) -> CellSpec {
+        self.output = output;
+        self
+    }
+
+    pub(crate) fn execution_count(mut self, n: u64) -> CellSpec {
+        self.execution_count = n;
+        self
+    }
+}
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+static RUN_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A new run id, unique within this host for practical purposes.
+pub(crate) fn new_run_id() -> String {
+    let n = RUN_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0);
+    format!("{:x}-{:x}-{n}", t, std::process::id())
+}
+
+/// Run one cell (and, through its `run_cell` calls, its sub-cells).
+pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+    Box::pin(async move {
+        // Every cell passes here, top-level, `exec` and sub-cells alike:
+        // the supervisor's languages and the profile's ceiling hold for all.
+        if let Some(refusal) = sup.language_refusal(spec.language) {
+            let mut r = CellResult::refused(
+                spec.language.as_str(),
+                spec.run.clone(),
+                Status::PolicyDenied,
+                "PermissionError",
+                refusal,
+            );
+            r.execution_count = spec.execution_count;
+            return (r, None);
+        }
+        // A profile that does not load fails the cell when it is planned.
+        spec.asked = Some(spec.limits.clone());
+        if let Ok(p) = sup.profile(&profile_name(&sup, &spec)) {
+            spec.limits = spec.limits.under_profile(&p.limits);
+        }
+        let started = Instant::now();
+        let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
+        result.execution_count = spec.execution_count;
+        sup.events.record(
+            "cell_start",
+            &spec.run,
+            json!({"language": spec.language.as_str(), "session_id": spec.session_id}),
+        );
+        let done = match run_worker(&sup, &spec, &mut result, started).await {
+            Ok(done) => done,
+            Err(e) => {
+                result.status = Status::SandboxError;
+                result.error = Some(ScriptError {
+                    kind: "SpawnError".into(),
+                    message: e,
+                    ..ScriptError::default()
+                });
+                None
+            }
+        };
+        if let Some(report) = result.sandbox.as_mut() {
+            report.layers.push(plan::cgroup_layer(&sup, &spec));
+        }
+        result.usage.wall_ms = started.elapsed().as_millis() as u64;
+        result.usage.calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
+        sup.events.record(
+            "cell_end",
+            &spec.run,
+            json!({"status": result.status, "wall_ms": result.usage.wall_ms,
+                   "error": result.error.as_ref().map(|e| &e.message)}),
+        );
+        (result, done)
+    })
+}
+
+/// The sandbox profile a cell runs under (name or path).
+fn profile_name(sup: &Inner, spec: &CellSpec) -> String {
+    sup.profile_name(spec.language, spec.profile.as_deref())
+}
+
+/// The cell in its own cgroup (beneath its session's), which is emptied
+/// when it ends.
+async fn run_worker(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    started: Instant,
+) -> Result<Option<Box<Done>>, String> {
+    // The cell's own cgroup (beneath its session's), unless its profile
+    // turns the cgroup layer off.
+    let mode = sup
+        .profile(&profile_name(sup, spec))
+        .map_or(crate::profiles::LayerMode::BestEffort, |p| p.layers.cgroup);
+    let group = if mode == crate::profiles::LayerMode::Off {
+        None
+    } else {
+        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+        match spec.share.cell(sup, &spec.limits, asked) {
+            Ok(g) => g.map(Arc::new),
+            Err(e) => {
+                let message = format!("failed to make the cell's cgroup: {e}");
+                result.fail(Status::SandboxError, "SandboxError", message);
+                return Ok(None);
+            }
+        }
+    };
+    let out = life(sup, spec, result, started, group.clone()).await;
+    // Emptying a cgroup may wait for its last processes: off the runtime
+    // (an empty one, the usual case, is kept for the session's next cell).
+    if let Some(g) = group {
+        if g.is_empty() {
+            drop(g);
+        } else {
+            let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+        }
+    }
+    out
+}
+
+/// A cell in its cgroup, from its launch to its result: start its worker
+/// the way that fits, converse with it, see it and its whole process tree
+/// gone, collect its output and classify how it ended.
+async fn life(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    started: Instant,
+    group: Option<Arc<CellGroup>>,
+) -> Result<Option<Box<Done>>, String> {
+    let deadline = started + spec.limits.timeout();
+    let launch = Launch::pick(sup, spec).await;
+    // None: the cell ended before it started (its result says how).
+    let Some(launched) = launch.start(sup, spec, result, started, group).await? else {
+        return Ok(None);
+    };
+    let Launched {
+        started: worker,
+        sock,
+        backend,
+        plan,
+        handshake,
+        group,
+    } = launched;
+    let streams = Streams::start(spec, worker.stdout, worker.stderr);
+    let exit = match worker.exit {
+        Ok(f) => f,
+        Err(e) => {
+            drop(worker.guard);
+            return Err(format!("failed to watch the worker process: {e}"));
+        }
+    };
+    let (setup, start) = opening(sup, spec, backend, plan);
+    let conv = Conversation::new(handshake, setup, start);
+    let outcome = converse(sup, spec, result, sock, &exit, deadline, conv).await;
+    let ending = end::Worker {
+        pid: worker.pid,
+        guard: worker.guard,
+        reap: worker.reap,
+        in_flight: worker.in_flight,
+    };
+    let done = matches!(outcome, Outcome::Done(_));
+    let reaped = end::end(ending, &exit, done, group.as_ref()).await;
+    let (stdout, stderr) = streams.collect().await;
+    result.record_end(stdout, stderr, reaped.as_ref().ok());
+    let exec = spec.language == Language::Shell;
+    Ok(classify(&spec.limits, exec, result, outcome))
+}
+
+/// Turn the outcome and exit information into the result's status/error
+/// (`exec`: the cell ran a program, whose exit is its whole story). The
+/// one-shot supervisor classifies its cells here too.
+pub(crate) fn classify(
+    limits: &Limits,
+    exec: bool,
+    result: &mut CellResult,
+    outcome: Outcome,
+) -> Option<Box<Done>> {
+    match outcome {
+        Outcome::Done(done) => {
+            if result.status != Status::PolicyDenied {
+                result.status = match done.status {
+                    DoneStatus::Ok => Status::Ok,
+                    DoneStatus::Error => Status::Error,
+                    DoneStatus::LimitExceeded => Status::LimitExceeded,
+                    DoneStatus::Timeout => Status::Timeout,
+                };
+            }
+            result.value = done.value.clone();
+            result.value_repr = done.repr.clone().filter(|_| !done.value.is_null());
+            result.error = done.error.clone();
+            if let (Some(limit), Some(e)) = (&done.limit, result.error.as_mut()) {
+                if !e.message.contains(limit.as_str()) {
+                    e.message = format!("{} (limit: {limit})", e.message);
+                }
+            }
+            result.vars.dropped = done.dropped.clone();
+            Some(done)
+        }
+        Outcome::Timeout => {
+            result.timed_out(limits);
+            None
+        }
+        Outcome::Fatal(status, kind, message) => {
+            result.fail(status, kind, message);
+            None
+        }
+        Outcome::Exited => {
+            result.classify_exit(limits, exec);
+            None
+        }
+    }
+}
