@@ -69,7 +69,11 @@ fn zygotes(server: i32) -> Vec<i32> {
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{server}/task")) {
         for t in tasks.flatten() {
             let listed = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            children.extend(listed.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+            children.extend(
+                listed
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
         }
     }
     children

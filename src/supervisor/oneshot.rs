@@ -11,7 +11,7 @@
 
 use super::events::EventSink;
 use super::output::Capture;
-use super::result::{CellResult, RunInfo, Status};
+use super::result::{CellResult, ErrorKind, RunInfo};
 use super::session::SessionConfig;
 use super::Limits;
 use crate::sandbox::oneshot::{self, Cell, Report, SpawnError};
@@ -78,7 +78,7 @@ impl OneShot {
 enum Outcome {
     Exited,
     Timeout,
-    Fatal(Status, &'static str, String),
+    Fatal(ErrorKind, String),
 }
 
 /// Run one shell-language cell in a fresh session, as
@@ -101,7 +101,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         json!({"language": "shell", "session_id": session_id}),
     );
     if let Some(problem) = super::session::argv_error(&cell.argv) {
-        result.fail(Status::Error, "UsageError", problem);
+        result.fail_with(ErrorKind::UsageError, problem);
     } else {
         run_planned(&cell, &config, scratch, started, &mut result);
     }
@@ -131,9 +131,8 @@ fn run_planned(
             let cgroup = match cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
                 Ok(c) => c,
                 Err(e) => {
-                    result.fail(
-                        Status::SandboxError,
-                        "SandboxError",
+                    result.fail_with(
+                        ErrorKind::SandboxError,
                         format!("the cgroup layer could not be applied: {e}"),
                     );
                     return;
@@ -148,17 +147,16 @@ fn run_planned(
                         report.layers.push(layer);
                     }
                 }
-                Err(SpawnError::Sandbox(e)) => result.fail(
-                    Status::SandboxError,
-                    "SandboxError",
+                Err(SpawnError::Sandbox(e)) => result.fail_with(
+                    ErrorKind::SandboxError,
                     format!("the {} layer could not be applied: {}", e.layer, e.message),
                 ),
                 Err(SpawnError::Spawn(e)) => {
-                    result.fail(Status::SandboxError, "SpawnError", e);
+                    result.fail_with(ErrorKind::SpawnError, e);
                 }
             }
         }
-        Err(e) => result.fail(Status::SandboxError, "SandboxError", e),
+        Err(e) => result.fail_with(ErrorKind::SandboxError, e),
     }
 }
 
@@ -453,8 +451,7 @@ fn supervise(
     drop(sigint);
     let outcome = if interrupted {
         Outcome::Fatal(
-            Status::Killed,
-            "Interrupted",
+            ErrorKind::Interrupted,
             "the cell was interrupted and killed; this result keeps what it printed until then"
                 .into(),
         )
@@ -467,14 +464,12 @@ fn supervise(
                 Outcome::Exited
             }
             Ok(Some(Report::SandboxError(f))) => Outcome::Fatal(
-                Status::SandboxError,
-                "SandboxError",
+                ErrorKind::SandboxError,
                 format!("the {} layer could not be applied: {}", f.layer, f.message),
             ),
             Ok(None) => Outcome::Exited,
             Err(e) => Outcome::Fatal(
-                Status::ProtocolError,
-                "ProtocolError",
+                ErrorKind::ProtocolError,
                 format!("the cell sent a bad report: {e}"),
             ),
         }
@@ -490,7 +485,7 @@ fn supervise(
     match outcome {
         Outcome::Exited => result.classify_exit(limits, true),
         Outcome::Timeout => result.timed_out(limits),
-        Outcome::Fatal(status, kind, message) => result.fail(status, kind, message),
+        Outcome::Fatal(kind, message) => result.fail_with(kind, message),
     }
 }
 
