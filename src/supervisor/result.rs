@@ -239,7 +239,8 @@ pub struct VarsReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     pub cap: String,
-    /// `ok`, `unknown`, `denied`, `invalid_args`, `budget`, `failed`.
+    /// `ok`, `budget` (the call ended the cell), or the
+    /// [`crate::protocol::ReplyErrorKind`] the call was answered with.
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

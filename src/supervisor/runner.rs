@@ -1331,7 +1331,7 @@ async fn handle_call(
         id,
         ok: None,
         error: Some(ReplyError {
-            kind: kind.to_owned(),
+            kind: crate::protocol::ReplyErrorKind::named(kind),
             message,
         }),
     };
