@@ -3,15 +3,16 @@
 //! binary runs itself (see `src/bin/cellbox.rs`) and `cellbox-engine`
 //! runs the same way.
 
+use crate::exit::Exit;
 use crate::{CellResult, EventSink, Policy, SessionConfig, Status};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Exit code of a usage or configuration error.
-pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_USAGE: u8 = Exit::Usage.code();
 /// Exit code of an internal or protocol error.
-pub const EXIT_INTERNAL: u8 = 7;
+pub const EXIT_INTERNAL: u8 = Exit::Internal.code();
 
 /// Options every cell-running command takes.
 #[derive(Args, Clone, Debug, Default)]
@@ -194,7 +195,7 @@ pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
         // Mirror the program's own exit status when it ran to the end.
         if result.status == Status::Error {
             if let Some(code) = result.exit.code {
-                return ExitCode::from(u8::try_from(code).unwrap_or(1));
+                return ExitCode::from(u8::try_from(code).unwrap_or(Exit::Failed.code()));
             }
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod exit;
 /// Fuzz-target bodies (`fuzz/`, `tests/suite/fuzz_corpus.rs`).
 #[doc(hidden)]
 pub mod fuzzing;

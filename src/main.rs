@@ -1049,6 +1049,6 @@ async fn cmd_doctor(json: bool, profiles: Vec<String>, python: Option<PathBuf>) 
     if ok {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(6)
+        ExitCode::from(cellbox::exit::Exit::Sandbox)
     }
 }

@@ -36,6 +36,7 @@
 
 use super::linux::{self, namespaces, Stage};
 use super::{SandboxError, SandboxPlan, SandboxReport};
+use crate::exit::Exit;
 use crate::profiles::LayerMode;
 use crate::protocol::SandboxFailure;
 use std::io::Write;
@@ -43,12 +44,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// Exit code of a cell whose sandbox could not be applied (as a worker's).
-const EXIT_SANDBOX: i32 = 6;
+const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
 /// Exit code when the program could not be executed (as a worker's).
-const EXIT_EXEC: i32 = 127;
+const EXIT_EXEC: i32 = Exit::NotExecutable.raw();
 /// Exit code of a self-mapped child that could not write its maps; seen
 /// only by the parent, which then clones the other way.
-const EXIT_NO_MAPS: i32 = 125;
+const EXIT_NO_MAPS: i32 = Exit::NoMaps.raw();
 
 /// A started one-shot cell, seen from the caller. The caller must reap
 /// `pid` (it is our child) whatever happens.

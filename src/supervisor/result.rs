@@ -1,6 +1,7 @@
 //! The one result shape every surface returns (DESIGN §7).
 
 use super::limits::Limits;
+use crate::exit::Exit;
 use crate::protocol::{DroppedVar, ScriptError};
 use crate::sandbox::SandboxReport;
 use serde::{Deserialize, Serialize};
@@ -66,17 +67,22 @@ impl Status {
         Status::ALL.into_iter().find(|s| s.as_str() == name)
     }
 
+    /// How the CLI exits with a cell that ended so (DESIGN §9).
+    pub fn exit(self) -> Exit {
+        match self {
+            Status::Ok => Exit::Ok,
+            Status::Error => Exit::Failed,
+            Status::Timeout => Exit::Timeout,
+            Status::Killed | Status::LimitExceeded => Exit::Limit,
+            Status::PolicyDenied => Exit::PolicyDenied,
+            Status::SandboxError => Exit::Sandbox,
+            Status::ProtocolError => Exit::Internal,
+        }
+    }
+
     /// CLI exit code (DESIGN §9).
     pub fn exit_code(self) -> u8 {
-        match self {
-            Status::Ok => 0,
-            Status::Error => 1,
-            Status::Timeout => 3,
-            Status::Killed | Status::LimitExceeded => 4,
-            Status::PolicyDenied => 5,
-            Status::SandboxError => 6,
-            Status::ProtocolError => 7,
-        }
+        self.exit().code()
     }
 }
 

@@ -10,6 +10,7 @@ pub(crate) mod python;
 mod rhai;
 
 pub use self::rhai::hardened_engine;
+use crate::exit::Exit;
 use crate::protocol::{
     read_frame_blocking, write_frame_blocking, Backend, FromWorker, Ready, SandboxFailure,
     ToWorker, DEFAULT_MAX_FRAME_BYTES,
@@ -25,8 +26,8 @@ pub const FORKSERVER_ARG: &str = "__forkserver";
 pub const ZYGOTE_ARG: &str = "__zygote";
 
 /// Exit codes of the worker process itself (the supervisor maps them).
-const EXIT_SANDBOX: i32 = 6;
-const EXIT_PROTOCOL: i32 = 7;
+const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
+const EXIT_PROTOCOL: i32 = Exit::Internal.raw();
 
 /// Which hidden worker mode this process was started in, if any.
 pub(crate) fn hidden_mode() -> Option<&'static str> {

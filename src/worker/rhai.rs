@@ -94,7 +94,7 @@ fn do_call(
     });
     if chan.send(&msg).is_err() {
         // The supervisor is gone or refused the frame; nothing to report to.
-        std::process::exit(7);
+        std::process::exit(crate::exit::Exit::Internal.raw());
     }
     match chan.recv() {
         Ok(ToWorker::Reply(r)) if r.id == id => match (r.ok, r.error) {
@@ -102,7 +102,7 @@ fn do_call(
             (Some(v), None) => Ok(from_json(&v)),
             (None, None) => Ok(Dynamic::UNIT),
         },
-        _ => std::process::exit(7),
+        _ => std::process::exit(crate::exit::Exit::Internal.raw()),
     }
 }
 

@@ -18,7 +18,7 @@ use crate::profiles::{ExecMode, LayerMode};
 use crate::sandbox::{SandboxError, SandboxPlan, SandboxReport};
 
 /// Exit code of a worker whose cell process vanished without a status.
-pub const EXIT_WORKER_LOST: i32 = 7;
+pub const EXIT_WORKER_LOST: i32 = crate::exit::Exit::Internal.raw();
 
 /// Run one optional layer: `Off` skips it, a failure of a `Required` layer is
 /// an error, a failure of a `BestEffort` layer is reported and skipped.
