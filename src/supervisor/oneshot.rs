@@ -149,7 +149,11 @@ fn run_planned(
                 }
                 Err(SpawnError::Sandbox(e)) => result.fail_with(
                     ErrorKind::SandboxError,
-                    format!("the {} layer could not be applied: {}", e.layer, e.message),
+                    format!(
+                        "the {} layer could not be applied: {}",
+                        e.layer,
+                        e.message()
+                    ),
                 ),
                 Err(SpawnError::Spawn(e)) => {
                     result.fail_with(ErrorKind::SpawnError, e);
