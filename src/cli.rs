@@ -4,15 +4,16 @@
 //! runs the same way; and what the engine's cell-running commands
 //! (`run`, `repl`) share: the supervisor, the language, Ctrl-C.
 
+use crate::exit::Exit;
 use crate::{CellResult, EventSink, Language, Policy, SessionConfig, Status, Supervisor};
 use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Exit code of a usage or configuration error.
-pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_USAGE: u8 = Exit::Usage.code();
 /// Exit code of an internal or protocol error.
-pub const EXIT_INTERNAL: u8 = 7;
+pub const EXIT_INTERNAL: u8 = Exit::Internal.code();
 
 /// Options every cell-running command takes.
 #[derive(Args, Clone, Debug, Default)]
@@ -207,7 +208,7 @@ pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
         // Mirror the program's own exit status when it ran to the end.
         if result.status == Status::Error {
             if let Some(code) = result.exit.code {
-                return ExitCode::from(u8::try_from(code).unwrap_or(1));
+                return ExitCode::from(u8::try_from(code).unwrap_or(Exit::Failed.code()));
             }
         }
     }

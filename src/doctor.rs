@@ -372,7 +372,7 @@ pub async fn cli_main(args: DoctorArgs) -> ExitCode {
     if report.ok {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(6)
+        ExitCode::from(crate::exit::Exit::Sandbox)
     }
 }
 

@@ -16,8 +16,8 @@ pub use supervisor::{
 };
 // What a cell gives back.
 pub use supervisor::{
-    CallRecord, CallsTruncation, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation,
-    Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
+    CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
+    Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
 // Limits, capabilities and the policy that allows them, budgets.
 pub use supervisor::{
@@ -34,6 +34,8 @@ pub use supervisor::{
 #[cfg(target_os = "linux")]
 pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
+/// The exit codes of every cellbox process (DESIGN §9).
+pub mod exit;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]

@@ -106,12 +106,74 @@ pub struct Start {
     pub max_frame_bytes: usize,
 }
 
+/// What kind of failure a capability call met, as told to the script. A
+/// call over the call budget gets no reply: it ends the cell (its call
+/// record says `budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplyErrorKind {
+    /// No capability of that name is registered.
+    Unknown,
+    /// The policy does not allow the call (or the sub-cell it asks for).
+    Denied,
+    /// The arguments do not fit the capability's schema.
+    InvalidArgs,
+    /// A per-cell or per-session bound (on `emit`) is used up.
+    Limit,
+    /// The capability ran and failed, or did not finish in time.
+    Failed,
+}
+
+impl ReplyErrorKind {
+    /// Every kind.
+    pub const ALL: [ReplyErrorKind; 5] = [
+        ReplyErrorKind::Unknown,
+        ReplyErrorKind::Denied,
+        ReplyErrorKind::InvalidArgs,
+        ReplyErrorKind::Limit,
+        ReplyErrorKind::Failed,
+    ];
+
+    /// The wire name (the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplyErrorKind::Unknown => "unknown",
+            ReplyErrorKind::Denied => "denied",
+            ReplyErrorKind::InvalidArgs => "invalid_args",
+            ReplyErrorKind::Limit => "limit",
+            ReplyErrorKind::Failed => "failed",
+        }
+    }
+
+    /// The kind with this wire name.
+    pub fn from_name(name: &str) -> Option<ReplyErrorKind> {
+        ReplyErrorKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// The kind with this wire name; a name that is none of them is
+    /// `failed`.
+    pub fn named(name: &str) -> ReplyErrorKind {
+        ReplyErrorKind::from_name(name).unwrap_or(ReplyErrorKind::Failed)
+    }
+
+    /// The call was refused (not permitted, or no such capability): the
+    /// script sees a permission error.
+    pub fn is_refusal(self) -> bool {
+        matches!(self, ReplyErrorKind::Unknown | ReplyErrorKind::Denied)
+    }
+}
+
+impl std::fmt::Display for ReplyErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a capability call failed, as told to the script.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplyError {
-    /// `unknown`, `denied`, `invalid_args`, `budget`, `failed`.
-    pub kind: String,
+    pub kind: ReplyErrorKind,
     pub message: String,
 }
 

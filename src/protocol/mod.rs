@@ -47,6 +47,41 @@ mod tests {
     }
 
     #[test]
+    fn reply_error_kinds_keep_their_wire_names() {
+        let names = ["unknown", "denied", "invalid_args", "limit", "failed"];
+        assert_eq!(ReplyErrorKind::ALL.len(), names.len());
+        for (kind, name) in ReplyErrorKind::ALL.into_iter().zip(names) {
+            assert_eq!(kind.as_str(), name);
+            assert_eq!(kind.to_string(), name);
+            assert_eq!(ReplyErrorKind::from_name(name), Some(kind));
+            assert_eq!(ReplyErrorKind::named(name), kind);
+            let v = serde_json::to_value(kind).unwrap();
+            assert_eq!(v, json!(name));
+            assert_eq!(serde_json::from_value::<ReplyErrorKind>(v).unwrap(), kind);
+            assert_eq!(
+                kind.is_refusal(),
+                matches!(name, "unknown" | "denied"),
+                "{name}"
+            );
+        }
+        assert_eq!(ReplyErrorKind::from_name("budget"), None);
+        assert_eq!(ReplyErrorKind::named("budget"), ReplyErrorKind::Failed);
+        // The frame is byte for byte what a string field gave.
+        let reply = ToWorker::Reply(Reply {
+            id: 4,
+            ok: None,
+            error: Some(ReplyError {
+                kind: ReplyErrorKind::InvalidArgs,
+                message: "m".into(),
+            }),
+        });
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"t":"reply","id":4,"error":{"kind":"invalid_args","message":"m"}}"#
+        );
+    }
+
+    #[test]
     fn round_trip_every_direction() {
         let call = FromWorker::Call(Call {
             id: 7,

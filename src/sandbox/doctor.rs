@@ -7,6 +7,7 @@
 //! which `cellbox doctor` turns into a non-zero exit.
 
 use crate::profiles::{LayerMode, Profile};
+use crate::sandbox::Layer;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -190,22 +191,22 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
     let layers = &profile.layers;
     let linux = host.os == "linux";
     let mut out = Vec::new();
-    let mut add = |layer: &str, mode: LayerMode, available: bool, detail: String| {
+    let mut add = |layer: Layer, mode: LayerMode, available: bool, detail: String| {
         out.push(LayerAssessment {
-            layer: layer.to_owned(),
+            layer: layer.as_str().to_owned(),
             mode,
             available,
             detail,
         });
     };
     add(
-        "hygiene",
+        Layer::Hygiene,
         LayerMode::Required,
         linux,
         "fds 0-3, fixed environment, scratch cwd".into(),
     );
     add(
-        "namespaces",
+        Layer::Namespaces,
         layers.namespaces,
         host.namespaces && host.mount_setattr,
         if host.user_namespaces {
@@ -216,7 +217,7 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
             "cannot create namespaces here".into()
         },
     );
-    add("rlimits", layers.rlimits, linux, {
+    add(Layer::Rlimits, layers.rlimits, linux, {
         // The profile's table is a ceiling; session and call limits
         // only lower it.
         let c = &profile.limits;
@@ -238,7 +239,7 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
         )
     });
     add(
-        "privileges",
+        Layer::Privileges,
         layers.privileges,
         linux,
         if host.running_as_root {
@@ -251,7 +252,7 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
         },
     );
     add(
-        "landlock",
+        Layer::Landlock,
         layers.landlock,
         host.landlock_abi.is_some(),
         match host.landlock_abi {
@@ -264,7 +265,7 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
     );
     let allowed: usize = profile.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
     add(
-        "seccomp",
+        Layer::Seccomp,
         layers.seccomp,
         host.seccomp,
         format!(

@@ -166,6 +166,78 @@ impl SandboxPlan {
     }
 }
 
+/// One step of the sandbox (DESIGN §3), by the name reports, errors and
+/// `doctor` give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// Closed fds, a clean environment, the parent-death signal.
+    Hygiene,
+    /// The paths the plan names, resolved before anything is applied.
+    Filesystem,
+    /// User, mount, PID, network, IPC and UTS namespaces.
+    Namespaces,
+    /// Resource limits.
+    Rlimits,
+    /// Dropped ids, capabilities and `no_new_privs`.
+    Privileges,
+    /// The Landlock filesystem (and network, signal, socket) domain.
+    Landlock,
+    /// The seccomp filter.
+    Seccomp,
+    /// The cell's memory cgroup.
+    Cgroup,
+    /// Replacing the sandboxed process with the program it runs.
+    Exec,
+}
+
+impl Layer {
+    /// Every layer, in the order they are applied.
+    pub const ALL: [Layer; 9] = [
+        Layer::Hygiene,
+        Layer::Filesystem,
+        Layer::Namespaces,
+        Layer::Rlimits,
+        Layer::Privileges,
+        Layer::Landlock,
+        Layer::Seccomp,
+        Layer::Cgroup,
+        Layer::Exec,
+    ];
+
+    /// The stable name (the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Hygiene => "hygiene",
+            Layer::Filesystem => "filesystem",
+            Layer::Namespaces => "namespaces",
+            Layer::Rlimits => "rlimits",
+            Layer::Privileges => "privileges",
+            Layer::Landlock => "landlock",
+            Layer::Seccomp => "seccomp",
+            Layer::Cgroup => "cgroup",
+            Layer::Exec => "exec",
+        }
+    }
+
+    /// The layer with this name.
+    pub fn from_name(name: &str) -> Option<Layer> {
+        Layer::ALL.into_iter().find(|l| l.as_str() == name)
+    }
+}
+
+impl AsRef<str> for Layer {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One layer's outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -196,35 +268,52 @@ pub struct SandboxReport {
 }
 
 impl SandboxReport {
-    pub(crate) fn push(&mut self, name: &str, mode: LayerMode, applied: bool, detail: String) {
+    pub(crate) fn push(&mut self, layer: Layer, mode: LayerMode, applied: bool, detail: String) {
         self.layers.push(LayerReport {
-            name: name.to_owned(),
+            name: layer.as_str().to_owned(),
             applied,
             mode,
             detail,
         });
     }
 
-    /// The report entry for `layer`, if it was reached.
-    pub fn layer(&self, layer: &str) -> Option<&LayerReport> {
-        self.layers.iter().find(|l| l.name == layer)
+    /// The report entry for `layer` (a [`Layer`] or its name), if it was
+    /// reached.
+    pub fn layer(&self, layer: impl AsRef<str>) -> Option<&LayerReport> {
+        let name = layer.as_ref();
+        self.layers.iter().find(|l| l.name == name)
     }
 }
 
+/// Why a layer could not be applied: the leaf error (a system call's, a
+/// compiler's) or a message.
+pub type LayerCause = Box<dyn std::error::Error + Send + Sync>;
+
 /// A layer that could not be applied.
 #[derive(Debug, thiserror::Error)]
-#[error("failed to apply the {layer} layer: {message}")]
-pub struct SandboxError {
-    pub layer: &'static str,
-    pub message: String,
+#[error("failed to apply the {layer} layer: {cause}")]
+pub struct LayerError {
+    pub layer: Layer,
+    #[source]
+    pub cause: LayerCause,
 }
 
-impl SandboxError {
-    pub(crate) fn new(layer: &'static str, message: impl Into<String>) -> SandboxError {
-        SandboxError {
+/// The error of entering the sandbox: the layer that failed and why.
+pub type SandboxError = LayerError;
+
+impl LayerError {
+    /// `layer` failed with `cause`: a leaf error, or a message (`&str`,
+    /// `String`).
+    pub(crate) fn new(layer: Layer, cause: impl Into<LayerCause>) -> LayerError {
+        LayerError {
             layer,
-            message: message.into(),
+            cause: cause.into(),
         }
+    }
+
+    /// What went wrong, without the layer's name.
+    pub fn message(&self) -> String {
+        self.cause.to_string()
     }
 }
 
@@ -273,7 +362,7 @@ pub fn prepare_pool_children(_plan: &SandboxPlan) -> Result<(), SandboxError> {
 #[cfg(not(target_os = "linux"))]
 pub fn enter_pool(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
     Err(SandboxError::new(
-        "hygiene",
+        Layer::Hygiene,
         "the OS sandbox is only implemented for Linux",
     ))
 }
@@ -284,7 +373,7 @@ pub fn enter_pool_child(
     _pool: &SandboxReport,
 ) -> Result<SandboxReport, SandboxError> {
     Err(SandboxError::new(
-        "hygiene",
+        Layer::Hygiene,
         "the OS sandbox is only implemented for Linux",
     ))
 }
@@ -293,7 +382,7 @@ pub fn enter_pool_child(
 #[cfg(not(target_os = "linux"))]
 pub fn enter(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
     Err(SandboxError::new(
-        "hygiene",
+        Layer::Hygiene,
         "the OS sandbox is only implemented for Linux",
     ))
 }
@@ -311,12 +400,57 @@ pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
 
 #[cfg(not(target_os = "linux"))]
 pub fn exec(_argv: &[String], _extra_env: &[(String, String)]) -> SandboxError {
-    SandboxError::new("exec", "the OS sandbox is only implemented for Linux")
+    SandboxError::new(Layer::Exec, "the OS sandbox is only implemented for Linux")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layer_names_round_trip() {
+        let names = [
+            "hygiene",
+            "filesystem",
+            "namespaces",
+            "rlimits",
+            "privileges",
+            "landlock",
+            "seccomp",
+            "cgroup",
+            "exec",
+        ];
+        assert_eq!(Layer::ALL.len(), names.len());
+        for (layer, name) in Layer::ALL.into_iter().zip(names) {
+            assert_eq!(layer.as_str(), name);
+            assert_eq!(layer.to_string(), name);
+            assert_eq!(Layer::from_name(name), Some(layer));
+            let v = serde_json::to_value(layer).unwrap();
+            assert_eq!(v, serde_json::json!(name));
+            assert_eq!(serde_json::from_value::<Layer>(v).unwrap(), layer);
+        }
+        assert_eq!(Layer::from_name("mounts"), None);
+    }
+
+    #[test]
+    fn layer_error_renders_as_before_and_keeps_its_source() {
+        let e = LayerError::new(Layer::Landlock, "not supported by this kernel");
+        assert_eq!(
+            e.to_string(),
+            "failed to apply the landlock layer: not supported by this kernel"
+        );
+        assert_eq!(e.message(), "not supported by this kernel");
+
+        let leaf = std::io::Error::from_raw_os_error(libc::EPERM);
+        let shown = leaf.to_string();
+        let e = LayerError::new(Layer::Namespaces, leaf);
+        assert_eq!(
+            e.to_string(),
+            format!("failed to apply the namespaces layer: {shown}")
+        );
+        let source = std::error::Error::source(&e).unwrap();
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+    }
 
     #[test]
     fn plan_carries_the_profile() {

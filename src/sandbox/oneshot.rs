@@ -35,7 +35,8 @@
 //! it sends one [`Report`] before it executes the program.
 
 use super::linux::{self, namespaces, Stage};
-use super::{SandboxError, SandboxPlan, SandboxReport};
+use super::{Layer, SandboxError, SandboxPlan, SandboxReport};
+use crate::exit::Exit;
 use crate::profiles::LayerMode;
 use crate::protocol::SandboxFailure;
 use std::io::Write;
@@ -43,12 +44,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// Exit code of a cell whose sandbox could not be applied (as a worker's).
-const EXIT_SANDBOX: i32 = 6;
+const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
 /// Exit code when the program could not be executed (as a worker's).
-const EXIT_EXEC: i32 = 127;
+const EXIT_EXEC: i32 = Exit::NotExecutable.raw();
 /// Exit code of a self-mapped child that could not write its maps; seen
 /// only by the parent, which then clones the other way.
-const EXIT_NO_MAPS: i32 = 125;
+const EXIT_NO_MAPS: i32 = Exit::NoMaps.raw();
 
 /// A started one-shot cell, seen from the caller. The caller must reap
 /// `pid` (it is our child) whatever happens.
@@ -147,7 +148,7 @@ pub fn spawn(
             // The child is not root on the host and cannot hand the scratch
             // directory over itself.
             linux::hygiene::hand_over(&plan.scratch, ids.uid, ids.gid)
-                .map_err(|e| SpawnError::Sandbox(SandboxError::new("hygiene", e.to_string())))?;
+                .map_err(|e| SpawnError::Sandbox(SandboxError::new(Layer::Hygiene, e)))?;
         }
         let (parent_end, child_end) = plain_pair()?;
         let fds = [
@@ -175,7 +176,7 @@ pub fn spawn(
             Err(e) if e.before_clone() => {}
             Err(e) => {
                 return Err(SpawnError::Sandbox(SandboxError::new(
-                    "namespaces",
+                    Layer::Namespaces,
                     e.to_string(),
                 )))
             }
@@ -211,7 +212,7 @@ pub fn spawn(
             }
             Err(e) => {
                 return Err(SpawnError::Sandbox(SandboxError::new(
-                    "namespaces",
+                    Layer::Namespaces,
                     e.to_string(),
                 )))
             }
@@ -414,14 +415,14 @@ fn cell_main(
     };
     let fail = |e: SandboxError| -> ! {
         send(&Report::SandboxError(SandboxFailure {
-            layer: e.layer.to_owned(),
-            message: e.message,
+            layer: e.layer.as_str().to_owned(),
+            message: e.message(),
         }));
         exit_now(EXIT_SANDBOX)
     };
     if let Some(e) = joined {
         fail(SandboxError::new(
-            "cgroup",
+            Layer::Cgroup,
             format!("failed to join the cell's memory cgroup: {e}"),
         ));
     }
@@ -434,7 +435,7 @@ fn cell_main(
         Namespaces::SelfMapped { names, refused } => {
             if let Err(e) = linux::sys::set_parent_death_signal(libc::SIGKILL) {
                 fail(SandboxError::new(
-                    "namespaces",
+                    Layer::Namespaces,
                     format!("failed to set the parent-death signal: {e}"),
                 ));
             }
@@ -449,7 +450,7 @@ fn cell_main(
             // The maps must exist before hygiene: it hands the scratch
             // directory to the cell's ids.
             if let Err(e) = namespaces::wait_for_parent(&control) {
-                fail(SandboxError::new("namespaces", e.to_string()));
+                fail(SandboxError::new(Layer::Namespaces, e));
             }
             (Some(names), ids.root, owner, None)
         }
@@ -471,14 +472,14 @@ fn cell_main(
                     sync,
                 }),
                 Err(e) => fail(SandboxError::new(
-                    "namespaces",
+                    Layer::Namespaces,
                     format!("failed to keep the sync socket: {e}"),
                 )),
             }
         }
         (None, without) => {
             if let Some((mode, why)) = without {
-                report.push("namespaces", mode, false, why);
+                report.push(Layer::Namespaces, mode, false, why);
             }
             None
         }

@@ -260,7 +260,8 @@ pub fn cell_filter() -> Result<Vec<u8>, String> {
 }
 
 /// What the Python side of a zygote needs besides the shim, as JSON for its
-/// command line: the cell filter and the syscall numbers it calls by hand.
+/// command line: the cell filter, the syscall numbers it calls by hand and
+/// the exit code of a child whose sandbox could not be applied.
 pub fn python_config() -> Result<String, String> {
     let filter = cell_filter()?;
     let hex: String = filter.iter().map(|b| format!("{b:02x}")).collect();
@@ -270,6 +271,7 @@ pub fn python_config() -> Result<String, String> {
         "cell_filter": hex,
         "nr_seccomp": num("seccomp")?,
         "nr_landlock_restrict_self": num("landlock_restrict_self")?,
+        "exit_sandbox": crate::exit::Exit::Sandbox.raw(),
     })
     .to_string())
 }
@@ -313,6 +315,13 @@ mod tests {
 
     fn nr(n: &str) -> i64 {
         crate::sandbox::syscalls::number(n).unwrap()
+    }
+
+    #[test]
+    fn python_config_carries_the_sandbox_exit_code() {
+        let config: serde_json::Value = serde_json::from_str(&python_config().unwrap()).unwrap();
+        assert_eq!(config["exit_sandbox"], 6);
+        assert!(config["cell_filter"].is_string());
     }
 
     #[test]

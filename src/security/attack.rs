@@ -165,18 +165,6 @@ impl Canary {
     }
 }
 
-/// Result statuses a cellbox run can report.
-pub const STATUSES: &[&str] = &[
-    "ok",
-    "error",
-    "timeout",
-    "killed",
-    "limit_exceeded",
-    "policy_denied",
-    "protocol_error",
-    "sandbox_error",
-];
-
 /// The wall timeout given to a cell when the header names none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -305,7 +293,7 @@ impl Attack {
         let mut statuses = Vec::new();
         if let Some(list) = get("status") {
             for s in list.split(',').map(str::trim) {
-                if !STATUSES.contains(&s) {
+                if crate::Status::from_name(s).is_none() {
                     return Err(err(format!("unknown status {s:?}")));
                 }
                 statuses.push(s.to_owned());

@@ -2,6 +2,7 @@
 //! running binary and its embedded attacks.
 
 use super::{catalog, load_dir, run_suite, Lang, SuiteOptions};
+use crate::exit::Exit;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -46,8 +47,8 @@ pub struct SecurityTestArgs {
     pub cellbox: Option<PathBuf>,
 }
 
-const EXIT_FAILED: u8 = 1;
-const EXIT_USAGE: u8 = 2;
+const EXIT_FAILED: u8 = Exit::Failed.code();
+const EXIT_USAGE: u8 = Exit::Usage.code();
 
 /// Run the suite as the CLI does: table on stdout, exit 1 on any escape or
 /// error, 2 on a usage problem.

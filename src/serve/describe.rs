@@ -7,7 +7,7 @@
 
 use super::config::Settings;
 use crate::profiles::{PathAccess, Profile};
-use crate::sandbox::SandboxReport;
+use crate::sandbox::{Layer, SandboxReport};
 use crate::{CellRequest, Language, PythonInfo, Status, Supervisor};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -170,7 +170,7 @@ fn sandbox_lines(
                 .filter(|l| l.applied)
                 .map(|l| l.name.as_str())
                 .collect();
-            let has = |name: &str| applied.contains(&name);
+            let has = |layer: Layer| applied.contains(&layer.as_str());
             let ns = |name: &str| r.namespaces.iter().any(|n| n == name);
             lines.push(format!(
                 "layers applied on this host: {}",
@@ -186,12 +186,12 @@ fn sandbox_lines(
                      the cell can be reached)"
                         .into(),
                 );
-            } else if has("landlock") && r.landlock_abi.unwrap_or(0) >= 4 {
+            } else if has(Layer::Landlock) && r.landlock_abi.unwrap_or(0) >= 4 {
                 lines.push("network: TCP connect and bind are denied (Landlock)".into());
             } else {
                 lines.push("network: NOT isolated on this host".into());
             }
-            match (has("landlock"), profile) {
+            match (has(Layer::Landlock), profile) {
                 (true, Some(p)) => {
                     lines.push(format!("files: only {}", paths_text(p, language)));
                     if ns("mount") && p.filesystem.tmp_bytes > 0 {

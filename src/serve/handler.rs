@@ -16,7 +16,7 @@ use super::principal::Principal;
 use super::schema;
 use super::sessions::{SessionError, SessionTable};
 use crate::supervisor as cellbox_output;
-use crate::{CellRequest, CellResult, Language, RunInfo, Status, Supervisor};
+use crate::{CellRequest, CellResult, ErrorKind, Language, RunInfo, Status, Supervisor};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
     CustomResult, ErrorCode, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
@@ -142,8 +142,8 @@ async fn send_output(
     }
 }
 
-fn refused(language: Language, status: Status, kind: &str, message: String) -> CellResult {
-    CellResult::refused(language.as_str(), RunInfo::root(), status, kind, message)
+fn refused(language: Language, kind: ErrorKind, message: String) -> CellResult {
+    CellResult::refused_with(language.as_str(), RunInfo::root(), kind, message)
 }
 
 fn parse_args<T: serde::de::DeserializeOwned>(
@@ -478,13 +478,10 @@ impl CellboxServer {
                 Ok(l) => Some(l),
                 Err(e) => {
                     let kind = match e {
-                        SessionError::Unknown { .. } => "UnknownSession",
-                        _ => "SessionError",
+                        SessionError::Unknown { .. } => ErrorKind::UnknownSession,
+                        _ => ErrorKind::SessionError,
                     };
-                    return cell_tool_result(
-                        &refused(language, Status::Error, kind, e.to_string()),
-                        a.verbose,
-                    );
+                    return cell_tool_result(&refused(language, kind, e.to_string()), a.verbose);
                 }
             },
             None => None,
@@ -493,13 +490,10 @@ impl CellboxServer {
             Ok(a) => a,
             Err(refusal) => {
                 let kind = match refusal {
-                    Refused::Busy(_) => "ServerBusy",
-                    Refused::PrincipalBusy(_) => "ClientQueueFull",
+                    Refused::Busy(_) => ErrorKind::ServerBusy,
+                    Refused::PrincipalBusy(_) => ErrorKind::ClientQueueFull,
                 };
-                return cell_tool_result(
-                    &refused(language, Status::LimitExceeded, kind, refusal.to_string()),
-                    a.verbose,
-                );
+                return cell_tool_result(&refused(language, kind, refusal.to_string()), a.verbose);
             }
         };
 
@@ -578,8 +572,7 @@ impl CellboxServer {
             Err(Interrupted::SessionClosed) => cell_tool_result(
                 &refused(
                     language,
-                    Status::Killed,
-                    "Killed",
+                    ErrorKind::Killed,
                     "the session was closed while this cell ran; the cell was killed".into(),
                 ),
                 a.verbose,

@@ -45,6 +45,7 @@ pub const DEFAULT_LOG: &str = "warn,cellbox::pool=info";
 pub use handler::CellboxServer;
 pub use principal::Principal;
 
+use crate::exit::Exit;
 use crate::{EventSink, Supervisor};
 use rmcp::ServiceExt;
 use std::pin::Pin;
@@ -55,8 +56,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-const EXIT_USAGE: u8 = 2;
-const EXIT_INTERNAL: u8 = 7;
+const EXIT_USAGE: u8 = Exit::Usage.code();
+const EXIT_INTERNAL: u8 = Exit::Internal.code();
 
 /// How long shutdown waits for calls in flight to let go of their cells.
 const DRAIN: Duration = Duration::from_secs(10);

@@ -3,20 +3,8 @@
 //! [`crate::CellResult`] shape of DESIGN §7; a test serializes real results
 //! and validates them against it, so the two cannot drift apart silently.
 
-use crate::Language;
+use crate::{Language, Status};
 use serde_json::{json, Map, Value};
-
-/// The statuses a cell can end with (stable names).
-pub const STATUSES: [&str; 8] = [
-    "ok",
-    "error",
-    "timeout",
-    "killed",
-    "limit_exceeded",
-    "policy_denied",
-    "protocol_error",
-    "sandbox_error",
-];
 
 fn object(v: Value) -> Map<String, Value> {
     match v {
@@ -115,7 +103,7 @@ pub fn cell_result() -> Map<String, Value> {
         "description": "How one cell ended: output, last value, error, namespace changes, usage.",
         "type": "object",
         "properties": {
-            "status": {"type": "string", "enum": STATUSES},
+            "status": {"type": "string", "enum": Status::ALL.map(Status::as_str)},
             "execution_count": count,
             "language": {"type": "string"},
             "stdout": {"type": "string"},
@@ -303,7 +291,31 @@ mod tests {
     use super::*;
     use crate::protocol::{DroppedVar, ScriptError};
     use crate::sandbox::SandboxReport;
-    use crate::{CallRecord, CellResult, RunInfo, Status, Truncation};
+    use crate::{CallRecord, CellResult, RunInfo, Truncation};
+
+    #[test]
+    fn the_status_enum_lists_every_status() {
+        let schema = Value::Object(cell_result());
+        let listed = &schema["properties"]["status"]["enum"];
+        let want: Vec<Value> = Status::ALL
+            .iter()
+            .map(|s| serde_json::to_value(s).unwrap())
+            .collect();
+        assert_eq!(listed, &Value::Array(want));
+        assert_eq!(
+            listed,
+            &json!([
+                "ok",
+                "error",
+                "timeout",
+                "killed",
+                "limit_exceeded",
+                "policy_denied",
+                "protocol_error",
+                "sandbox_error"
+            ])
+        );
+    }
 
     fn validate(schema: Map<String, Value>, v: &Value) -> Vec<String> {
         let schema = Value::Object(schema);

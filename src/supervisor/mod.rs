@@ -29,8 +29,8 @@ pub use policy::{
 };
 pub use python::PythonInfo;
 pub use result::{
-    CallRecord, CallsTruncation, CellResult, ExitInfo, RunInfo, Status, Truncated, Truncation,
-    Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
+    CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
+    Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
 pub use scratch::{ScratchQuota, DEFAULT_SESSION_SCRATCH};
 pub use session::{HistoryEntry, Session, SessionConfig};
@@ -709,11 +709,10 @@ impl Supervisor {
     pub async fn run(&self, request: CellRequest, config: SessionConfig) -> CellResult {
         match self.session(config) {
             Ok(s) => s.run(request).await,
-            Err(e) => CellResult::refused(
+            Err(e) => CellResult::refused_with(
                 request.language.as_str(),
                 RunInfo::root(),
-                Status::SandboxError,
-                "SandboxError",
+                ErrorKind::SandboxError,
                 e.to_string(),
             ),
         }
@@ -735,11 +734,10 @@ impl Supervisor {
                 };
                 s.exec(argv, forward).await
             }
-            Err(e) => CellResult::refused(
+            Err(e) => CellResult::refused_with(
                 "shell",
                 RunInfo::root(),
-                Status::SandboxError,
-                "SandboxError",
+                ErrorKind::SandboxError,
                 e.to_string(),
             ),
         }

@@ -12,7 +12,7 @@
 use super::cell::{classify, Outcome};
 use super::events::EventSink;
 use super::output::Capture;
-use super::result::{CellResult, RunInfo, Status};
+use super::result::{CellResult, ErrorKind, RunInfo};
 use super::session::SessionConfig;
 use super::Limits;
 use crate::sandbox::oneshot::{self, Cell, Report, SpawnError};
@@ -95,7 +95,7 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
         json!({"language": "shell", "session_id": session_id}),
     );
     if let Some(problem) = super::session::argv_error(&cell.argv) {
-        result.fail(Status::Error, "UsageError", problem);
+        result.fail_with(ErrorKind::UsageError, problem);
     } else {
         run_planned(&cell, &config, scratch, started, &mut result);
     }
@@ -125,9 +125,8 @@ fn run_planned(
             let cgroup = match cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
                 Ok(c) => c,
                 Err(e) => {
-                    result.fail(
-                        Status::SandboxError,
-                        "SandboxError",
+                    result.fail_with(
+                        ErrorKind::SandboxError,
                         format!("the cgroup layer could not be applied: {e}"),
                     );
                     return;
@@ -142,17 +141,20 @@ fn run_planned(
                         report.layers.push(layer);
                     }
                 }
-                Err(SpawnError::Sandbox(e)) => result.fail(
-                    Status::SandboxError,
-                    "SandboxError",
-                    format!("the {} layer could not be applied: {}", e.layer, e.message),
+                Err(SpawnError::Sandbox(e)) => result.fail_with(
+                    ErrorKind::SandboxError,
+                    format!(
+                        "the {} layer could not be applied: {}",
+                        e.layer,
+                        e.message()
+                    ),
                 ),
                 Err(SpawnError::Spawn(e)) => {
-                    result.fail(Status::SandboxError, "SpawnError", e);
+                    result.fail_with(ErrorKind::SpawnError, e);
                 }
             }
         }
-        Err(e) => result.fail(Status::SandboxError, "SandboxError", e),
+        Err(e) => result.fail_with(ErrorKind::SandboxError, e),
     }
 }
 
@@ -454,8 +456,7 @@ fn supervise(
             Ok(Some(Report::SandboxError(f))) => Outcome::sandbox_failure(&f),
             Ok(None) => Outcome::Exited,
             Err(e) => Outcome::Fatal(
-                Status::ProtocolError,
-                "ProtocolError",
+                ErrorKind::ProtocolError,
                 format!("the cell sent a bad report: {e}"),
             ),
         }

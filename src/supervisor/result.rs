@@ -1,6 +1,7 @@
 //! The one result shape every surface returns (DESIGN §7).
 
 use super::limits::Limits;
+use crate::exit::Exit;
 use crate::protocol::{DroppedVar, ScriptError};
 use crate::sandbox::SandboxReport;
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,19 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in the order the schema lists them.
+    pub const ALL: [Status; 8] = [
+        Status::Ok,
+        Status::Error,
+        Status::Timeout,
+        Status::Killed,
+        Status::LimitExceeded,
+        Status::PolicyDenied,
+        Status::ProtocolError,
+        Status::SandboxError,
+    ];
+
+    /// The stable name (the serde name).
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Ok => "ok",
@@ -48,23 +62,139 @@ impl Status {
         }
     }
 
+    /// The status with this stable name.
+    pub fn from_name(name: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// How the CLI exits with a cell that ended so (DESIGN §9).
+    pub fn exit(self) -> Exit {
+        match self {
+            Status::Ok => Exit::Ok,
+            Status::Error => Exit::Failed,
+            Status::Timeout => Exit::Timeout,
+            Status::Killed | Status::LimitExceeded => Exit::Limit,
+            Status::PolicyDenied => Exit::PolicyDenied,
+            Status::SandboxError => Exit::Sandbox,
+            Status::ProtocolError => Exit::Internal,
+        }
+    }
+
     /// CLI exit code (DESIGN §9).
     pub fn exit_code(self) -> u8 {
-        match self {
-            Status::Ok => 0,
-            Status::Error => 1,
-            Status::Timeout => 3,
-            Status::Killed | Status::LimitExceeded => 4,
-            Status::PolicyDenied => 5,
-            Status::SandboxError => 6,
-            Status::ProtocolError => 7,
-        }
+        self.exit().code()
     }
 }
 
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// The `error.type` of a result the supervisor (not the script) ended: why
+/// the cell did not end on its own. Script errors (`ValueError`,
+/// `SyntaxError`, ...) are the language's own names and are not listed here.
+/// Stable names: clients match on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The cell ran past its wall-clock limit.
+    Timeout,
+    /// A CPU, file-size, memory, budget or admission limit stopped the cell.
+    LimitExceeded,
+    /// The worker was killed by a signal.
+    Killed,
+    /// The cell was interrupted (cancelled) and killed.
+    Interrupted,
+    /// An `exec` program exited with a non-zero status.
+    ExitStatus,
+    /// The worker broke the protocol or ended without a result.
+    ProtocolError,
+    /// A sandbox layer could not be applied.
+    SandboxError,
+    /// The worker could not be started.
+    SpawnError,
+    /// The request itself was unusable (code too large, bad argv, ...).
+    UsageError,
+    /// The policy refused the cell (a language not allowed, a denied call).
+    PermissionError,
+    /// The session named does not exist (for this client).
+    UnknownSession,
+    /// The session could not be used.
+    SessionError,
+    /// The server holds as many cells as it runs.
+    ServerBusy,
+    /// The client holds as many cells as it may queue.
+    ClientQueueFull,
+}
+
+impl ErrorKind {
+    /// Every kind.
+    pub const ALL: [ErrorKind; 14] = [
+        ErrorKind::Timeout,
+        ErrorKind::LimitExceeded,
+        ErrorKind::Killed,
+        ErrorKind::Interrupted,
+        ErrorKind::ExitStatus,
+        ErrorKind::ProtocolError,
+        ErrorKind::SandboxError,
+        ErrorKind::SpawnError,
+        ErrorKind::UsageError,
+        ErrorKind::PermissionError,
+        ErrorKind::UnknownSession,
+        ErrorKind::SessionError,
+        ErrorKind::ServerBusy,
+        ErrorKind::ClientQueueFull,
+    ];
+
+    /// The stable name (the serde name), as `error.type` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "Timeout",
+            ErrorKind::LimitExceeded => "LimitExceeded",
+            ErrorKind::Killed => "Killed",
+            ErrorKind::Interrupted => "Interrupted",
+            ErrorKind::ExitStatus => "ExitStatus",
+            ErrorKind::ProtocolError => "ProtocolError",
+            ErrorKind::SandboxError => "SandboxError",
+            ErrorKind::SpawnError => "SpawnError",
+            ErrorKind::UsageError => "UsageError",
+            ErrorKind::PermissionError => "PermissionError",
+            ErrorKind::UnknownSession => "UnknownSession",
+            ErrorKind::SessionError => "SessionError",
+            ErrorKind::ServerBusy => "ServerBusy",
+            ErrorKind::ClientQueueFull => "ClientQueueFull",
+        }
+    }
+
+    /// The status a cell that ends with this kind has.
+    pub fn status(self) -> Status {
+        match self {
+            ErrorKind::Timeout => Status::Timeout,
+            ErrorKind::LimitExceeded | ErrorKind::ServerBusy | ErrorKind::ClientQueueFull => {
+                Status::LimitExceeded
+            }
+            ErrorKind::Killed | ErrorKind::Interrupted => Status::Killed,
+            ErrorKind::ExitStatus
+            | ErrorKind::UsageError
+            | ErrorKind::UnknownSession
+            | ErrorKind::SessionError => Status::Error,
+            ErrorKind::ProtocolError => Status::ProtocolError,
+            ErrorKind::SandboxError | ErrorKind::SpawnError => Status::SandboxError,
+            ErrorKind::PermissionError => Status::PolicyDenied,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<ErrorKind> for &'static str {
+    fn from(kind: ErrorKind) -> Self {
+        kind.as_str()
     }
 }
 
@@ -115,7 +245,8 @@ pub struct VarsReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     pub cap: String,
-    /// `ok`, `unknown`, `denied`, `invalid_args`, `budget`, `failed`.
+    /// `ok`, `budget` (the call ended the cell), or the
+    /// [`crate::protocol::ReplyErrorKind`] the call was answered with.
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -262,11 +393,15 @@ impl CellResult {
         });
     }
 
+    /// End the cell with an error of `kind`, and the status it implies.
+    pub(crate) fn fail_with(&mut self, kind: ErrorKind, message: String) {
+        self.fail(kind.status(), kind.as_str(), message);
+    }
+
     /// The cell ran past its wall-clock limit and was killed.
     pub(crate) fn timed_out(&mut self, limits: &Limits) {
-        self.fail(
-            Status::Timeout,
-            "Timeout",
+        self.fail_with(
+            ErrorKind::Timeout,
             format!(
                 "the cell ran past its wall-clock limit of {} ms and was killed",
                 limits.timeout_ms
@@ -281,49 +416,41 @@ impl CellResult {
         let exit = self.exit;
         match (exit.code, exit.signal) {
             (Some(0), _) if exec => self.status = Status::Ok,
-            (Some(code), _) if exec => self.fail(
-                Status::Error,
-                "ExitStatus",
+            (Some(code), _) if exec => self.fail_with(
+                ErrorKind::ExitStatus,
                 format!("the program exited with status {code}"),
             ),
-            (_, Some(libc::SIGXCPU)) => self.fail(
-                Status::LimitExceeded,
-                "LimitExceeded",
+            (_, Some(libc::SIGXCPU)) => self.fail_with(
+                ErrorKind::LimitExceeded,
                 format!("CPU time limit of {} s exceeded", limits.cpu_seconds),
             ),
-            (_, Some(libc::SIGXFSZ)) => self.fail(
-                Status::LimitExceeded,
-                "LimitExceeded",
+            (_, Some(libc::SIGXFSZ)) => self.fail_with(
+                ErrorKind::LimitExceeded,
                 format!(
                     "file size limit of {} bytes exceeded",
                     limits.max_file_size_bytes
                 ),
             ),
-            (_, Some(libc::SIGSYS)) => self.fail(
-                Status::Killed,
-                "Killed",
+            (_, Some(libc::SIGSYS)) => self.fail_with(
+                ErrorKind::Killed,
                 "killed by SIGSYS: the cell made a system call the sandbox forbids".into(),
             ),
             (_, Some(sig)) if sig == libc::SIGABRT && self.stderr.contains("memory allocation") => {
-                self.fail(
-                    Status::LimitExceeded,
-                    "LimitExceeded",
+                self.fail_with(
+                    ErrorKind::LimitExceeded,
                     format!("memory limit of {} bytes exceeded", limits.memory_bytes),
                 )
             }
-            (_, Some(sig)) => self.fail(
-                Status::Killed,
-                "Killed",
+            (_, Some(sig)) => self.fail_with(
+                ErrorKind::Killed,
                 format!("the worker was killed by {}", signal_name(sig)),
             ),
-            (Some(code), None) => self.fail(
-                Status::ProtocolError,
-                "ProtocolError",
+            (Some(code), None) => self.fail_with(
+                ErrorKind::ProtocolError,
                 format!("the worker exited with status {code} before reporting a result"),
             ),
-            (None, None) => self.fail(
-                Status::ProtocolError,
-                "ProtocolError",
+            (None, None) => self.fail_with(
+                ErrorKind::ProtocolError,
                 "the worker ended before reporting a result".into(),
             ),
         }
@@ -348,6 +475,17 @@ impl CellResult {
             sandbox: None,
             exit: ExitInfo::default(),
         }
+    }
+
+    /// A result for a cell that never reached a worker, refused with an
+    /// error of `kind` and the status it implies.
+    pub(crate) fn refused_with(
+        language: &str,
+        run: RunInfo,
+        kind: ErrorKind,
+        message: String,
+    ) -> Self {
+        CellResult::refused(language, run, kind.status(), kind.as_str(), message)
     }
 
     /// A result for a cell that never reached a worker.
@@ -466,6 +604,73 @@ mod tests {
             column: None,
         });
         r
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in Status::ALL {
+            let v = serde_json::to_value(s).unwrap();
+            assert_eq!(v, Value::String(s.as_str().into()));
+            assert_eq!(serde_json::from_value::<Status>(v).unwrap(), s);
+            assert_eq!(Status::from_name(s.as_str()), Some(s));
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        assert_eq!(Status::from_name("fine"), None);
+        let names: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ok",
+                "error",
+                "timeout",
+                "killed",
+                "limit_exceeded",
+                "policy_denied",
+                "protocol_error",
+                "sandbox_error"
+            ]
+        );
+    }
+
+    #[test]
+    fn error_kinds_keep_their_names_and_statuses() {
+        let want = [
+            ("Timeout", Status::Timeout),
+            ("LimitExceeded", Status::LimitExceeded),
+            ("Killed", Status::Killed),
+            ("Interrupted", Status::Killed),
+            ("ExitStatus", Status::Error),
+            ("ProtocolError", Status::ProtocolError),
+            ("SandboxError", Status::SandboxError),
+            ("SpawnError", Status::SandboxError),
+            ("UsageError", Status::Error),
+            ("PermissionError", Status::PolicyDenied),
+            ("UnknownSession", Status::Error),
+            ("SessionError", Status::Error),
+            ("ServerBusy", Status::LimitExceeded),
+            ("ClientQueueFull", Status::LimitExceeded),
+        ];
+        assert_eq!(ErrorKind::ALL.len(), want.len());
+        for (kind, (name, status)) in ErrorKind::ALL.into_iter().zip(want) {
+            assert_eq!(kind.as_str(), name);
+            assert_eq!(kind.to_string(), name);
+            assert_eq!(kind.status(), status, "{name}");
+            let v = serde_json::to_value(kind).unwrap();
+            assert_eq!(v, Value::String(name.into()));
+            assert_eq!(serde_json::from_value::<ErrorKind>(v).unwrap(), kind);
+        }
+    }
+
+    #[test]
+    fn fail_with_sets_the_status_the_kind_implies() {
+        let mut r = failed(None);
+        r.fail_with(ErrorKind::SpawnError, "no worker".into());
+        assert_eq!(r.status, Status::SandboxError);
+        let e = r.error.unwrap();
+        assert_eq!(
+            (e.kind.as_str(), e.message.as_str()),
+            ("SpawnError", "no worker")
+        );
     }
 
     #[test]

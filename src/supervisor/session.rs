@@ -2,7 +2,7 @@
 //! history, and a scratch directory that persist across cells.
 
 use super::cell::{self, CellSpec, SessionView};
-use super::result::{CellResult, RunInfo, Status};
+use super::result::{CellResult, ErrorKind, RunInfo, Status};
 use super::{valid_var_name, CellRequest, Error, Inner, Language, Limits, Namespace, Policy};
 use crate::protocol::{Definition, Done};
 use serde::{Deserialize, Serialize};
@@ -111,11 +111,10 @@ impl Session {
         let limits = self.inner.config.limits.tighten(&request.limits);
         let run = RunInfo::root();
         if let Some(problem) = code_problem(request.language, &request.code, &limits) {
-            let mut r = CellResult::refused(
+            let mut r = CellResult::refused_with(
                 request.language.as_str(),
                 run,
-                Status::Error,
-                "UsageError",
+                ErrorKind::UsageError,
                 problem,
             );
             r.execution_count = count;
@@ -151,11 +150,10 @@ impl Session {
     /// Rhai cell that leaves the namespace untouched.
     pub async fn call(&self, cap: &str, args: serde_json::Map<String, Value>) -> CellResult {
         if !valid_var_name(cap) {
-            return CellResult::refused(
+            return CellResult::refused_with(
                 "rhai",
                 RunInfo::root(),
-                Status::Error,
-                "UsageError",
+                ErrorKind::UsageError,
                 format!("{cap:?} is not a capability name"),
             );
         }
@@ -176,13 +174,8 @@ impl Session {
         let mut state = self.inner.state.lock().await;
         state.execution_count += 1;
         if let Some(problem) = argv_error(&argv) {
-            let mut r = CellResult::refused(
-                "shell",
-                RunInfo::root(),
-                Status::Error,
-                "UsageError",
-                problem,
-            );
+            let mut r =
+                CellResult::refused_with("shell", RunInfo::root(), ErrorKind::UsageError, problem);
             r.execution_count = state.execution_count;
             return r;
         }

@@ -15,7 +15,7 @@ use crate::sandbox::linux::landlock::{CellRules, Grant};
 use crate::sandbox::linux::view::Kind;
 use crate::sandbox::process::Reaped;
 use crate::sandbox::zygote::{self, CellRlimits, ZygoteMsg};
-use crate::sandbox::{OsLimits, SandboxPlan, SandboxReport};
+use crate::sandbox::{Layer, OsLimits, SandboxPlan, SandboxReport};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -434,11 +434,11 @@ impl Zygote {
     pub(crate) fn cell_report(&self) -> SandboxReport {
         let mut r = self.report.clone();
         for l in &mut r.layers {
-            let extra = match l.name.as_str() {
-                "hygiene" => "; warm: forked from a Python zygote, own session, fds 0-3 only",
-                "rlimits" => "; per-cell limits set in the cell's own process",
-                "landlock" => "; nested per-cell domain: own scratch dir only, signals and abstract sockets scoped",
-                "seccomp" => "; per-cell filter stacked on the zygote's",
+            let extra = match Layer::from_name(&l.name) {
+                Some(Layer::Hygiene) => "; warm: forked from a Python zygote, own session, fds 0-3 only",
+                Some(Layer::Rlimits) => "; per-cell limits set in the cell's own process",
+                Some(Layer::Landlock) => "; nested per-cell domain: own scratch dir only, signals and abstract sockets scoped",
+                Some(Layer::Seccomp) => "; per-cell filter stacked on the zygote's",
                 _ => "",
             };
             l.detail.push_str(extra);

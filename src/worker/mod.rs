@@ -10,10 +10,12 @@ pub(crate) mod python;
 mod rhai;
 
 pub use self::rhai::hardened_engine;
+use crate::exit::Exit;
 use crate::protocol::{
     read_frame_blocking, write_frame_blocking, Backend, FromWorker, Ready, SandboxFailure,
     ToWorker, DEFAULT_MAX_FRAME_BYTES,
 };
+use crate::sandbox::Layer;
 use channel::Channel;
 
 /// The hidden first argument that selects worker mode.
@@ -25,8 +27,8 @@ pub const FORKSERVER_ARG: &str = "__forkserver";
 pub const ZYGOTE_ARG: &str = "__zygote";
 
 /// Exit codes of the worker process itself (the supervisor maps them).
-const EXIT_SANDBOX: i32 = 6;
-const EXIT_PROTOCOL: i32 = 7;
+const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
+const EXIT_PROTOCOL: i32 = Exit::Internal.raw();
 
 /// Which hidden worker mode this process was started in, if any.
 pub(crate) fn hidden_mode() -> Option<&'static str> {
@@ -84,10 +86,7 @@ pub fn dispatch() {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
             Ok(stream) => match late() {
                 Some(message) => run_worker_with(stream, move |_| {
-                    Err(crate::sandbox::SandboxError {
-                        layer: "hygiene",
-                        message,
-                    })
+                    Err(crate::sandbox::SandboxError::new(Layer::Hygiene, message))
                 }),
                 None => run_worker(stream),
             },
@@ -148,10 +147,7 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
         _ => return EXIT_PROTOCOL,
     };
     let entered = match late {
-        Some(message) => Err(crate::sandbox::SandboxError {
-            layer: "hygiene",
-            message,
-        }),
+        Some(message) => Err(crate::sandbox::SandboxError::new(Layer::Hygiene, message)),
         None => crate::sandbox::enter_pool(&plan),
     };
     let report = match entered {
@@ -160,8 +156,8 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
             let _ = send(
                 ctl.as_fd(),
                 &Control::Failed {
-                    layer: e.layer.to_owned(),
-                    message: e.message.clone(),
+                    layer: e.layer.as_str().to_owned(),
+                    message: e.message(),
                 },
                 &[],
             );
@@ -254,8 +250,8 @@ fn run_sandboxed(
         Ok(r) => r,
         Err(e) => {
             let _ = chan.send(&FromWorker::SandboxError(SandboxFailure {
-                layer: e.layer.to_owned(),
-                message: e.message.clone(),
+                layer: e.layer.as_str().to_owned(),
+                message: e.message(),
             }));
             return EXIT_SANDBOX;
         }
@@ -322,11 +318,11 @@ fn run_zygote(late: Option<String>) -> i32 {
             return EXIT_PROTOCOL;
         }
     };
-    let fail = |layer: &str, message: String| {
+    let fail = |layer: Layer, message: String| {
         let _ = zygote::send(
             ctl.as_fd(),
             &ZygoteMsg::SandboxError {
-                layer: layer.to_owned(),
+                layer: layer.as_str().to_owned(),
                 message,
             },
             &[],
@@ -334,15 +330,15 @@ fn run_zygote(late: Option<String>) -> i32 {
         EXIT_SANDBOX
     };
     if let Some(message) = late {
-        return fail("hygiene", message);
+        return fail(Layer::Hygiene, message);
     }
     let config = match zygote::python_config() {
         Ok(c) => c,
-        Err(e) => return fail("seccomp", e),
+        Err(e) => return fail(Layer::Seccomp, e),
     };
     let report = match crate::sandbox::enter(&plan) {
         Ok(r) => r,
-        Err(e) => return fail(e.layer, e.message),
+        Err(e) => return fail(e.layer, e.message()),
     };
     let in_mount_ns = report.namespaces.iter().any(|n| n == "mount");
     let anchors = zygote::open_anchors(in_mount_ns);

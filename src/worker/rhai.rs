@@ -4,8 +4,8 @@
 use super::channel::Channel;
 use super::json::{from_json, to_json};
 use crate::protocol::{
-    CapabilitySpec, Definition, Done, DoneStatus, DroppedVar, FromWorker, ScriptError,
-    ScriptLimits, Start, ToWorker,
+    CapabilitySpec, Definition, Done, DoneStatus, DroppedVar, FromWorker, ReplyErrorKind,
+    ScriptError, ScriptLimits, Start, ToWorker,
 };
 use rhai::packages::{Package, StandardPackage};
 use rhai::{Dynamic, Engine, EvalAltResult, Position, Scope, AST};
@@ -72,9 +72,9 @@ pub fn hardened_engine(limits: &ScriptLimits, deadline: Instant) -> Engine {
 }
 
 /// Map a call reply error to the script-visible error value.
-fn reply_error(kind: &str, message: &str, pos: Position) -> Box<EvalAltResult> {
+fn reply_error(kind: ReplyErrorKind, message: &str, pos: Position) -> Box<EvalAltResult> {
     let mut m = rhai::Map::new();
-    m.insert("kind".into(), Dynamic::from(kind.to_owned()));
+    m.insert("kind".into(), Dynamic::from(kind.as_str().to_owned()));
     m.insert("message".into(), Dynamic::from(message.to_owned()));
     Box::new(EvalAltResult::ErrorRuntime(Dynamic::from_map(m), pos))
 }
@@ -94,15 +94,15 @@ fn do_call(
     });
     if chan.send(&msg).is_err() {
         // The supervisor is gone or refused the frame; nothing to report to.
-        std::process::exit(7);
+        std::process::exit(crate::exit::Exit::Internal.raw());
     }
     match chan.recv() {
         Ok(ToWorker::Reply(r)) if r.id == id => match (r.ok, r.error) {
-            (_, Some(e)) => Err(reply_error(&e.kind, &e.message, pos)),
+            (_, Some(e)) => Err(reply_error(e.kind, &e.message, pos)),
             (Some(v), None) => Ok(from_json(&v)),
             (None, None) => Ok(Dynamic::UNIT),
         },
-        _ => std::process::exit(7),
+        _ => std::process::exit(crate::exit::Exit::Internal.raw()),
     }
 }
 
@@ -118,7 +118,11 @@ fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<
                 let mut map = Map::new();
                 for (p, a) in params.iter().zip(args.iter()) {
                     let v = to_json(a, 0).map_err(|e| {
-                        reply_error("invalid_args", &format!("argument {p:?}: {e}"), pos)
+                        reply_error(
+                            ReplyErrorKind::InvalidArgs,
+                            &format!("argument {p:?}: {e}"),
+                            pos,
+                        )
                     })?;
                     map.insert(p.clone(), v);
                 }
@@ -143,7 +147,7 @@ fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<
               -> Result<Dynamic, Box<EvalAltResult>> {
             let pos = ctx.call_position();
             let v = to_json(&Dynamic::from_map(args), 0)
-                .map_err(|e| reply_error("invalid_args", &e, pos))?;
+                .map_err(|e| reply_error(ReplyErrorKind::InvalidArgs, &e, pos))?;
             let map = match v {
                 Value::Object(m) => m,
                 _ => Map::new(),
@@ -212,8 +216,8 @@ fn describe(err: &EvalAltResult) -> (DoneStatus, ScriptError, Option<String>) {
             let kind = v
                 .read_lock::<rhai::Map>()
                 .and_then(|m| m.get("kind").map(|k| k.to_string()));
-            match kind.as_deref() {
-                Some("denied") | Some("unknown") => (DoneStatus::Error, "PermissionError", None),
+            match kind.as_deref().map(ReplyErrorKind::from_name) {
+                Some(Some(k)) if k.is_refusal() => (DoneStatus::Error, "PermissionError", None),
                 Some(_) => (DoneStatus::Error, "CapabilityError", None),
                 None => (DoneStatus::Error, "RuntimeError", None),
             }

@@ -218,7 +218,7 @@ fn write_protocol_seeds() {
                 id: 4,
                 ok: None,
                 error: Some(ReplyError {
-                    kind: "denied".into(),
+                    kind: ReplyErrorKind::Denied,
                     message: "capability run_cell is not allowed".into(),
                 }),
             }),

@@ -221,7 +221,7 @@ pub fn layer_report(
     mode: crate::profiles::LayerMode,
 ) -> crate::sandbox::LayerReport {
     crate::sandbox::LayerReport {
-        name: "cgroup".into(),
+        name: crate::sandbox::Layer::Cgroup.as_str().to_owned(),
         applied: cgroup.is_some(),
         mode,
         detail: match cgroup {

@@ -5,7 +5,7 @@
 //! does not know the address, so it cannot exec again (Landlock's execute
 //! rule applies on top).
 
-use crate::sandbox::SandboxError;
+use crate::sandbox::{Layer, SandboxError};
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::OnceLock;
@@ -26,7 +26,7 @@ pub fn gate_address() -> u64 {
 }
 
 fn err(message: String) -> SandboxError {
-    SandboxError::new("exec", message)
+    SandboxError::new(Layer::Exec, message)
 }
 
 /// Exec `argv[0]` (absolute path) with `argv`, the current environment plus

@@ -15,19 +15,24 @@ pub mod sys;
 pub mod view;
 
 use crate::profiles::{ExecMode, LayerMode};
-use crate::sandbox::{SandboxError, SandboxPlan, SandboxReport};
+use crate::sandbox::{Layer, LayerCause, SandboxError, SandboxPlan, SandboxReport};
 
 /// Exit code of a worker whose cell process vanished without a status.
-pub const EXIT_WORKER_LOST: i32 = 7;
+pub const EXIT_WORKER_LOST: i32 = crate::exit::Exit::Internal.raw();
 
 /// Run one optional layer: `Off` skips it, a failure of a `Required` layer is
 /// an error, a failure of a `BestEffort` layer is reported and skipped.
-fn layer<T>(
+/// `f` gives the layer's value and the detail its report line shows, or the
+/// error it failed with (a leaf error or a message).
+fn layer<T, E>(
     report: &mut SandboxReport,
-    name: &'static str,
+    name: Layer,
     mode: LayerMode,
-    f: impl FnOnce() -> Result<(T, String), String>,
-) -> Result<Option<T>, SandboxError> {
+    f: impl FnOnce() -> Result<(T, String), E>,
+) -> Result<Option<T>, SandboxError>
+where
+    E: std::fmt::Display + Into<LayerCause>,
+{
     if mode == LayerMode::Off {
         report.push(name, mode, false, "off in this profile".into());
         return Ok(None);
@@ -37,11 +42,11 @@ fn layer<T>(
             report.push(name, mode, true, detail);
             Ok(Some(value))
         }
-        Err(message) if mode == LayerMode::BestEffort => {
-            report.push(name, mode, false, message);
+        Err(e) if mode == LayerMode::BestEffort => {
+            report.push(name, mode, false, e.to_string());
             Ok(None)
         }
-        Err(message) => Err(SandboxError::new(name, message)),
+        Err(e) => Err(SandboxError::new(name, e)),
     }
 }
 
@@ -77,42 +82,42 @@ pub fn enter_pool_child(
         namespaces: pool.namespaces.clone(),
         ..SandboxReport::default()
     };
-    for name in ["hygiene", "namespaces"] {
-        if let Some(l) = pool.layers.iter().find(|l| l.name == name) {
+    for name in [Layer::Hygiene, Layer::Namespaces] {
+        if let Some(l) = pool.layers.iter().find(|l| l.name == name.as_str()) {
             report.layers.push(l.clone());
         }
     }
     let table = rlimits::table(plan);
-    layer(&mut report, "rlimits", plan.layers.rlimits, || {
-        rlimits::apply(&table)
-            .map(|d| ((), d))
-            .map_err(|e| e.to_string())
+    layer(&mut report, Layer::Rlimits, plan.layers.rlimits, || {
+        rlimits::apply(&table).map(|d| ((), d))
     })?;
-    if let Some(l) = pool.layers.iter().find(|l| l.name == "privileges") {
+    if let Some(l) = pool
+        .layers
+        .iter()
+        .find(|l| l.name == Layer::Privileges.as_str())
+    {
         report.layers.push(l.clone());
     }
     if nix::unistd::geteuid().is_root() {
         return Err(SandboxError::new(
-            "privileges",
+            Layer::Privileges,
             "the pool process still runs as root; refusing",
         ));
     }
     let pool_landlock = pool
         .layers
         .iter()
-        .find(|l| l.name == "landlock")
+        .find(|l| l.name == Layer::Landlock.as_str())
         .map(|l| l.detail.clone())
         .unwrap_or_default();
     let kernel_abi = sys::landlock_abi();
-    let enforced = layer(&mut report, "landlock", plan.layers.landlock, || {
-        landlock::apply(&[], kernel_abi)
-            .map(|e| {
-                (
-                    e.abi,
-                    format!("{pool_landlock}; nested per-cell domain: no file or network access"),
-                )
-            })
-            .map_err(|e| e.to_string())
+    let enforced = layer(&mut report, Layer::Landlock, plan.layers.landlock, || {
+        landlock::apply(&[], kernel_abi).map(|e| {
+            (
+                e.abi,
+                format!("{pool_landlock}; nested per-cell domain: no file or network access"),
+            )
+        })
     })?;
     report.landlock_abi = enforced.or(pool.landlock_abi);
     apply_seccomp(plan, &mut report)?;
@@ -130,7 +135,7 @@ static POOL_CHILD_SECCOMP: std::sync::OnceLock<(
 /// (see [`enter_pool_child`]), so that each child only installs it.
 pub fn prepare_pool_children(plan: &SandboxPlan) -> Result<(), SandboxError> {
     let program = seccomp::build_program(&plan.seccomp, seccomp_gate(plan))
-        .map_err(|e| SandboxError::new("seccomp", e.to_string()))?;
+        .map_err(|e| SandboxError::new(Layer::Seccomp, e))?;
     let _ = POOL_CHILD_SECCOMP.set(((*plan.seccomp).clone(), program));
     Ok(())
 }
@@ -140,29 +145,34 @@ fn seccomp_gate(plan: &SandboxPlan) -> Option<u64> {
 }
 
 fn apply_seccomp(plan: &SandboxPlan, report: &mut SandboxReport) -> Result<(), SandboxError> {
-    layer(report, "seccomp", plan.layers.seccomp, || {
-        let prepared = POOL_CHILD_SECCOMP
-            .get()
-            .filter(|(spec, _)| *spec == *plan.seccomp)
-            .map(|(_, p)| std::borrow::Cow::Borrowed(p));
-        let program = match prepared {
-            Some(p) => p,
-            None => std::borrow::Cow::Owned(
-                seccomp::build_program(&plan.seccomp, seccomp_gate(plan))
-                    .map_err(|e| e.to_string())?,
-            ),
-        };
-        seccomp::apply(&program).map_err(|e| e.to_string())?;
-        let groups: usize = plan.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
-        Ok((
-            (),
-            format!(
-                "allowlist of {groups} syscalls, default EPERM, exec {:?}, {} instructions",
-                plan.seccomp.exec,
-                program.len()
-            ),
-        ))
-    })?;
+    layer(
+        report,
+        Layer::Seccomp,
+        plan.layers.seccomp,
+        || -> Result<_, LayerCause> {
+            let prepared = POOL_CHILD_SECCOMP
+                .get()
+                .filter(|(spec, _)| *spec == *plan.seccomp)
+                .map(|(_, p)| std::borrow::Cow::Borrowed(p));
+            let program = match prepared {
+                Some(p) => p,
+                None => std::borrow::Cow::Owned(seccomp::build_program(
+                    &plan.seccomp,
+                    seccomp_gate(plan),
+                )?),
+            };
+            seccomp::apply(&program)?;
+            let groups: usize = plan.seccomp.allow.iter().map(|g| g.syscalls.len()).sum();
+            Ok((
+                (),
+                format!(
+                    "allowlist of {groups} syscalls, default EPERM, exec {:?}, {} instructions",
+                    plan.seccomp.exec,
+                    program.len()
+                ),
+            ))
+        },
+    )?;
     Ok(())
 }
 
@@ -200,8 +210,8 @@ pub(crate) fn apply_hygiene(
         owner,
         caller,
     )
-    .map_err(|e| SandboxError::new("hygiene", e.to_string()))?;
-    report.push("hygiene", LayerMode::Required, true, detail);
+    .map_err(|e| SandboxError::new(Layer::Hygiene, e))?;
+    report.push(Layer::Hygiene, LayerMode::Required, true, detail);
     Ok(())
 }
 
@@ -212,7 +222,7 @@ pub(crate) fn cell_environment(plan: &SandboxPlan) -> Vec<(&'static str, std::ff
 
 /// What the cell will see, resolved on the host while nothing is hidden.
 pub(crate) fn resolve_view(plan: &SandboxPlan) -> Result<view::FsView, SandboxError> {
-    view::resolve(plan).map_err(|e| SandboxError::new("filesystem", e.to_string()))
+    view::resolve(plan).map_err(|e| SandboxError::new(Layer::Filesystem, e))
 }
 
 /// Apply the plan's layers for `stage`.
@@ -236,7 +246,7 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
     let mut in_ns = None;
     if plan.layers.namespaces == LayerMode::Off {
         report.push(
-            "namespaces",
+            Layer::Namespaces,
             LayerMode::Off,
             false,
             "off in this profile".into(),
@@ -245,9 +255,14 @@ pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, Sa
         match namespaces::clone_into(ids) {
             Ok(state) => in_ns = Some(state),
             Err(e) if e.before_clone() && plan.layers.namespaces == LayerMode::BestEffort => {
-                report.push("namespaces", LayerMode::BestEffort, false, e.to_string());
+                report.push(
+                    Layer::Namespaces,
+                    LayerMode::BestEffort,
+                    false,
+                    e.to_string(),
+                );
             }
-            Err(e) => return Err(SandboxError::new("namespaces", e.to_string())),
+            Err(e) => return Err(SandboxError::new(Layer::Namespaces, e)),
         }
     }
     enter_cell(plan, stage, ids, &view, in_ns.as_ref(), report)
@@ -271,9 +286,10 @@ pub(crate) fn enter_cell(
             gid: ids.gid,
         };
         mounts::build_root(view, plan.tmp_bytes, !plan.show_other_processes, cell)
-            .map_err(|e| SandboxError::new("namespaces", e.to_string()))?;
-        nix::unistd::sethostname(&plan.hostname)
-            .map_err(|e| SandboxError::new("namespaces", format!("failed to set hostname: {e}")))?;
+            .map_err(|e| SandboxError::new(Layer::Namespaces, e))?;
+        nix::unistd::sethostname(&plan.hostname).map_err(|e| {
+            SandboxError::new(Layer::Namespaces, format!("failed to set hostname: {e}"))
+        })?;
         report.namespaces = state.names.iter().map(|n| n.to_string()).collect();
         let mut detail = format!("{}; new read-only root", state.names.join(","));
         if !view.skipped.is_empty() {
@@ -284,41 +300,39 @@ pub(crate) fn enter_cell(
                 .collect();
             detail.push_str(&format!("; optional paths absent: {}", skipped.join(",")));
         }
-        report.push("namespaces", plan.layers.namespaces, true, detail);
+        report.push(Layer::Namespaces, plan.layers.namespaces, true, detail);
     }
 
     // 3. rlimits (per cell in a pool).
     if stage == Stage::Full {
         let table = rlimits::table(plan);
-        layer(&mut report, "rlimits", plan.layers.rlimits, || {
-            rlimits::apply(&table)
-                .map(|d| ((), d))
-                .map_err(|e| e.to_string())
+        layer(&mut report, Layer::Rlimits, plan.layers.rlimits, || {
+            rlimits::apply(&table).map(|d| ((), d))
         })?;
     }
 
     // 4. Privileges. Running on as root is never acceptable, whatever the
     // profile says.
     let may_setgroups = in_ns.map_or(ids.root, |s| s.setgroups);
-    let dropped = layer(&mut report, "privileges", plan.layers.privileges, || {
-        privileges::apply(ids.uid, ids.gid, may_setgroups)
-            .map(|d| ((), d))
-            .map_err(|e| e.to_string())
-    })?;
+    let dropped = layer(
+        &mut report,
+        Layer::Privileges,
+        plan.layers.privileges,
+        || privileges::apply(ids.uid, ids.gid, may_setgroups).map(|d| ((), d)),
+    )?;
     if dropped.is_none() && nix::unistd::geteuid().is_root() {
         return Err(SandboxError::new(
-            "privileges",
+            Layer::Privileges,
             "the cell would run as root; refusing",
         ));
     }
     if let Some(state) = in_ns {
         // The uid change cleared the parent-death signal.
-        namespaces::confirm_parent(state)
-            .map_err(|e| SandboxError::new("namespaces", e.to_string()))?;
+        namespaces::confirm_parent(state).map_err(|e| SandboxError::new(Layer::Namespaces, e))?;
     }
     std::env::set_current_dir(&view.scratch).map_err(|e| {
         SandboxError::new(
-            "hygiene",
+            Layer::Hygiene,
             format!(
                 "failed to enter scratch dir {}: {e}",
                 view.scratch.display()
@@ -327,8 +341,12 @@ pub(crate) fn enter_cell(
     })?;
     // Landlock and seccomp need no_new_privs (or CAP_SYS_ADMIN, which the
     // cell must not have); set it even if the privileges layer is off.
-    sys::set_no_new_privs()
-        .map_err(|e| SandboxError::new("privileges", format!("failed to set no_new_privs: {e}")))?;
+    sys::set_no_new_privs().map_err(|e| {
+        SandboxError::new(
+            Layer::Privileges,
+            format!("failed to set no_new_privs: {e}"),
+        )
+    })?;
 
     // 5. Landlock.
     let rules = landlock::rules(
@@ -337,10 +355,8 @@ pub(crate) fn enter_cell(
         report.namespaces.iter().any(|n| n == "mount"),
     );
     let kernel_abi = sys::landlock_abi();
-    let enforced = layer(&mut report, "landlock", plan.layers.landlock, || {
-        landlock::apply(&rules, kernel_abi)
-            .map(|e| (e.abi, e.detail.clone()))
-            .map_err(|e| e.to_string())
+    let enforced = layer(&mut report, Layer::Landlock, plan.layers.landlock, || {
+        landlock::apply(&rules, kernel_abi).map(|e| (e.abi, e.detail.clone()))
     })?;
     report.landlock_abi = enforced;
 

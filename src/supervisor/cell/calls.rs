@@ -5,7 +5,7 @@ use super::conversation::Outcome;
 use super::{new_run_id, CellSpec};
 use crate::protocol::{Call, Reply, ReplyError};
 use crate::supervisor::capability::{CallContext, Handler};
-use crate::supervisor::result::{CallRecord, CellResult, RunInfo, Status};
+use crate::supervisor::result::{CallRecord, CellResult, ErrorKind, RunInfo, Status};
 use crate::supervisor::{Inner, Language};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -56,7 +56,7 @@ pub(super) async fn handle_call(
         id,
         ok: None,
         error: Some(ReplyError {
-            kind: kind.to_owned(),
+            kind: crate::protocol::ReplyErrorKind::named(kind),
             message,
         }),
     };
@@ -65,11 +65,7 @@ pub(super) async fn handle_call(
     let budget_key = if name_fits { call.cap.as_str() } else { "" };
     if let Err(e) = spec.budget.charge(&spec.policy, budget_key) {
         record("budget", Some(e.to_string()), result);
-        return Err(Outcome::Fatal(
-            Status::LimitExceeded,
-            "LimitExceeded",
-            e.to_string(),
-        ));
+        return Err(Outcome::Fatal(ErrorKind::LimitExceeded, e.to_string()));
     }
     if !name_fits {
         let msg = format!(

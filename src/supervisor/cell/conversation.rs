@@ -12,7 +12,7 @@
 
 use crate::protocol::{Call, Done, FrameError, FromWorker, Log, SandboxFailure, ToWorker};
 use crate::sandbox::SandboxReport;
-use crate::supervisor::result::Status;
+use crate::supervisor::result::ErrorKind;
 use serde_json::Map;
 
 /// A cell's outcome before it is turned into a result.
@@ -21,15 +21,14 @@ pub(crate) enum Outcome {
     Done(Box<Done>),
     Timeout,
     Exited,
-    Fatal(Status, &'static str, String),
+    Fatal(ErrorKind, String),
 }
 
 impl Outcome {
     /// The cell was cancelled.
     pub(crate) fn interrupted() -> Outcome {
         Outcome::Fatal(
-            Status::Killed,
-            "Interrupted",
+            ErrorKind::Interrupted,
             "the cell was interrupted and killed; this result keeps what it printed until then"
                 .into(),
         )
@@ -38,14 +37,13 @@ impl Outcome {
     /// A mandatory layer of the sandbox could not be applied.
     pub(crate) fn sandbox_failure(f: &SandboxFailure) -> Outcome {
         Outcome::Fatal(
-            Status::SandboxError,
-            "SandboxError",
+            ErrorKind::SandboxError,
             format!("the {} layer could not be applied: {}", f.layer, f.message),
         )
     }
 
     fn protocol(message: String) -> Outcome {
-        Outcome::Fatal(Status::ProtocolError, "ProtocolError", message)
+        Outcome::Fatal(ErrorKind::ProtocolError, message)
     }
 }
 
@@ -140,8 +138,7 @@ impl Conversation {
             None => return Step::Wait,
             Some(Handshake::Setup) if self.setup.is_none() => {
                 return Step::Finish(Outcome::Fatal(
-                    Status::SandboxError,
-                    "SpawnError",
+                    ErrorKind::SpawnError,
                     "a worker that needs a setup frame was started without a plan".into(),
                 ))
             }
@@ -327,7 +324,7 @@ mod tests {
 
     fn protocol_error(s: Step, tag: &str) {
         match s {
-            Step::Finish(Outcome::Fatal(Status::ProtocolError, "ProtocolError", m)) => {
+            Step::Finish(Outcome::Fatal(ErrorKind::ProtocolError, m)) => {
                 assert_eq!(m, format!("the worker sent an unexpected {tag:?} message"))
             }
             other => panic!("expected a protocol error, got {other:?}"),
@@ -380,7 +377,7 @@ mod tests {
     fn setup_without_a_plan_fails_to_spawn() {
         let mut c = Conversation::new(Handshake::Setup, None, Some(start()));
         match c.begin() {
-            Step::Finish(Outcome::Fatal(Status::SandboxError, "SpawnError", _)) => {}
+            Step::Finish(Outcome::Fatal(ErrorKind::SpawnError, _)) => {}
             other => panic!("expected a spawn error, got {other:?}"),
         }
     }
@@ -462,7 +459,7 @@ mod tests {
             message: "no".into(),
         });
         match c.on(f) {
-            Step::Finish(Outcome::Fatal(Status::SandboxError, "SandboxError", m)) => {
+            Step::Finish(Outcome::Fatal(ErrorKind::SandboxError, m)) => {
                 assert_eq!(m, "the landlock layer could not be applied: no")
             }
             other => panic!("expected a sandbox error, got {other:?}"),
@@ -480,7 +477,7 @@ mod tests {
         c.begin();
         let e = FrameError::Oversize { len: 9, max: 1 };
         match c.on_bad_frame(e) {
-            Step::Finish(Outcome::Fatal(Status::ProtocolError, "ProtocolError", m)) => {
+            Step::Finish(Outcome::Fatal(ErrorKind::ProtocolError, m)) => {
                 assert!(m.starts_with("the worker sent a bad frame: "), "{m}")
             }
             other => panic!("expected a protocol error, got {other:?}"),
@@ -520,7 +517,7 @@ mod tests {
         c.begin();
         assert!(matches!(
             c.after_exit(f),
-            Some(Outcome::Fatal(Status::SandboxError, "SandboxError", _))
+            Some(Outcome::Fatal(ErrorKind::SandboxError, _))
         ));
     }
 
@@ -533,7 +530,7 @@ mod tests {
             id: 1,
             ok: None,
             error: Some(ReplyError {
-                kind: "denied".into(),
+                kind: crate::protocol::ReplyErrorKind::Denied,
                 message: "no".into(),
             }),
         };

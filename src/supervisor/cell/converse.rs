@@ -10,7 +10,7 @@ use crate::protocol::{
     ToWorker,
 };
 use crate::sandbox::{process, SandboxPlan};
-use crate::supervisor::result::{CellResult, Status};
+use crate::supervisor::result::{CellResult, ErrorKind, Status};
 use crate::supervisor::Inner;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,8 +64,7 @@ pub(super) async fn converse(
         Ok(s) => s,
         Err(e) => {
             return Outcome::Fatal(
-                Status::SandboxError,
-                "SpawnError",
+                ErrorKind::SpawnError,
                 format!("failed to set up the protocol channel: {e}"),
             )
         }

@@ -5,7 +5,7 @@ use super::conversation::Handshake;
 use super::{plan, profile_name, CellSpec};
 use crate::protocol::Backend;
 use crate::sandbox::{process, spawn, SandboxPlan};
-use crate::supervisor::result::{CellResult, Status};
+use crate::supervisor::result::{CellResult, ErrorKind};
 use crate::supervisor::tenancy::{groups_pid, CellGroup};
 use crate::supervisor::{Inner, Language};
 use std::os::fd::OwnedFd;
@@ -88,7 +88,7 @@ impl Launch {
         let (backend, plan) = match plan::backend_for(sup, spec) {
             Ok(b) => b,
             Err(e) => {
-                result.fail(Status::SandboxError, "SandboxError", e);
+                result.fail_with(ErrorKind::SandboxError, e);
                 return Ok(None);
             }
         };
@@ -248,9 +248,8 @@ fn refill(sup: &Arc<Inner>, profile: String) {
 /// The cell's deadline came before it started, while it waited for a warm
 /// parent (`why`): a timeout that says so, with the real time it took.
 fn stalled_timeout(result: &mut CellResult, spec: &CellSpec, started: Instant, why: &str) {
-    result.fail(
-        Status::Timeout,
-        "Timeout",
+    result.fail_with(
+        ErrorKind::Timeout,
         format!(
             "the cell reached its wall-clock limit of {} ms after {} ms, before it started: {why}",
             spec.limits.timeout_ms,

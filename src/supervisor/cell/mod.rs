@@ -21,9 +21,9 @@ use converse::{converse, opening};
 use launch::{Launch, Launched};
 use streams::Streams;
 
-use crate::protocol::{Definition, Done, DoneStatus, ScriptError};
+use crate::protocol::{Definition, Done, DoneStatus};
 use crate::supervisor::policy::{Budget, EmitTally, Policy};
-use crate::supervisor::result::{CellResult, RunInfo, Status};
+use crate::supervisor::result::{CellResult, ErrorKind, RunInfo, Status};
 use crate::supervisor::scratch::Scratch;
 use crate::supervisor::tenancy::{CellGroup, Share};
 use crate::supervisor::{Forward, Inner, Language, Limits, OutputChunk};
@@ -207,11 +207,10 @@ pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Op
         // Every cell passes here, top-level, `exec` and sub-cells alike:
         // the supervisor's languages and the profile's ceiling hold for all.
         if let Some(refusal) = sup.language_refusal(spec.language) {
-            let mut r = CellResult::refused(
+            let mut r = CellResult::refused_with(
                 spec.language.as_str(),
                 spec.run.clone(),
-                Status::PolicyDenied,
-                "PermissionError",
+                ErrorKind::PermissionError,
                 refusal,
             );
             r.execution_count = spec.execution_count;
@@ -233,12 +232,7 @@ pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Op
         let done = match run_worker(&sup, &spec, &mut result, started).await {
             Ok(done) => done,
             Err(e) => {
-                result.status = Status::SandboxError;
-                result.error = Some(ScriptError {
-                    kind: "SpawnError".into(),
-                    message: e,
-                    ..ScriptError::default()
-                });
+                result.fail_with(ErrorKind::SpawnError, e);
                 None
             }
         };
@@ -283,7 +277,7 @@ async fn run_worker(
             Ok(g) => g.map(Arc::new),
             Err(e) => {
                 let message = format!("failed to make the cell's cgroup: {e}");
-                result.fail(Status::SandboxError, "SandboxError", message);
+                result.fail_with(ErrorKind::SandboxError, message);
                 return Ok(None);
             }
         }
@@ -384,8 +378,8 @@ pub(crate) fn classify(
             result.timed_out(limits);
             None
         }
-        Outcome::Fatal(status, kind, message) => {
-            result.fail(status, kind, message);
+        Outcome::Fatal(kind, message) => {
+            result.fail_with(kind, message);
             None
         }
         Outcome::Exited => {

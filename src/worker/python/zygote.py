@@ -17,7 +17,7 @@ import ctypes
 
 _ZC = _loads(_ZYGOTE_CONFIG)
 _CTL = _socket.socket(fileno=_FD)
-_EXIT_SANDBOX = 6
+_EXIT_SANDBOX = _ZC["exit_sandbox"]
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.prctl.restype = ctypes.c_int
