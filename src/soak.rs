@@ -642,7 +642,7 @@ async fn run_cell(
         }
         // A hostile cell's `error` is its own program's exit status, never
         // the server failing to run it.
-        Expect::Status(_) if status == "error" && s["error"]["kind"] != "ExitStatus" => Err(wrong(
+        Expect::Status(_) if status == "error" && s["error"]["type"] != "ExitStatus" => Err(wrong(
             "expected an error of kind ExitStatus (the program's own exit)".into(),
         )),
         Expect::StatusStdout(want, out) if !want.contains(&status.as_str()) || stdout != out => {

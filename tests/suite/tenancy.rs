@@ -145,16 +145,22 @@ async fn usage_counts_every_process_of_the_cell() {
     // A child spins for 0.6 s of CPU and exits; the cell never waits for
     // it, so the first process's own rusage (what the cell's parent
     // reports) does not include it. The old supervisor reported that (or
-    // whatever the cell wrote in its `done`).
+    // whatever the cell wrote in its `done`). The parent hears from the
+    // child over a pipe when its CPU is spent (however loaded the host),
+    // without waiting for it.
     let code = r#"
 import os, time
+r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
     t = time.process_time()
     while time.process_time() - t < 0.6:
         pass
+    os.write(w, b"x")
     os._exit(0)
-time.sleep(1.5)
+os.close(w)
+assert os.read(r, 1) == b"x"
+time.sleep(0.2)
 "#;
     let r = sup.run(py(code), SessionConfig::default()).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
