@@ -1,9 +1,7 @@
 //! Rhai cells end to end through the library.
 
 use super::common::*;
-use cellbox::{
-    Capability, CellRequest, EventSink, Language, Limits, SessionConfig, Status, Supervisor,
-};
+use cellbox::{Capability, CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -189,11 +187,7 @@ async fn host_capability_with_schema_validation() {
 async fn run_cell_recursion_is_bounded_and_forms_one_event_tree() {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
-    let sup = Supervisor::builder()
-        .worker_exe(bin())
-        .events(EventSink::to_file(&events).unwrap())
-        .build()
-        .unwrap();
+    let sup = with_events(&events);
     let mut cfg = config(&["run_cell"]);
     cfg.policy.max_depth = 2;
     // depth 0 → 1 → 2 works; depth 3 is refused.

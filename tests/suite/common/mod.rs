@@ -1,7 +1,17 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: the binary, supervisors and
+//! cells ([`procs`]: the host's processes; [`serve`]: `cellbox serve` as a
+//! child process).
 #![allow(dead_code)]
 
-use cellbox::{CellRequest, CellResult, Language, Policy, Session, SessionConfig, Supervisor};
+pub mod procs;
+pub mod serve;
+
+pub use procs::{cmdline, comm, descendants, pids, processes, stat, Proc};
+
+use cellbox::{
+    CellRequest, CellResult, EventSink, Language, Policy, PoolConfig, Session, SessionConfig,
+    Supervisor,
+};
 use std::path::PathBuf;
 
 /// The cellbox binary under test.
@@ -28,6 +38,73 @@ pub async fn rhai(session: &Session, code: &str) -> CellResult {
     session.run(CellRequest::new(Language::Rhai, code)).await
 }
 
+pub async fn py_in(session: &Session, code: &str) -> CellResult {
+    session.run(CellRequest::new(Language::Python, code)).await
+}
+
+/// Run a Python cell on `sup` with the default session config.
+pub async fn run_py(sup: &Supervisor, code: impl Into<String>) -> CellResult {
+    sup.run(
+        CellRequest::new(Language::Python, code),
+        SessionConfig::default(),
+    )
+    .await
+}
+
+/// `detail` of the sandbox layer `name` of a cell's report ("" without one).
+pub fn layer_detail(r: &CellResult, name: &str) -> String {
+    r.sandbox
+        .as_ref()
+        .and_then(|s| s.layer(name))
+        .map(|l| l.detail.clone())
+        .unwrap_or_default()
+}
+
+/// A supervisor whose Python pool runs with `config`.
+pub fn one_zygote(config: PoolConfig) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .python_pool(config)
+        .build()
+        .unwrap()
+}
+
+/// A pool of `size` zygotes, otherwise the defaults.
+pub fn pool(size: usize) -> PoolConfig {
+    PoolConfig {
+        size,
+        ..PoolConfig::default()
+    }
+}
+
+/// A supervisor that writes its events to the file `events`.
+pub fn with_events(events: &std::path::Path) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .events(EventSink::to_file(events).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Panic (saying `why`) unless the suite runs as root.
+pub fn require_root(why: &str) {
+    assert!(nix::unistd::geteuid().is_root(), "{why}");
+}
+
+/// Wait until `f` holds (checked every 50 ms), up to `secs`.
+pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub async fn run_once(lang: Language, code: &str, allow: &[&str]) -> CellResult {
     supervisor()
         .run(CellRequest::new(lang, code), config(allow))
@@ -37,13 +114,7 @@ pub async fn run_once(lang: Language, code: &str, allow: &[&str]) -> CellResult 
 /// Run the binary with arguments and optional stdin.
 pub fn cellbox(args: &[&str], stdin: Option<&str>) -> std::process::Output {
     use std::io::Write;
-    let mut child = std::process::Command::new(bin())
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = serve::spawn_piped(std::process::Command::new(bin()).args(args));
     {
         let mut si = child.stdin.take().unwrap();
         if let Some(s) = stdin {
@@ -53,34 +124,21 @@ pub fn cellbox(args: &[&str], stdin: Option<&str>) -> std::process::Output {
     child.wait_with_output().unwrap()
 }
 
-/// Open fds of this process.
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-/// (pid, ppid, state, cmdline) of every process.
-fn all_processes() -> Vec<(i32, i32, char, String)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...
-        let Some(rp) = stat.rfind(')') else { continue };
-        let rest: Vec<&str> = stat[rp + 2..].split_whitespace().collect();
-        let (Some(state), Some(Ok(ppid))) = (rest.first(), rest.get(1).map(|p| p.parse::<i32>()))
-        else {
-            continue;
-        };
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        out.push((pid, ppid, state.chars().next().unwrap_or('?'), cmd));
-    }
-    out
+/// `cellbox exec --json [extra] -- argv`: exit code and parsed result.
+pub fn exec_json(extra: &[&str], argv: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let mut args = vec!["exec", "--json"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = cellbox(&args, None);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON result ({e}): stdout {:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
 }
 
 /// Whether `pid` is a fork-server spare: a sandboxed child waiting for a
@@ -88,11 +146,6 @@ fn all_processes() -> Vec<(i32, i32, char, String)> {
 /// just forked that has not named itself yet (a child of the inner fork
 /// server not named `cellbox-cell`).
 pub fn is_spare(pid: i32) -> bool {
-    let comm = |p: i32| {
-        std::fs::read_to_string(format!("/proc/{p}/comm"))
-            .map(|c| c.trim_end().to_owned())
-            .unwrap_or_default()
-    };
     let name = comm(pid);
     if name == "cellbox-spare" {
         return true;
@@ -102,16 +155,8 @@ pub fn is_spare(pid: i32) -> bool {
     }
     // Forked (not executed) from the fork server, so the same command
     // line; its parent is the inner server, whose parent is the outer one.
-    let parent = |p: i32| -> Option<i32> {
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        let rp = stat.rfind(')')?;
-        stat[rp + 2..].split_whitespace().nth(1)?.parse().ok()
-    };
-    let forkserver = |p: i32| {
-        std::fs::read(format!("/proc/{p}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).contains("__forkserver"))
-            .unwrap_or(false)
-    };
+    let parent = |p: i32| stat(p).map(|s| s.ppid);
+    let forkserver = |p: i32| cmdline(p).contains("__forkserver");
     let Some(inner) = parent(pid) else {
         return false;
     };
@@ -126,56 +171,53 @@ pub fn is_spare(pid: i32) -> bool {
 /// its waiting spares).
 pub fn children() -> Vec<(i32, char, String)> {
     let me = std::process::id() as i32;
-    let all = all_processes();
+    let all = processes();
     let inner = fork_servers(&all);
     all.into_iter()
-        .filter(|p| (p.1 == me && !p.3.contains("__forkserver")) || inner.contains(&p.1))
-        .filter(|p| !is_spare(p.0))
-        .map(|p| (p.0, p.2, p.3))
+        .filter(|p| (p.ppid == me && !p.cmd.contains("__forkserver")) || inner.contains(&p.ppid))
+        .filter(|p| !is_spare(p.pid))
+        .map(|p| (p.pid, p.state, p.cmd))
         .collect()
 }
 
 /// The fork servers of this process's supervisors. A fork server runs as
 /// two processes: the outer one (our child) waits for the inner one, PID 1
 /// of the pool's namespaces, which forks cells; this is the inner one.
-fn fork_servers(all: &[(i32, i32, char, String)]) -> Vec<i32> {
+fn fork_servers(all: &[Proc]) -> Vec<i32> {
     let me = std::process::id() as i32;
     let outer: Vec<i32> = all
         .iter()
-        .filter(|p| p.1 == me && p.3.contains("__forkserver"))
-        .map(|p| p.0)
+        .filter(|p| p.ppid == me && p.cmd.contains("__forkserver"))
+        .map(|p| p.pid)
         .collect();
     all.iter()
-        .filter(|p| outer.contains(&p.1))
-        .map(|p| p.0)
+        .filter(|p| outer.contains(&p.ppid))
+        .map(|p| p.pid)
         .collect()
 }
 
 /// The workers (pid, comm) forked by the fork server whose outer process is
 /// `server`: its spares and its running cells.
 pub fn forked_by(server: u32) -> Vec<(i32, String)> {
-    let all = all_processes();
+    let all = processes();
     let inner: Vec<i32> = all
         .iter()
-        .filter(|p| p.1 == server as i32)
-        .map(|p| p.0)
+        .filter(|p| p.ppid == server as i32)
+        .map(|p| p.pid)
         .collect();
     all.iter()
-        .filter(|p| inner.contains(&p.1))
-        .map(|p| {
-            let comm = std::fs::read_to_string(format!("/proc/{}/comm", p.0)).unwrap_or_default();
-            (p.0, comm.trim_end().to_owned())
-        })
+        .filter(|p| inner.contains(&p.ppid))
+        .map(|p| (p.pid, comm(p.pid)))
         .collect()
 }
 
 /// The spares waiting in this process's fork servers.
 pub fn spares() -> Vec<i32> {
-    let all = all_processes();
+    let all = processes();
     let inner = fork_servers(&all);
     all.iter()
-        .filter(|p| inner.contains(&p.1) && is_spare(p.0))
-        .map(|p| p.0)
+        .filter(|p| inner.contains(&p.ppid) && is_spare(p.pid))
+        .map(|p| p.pid)
         .collect()
 }
 
