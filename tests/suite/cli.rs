@@ -1217,21 +1217,14 @@ const SLEEPY_SHELL: &str = "echo first\necho err >&2\nsleep 60\necho never\n";
 /// command line's own single thread).
 #[test]
 fn run_streams_output_and_keeps_it_when_interrupted() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     for (lang, code) in [("python", SLEEPY_PYTHON), ("shell", SLEEPY_SHELL)] {
         let start = |json: bool| {
             let mut args = vec!["run", "--lang", lang, "-"];
             if json {
                 args.insert(1, "--json");
             }
-            let mut child = serve::spawn_piped(std::process::Command::new(bin()).args(&args));
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(code.as_bytes())
-                .unwrap();
-            child
+            serve::spawn_with_input(std::process::Command::new(bin()).args(&args), code)
         };
         let interrupt = |child: &std::process::Child| {
             wait_for_a_sleeping_cell(child.id());

@@ -229,12 +229,7 @@ async fn run_cell_recursion_python_rhai_python_is_one_event_tree() {
         .await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, json!(42));
-    let text = std::fs::read_to_string(&events).unwrap();
-    let starts: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["event"] == "cell_start")
-        .collect();
+    let (text, starts) = cell_starts(&events);
     assert_eq!(starts.len(), 3, "{text}");
     let (root, child, grand) = (&starts[0], &starts[1], &starts[2]);
     assert_eq!(

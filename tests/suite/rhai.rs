@@ -2,7 +2,7 @@
 
 use super::common::*;
 use cellbox::{Capability, CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -209,12 +209,7 @@ async fn run_cell_recursion_is_bounded_and_forms_one_event_tree() {
         r.calls
     );
     // The events of the first run form a tree: root → child → grandchild.
-    let text = std::fs::read_to_string(&events).unwrap();
-    let starts: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["event"] == "cell_start")
-        .collect();
+    let (_, starts) = cell_starts(&events);
     let root = &starts[0];
     assert_eq!(root["depth"], 0);
     assert!(root["parent_run_id"].is_null());

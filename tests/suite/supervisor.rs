@@ -449,23 +449,15 @@ fn call_records_emits_and_the_events_file_keep_the_supervisor_bounded() {
         for i in 0..5000 { try { invoke("nope", #{}) } catch (e) {} }
         n
     "#;
-    let mut child = serve::spawn_piped(
+    let mut child = serve::spawn_with_input(
         std::process::Command::new(bin())
             .args([
                 "run", "--lang", "rhai", "--json", "--allow", "emit", "--events",
             ])
             .arg(&events)
             .arg("-"),
+        code,
     );
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(code.as_bytes())
-            .unwrap();
-    }
     // Read stdout as it comes so the child never blocks on a full pipe.
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {

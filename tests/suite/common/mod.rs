@@ -86,6 +86,18 @@ pub fn with_events(events: &std::path::Path) -> Supervisor {
         .unwrap()
 }
 
+/// The events file `events` (every line must be an event) and its
+/// `cell_start` events, in order.
+pub fn cell_starts(events: &std::path::Path) -> (String, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(events).unwrap();
+    let starts = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "cell_start")
+        .collect();
+    (text, starts)
+}
+
 /// Panic (saying `why`) unless the suite runs as root.
 pub fn require_root(why: &str) {
     assert!(nix::unistd::geteuid().is_root(), "{why}");

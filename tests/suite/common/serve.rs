@@ -76,6 +76,19 @@ pub fn http_serve(cmd: &mut Command) -> (Child, String) {
     (child, announced)
 }
 
+/// Spawn `cmd` with stdin, stdout and stderr piped, write `input` to its
+/// stdin and close it.
+pub fn spawn_with_input(cmd: &mut Command, input: &str) -> Child {
+    let mut child = spawn_piped(cmd);
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child
+}
+
 /// Spawn `cmd` with stdin, stdout and stderr piped.
 pub fn spawn_piped(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::piped())
