@@ -113,7 +113,7 @@ impl Drop for Serve {
 /// `(pid, start time)` of every live process whose ancestors include
 /// `root` (not `root` itself).
 fn descendants(root: u32) -> Vec<(i32, u64)> {
-    procs::descendants_in(&procs::processes(), root as i32)
+    procs::descendants_in(&procs::process_stats(), root as i32)
         .into_iter()
         .filter(|p| p.state != 'Z')
         .map(|p| (p.pid, p.start))

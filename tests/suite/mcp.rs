@@ -1,8 +1,9 @@
 //! `cellbox serve` through a real MCP client (rmcp): over stdio with the
 //! server as a child process, and over streamable HTTP.
 
+use super::common::procs::process_stats;
 use super::common::serve::{http_serve, json_lines, send_line, PATIENCE};
-use super::common::{self, bin, is_spare, processes};
+use super::common::{self, bin, is_spare};
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ProgressNotificationParam,
     Request, Tool,
@@ -197,7 +198,7 @@ async fn wait_gone(pids: &[i32], what: &str) {
         assert!(
             t0.elapsed() < PATIENCE,
             "{what}: processes {left:?} are still there: {:?}",
-            processes()
+            process_stats()
                 .into_iter()
                 .filter(|p| left.contains(&p.pid))
                 .map(|p| (p.pid, p.ppid, p.state))

@@ -65,6 +65,16 @@ pub fn comm(pid: i32) -> String {
 
 /// Every process, zombies included.
 pub fn processes() -> Vec<Proc> {
+    listing(true)
+}
+
+/// Every process, zombies included, from its stat line alone (`cmd` left
+/// empty): cheaper, for the tests that poll the process tree.
+pub fn process_stats() -> Vec<Proc> {
+    listing(false)
+}
+
+fn listing(with_cmd: bool) -> Vec<Proc> {
     pids()
         .into_iter()
         .filter_map(|pid| {
@@ -74,7 +84,11 @@ pub fn processes() -> Vec<Proc> {
                 ppid: s.ppid,
                 state: s.state,
                 start: s.start,
-                cmd: cmdline(pid),
+                cmd: if with_cmd {
+                    cmdline(pid)
+                } else {
+                    String::new()
+                },
             })
         })
         .collect()
@@ -101,7 +115,7 @@ pub fn descendants_in(all: &[Proc], root: i32) -> Vec<Proc> {
 
 /// The pids below `root` (zombies included), nearest first.
 pub fn descendants(root: i32) -> Vec<i32> {
-    descendants_in(&processes(), root)
+    descendants_in(&process_stats(), root)
         .into_iter()
         .map(|p| p.pid)
         .collect()
