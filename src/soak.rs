@@ -662,6 +662,39 @@ fn truncate(s: &str) -> String {
     t
 }
 
+/// One warm-up cell of each language (in `session` if given), each printing
+/// or returning something of `n`: `print(n)`, `n + 1`, `echo n`.
+async fn warm_up(
+    peer: &Peer<RoleClient>,
+    n: u64,
+    session: Option<&str>,
+    tally: &Mutex<Tally>,
+) -> Result<(), String> {
+    for (language, code, want) in [
+        (
+            "python",
+            format!("print({n})"),
+            Expect::Stdout(format!("{n}\n")),
+        ),
+        ("rhai", format!("{n} + 1"), Expect::Value(json!(n + 1))),
+        (
+            "shell",
+            format!("echo {n}"),
+            Expect::Stdout(format!("{n}\n")),
+        ),
+    ] {
+        let cell = Cell {
+            kind: "warmup",
+            language,
+            code,
+            timeout: None,
+            expect: want,
+        };
+        run_cell(peer, &cell, session, tally).await?;
+    }
+    Ok(())
+}
+
 async fn create_session(peer: &Peer<RoleClient>) -> Result<String, String> {
     let r = call(peer, "create_session", json!({})).await?;
     r.structured_content
@@ -873,20 +906,7 @@ pub async fn run(opts: SoakOptions) -> Result<(String, bool), String> {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let warm = Tally::default();
     let warm = Mutex::new(warm);
-    for (language, code, want) in [
-        ("python", "print(1)", Expect::Stdout("1\n".into())),
-        ("rhai", "1 + 1", Expect::Value(json!(2))),
-        ("shell", "echo 1", Expect::Stdout("1\n".into())),
-    ] {
-        let cell = Cell {
-            kind: "warmup",
-            language,
-            code: code.into(),
-            timeout: None,
-            expect: want,
-        };
-        run_cell(&peer, &cell, None, &warm).await?;
-    }
+    warm_up(&peer, 1, None, &warm).await?;
     // Sessions at once, as many as the server keeps emptied session
     // cgroups for reuse (with their descriptors): the idle figures are
     // those of a server whose caches are full, which a run cannot exceed.
@@ -896,20 +916,7 @@ pub async fn run(opts: SoakOptions) -> Result<(String, bool), String> {
         warm_tasks.push(tokio::spawn(async move {
             let id = create_session(&peer).await?;
             let warm = Mutex::new(Tally::default());
-            for (language, code, want) in [
-                ("python", "print(2)", Expect::Stdout("2\n".into())),
-                ("rhai", "2 + 1", Expect::Value(json!(3))),
-                ("shell", "echo 2", Expect::Stdout("2\n".into())),
-            ] {
-                let cell = Cell {
-                    kind: "warmup",
-                    language,
-                    code: code.into(),
-                    timeout: None,
-                    expect: want,
-                };
-                run_cell(&peer, &cell, Some(&id), &warm).await?;
-            }
+            warm_up(&peer, 2, Some(&id), &warm).await?;
             Ok::<String, String>(id)
         }));
     }

@@ -4,54 +4,24 @@
 
 use cellbox::{CellRequest, Language, SessionConfig, Status, Supervisor};
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
+#[path = "suite/common/procs.rs"]
+mod procs;
+use procs::open_fds;
 
-/// (pid, ppid, cmdline) of every process.
-fn processes() -> Vec<(i32, i32, String)> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let i = stat.rfind(')')?;
-            let ppid = stat[i + 2..].split_whitespace().nth(1)?.parse().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            Some((pid, ppid, cmd.chars().take(300).collect()))
-        })
-        .collect()
-}
-
-/// Every process descended from this one.
+/// Every process descended from this one, with its command line.
 fn descendants() -> Vec<(i32, String)> {
-    let all = processes();
-    let mut found = vec![std::process::id() as i32];
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        for (pid, ppid, cmd) in &all {
-            if *ppid == parent && !found.contains(pid) {
-                found.push(*pid);
-                out.push((*pid, cmd.clone()));
-            }
-        }
-        i += 1;
-    }
-    out
+    procs::descendants_in(&procs::processes(), std::process::id() as i32)
+        .into_iter()
+        .map(|p| (p.pid, p.cmd.chars().take(300).collect()))
+        .collect()
 }
 
 /// Descendants minus the fork server's waiting spares (their pids change as
 /// cells take them), and how many spares there are.
 fn settled_processes() -> (Vec<(i32, String)>, usize) {
-    let (spares, others): (Vec<_>, Vec<_>) = descendants().into_iter().partition(|(pid, _)| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| c.trim_end() == "cellbox-spare")
-            .unwrap_or(false)
-    });
+    let (spares, others): (Vec<_>, Vec<_>) = descendants()
+        .into_iter()
+        .partition(|(pid, _)| procs::comm(*pid) == "cellbox-spare");
     (others, spares.len())
 }
 

@@ -8,7 +8,7 @@
 //! exactly as for an id that never existed, and X's own view afterwards
 //! (its variable, its file, its running cell) must be untouched.
 
-use super::harness::{call, exec, marker, Client, Env, Serve};
+use super::harness::{call, exec, marker, session, Client, Env, Serve};
 use super::Outcome;
 use serde_json::json;
 use std::time::Duration;
@@ -47,15 +47,6 @@ impl Effects {
     }
 }
 
-async fn create(client: &Client) -> Result<String, String> {
-    let a = call(client, "create_session", json!({})).await;
-    a.structured
-        .as_ref()
-        .and_then(|v| v["session_id"].as_str())
-        .map(str::to_owned)
-        .ok_or_else(|| format!("create_session failed: {}", a.all_text()))
-}
-
 /// X plants a canary in a variable and a file of its session.
 async fn plant(x: &Client, sid: &str, canary: &str) -> Result<(), String> {
     let code = format!("secret = {canary:?}\nopen('canary.txt', 'w').write(secret)\n'planted'");
@@ -91,7 +82,7 @@ async fn x_sees(x: &Client, sid: &str, canary: &str) -> (bool, bool) {
 /// Y's attack on X's session `sid`, step by step; `ghost` is an id that
 /// never existed, for comparison.
 async fn attack(x: &Client, y: &Client, canary: &str) -> Result<Effects, String> {
-    let sid = create(x).await?;
+    let sid = session(x).await?;
     plant(x, &sid, canary).await?;
     // Same shape as a real id: "s-" and 32 hex digits.
     let ghost = format!("s-{}{}", marker(""), &marker("")[..8]);

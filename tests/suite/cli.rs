@@ -190,23 +190,6 @@ fn doctor_reports_the_warm_workers() {
 // `cellbox exec` (and `cellbox run` of a shell cell) runs its cell from the
 // CLI process itself; these tests hold it to the library path's behaviour.
 
-/// `cellbox exec --json [extra] -- argv`: exit code and parsed result.
-fn exec_json(extra: &[&str], argv: &[&str]) -> (Option<i32>, Value) {
-    let mut args = vec!["exec", "--json"];
-    args.extend_from_slice(extra);
-    args.push("--");
-    args.extend_from_slice(argv);
-    let out = cellbox(&args, None);
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no JSON result ({e}): {:?} {:?}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), v)
-}
-
 /// The same program through the library (worker process, tokio supervisor).
 async fn library_exec(argv: &[&str], timeout_ms: Option<u64>) -> Value {
     let mut config = config(&[]);
@@ -1190,44 +1173,6 @@ fn a_cell_lists_no_path_of_another_architecture() {
     }
 }
 
-/// Processes beneath `root` (its children, their children, ...).
-fn descendants(root: u32) -> Vec<u32> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rp) = stat.rfind(')') else { continue };
-        if let Some(Ok(ppid)) = stat[rp + 2..]
-            .split_whitespace()
-            .nth(1)
-            .map(str::parse::<u32>)
-        {
-            parent.insert(pid, ppid);
-        }
-    }
-    parent
-        .keys()
-        .copied()
-        .filter(|&p| {
-            let mut at = p;
-            while let Some(&up) = parent.get(&at) {
-                if up == root {
-                    return true;
-                }
-                if up <= 1 {
-                    return false;
-                }
-                at = up;
-            }
-            false
-        })
-        .collect()
-}
-
 /// Wait until a process beneath `root` sleeps in `clock_nanosleep` (the
 /// cell's `time.sleep`, after what it printed first).
 fn wait_for_a_sleeping_cell(root: u32) {
@@ -1237,7 +1182,7 @@ fn wait_for_a_sleeping_cell(root: u32) {
         "230"
     };
     for _ in 0..1200 {
-        let asleep = descendants(root).into_iter().any(|p| {
+        let asleep = descendants(root as i32).into_iter().any(|p| {
             std::fs::read_to_string(format!("/proc/{p}/syscall"))
                 .is_ok_and(|s| s.split_whitespace().next() == Some(nr))
         });
@@ -1272,27 +1217,14 @@ const SLEEPY_SHELL: &str = "echo first\necho err >&2\nsleep 60\necho never\n";
 /// command line's own single thread).
 #[test]
 fn run_streams_output_and_keeps_it_when_interrupted() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     for (lang, code) in [("python", SLEEPY_PYTHON), ("shell", SLEEPY_SHELL)] {
         let start = |json: bool| {
             let mut args = vec!["run", "--lang", lang, "-"];
             if json {
                 args.insert(1, "--json");
             }
-            let mut child = std::process::Command::new(bin())
-                .args(&args)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(code.as_bytes())
-                .unwrap();
-            child
+            serve::spawn_with_input(std::process::Command::new(bin()).args(&args), code)
         };
         let interrupt = |child: &std::process::Child| {
             wait_for_a_sleeping_cell(child.id());

@@ -10,7 +10,7 @@
 //! points. A client that is not installed fails its test, loudly.
 
 use super::common::bin;
-use std::io::{BufRead, BufReader};
+use super::common::serve::http_serve;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -95,32 +95,13 @@ struct HttpServe {
 
 impl HttpServe {
     fn start(extra: &[&str]) -> HttpServe {
-        let mut child = Command::new(bin())
-            .args(["serve", "--http", "127.0.0.1:0"])
-            .args(SERVE_ARGS)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                eprintln!("[serve] {line}");
-                if let Some(rest) = line.split("at http://").nth(1) {
-                    if let Some(t) = tx.take() {
-                        let _ = t.send(format!("http://{}", rest.trim()));
-                    }
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server did not announce its address");
+        let (child, announced) = http_serve(
+            Command::new(bin())
+                .args(["serve", "--http", "127.0.0.1:0"])
+                .args(SERVE_ARGS)
+                .args(extra),
+        );
+        let url = format!("http://{}", announced.trim());
         HttpServe { child, url }
     }
 }

@@ -3,14 +3,12 @@
 //! (a cell, a zygote, the fork server). Judged from the host: mounts,
 //! directories, cgroups and processes.
 
-use super::common::bin;
+use super::common::serve::{json_lines, send_line, PATIENCE};
+use super::common::{bin, eventually, procs};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A `cellbox serve` over stdio, spoken to line by line (JSON-RPC).
 struct Serve {
@@ -22,26 +20,11 @@ struct Serve {
 
 impl Serve {
     fn start() -> Serve {
-        let mut child = std::process::Command::new(bin())
-            .arg("serve")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    if tx.send(v).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
+        let (child, stdin, lines) = json_lines(
+            std::process::Command::new(bin())
+                .arg("serve")
+                .stderr(std::process::Stdio::null()),
+        );
         let mut s = Serve {
             child,
             stdin: Some(stdin),
@@ -63,9 +46,7 @@ impl Serve {
     }
 
     fn send(&mut self, v: Value) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{v}").unwrap();
-        stdin.flush().unwrap();
+        send_line(self.stdin.as_mut().unwrap(), &v);
     }
 
     /// Send a request; its id.
@@ -132,46 +113,21 @@ impl Drop for Serve {
 /// `(pid, start time)` of every live process whose ancestors include
 /// `root` (not `root` itself).
 fn descendants(root: u32) -> Vec<(i32, u64)> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if let Some((ppid, start)) = stat(pid) {
-            parent.insert(pid, (ppid, start));
-        }
-    }
-    let mut out = Vec::new();
-    for (&pid, &(_, start)) in &parent {
-        let mut p = pid;
-        for _ in 0..64 {
-            let Some(&(pp, _)) = parent.get(&p) else {
-                break;
-            };
-            if pp == root as i32 {
-                out.push((pid, start));
-                break;
-            }
-            p = pp;
-        }
-    }
-    out
+    procs::descendants_in(&procs::process_stats(), root as i32)
+        .into_iter()
+        .filter(|p| p.state != 'Z')
+        .map(|p| (p.pid, p.start))
+        .collect()
 }
 
-/// `(ppid, start time)` of a live (not zombie) process.
-fn stat(pid: i32) -> Option<(i32, u64)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest: Vec<&str> = s[s.rfind(')')? + 2..].split_whitespace().collect();
-    if rest.first() == Some(&"Z") {
-        return None;
-    }
-    Some((rest.get(1)?.parse().ok()?, rest.get(19)?.parse().ok()?))
-}
-
+/// Those of `procs` still running (the same pid, started at the same time,
+/// not a zombie).
 fn still_running(procs: &[(i32, u64)]) -> Vec<(i32, u64)> {
     procs
         .iter()
-        .filter(|(pid, start)| stat(*pid).is_some_and(|(_, s)| s == *start))
+        .filter(|(pid, start)| {
+            procs::stat(*pid).is_some_and(|s| s.state != 'Z' && s.start == *start)
+        })
         .copied()
         .collect()
 }
@@ -227,20 +183,6 @@ pub(crate) fn left_by(pid: u32) -> Vec<String> {
         }
     }
     out
-}
-
-/// Wait until `f` holds (checked every 50 ms), up to `secs`.
-fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The file `name` somewhere beneath `root` (two levels at most).
@@ -429,7 +371,7 @@ fn killing_a_cell_a_zygote_or_the_fork_server_spares_the_other_session() {
                 target = all.iter().map(|p| p.0).find(|&p| {
                     cmdline(p).contains(what)
                         && all.iter().any(|c| {
-                            stat(c.0).is_some_and(|(pp, _)| pp == p)
+                            procs::stat(c.0).is_some_and(|s| s.state != 'Z' && s.ppid == p)
                                 && std::fs::read_to_string(format!("/proc/{}/comm", c.0))
                                     .is_ok_and(|c| c.trim() != "cellbox-spare")
                         })

@@ -7,7 +7,7 @@
 //! the kernel look like it lacks Landlock or namespaces, to check that a
 //! profile requiring a missing layer refuses to run.
 
-use super::common::{bin, cellbox, run_once};
+use super::common::{self, bin, cellbox, run_once};
 use cellbox::profiles::{DenyAction, LayerMode, Profile};
 use cellbox::{Language, Status};
 use serde_json::Value;
@@ -70,18 +70,7 @@ fn probe() -> &'static str {
 
 /// `cellbox exec --json [extra] -- argv`, parsed.
 fn exec_json(extra: &[&str], argv: &[&str]) -> Value {
-    let mut args = vec!["exec", "--json"];
-    args.extend_from_slice(extra);
-    args.push("--");
-    args.extend_from_slice(argv);
-    let out = cellbox(&args, None);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no JSON result ({e}): stdout {:?} stderr {:?}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    common::exec_json(extra, argv).1
 }
 
 /// Run the probe under `profile` and return its stdout, asserting that the

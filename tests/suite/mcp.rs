@@ -1,7 +1,9 @@
 //! `cellbox serve` through a real MCP client (rmcp): over stdio with the
 //! server as a child process, and over streamable HTTP.
 
-use super::common::{bin, is_spare};
+use super::common::procs::process_stats;
+use super::common::serve::{http_serve, json_lines, send_line, PATIENCE};
+use super::common::{self, bin, is_spare};
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, ProgressNotificationParam,
     Request, Tool,
@@ -15,10 +17,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Generous bound for anything that should finish; a hang fails the test
-/// instead of stalling the suite.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     match tokio::time::timeout(PATIENCE, fut).await {
@@ -135,43 +133,10 @@ fn assert_conforms(v: &jsonschema::Validator, result: &Value) {
     );
 }
 
-/// (pid, ppid, state) of every process.
-fn processes() -> Vec<(i32, i32, char)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rp) = stat.rfind(')') else { continue };
-        let rest: Vec<&str> = stat[rp + 2..].split_whitespace().collect();
-        if let (Some(state), Some(ppid)) = (rest.first(), rest.get(1)) {
-            if let Ok(ppid) = ppid.parse() {
-                out.push((pid, ppid, state.chars().next().unwrap_or('?')));
-            }
-        }
-    }
-    out
-}
-
 /// Every process below `root` (zombies included), except fork-server spares
 /// waiting for a cell.
 fn descendants(root: i32) -> Vec<i32> {
-    let all = processes();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        for (pid, ppid, _) in &all {
-            if *ppid == parent && !found.contains(pid) {
-                found.push(*pid);
-            }
-        }
-        i += 1;
-    }
-    found.remove(0);
+    let mut found = common::descendants(root);
     found.retain(|p| !is_spare(*p));
     found
 }
@@ -233,9 +198,10 @@ async fn wait_gone(pids: &[i32], what: &str) {
         assert!(
             t0.elapsed() < PATIENCE,
             "{what}: processes {left:?} are still there: {:?}",
-            processes()
+            process_stats()
                 .into_iter()
-                .filter(|p| left.contains(&p.0))
+                .filter(|p| left.contains(&p.pid))
+                .map(|p| (p.pid, p.ppid, p.state))
                 .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -663,8 +629,15 @@ async fn cancelled_shell_cell_leaves_no_process() {
     cancel_kills("shell", "sleep 600 & sleep 600; wait").await;
 }
 
-#[tokio::test]
-async fn client_disconnect_kills_the_cell_and_the_server_exits() {
+/// A server (no operation limit) running an endless Rhai cell whose call
+/// is pending on a task of its own: the server, its idle helpers, the call
+/// and the cell's worker.
+async fn an_endless_cell() -> (
+    StdioServer,
+    Vec<i32>,
+    tokio::task::JoinHandle<Result<CallToolResult, rmcp::ServiceError>>,
+    Vec<i32>,
+) {
     let s = stdio_server(&["--max-operations", "0"]).await;
     tools(&s.client).await;
     let baseline = descendants(s.pid);
@@ -678,6 +651,12 @@ async fn client_disconnect_kills_the_cell_and_the_server_exits() {
         .await
     });
     let workers = wait_for_workers(s.pid, &baseline).await;
+    (s, baseline, pending, workers)
+}
+
+#[tokio::test]
+async fn client_disconnect_kills_the_cell_and_the_server_exits() {
+    let (s, baseline, pending, workers) = an_endless_cell().await;
     // Closing the client closes the server's stdin.
     within("close", s.client.cancel()).await.unwrap();
     wait_gone(&workers, "after the client went away").await;
@@ -689,19 +668,7 @@ async fn client_disconnect_kills_the_cell_and_the_server_exits() {
 
 #[tokio::test]
 async fn sigterm_kills_running_cells_and_exits() {
-    let s = stdio_server(&["--max-operations", "0"]).await;
-    tools(&s.client).await;
-    let baseline = descendants(s.pid);
-    let peer = s.client.peer().clone();
-    let pending = tokio::spawn(async move {
-        peer.call_tool(
-            CallToolRequestParams::new("execute_code").with_arguments(obj(
-                json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
-            )),
-        )
-        .await
-    });
-    let workers = wait_for_workers(s.pid, &baseline).await;
+    let (s, baseline, pending, workers) = an_endless_cell().await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(s.pid),
         nix::sys::signal::Signal::SIGTERM,
@@ -740,36 +707,12 @@ fn a_client_that_leaves_before_initializing_ends_the_server() {
 /// with no id is dropped; the calls after them are served.
 #[test]
 fn a_message_too_long_is_answered_not_lost() {
-    let mut child = std::process::Command::new(bin())
-        .arg("serve")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if let Ok(v) = serde_json::from_str(&line) {
-                if tx.send(v).is_err() {
-                    return;
-                }
-            }
-        }
-    });
+    let (mut child, mut stdin, rx) = raw_stdio_serve(&["serve"]);
     let next = |what: &str| -> Value {
         rx.recv_timeout(PATIENCE)
             .unwrap_or_else(|e| panic!("no answer to {what}: {e}"))
     };
-    let mut send = |v: Value| {
-        let mut line = serde_json::to_vec(&v).unwrap();
-        line.push(b'\n');
-        stdin.write_all(&line).unwrap();
-        stdin.flush().unwrap();
-    };
+    let mut send = |v: Value| send_line(&mut stdin, &v);
     send(
         json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-03-26", "capabilities": {},
@@ -1063,33 +1006,12 @@ impl HttpServer {
     }
 
     fn start_on(listen: &str, extra: &[&str]) -> HttpServer {
-        let mut child = std::process::Command::new(bin())
-            .args(["serve", "--http", listen])
-            .args(extra)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                eprintln!("[serve] {line}");
-                if let Some(rest) = line.split("at http://").nth(1) {
-                    if let Some(t) = tx.take() {
-                        let _ = t.send(rest.trim_end_matches('/').to_owned());
-                    }
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(PATIENCE)
-            .expect("the server did not announce its address")
-            .parse()
-            .unwrap();
+        let (child, announced) = http_serve(
+            std::process::Command::new(bin())
+                .args(["serve", "--http", listen])
+                .args(extra),
+        );
+        let addr = announced.trim_end_matches('/').parse().unwrap();
         HttpServer { child, addr }
     }
 
@@ -1570,27 +1492,11 @@ fn raw_stdio_serve(
     std::process::ChildStdin,
     std::sync::mpsc::Receiver<Value>,
 ) {
-    let mut child = std::process::Command::new(bin())
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if let Ok(v) = serde_json::from_str(&line) {
-                if tx.send(v).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    (child, stdin, rx)
+    json_lines(
+        std::process::Command::new(bin())
+            .args(args)
+            .stderr(std::process::Stdio::null()),
+    )
 }
 
 /// Every method the server advertises in `initialize` answers as the
@@ -1599,12 +1505,7 @@ fn raw_stdio_serve(
 #[test]
 fn every_advertised_method_answers_and_set_level_filters_logs() {
     let (mut child, mut stdin, rx) = raw_stdio_serve(&["serve", "--language", "python,rhai"]);
-    let mut send = |v: Value| {
-        let mut line = serde_json::to_vec(&v).unwrap();
-        line.push(b'\n');
-        stdin.write_all(&line).unwrap();
-        stdin.flush().unwrap();
-    };
+    let mut send = |v: Value| send_line(&mut stdin, &v);
     // The answer to request `id`, and the notifications sent before it.
     let answer = |id: i64| -> (Value, Vec<Value>) {
         let mut before = Vec::new();
@@ -1745,12 +1646,7 @@ fn assert_error_reply(reply: &Value, id: &Value, code: i64, needle: &str) {
 #[test]
 fn stdio_answers_every_request_that_has_an_id() {
     let (mut child, mut stdin, rx) = raw_stdio_serve(&["serve", "--language", "rhai"]);
-    let mut send = |v: &Value| {
-        let mut line = serde_json::to_vec(v).unwrap();
-        line.push(b'\n');
-        stdin.write_all(&line).unwrap();
-        stdin.flush().unwrap();
-    };
+    let mut send = |v: &Value| send_line(&mut stdin, v);
     send(
         &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},

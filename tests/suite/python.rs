@@ -6,19 +6,12 @@
 //! loudly naming it if not (a bomb is never let loose on an unlimited host).
 
 use super::common::*;
-use cellbox::{
-    Capability, CellRequest, CellResult, EventSink, Language, Session, SessionConfig, Status,
-    Supervisor,
-};
+use cellbox::{Capability, CellRequest, CellResult, Language, SessionConfig, Status, Supervisor};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 async fn py(code: &str) -> CellResult {
     run_once(Language::Python, code, &[]).await
-}
-
-async fn py_in(session: &Session, code: &str) -> CellResult {
-    session.run(CellRequest::new(Language::Python, code)).await
 }
 
 /// Panic unless every named sandbox layer was applied to this cell.
@@ -227,11 +220,7 @@ async fn denied_capability_raises_permission_error() {
 async fn run_cell_recursion_python_rhai_python_is_one_event_tree() {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
-    let sup = Supervisor::builder()
-        .worker_exe(bin())
-        .events(EventSink::to_file(&events).unwrap())
-        .build()
-        .unwrap();
+    let sup = with_events(&events);
     let mut cfg = config(&["run_cell"]);
     cfg.policy.max_depth = 2;
     let code = r#"run_cell("rhai", 'run_cell("python", "6 * 7") + 0')"#;
@@ -240,12 +229,7 @@ async fn run_cell_recursion_python_rhai_python_is_one_event_tree() {
         .await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, json!(42));
-    let text = std::fs::read_to_string(&events).unwrap();
-    let starts: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["event"] == "cell_start")
-        .collect();
+    let (text, starts) = cell_starts(&events);
     assert_eq!(starts.len(), 3, "{text}");
     let (root, child, grand) = (&starts[0], &starts[1], &starts[2]);
     assert_eq!(

@@ -1,10 +1,8 @@
 //! Rhai cells end to end through the library.
 
 use super::common::*;
-use cellbox::{
-    Capability, CellRequest, EventSink, Language, Limits, SessionConfig, Status, Supervisor,
-};
-use serde_json::{json, Value};
+use cellbox::{Capability, CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -189,11 +187,7 @@ async fn host_capability_with_schema_validation() {
 async fn run_cell_recursion_is_bounded_and_forms_one_event_tree() {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
-    let sup = Supervisor::builder()
-        .worker_exe(bin())
-        .events(EventSink::to_file(&events).unwrap())
-        .build()
-        .unwrap();
+    let sup = with_events(&events);
     let mut cfg = config(&["run_cell"]);
     cfg.policy.max_depth = 2;
     // depth 0 → 1 → 2 works; depth 3 is refused.
@@ -215,12 +209,7 @@ async fn run_cell_recursion_is_bounded_and_forms_one_event_tree() {
         r.calls
     );
     // The events of the first run form a tree: root → child → grandchild.
-    let text = std::fs::read_to_string(&events).unwrap();
-    let starts: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["event"] == "cell_start")
-        .collect();
+    let (_, starts) = cell_starts(&events);
     let root = &starts[0];
     assert_eq!(root["depth"], 0);
     assert!(root["parent_run_id"].is_null());

@@ -4,16 +4,12 @@
 //! warm Python (forked from a zygote), cold Python and shell cells, and
 //! sub-cells, which count against their session.
 
-use super::common::*;
+use super::common::{self, *};
 use cellbox::{
     CellRequest, CellResult, Language, ScratchQuota, Session, SessionConfig, Status, Supervisor,
 };
 use serde_json::json;
 use std::path::{Path, PathBuf};
-
-async fn py_in(session: &Session, code: &str) -> CellResult {
-    session.run(CellRequest::new(Language::Python, code)).await
-}
 
 async fn sh_in(session: &Session, code: &str) -> CellResult {
     session.run(CellRequest::new(Language::Shell, code)).await
@@ -28,9 +24,9 @@ fn was_warm(r: &CellResult) -> bool {
 }
 
 fn require_root() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!("the session scratch quota needs root to mount its tmpfs; run the suite as root");
-    }
+    common::require_root(
+        "the session scratch quota needs root to mount its tmpfs; run the suite as root",
+    );
 }
 
 fn sup_with(warm: bool, quota: ScratchQuota) -> Supervisor {

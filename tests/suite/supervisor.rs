@@ -47,20 +47,13 @@ fn ok(r: &CellResult) {
 }
 
 fn hygiene(r: &CellResult) -> String {
-    r.sandbox
-        .as_ref()
-        .and_then(|s| s.layer("hygiene"))
-        .map(|l| l.detail.clone())
-        .unwrap_or_default()
+    layer_detail(r, "hygiene")
 }
 
 /// Processes whose limits read cpu 7 s and 17 open files, with their comm.
 fn processes_with_the_limits() -> Vec<(i32, String)> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for pid in pids() {
         let Ok(limits) = std::fs::read_to_string(format!("/proc/{pid}/limits")) else {
             continue;
         };
@@ -74,8 +67,7 @@ fn processes_with_the_limits() -> Vec<(i32, String)> {
         if soft("Max cpu time").as_deref() == Some("7")
             && soft("Max open files").as_deref() == Some("17")
         {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            out.push((pid, comm.trim().to_owned()));
+            out.push((pid, comm(pid).trim().to_owned()));
         }
     }
     out
@@ -457,26 +449,15 @@ fn call_records_emits_and_the_events_file_keep_the_supervisor_bounded() {
         for i in 0..5000 { try { invoke("nope", #{}) } catch (e) {} }
         n
     "#;
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "run", "--lang", "rhai", "--json", "--allow", "emit", "--events",
-        ])
-        .arg(&events)
-        .arg("-")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(code.as_bytes())
-            .unwrap();
-    }
+    let mut child = serve::spawn_with_input(
+        std::process::Command::new(bin())
+            .args([
+                "run", "--lang", "rhai", "--json", "--allow", "emit", "--events",
+            ])
+            .arg(&events)
+            .arg("-"),
+        code,
+    );
     // Read stdout as it comes so the child never blocks on a full pipe.
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {

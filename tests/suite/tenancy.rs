@@ -7,8 +7,8 @@
 //! evidence (the host's /proc, the cgroup files) and would fail without
 //! the defence (its comments say how).
 
-use super::common::*;
-use cellbox::{CellRequest, CellResult, Language, PoolConfig, SessionConfig, Status, Supervisor};
+use super::common::{self, *};
+use cellbox::{CellRequest, CellResult, Language, SessionConfig, Status, Supervisor};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -19,11 +19,8 @@ fn py(code: &str) -> CellRequest {
 /// Host processes holding a file whose path contains `token` open.
 fn holders_of(token: &str) -> Vec<i32> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+    for pid in pids() {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
         for fd in fds.flatten() {
@@ -51,29 +48,13 @@ fn rand_u32() -> u32 {
 }
 
 fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests need root: per-session cgroups are made by a root supervisor"
+    common::require_root(
+        "these tests need root: per-session cgroups are made by a root supervisor",
     );
 }
 
-fn one_zygote() -> Supervisor {
-    Supervisor::builder()
-        .worker_exe(bin())
-        .python_pool(PoolConfig {
-            size: 1,
-            ..PoolConfig::default()
-        })
-        .build()
-        .unwrap()
-}
-
 fn layer(r: &CellResult) -> String {
-    r.sandbox
-        .as_ref()
-        .and_then(|s| s.layer("cgroup"))
-        .map(|l| l.detail.clone())
-        .unwrap_or_default()
+    layer_detail(r, "cgroup")
 }
 
 /// A Python cell that forks a child into its own session (holding a file
@@ -103,7 +84,7 @@ time.sleep(60)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_is_over_only_when_its_whole_tree_is_gone() {
     require_root();
-    let sup = one_zygote();
+    let sup = one_zygote(pool(1));
     let session = sup.session(SessionConfig::default()).unwrap();
     let t = token("early-done");
     let started = Instant::now();
@@ -141,7 +122,7 @@ async fn a_cell_is_over_only_when_its_whole_tree_is_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_counts_every_process_of_the_cell() {
     require_root();
-    let sup = one_zygote();
+    let sup = one_zygote(pool(1));
     // A child spins for 0.6 s of CPU and exits; the cell never waits for
     // it, so the first process's own rusage (what the cell's parent
     // reports) does not include it. The old supervisor reported that (or
@@ -176,7 +157,7 @@ async fn processes_are_counted_per_session_not_per_zygote() {
     require_root();
     // One zygote: every warm cell shares its user namespace, where
     // RLIMIT_NPROC counted all of them together.
-    let sup = one_zygote();
+    let sup = one_zygote(pool(1));
     let a = sup.session(SessionConfig::default()).unwrap();
     let b = sup.session(SessionConfig::default()).unwrap();
     // A takes as many processes as it can (its limit is 64) and holds them.

@@ -5,10 +5,6 @@ use super::common::*;
 use cellbox::{CellRequest, CellResult, Language, Session, SessionConfig, Status, Supervisor};
 use serde_json::{json, Value};
 
-async fn py_in(session: &Session, code: &str) -> CellResult {
-    session.run(CellRequest::new(Language::Python, code)).await
-}
-
 /// Panic unless the cell was forked from a zygote.
 fn require_warm(r: &CellResult) {
     let report = r
@@ -53,12 +49,7 @@ async fn warm_cells_come_from_a_live_zygote_and_cold_ones_do_not() {
         .warm(false)
         .build()
         .unwrap();
-    let r = cold
-        .run(
-            CellRequest::new(Language::Python, "import os\nos.getpid()"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(&cold, "import os\nos.getpid()").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(
         r.value,
@@ -67,21 +58,6 @@ async fn warm_cells_come_from_a_live_zygote_and_cold_ones_do_not() {
     );
     assert!(!format!("{:?}", r.sandbox).contains("zygote"));
     assert!(cold.pool_status().await.python.is_empty());
-}
-
-fn one_zygote(config: cellbox::PoolConfig) -> Supervisor {
-    Supervisor::builder()
-        .worker_exe(bin())
-        .python_pool(config)
-        .build()
-        .unwrap()
-}
-
-fn pool(size: usize) -> cellbox::PoolConfig {
-    cellbox::PoolConfig {
-        size,
-        ..cellbox::PoolConfig::default()
-    }
 }
 
 #[tokio::test]
@@ -121,12 +97,7 @@ out["dumpable"] = libc.prctl(3, 0, 0, 0, 0)
 attempt("pidfd_open", lambda: os.close(os.pidfd_open(1)))
 out
 "#;
-    let r = sup
-        .run(
-            CellRequest::new(Language::Python, code),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(&sup, code).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
     assert_eq!(
@@ -162,12 +133,7 @@ out
         "the zygote's cells are not dumpable"
     );
     // The zygote is unharmed: the next cell works.
-    let r = sup
-        .run(
-            CellRequest::new(Language::Python, "1 + 1"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(&sup, "1 + 1").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
 }
 
@@ -449,12 +415,7 @@ import builtins
 builtins.len = lambda x: 42
 [tmp, count]
 "#;
-    let r = sup
-        .run(
-            CellRequest::new(Language::Python, first),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(&sup, first).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
     assert_eq!(r.value[1], 2, "{r:?}");
@@ -470,12 +431,7 @@ import json, os, sys, tempfile, threading
     len([1, 2]),
 ]
 "#;
-    let r = sup
-        .run(
-            CellRequest::new(Language::Python, second),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(&sup, second).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
     assert_eq!(r.value, json!([false, false, 1, "[1]", false, null, 2]));
@@ -485,10 +441,7 @@ import json, os, sys, tempfile, threading
 /// `ns` (as `readlink /proc/<pid>/ns/pid` names it), with their pid in it.
 fn in_pid_ns(ns: &str) -> Vec<(i32, i64)> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for pid in pids() {
         let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).unwrap_or_default();
         if link.to_string_lossy() != ns {
             continue;
@@ -545,12 +498,7 @@ async fn processes_a_cell_starts_die_with_it() {
     // from the host (a cell's /proc shows only its own processes), and
     // from a cell of another session by a null signal.
     let check = format!("{ALIVE_PY}alive({orphan})");
-    let mut r = sup
-        .run(
-            CellRequest::new(Language::Python, check.clone()),
-            SessionConfig::default(),
-        )
-        .await;
+    let mut r = run_py(&sup, check.clone()).await;
     let mut left = in_pid_ns(&ns);
     for _ in 0..50 {
         assert_eq!(r.status, Status::Ok, "{r:?}");
@@ -558,12 +506,7 @@ async fn processes_a_cell_starts_die_with_it() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        r = sup
-            .run(
-                CellRequest::new(Language::Python, check.clone()),
-                SessionConfig::default(),
-            )
-            .await;
+        r = run_py(&sup, check.clone()).await;
         left = in_pid_ns(&ns);
     }
     assert_eq!(r.value, false, "the sleeper outlived its cell: {r:?}");
@@ -582,13 +525,7 @@ async fn processes_a_cell_starts_die_with_it() {
 async fn killing_the_zygote_mid_cell_kills_the_cell_and_the_next_cell_gets_a_new_one() {
     let sup = one_zygote(pool(1));
     let s2 = sup.clone();
-    let running = tokio::spawn(async move {
-        s2.run(
-            CellRequest::new(Language::Python, "import time\ntime.sleep(30)"),
-            SessionConfig::default(),
-        )
-        .await
-    });
+    let running = tokio::spawn(async move { run_py(&s2, "import time\ntime.sleep(30)").await });
     let mut old = None;
     for _ in 0..300 {
         let st = sup.pool_status().await;
@@ -611,12 +548,7 @@ async fn killing_the_zygote_mid_cell_kills_the_cell_and_the_next_cell_gets_a_new
         .unwrap();
     assert_eq!(r.status, Status::Killed, "{r:?}");
     assert_eq!(r.exit.signal, Some(libc::SIGKILL), "{r:?}");
-    let r = sup
-        .run(
-            CellRequest::new(Language::Python, "40 + 2"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(&sup, "40 + 2").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
     assert_eq!(r.value, json!(42));
@@ -635,12 +567,7 @@ async fn a_zygote_is_replaced_after_its_cell_count() {
     });
     let mut pids = Vec::new();
     for _ in 0..5 {
-        let r = sup
-            .run(
-                CellRequest::new(Language::Python, "1"),
-                SessionConfig::default(),
-            )
-            .await;
+        let r = run_py(&sup, "1").await;
         assert_eq!(r.status, Status::Ok, "{r:?}");
         require_warm(&r);
         let st = sup.pool_status().await;
@@ -831,14 +758,7 @@ async fn cells_that_fork_are_held_to_the_memory_of_all_cells() {
 
 /// `(state, ppid, comm)` of a process, from /proc (None once it is gone).
 fn proc_stat(pid: i32) -> Option<(char, i32, String)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = s.find('(')?;
-    let close = s.rfind(')')?;
-    let comm = s[open + 1..close].to_owned();
-    let mut rest = s[close + 2..].split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    let ppid = rest.next()?.parse().ok()?;
-    Some((state, ppid, comm))
+    stat(pid).map(|s| (s.state, s.ppid, s.comm))
 }
 
 /// Whether `pid` is a live process (not gone, not a zombie).
@@ -857,10 +777,7 @@ fn zygote_process(outer: i32) -> i32 {
     if proc_stat(outer).is_some_and(|(_, _, comm)| comm.starts_with("python")) {
         found.push(outer);
     }
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for pid in pids() {
         if let Some((_, ppid, comm)) = proc_stat(pid) {
             if ppid == outer && comm.starts_with("python") && is_live(pid) {
                 found.push(pid);
@@ -909,12 +826,7 @@ impl Drop for Stopped {
 
 /// The one live zygote of a pool of one, after a cell made sure it runs.
 async fn the_live_zygote(sup: &Supervisor) -> i32 {
-    let r = sup
-        .run(
-            CellRequest::new(Language::Python, "1"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_py(sup, "1").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     require_warm(&r);
     let st = sup.pool_status().await;
@@ -1100,30 +1012,15 @@ fn logged_pids(lines: &[String], what: &str) -> Vec<i32> {
 /// the cell moved (it still ends `ok` within its limit).
 #[test]
 fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     use std::time::{Duration, Instant};
-    let mut child = std::process::Command::new(bin())
-        .arg("serve")
-        .env_remove("CELLBOX_LOG")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
+    let (mut child, mut stdin, answers) = serve::json_lines(
+        std::process::Command::new(bin())
+            .arg("serve")
+            .env_remove("CELLBOX_LOG")
+            .stderr(std::process::Stdio::piped()),
+    );
     let stderr = child.stderr.take().unwrap();
-    let (tx, answers) = std::sync::mpsc::channel::<Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if let Ok(v) = serde_json::from_str(&line) {
-                if tx.send(v).is_err() {
-                    return;
-                }
-            }
-        }
-    });
     let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     {
         let log = log.clone();
@@ -1134,12 +1031,7 @@ fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
             }
         });
     }
-    let mut send = |v: Value| {
-        let mut line = serde_json::to_vec(&v).unwrap();
-        line.push(b'\n');
-        stdin.write_all(&line).unwrap();
-        stdin.flush().unwrap();
-    };
+    let mut send = |v: Value| serve::send_line(&mut stdin, &v);
     let patience = Duration::from_secs(60);
     send(
         json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {

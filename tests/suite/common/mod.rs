@@ -1,0 +1,264 @@
+//! Helpers shared by the integration tests: the binary, supervisors and
+//! cells ([`procs`]: the host's processes; [`serve`]: `cellbox serve` as a
+//! child process).
+#![allow(dead_code)]
+
+pub mod procs;
+pub mod serve;
+
+pub use procs::{cmdline, comm, descendants, pids, processes, stat, Proc};
+
+use cellbox::{
+    CellRequest, CellResult, EventSink, Language, Policy, PoolConfig, Session, SessionConfig,
+    Supervisor,
+};
+use std::path::PathBuf;
+
+/// The cellbox binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cellbox"))
+}
+
+pub fn supervisor() -> Supervisor {
+    Supervisor::builder().worker_exe(bin()).build().unwrap()
+}
+
+pub fn config(allow: &[&str]) -> SessionConfig {
+    let mut policy = Policy::deny_all();
+    for a in allow {
+        policy.allow.insert((*a).to_owned());
+    }
+    SessionConfig {
+        policy,
+        ..SessionConfig::default()
+    }
+}
+
+pub async fn rhai(session: &Session, code: &str) -> CellResult {
+    session.run(CellRequest::new(Language::Rhai, code)).await
+}
+
+pub async fn py_in(session: &Session, code: &str) -> CellResult {
+    session.run(CellRequest::new(Language::Python, code)).await
+}
+
+/// Run a Python cell on `sup` with the default session config.
+pub async fn run_py(sup: &Supervisor, code: impl Into<String>) -> CellResult {
+    sup.run(
+        CellRequest::new(Language::Python, code),
+        SessionConfig::default(),
+    )
+    .await
+}
+
+/// `detail` of the sandbox layer `name` of a cell's report ("" without one).
+pub fn layer_detail(r: &CellResult, name: &str) -> String {
+    r.sandbox
+        .as_ref()
+        .and_then(|s| s.layer(name))
+        .map(|l| l.detail.clone())
+        .unwrap_or_default()
+}
+
+/// A supervisor whose Python pool runs with `config`.
+pub fn one_zygote(config: PoolConfig) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .python_pool(config)
+        .build()
+        .unwrap()
+}
+
+/// A pool of `size` zygotes, otherwise the defaults.
+pub fn pool(size: usize) -> PoolConfig {
+    PoolConfig {
+        size,
+        ..PoolConfig::default()
+    }
+}
+
+/// A supervisor that writes its events to the file `events`.
+pub fn with_events(events: &std::path::Path) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .events(EventSink::to_file(events).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// The events file `events` (every line must be an event) and its
+/// `cell_start` events, in order.
+pub fn cell_starts(events: &std::path::Path) -> (String, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(events).unwrap();
+    let starts = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "cell_start")
+        .collect();
+    (text, starts)
+}
+
+/// Panic (saying `why`) unless the suite runs as root.
+pub fn require_root(why: &str) {
+    assert!(nix::unistd::geteuid().is_root(), "{why}");
+}
+
+/// Wait until `f` holds (checked every 50 ms), up to `secs`.
+pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+pub async fn run_once(lang: Language, code: &str, allow: &[&str]) -> CellResult {
+    supervisor()
+        .run(CellRequest::new(lang, code), config(allow))
+        .await
+}
+
+/// Run the binary with arguments and optional stdin.
+pub fn cellbox(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    let mut child = serve::spawn_piped(std::process::Command::new(bin()).args(args));
+    {
+        let mut si = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            let _ = si.write_all(s.as_bytes());
+        }
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `cellbox exec --json [extra] -- argv`: exit code and parsed result.
+pub fn exec_json(extra: &[&str], argv: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let mut args = vec!["exec", "--json"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = cellbox(&args, None);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON result ({e}): stdout {:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
+
+/// Whether `pid` is a fork-server spare: a sandboxed child waiting for a
+/// cell it has not been given (it renames itself when it gets one), or one
+/// just forked that has not named itself yet (a child of the inner fork
+/// server not named `cellbox-cell`).
+pub fn is_spare(pid: i32) -> bool {
+    let name = comm(pid);
+    if name == "cellbox-spare" {
+        return true;
+    }
+    if name == "cellbox-cell" {
+        return false;
+    }
+    // Forked (not executed) from the fork server, so the same command
+    // line; its parent is the inner server, whose parent is the outer one.
+    let parent = |p: i32| stat(p).map(|s| s.ppid);
+    let forkserver = |p: i32| cmdline(p).contains("__forkserver");
+    let Some(inner) = parent(pid) else {
+        return false;
+    };
+    let Some(outer) = parent(inner) else {
+        return false;
+    };
+    forkserver(pid) && forkserver(inner) && forkserver(outer)
+}
+
+/// (pid, state, cmdline) of every cell worker descended from this process:
+/// direct workers and fork-server children alike (not the fork server, not
+/// its waiting spares).
+pub fn children() -> Vec<(i32, char, String)> {
+    let me = std::process::id() as i32;
+    let all = processes();
+    let inner = fork_servers(&all);
+    all.into_iter()
+        .filter(|p| (p.ppid == me && !p.cmd.contains("__forkserver")) || inner.contains(&p.ppid))
+        .filter(|p| !is_spare(p.pid))
+        .map(|p| (p.pid, p.state, p.cmd))
+        .collect()
+}
+
+/// The fork servers of this process's supervisors. A fork server runs as
+/// two processes: the outer one (our child) waits for the inner one, PID 1
+/// of the pool's namespaces, which forks cells; this is the inner one.
+fn fork_servers(all: &[Proc]) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let outer: Vec<i32> = all
+        .iter()
+        .filter(|p| p.ppid == me && p.cmd.contains("__forkserver"))
+        .map(|p| p.pid)
+        .collect();
+    all.iter()
+        .filter(|p| outer.contains(&p.ppid))
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// The workers (pid, comm) forked by the fork server whose outer process is
+/// `server`: its spares and its running cells.
+pub fn forked_by(server: u32) -> Vec<(i32, String)> {
+    let all = processes();
+    let inner: Vec<i32> = all
+        .iter()
+        .filter(|p| p.ppid == server as i32)
+        .map(|p| p.pid)
+        .collect();
+    all.iter()
+        .filter(|p| inner.contains(&p.ppid))
+        .map(|p| (p.pid, comm(p.pid)))
+        .collect()
+}
+
+/// The spares waiting in this process's fork servers.
+pub fn spares() -> Vec<i32> {
+    let all = processes();
+    let inner = fork_servers(&all);
+    all.iter()
+        .filter(|p| inner.contains(&p.ppid) && is_spare(p.pid))
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// Python: 8 children each touch 300 MiB and hold it until released;
+/// `held_killed` is then [children that still held it at release, children
+/// killed by SIGKILL]. Append `held_killed` (a cell's value) or
+/// `print(*held_killed)`.
+pub const MEMORY_FORK_PY: &str = r#"
+import os
+N, SIZE = 8, 300 << 20
+release_r, release_w = os.pipe()
+kids = []
+for i in range(N):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r); os.close(release_w)
+        b = bytearray(SIZE)
+        for j in range(0, SIZE, 4096):
+            b[j] = 1
+        os.write(w, b"1")
+        os.read(release_r, 1)
+        os._exit(0)
+    os.close(w)
+    kids.append((pid, r))
+for pid, r in kids:
+    os.read(r, 1)
+os.close(release_w)
+ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]
+held_killed = [sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),
+               sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9)]
+"#;
