@@ -313,35 +313,36 @@ fn verdict_block(nr: u32, v: &Verdict) -> Result<Vec<sock_filter>, SeccompError>
             stmt(BPF_RET_K, RET_EPERM),
         ],
         Verdict::Allow(ArgCheck::OneOf { arg, values }) => {
-            // ld; jeq v_i → allow (one per value); ret EPERM; ret ALLOW.
-            let n = values.len();
-            let mut b = Vec::with_capacity(n + 3);
-            b.push(load_arg(*arg, false));
-            for (i, v) in values.iter().enumerate() {
-                // From jeq i, the allow return is n - i instructions ahead.
-                let to_allow = u8::try_from(n - i)
-                    .map_err(|_| SeccompError::RuleTooLarge { nr, len: n + 3 })?;
-                b.push(jump(BPF_JEQ_K, *v, to_allow, 0));
-            }
-            b.push(stmt(BPF_RET_K, RET_EPERM));
-            b.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-            b
+            match_block(nr, *arg, values, SECCOMP_RET_ALLOW, RET_EPERM)?
         }
         Verdict::Allow(ArgCheck::NotOneOf { arg, values }) => {
-            // ld; jeq v_i → EPERM (one per value); ret ALLOW; ret EPERM.
-            let n = values.len();
-            let mut b = Vec::with_capacity(n + 3);
-            b.push(load_arg(*arg, false));
-            for (i, v) in values.iter().enumerate() {
-                let to_deny = u8::try_from(n - i)
-                    .map_err(|_| SeccompError::RuleTooLarge { nr, len: n + 3 })?;
-                b.push(jump(BPF_JEQ_K, *v, to_deny, 0));
-            }
-            b.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-            b.push(stmt(BPF_RET_K, RET_EPERM));
-            b
+            match_block(nr, *arg, values, RET_EPERM, SECCOMP_RET_ALLOW)?
         }
     })
+}
+
+/// Compare the low half of argument `arg` with each of `values`: `hit`
+/// when one matches, else `miss`.
+/// Shape: ld; jeq v_i → hit (one per value); ret miss; ret hit.
+fn match_block(
+    nr: u32,
+    arg: u8,
+    values: &[u32],
+    hit: u32,
+    miss: u32,
+) -> Result<Vec<sock_filter>, SeccompError> {
+    let n = values.len();
+    let mut b = Vec::with_capacity(n + 3);
+    b.push(load_arg(arg, false));
+    for (i, v) in values.iter().enumerate() {
+        // From jeq i, the `hit` return is n - i instructions ahead.
+        let to_hit =
+            u8::try_from(n - i).map_err(|_| SeccompError::RuleTooLarge { nr, len: n + 3 })?;
+        b.push(jump(BPF_JEQ_K, *v, to_hit, 0));
+    }
+    b.push(stmt(BPF_RET_K, miss));
+    b.push(stmt(BPF_RET_K, hit));
+    Ok(b)
 }
 
 /// A leaf: compare the number with each entry, `default` if none matches,
