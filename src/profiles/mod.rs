@@ -749,6 +749,40 @@ mod tests {
         assert_eq!(l.max_file_size_bytes, p.limits.max_file_size_bytes);
     }
 
+    /// A profile's `[limits]`, in TOML and JSON (the compiled built-ins):
+    /// six keys, all required, no others.
+    #[test]
+    fn the_limits_table_shape_stays() {
+        let l = Profile::load("rhai").unwrap().limits;
+        let text = "cpu_seconds = 30\nmemory_bytes = 536870912\nmax_processes = 1\n\
+                    max_open_files = 32\nmax_file_size_bytes = 16777216\nstack_bytes = 8388608\n";
+        assert_eq!(toml::to_string(&l).unwrap(), text);
+        assert_eq!(toml::from_str::<LimitsSpec>(text).unwrap(), l);
+        assert_eq!(
+            serde_json::to_string(&l).unwrap(),
+            concat!(
+                r#"{"cpu_seconds":30,"memory_bytes":536870912,"max_processes":1,"#,
+                r#""max_open_files":32,"max_file_size_bytes":16777216,"stack_bytes":8388608}"#
+            )
+        );
+        for (i, key) in text.lines().enumerate() {
+            let key = key.split(' ').next().unwrap();
+            let without: String = text
+                .lines()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, l)| format!("{l}\n"))
+                .collect();
+            let e = toml::from_str::<LimitsSpec>(&without).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("missing field `{key}`")),
+                "{e}"
+            );
+        }
+        let e = toml::from_str::<LimitsSpec>(&format!("{text}max_thread = 1\n")).unwrap_err();
+        assert!(e.to_string().contains("unknown field `max_thread`"), "{e}");
+    }
+
     fn rhai_text() -> String {
         BUILTIN_RHAI.to_owned()
     }

@@ -315,6 +315,31 @@ mod tests {
         crate::sandbox::syscalls::number(n).unwrap()
     }
 
+    /// The setup a forked cell reads, and the plan's limits: five keys each.
+    #[test]
+    fn the_cell_setup_and_plan_limits_shapes_stay() {
+        let p = Profile::load("rhai").unwrap();
+        let limits = concat!(
+            r#"{"cpu_seconds":30,"memory_bytes":536870912,"max_processes":1,"#,
+            r#""max_open_files":32,"max_file_size_bytes":16777216}"#
+        );
+        let plan = SandboxPlan::new(&p, "/s".into(), p.default_limits());
+        let plan_json = serde_json::to_string(&plan).unwrap();
+        assert!(
+            plan_json.contains(&format!(r#""limits":{limits},"#)),
+            "{plan_json}"
+        );
+        let setup = CellSetup {
+            scratch: "/s".into(),
+            rlimits: (&p.default_limits()).into(),
+        };
+        let json = format!(r#"{{"scratch":"/s","rlimits":{limits}}}"#);
+        assert_eq!(serde_json::to_string(&setup).unwrap(), json);
+        assert_eq!(serde_json::from_str::<CellSetup>(&json).unwrap(), setup);
+        let extra = json.replace("}}", r#","core":0}}"#);
+        assert!(serde_json::from_str::<CellSetup>(&extra).is_err());
+    }
+
     #[test]
     fn cell_filter_takes_back_the_zygote_extras_only() {
         let prog = decode(&cell_filter().unwrap());

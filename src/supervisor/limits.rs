@@ -188,4 +188,68 @@ mod tests {
         assert_eq!(l.max_file_size_bytes, 1 << 20);
         assert_eq!(l.timeout_ms, session.timeout_ms);
     }
+
+    /// The shapes of `Limits` in JSON (a result's `asked` limits) and TOML
+    /// (`cellbox serve`'s `[limits]`): one flat table, in this order.
+    const JSON: &str = concat!(
+        r#"{"timeout_ms":30000,"max_output_bytes":1048576,"max_script_bytes":1048576,"#,
+        r#""max_frame_bytes":8388608,"max_operations":50000000,"max_call_levels":64,"#,
+        r#""max_expr_depth":64,"max_string_bytes":16777216,"max_array_len":1000000,"#,
+        r#""max_map_len":100000,"cpu_seconds":60,"memory_bytes":1073741824,"#,
+        r#""max_processes":64,"max_open_files":256,"max_file_size_bytes":67108864}"#
+    );
+
+    #[test]
+    fn the_json_and_toml_shapes_stay() {
+        let l = Limits::default();
+        assert_eq!(serde_json::to_string(&l).unwrap(), JSON);
+        assert_eq!(serde_json::from_str::<Limits>(JSON).unwrap(), l);
+        let toml_text = toml::to_string(&l).unwrap();
+        let lines: Vec<String> = JSON
+            .trim_matches(['{', '}'])
+            .split(',')
+            .map(|kv| kv.replacen(':', " = ", 1).replace('"', ""))
+            .collect();
+        assert_eq!(toml_text, lines.join("\n") + "\n");
+        assert_eq!(toml::from_str::<Limits>(&toml_text).unwrap(), l);
+    }
+
+    #[test]
+    fn any_field_may_be_left_out_and_none_may_be_unknown() {
+        let l: Limits = serde_json::from_str(r#"{"max_open_files":9,"timeout_ms":7}"#).unwrap();
+        let want = Limits {
+            timeout_ms: 7,
+            max_open_files: 9,
+            ..Limits::default()
+        };
+        assert_eq!(l, want);
+        let l: Limits = toml::from_str("cpu_seconds = 5").unwrap();
+        let want = Limits {
+            cpu_seconds: 5,
+            ..Limits::default()
+        };
+        assert_eq!(l, want);
+        assert_eq!(
+            serde_json::from_str::<Limits>("{}").unwrap(),
+            Limits::default()
+        );
+        for bad in [
+            r#"{"cpu_second":5}"#,
+            r#"{"cpu_seconds":-1}"#,
+            r#"{"cpu_seconds":null}"#,
+            r#"{"cpu_seconds":"5"}"#,
+            r#"{"timeout_ms":-1}"#,
+        ] {
+            let e = serde_json::from_str::<Limits>(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("cpu_second") || e.contains("invalid"),
+                "{bad}: {e}"
+            );
+        }
+        let e = toml::from_str::<Limits>("max_open_file = 1").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `max_open_file`"),
+            "{e}"
+        );
+    }
 }
