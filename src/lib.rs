@@ -34,6 +34,7 @@ pub use supervisor::{
 #[cfg(target_os = "linux")]
 pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
+pub mod plan;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]

@@ -1,5 +1,6 @@
 //! Limits for one cell. Per-call limits may only tighten a session's.
 
+use crate::plan::Rlimits;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -27,16 +28,14 @@ pub struct Limits {
     pub max_string_bytes: usize,
     pub max_array_len: usize,
     pub max_map_len: usize,
-    /// OS: CPU seconds (RLIMIT_CPU).
-    pub cpu_seconds: u64,
-    /// OS: address space / data bytes.
-    pub memory_bytes: u64,
-    /// OS: processes and threads.
-    pub max_processes: u64,
-    /// OS: open file descriptors.
-    pub max_open_files: u64,
-    /// OS: largest file the cell may write.
-    pub max_file_size_bytes: u64,
+    /// OS: the cell's rlimits, keys of this table like the others (any
+    /// left out keeps its default).
+    #[serde(flatten, deserialize_with = "rlimits_over_defaults")]
+    pub rlimits: Rlimits,
+}
+
+fn rlimits_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Rlimits, D::Error> {
+    Rlimits::deserialize_over(Limits::default().rlimits, d)
 }
 
 impl Default for Limits {
@@ -52,11 +51,13 @@ impl Default for Limits {
             max_string_bytes: 16 * 1024 * 1024,
             max_array_len: 1_000_000,
             max_map_len: 100_000,
-            cpu_seconds: 60,
-            memory_bytes: 1024 * 1024 * 1024,
-            max_processes: 64,
-            max_open_files: 256,
-            max_file_size_bytes: 64 * 1024 * 1024,
+            rlimits: Rlimits {
+                cpu_seconds: 60,
+                memory_bytes: 1024 * 1024 * 1024,
+                max_processes: 64,
+                max_open_files: 256,
+                max_file_size_bytes: 64 * 1024 * 1024,
+            },
         }
     }
 }
@@ -86,7 +87,10 @@ impl Limits {
             timeout_ms: min(self.timeout_ms, o.timeout_ms),
             max_output_bytes: min(self.max_output_bytes, o.max_output_bytes),
             max_operations: min(self.max_operations, o.max_operations),
-            memory_bytes: min(self.memory_bytes, o.memory_bytes),
+            rlimits: Rlimits {
+                memory_bytes: min(self.rlimits.memory_bytes, o.memory_bytes),
+                ..self.rlimits
+            },
             ..self.clone()
         }
     }
@@ -104,11 +108,7 @@ impl Limits {
             max_string_bytes: self.max_string_bytes.min(other.max_string_bytes),
             max_array_len: self.max_array_len.min(other.max_array_len),
             max_map_len: self.max_map_len.min(other.max_map_len),
-            cpu_seconds: self.cpu_seconds.min(other.cpu_seconds),
-            memory_bytes: self.memory_bytes.min(other.memory_bytes),
-            max_processes: self.max_processes.min(other.max_processes),
-            max_open_files: self.max_open_files.min(other.max_open_files),
-            max_file_size_bytes: self.max_file_size_bytes.min(other.max_file_size_bytes),
+            rlimits: self.rlimits.min(&other.rlimits),
         }
     }
 
@@ -117,22 +117,8 @@ impl Limits {
     /// limits narrow the profile's; they never widen it.
     pub fn under_profile(&self, ceiling: &crate::profiles::LimitsSpec) -> Limits {
         Limits {
-            cpu_seconds: self.cpu_seconds.min(ceiling.cpu_seconds),
-            memory_bytes: self.memory_bytes.min(ceiling.memory_bytes),
-            max_processes: self.max_processes.min(ceiling.max_processes),
-            max_open_files: self.max_open_files.min(ceiling.max_open_files),
-            max_file_size_bytes: self.max_file_size_bytes.min(ceiling.max_file_size_bytes),
+            rlimits: self.rlimits.min(&ceiling.rlimits),
             ..self.clone()
-        }
-    }
-
-    pub(crate) fn os_limits(&self) -> crate::sandbox::OsLimits {
-        crate::sandbox::OsLimits {
-            cpu_seconds: self.cpu_seconds,
-            memory_bytes: self.memory_bytes,
-            max_processes: self.max_processes,
-            max_open_files: self.max_open_files,
-            max_file_size_bytes: self.max_file_size_bytes,
         }
     }
 
@@ -168,25 +154,33 @@ mod tests {
     #[test]
     fn a_profile_is_a_ceiling() {
         let ceiling = crate::profiles::LimitsSpec {
-            cpu_seconds: 7,
-            memory_bytes: 4 << 30,
-            max_processes: 1,
-            max_open_files: 17,
-            max_file_size_bytes: 1 << 20,
+            rlimits: Rlimits {
+                cpu_seconds: 7,
+                memory_bytes: 4 << 30,
+                max_processes: 1,
+                max_open_files: 17,
+                max_file_size_bytes: 1 << 20,
+            },
             stack_bytes: 8 << 20,
         };
         let session = Limits {
-            max_open_files: 10,
+            rlimits: Rlimits {
+                max_open_files: 10,
+                ..Limits::default().rlimits
+            },
             ..Limits::default()
         };
-        let l = session.under_profile(&ceiling);
+        let l = session.under_profile(&ceiling).rlimits;
         assert_eq!(l.cpu_seconds, 7);
         // Below the ceiling, the session's own value stays.
-        assert_eq!(l.memory_bytes, session.memory_bytes);
+        assert_eq!(l.memory_bytes, session.rlimits.memory_bytes);
         assert_eq!(l.max_processes, 1);
         assert_eq!(l.max_open_files, 10);
         assert_eq!(l.max_file_size_bytes, 1 << 20);
-        assert_eq!(l.timeout_ms, session.timeout_ms);
+        assert_eq!(
+            session.under_profile(&ceiling).timeout_ms,
+            session.timeout_ms
+        );
     }
 
     /// The shapes of `Limits` in JSON (a result's `asked` limits) and TOML
@@ -219,13 +213,19 @@ mod tests {
         let l: Limits = serde_json::from_str(r#"{"max_open_files":9,"timeout_ms":7}"#).unwrap();
         let want = Limits {
             timeout_ms: 7,
-            max_open_files: 9,
+            rlimits: Rlimits {
+                max_open_files: 9,
+                ..Limits::default().rlimits
+            },
             ..Limits::default()
         };
         assert_eq!(l, want);
         let l: Limits = toml::from_str("cpu_seconds = 5").unwrap();
         let want = Limits {
-            cpu_seconds: 5,
+            rlimits: Rlimits {
+                cpu_seconds: 5,
+                ..Limits::default().rlimits
+            },
             ..Limits::default()
         };
         assert_eq!(l, want);

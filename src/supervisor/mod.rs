@@ -454,7 +454,8 @@ impl SupervisorBuilder {
     /// lands here is a session's scratch when its own tmpfs could not be
     /// mounted) (default 1 GiB). Enforced with a tmpfs when the supervisor
     /// runs as root on Linux; otherwise only each file's size is bounded
-    /// (the profile's `max_file_size_bytes`). The tmpfs is memory: its
+    /// (the cell's `max_file_size_bytes`: its session's, under its
+    /// profile's `[limits]` ceiling). The tmpfs is memory: its
     /// pages count against the host's RAM, not against a cell's limit.
     pub fn scratch_bytes(mut self, bytes: u64) -> Self {
         self.scratch_bytes = bytes;

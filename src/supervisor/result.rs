@@ -289,14 +289,17 @@ impl CellResult {
             (_, Some(libc::SIGXCPU)) => self.fail(
                 Status::LimitExceeded,
                 "LimitExceeded",
-                format!("CPU time limit of {} s exceeded", limits.cpu_seconds),
+                format!(
+                    "CPU time limit of {} s exceeded",
+                    limits.rlimits.cpu_seconds
+                ),
             ),
             (_, Some(libc::SIGXFSZ)) => self.fail(
                 Status::LimitExceeded,
                 "LimitExceeded",
                 format!(
                     "file size limit of {} bytes exceeded",
-                    limits.max_file_size_bytes
+                    limits.rlimits.max_file_size_bytes
                 ),
             ),
             (_, Some(libc::SIGSYS)) => self.fail(
@@ -308,7 +311,10 @@ impl CellResult {
                 self.fail(
                     Status::LimitExceeded,
                     "LimitExceeded",
-                    format!("memory limit of {} bytes exceeded", limits.memory_bytes),
+                    format!(
+                        "memory limit of {} bytes exceeded",
+                        limits.rlimits.memory_bytes
+                    ),
                 )
             }
             (_, Some(sig)) => self.fail(

@@ -2,9 +2,9 @@
 //! `crate::sandbox::forkserver`): start it once, ask it for one child per
 //! cell, learn how each child ended.
 
+use crate::plan::Rlimits;
 use crate::sandbox::forkserver::{self, Control};
 use crate::sandbox::process::Reaped;
-use crate::sandbox::OsLimits;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -160,13 +160,13 @@ struct Shared {
     pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
     exits: ExitTable,
     /// Spares handed over by the server, oldest first.
-    spares: VecDeque<(OsLimits, Forked)>,
+    spares: VecDeque<(Rlimits, Forked)>,
 }
 
 impl Shared {
     /// A live spare with exactly these limits, and how many dead ones were
     /// dropped on the way (each needs a replacement).
-    fn take_spare(&mut self, limits: &OsLimits) -> (Option<Forked>, usize) {
+    fn take_spare(&mut self, limits: &Rlimits) -> (Option<Forked>, usize) {
         let mut dropped = 0;
         while let Some(i) = self.spares.iter().position(|(l, _)| l == limits) {
             let Some((_, f)) = self.spares.remove(i) else {
@@ -182,6 +182,13 @@ impl Shared {
             return (Some(f), dropped);
         }
         (None, dropped)
+    }
+}
+
+fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -201,13 +208,6 @@ pub(crate) struct ForkServer {
     next_id: AtomicU64,
     /// The server's process id (the outer process, as the host sees it).
     pub(crate) pid: i32,
-}
-
-fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl ForkServer {
@@ -235,7 +235,7 @@ impl ForkServer {
             // profile's ceiling (the server itself sets none of its own).
             super::Limits::default()
                 .under_profile(&loaded.limits)
-                .os_limits(),
+                .rlimits,
         );
         let (ours, theirs) = forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the fork server channel: {e}"))?;
@@ -362,7 +362,7 @@ impl ForkServer {
     /// replaced) or at the cell's `deadline`, whichever comes first.
     pub(crate) async fn spawn(
         self: &Arc<Self>,
-        limits: &OsLimits,
+        limits: &Rlimits,
         deadline: tokio::time::Instant,
     ) -> Result<(Forked, Option<Refill>), String> {
         if self.is_dead() {
@@ -389,7 +389,7 @@ impl ForkServer {
         lock(&self.shared).pending.insert(id, tx);
         let msg = Control::Spawn {
             id,
-            limits: limits.clone(),
+            limits: *limits,
         };
         let asked = std::time::Instant::now();
         if let Err(e) = self.control(&msg, Some(id)) {
