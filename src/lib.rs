@@ -41,6 +41,7 @@ pub mod protocol;
 pub mod sandbox;
 pub mod serve;
 pub mod supervisor;
+pub(crate) mod util;
 pub mod worker;
 
 // The command line and the tools behind its commands: for the binaries,

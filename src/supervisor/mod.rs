@@ -274,10 +274,7 @@ impl Inner {
     /// A sandbox profile by name or path, parsed once per supervisor (a
     /// profile file edited later takes effect with a new supervisor).
     pub(crate) fn profile(&self, name: &str) -> Result<Arc<crate::profiles::Profile>, String> {
-        let mut cache = match self.profile_cache.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut cache = crate::util::lock(&self.profile_cache);
         if let Some(p) = cache.get(name) {
             return Ok(p.clone());
         }

@@ -5,6 +5,7 @@
 use crate::plan::Rlimits;
 use crate::sandbox::forkserver::{self, Control};
 use crate::sandbox::process::Reaped;
+use crate::util::lock;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -182,13 +183,6 @@ impl Shared {
             return (Some(f), dropped);
         }
         (None, dropped)
-    }
-}
-
-fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 
@@ -416,10 +410,7 @@ impl ForkServer {
 
     /// Send one control message; a failed send means the server is gone.
     fn control(&self, msg: &Control, id: Option<u64>) -> std::io::Result<()> {
-        let ctl = match self.ctl.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let ctl = crate::util::lock(&self.ctl);
         let r = forkserver::send(ctl.as_fd(), msg, &[]);
         if r.is_err() {
             if let Some(id) = id {
@@ -568,10 +559,7 @@ impl Drop for ForkServer {
         // Shut the socket down (not just our fd: the reader thread holds a
         // second one), so the server sees EOF, kills its cells and exits, and
         // the reader thread ends and reaps it.
-        let ctl = match self.ctl.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let ctl = crate::util::lock(&self.ctl);
         let _ = nix::sys::socket::shutdown(
             std::os::fd::AsRawFd::as_raw_fd(&*ctl),
             nix::sys::socket::Shutdown::Both,

@@ -17,6 +17,7 @@ use crate::sandbox::linux::view::Kind;
 use crate::sandbox::process::Reaped;
 use crate::sandbox::zygote::{self, ZygoteMsg};
 use crate::sandbox::{SandboxPlan, SandboxReport};
+use crate::util::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -146,13 +147,6 @@ pub(crate) enum SpawnError {
     Deadline(String),
     /// The zygote is gone or could not fork the cell.
     Failed(String),
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl std::fmt::Display for SpawnError {
