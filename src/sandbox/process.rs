@@ -97,6 +97,12 @@ pub fn sigkill(target: Target) -> io::Result<()> {
         // SAFETY: kill has no memory effects; id > 1.
         Target::Pid(_) => unsafe { libc::kill(id, libc::SIGKILL) },
     };
+    killed(rc.into())
+}
+
+/// A kill call's return code as a result: a target that is already gone
+/// (ESRCH) is not an error.
+fn killed(rc: i64) -> io::Result<()> {
     if rc == 0 {
         return Ok(());
     }
@@ -264,15 +270,7 @@ pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
             0u32,
         )
     };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+    killed(rc)
 }
 
 /// End this process at once with `code`: no exit handlers, no destructors,
