@@ -97,7 +97,7 @@ pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
         config.limits.max_operations = n;
     }
     if let Some(m) = opts.cell.memory {
-        config.limits.memory_bytes = m;
+        config.limits.rlimits.memory_bytes = m;
     }
     config.profile = opts.profile.clone();
     Ok(config)
@@ -266,7 +266,7 @@ pub fn build_supervisor(
 ) -> Result<Supervisor, String> {
     let mut b = Supervisor::builder()
         .warm(warm)
-        .cells_memory_bytes(config.limits.memory_bytes.saturating_add(64 << 20));
+        .cells_memory_bytes(config.limits.rlimits.memory_bytes.saturating_add(64 << 20));
     if let Some(p) = &opts.cell.python {
         b = b.python(p);
     }

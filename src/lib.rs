@@ -36,12 +36,14 @@ pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
 pub mod exit;
+pub mod plan;
 pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]
 pub mod sandbox;
 pub mod serve;
 pub mod supervisor;
+pub(crate) mod util;
 pub mod worker;
 
 // The command line and the tools behind its commands: for the binaries,

@@ -119,7 +119,7 @@ async fn repl_command(
                 );
                 println!(
                     "limits timeout {} ms, output {} bytes, memory {} bytes",
-                    c.limits.timeout_ms, c.limits.max_output_bytes, c.limits.memory_bytes
+                    c.limits.timeout_ms, c.limits.max_output_bytes, c.limits.rlimits.memory_bytes
                 );
                 match session.scratch_dir() {
                     Ok(dir) => println!("scratch {}", dir.display()),

@@ -11,7 +11,7 @@
 //! names, non-empty reasons, no syscall both allowed and denied, …). Every
 //! error names the source, the key and the problem.
 
-use crate::sandbox::OsLimits;
+use crate::plan::Rlimits;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -136,15 +136,16 @@ pub struct Identity {
     pub hostname: String,
 }
 
-/// Resource limits as written in a profile.
+/// Resource limits as written in a profile: one flat table, every key
+/// required. The rlimits are a ceiling: a cell gets its session's (or
+/// call's) limits, each lowered to this value where it is higher (see
+/// [`crate::Limits::under_profile`]). `stack_bytes` is the cell's stack
+/// limit as it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSpec {
-    pub cpu_seconds: u64,
-    pub memory_bytes: u64,
-    pub max_processes: u64,
-    pub max_open_files: u64,
-    pub max_file_size_bytes: u64,
+    #[serde(flatten)]
+    pub rlimits: Rlimits,
     pub stack_bytes: u64,
 }
 
@@ -400,15 +401,11 @@ impl Profile {
         Ok(profile)
     }
 
-    /// The OS limits a cell gets unless the caller tightens them.
-    pub fn default_limits(&self) -> OsLimits {
-        OsLimits {
-            cpu_seconds: self.limits.cpu_seconds,
-            memory_bytes: self.limits.memory_bytes,
-            max_processes: self.limits.max_processes,
-            max_open_files: self.limits.max_open_files,
-            max_file_size_bytes: self.limits.max_file_size_bytes,
-        }
+    /// The profile's own rlimits, its ceiling. A cell gets its session's
+    /// limits under them (see [`crate::Limits::under_profile`]); these are
+    /// for a plan made from the profile alone (tests, tools).
+    pub fn default_limits(&self) -> Rlimits {
+        self.limits.rlimits
     }
 
     fn invalid(&self, key: impl Into<String>, problem: impl Into<String>) -> ProfileError {
@@ -449,11 +446,15 @@ impl Profile {
     fn validate_limits(&self) -> Result<(), ProfileError> {
         let l = &self.limits;
         let checks: [(&str, u64, u64); 6] = [
-            ("limits.cpu_seconds", l.cpu_seconds, 1),
-            ("limits.memory_bytes", l.memory_bytes, 16 << 20),
-            ("limits.max_processes", l.max_processes, 1),
-            ("limits.max_open_files", l.max_open_files, 8),
-            ("limits.max_file_size_bytes", l.max_file_size_bytes, 0),
+            ("limits.cpu_seconds", l.rlimits.cpu_seconds, 1),
+            ("limits.memory_bytes", l.rlimits.memory_bytes, 16 << 20),
+            ("limits.max_processes", l.rlimits.max_processes, 1),
+            ("limits.max_open_files", l.rlimits.max_open_files, 8),
+            (
+                "limits.max_file_size_bytes",
+                l.rlimits.max_file_size_bytes,
+                0,
+            ),
             ("limits.stack_bytes", l.stack_bytes, 128 << 10),
         ];
         for (key, value, min) in checks {
@@ -461,7 +462,7 @@ impl Profile {
                 return Err(self.invalid(key, format!("{value} is below the minimum of {min}")));
             }
         }
-        if l.stack_bytes >= l.memory_bytes {
+        if l.stack_bytes >= l.rlimits.memory_bytes {
             return Err(self.invalid(
                 "limits.stack_bytes",
                 "must be smaller than limits.memory_bytes",
@@ -742,11 +743,45 @@ mod tests {
     fn default_limits_come_from_the_profile() {
         let p = Profile::load("python").unwrap();
         let l = p.default_limits();
-        assert_eq!(l.cpu_seconds, p.limits.cpu_seconds);
-        assert_eq!(l.memory_bytes, p.limits.memory_bytes);
-        assert_eq!(l.max_processes, p.limits.max_processes);
-        assert_eq!(l.max_open_files, p.limits.max_open_files);
-        assert_eq!(l.max_file_size_bytes, p.limits.max_file_size_bytes);
+        assert_eq!(l.cpu_seconds, p.limits.rlimits.cpu_seconds);
+        assert_eq!(l.memory_bytes, p.limits.rlimits.memory_bytes);
+        assert_eq!(l.max_processes, p.limits.rlimits.max_processes);
+        assert_eq!(l.max_open_files, p.limits.rlimits.max_open_files);
+        assert_eq!(l.max_file_size_bytes, p.limits.rlimits.max_file_size_bytes);
+    }
+
+    /// A profile's `[limits]`, in TOML and JSON (the compiled built-ins):
+    /// six keys, all required, no others.
+    #[test]
+    fn the_limits_table_shape_stays() {
+        let l = Profile::load("rhai").unwrap().limits;
+        let text = "cpu_seconds = 30\nmemory_bytes = 536870912\nmax_processes = 1\n\
+                    max_open_files = 32\nmax_file_size_bytes = 16777216\nstack_bytes = 8388608\n";
+        assert_eq!(toml::to_string(&l).unwrap(), text);
+        assert_eq!(toml::from_str::<LimitsSpec>(text).unwrap(), l);
+        assert_eq!(
+            serde_json::to_string(&l).unwrap(),
+            concat!(
+                r#"{"cpu_seconds":30,"memory_bytes":536870912,"max_processes":1,"#,
+                r#""max_open_files":32,"max_file_size_bytes":16777216,"stack_bytes":8388608}"#
+            )
+        );
+        for (i, key) in text.lines().enumerate() {
+            let key = key.split(' ').next().unwrap();
+            let without: String = text
+                .lines()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, l)| format!("{l}\n"))
+                .collect();
+            let e = toml::from_str::<LimitsSpec>(&without).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("missing field `{key}`")),
+                "{e}"
+            );
+        }
+        let e = toml::from_str::<LimitsSpec>(&format!("{text}max_thread = 1\n")).unwrap_err();
+        assert!(e.to_string().contains("unknown field `max_thread`"), "{e}");
     }
 
     fn rhai_text() -> String {

@@ -61,7 +61,7 @@ pub enum Control {
     /// A child with these limits, now.
     Spawn {
         id: u64,
-        limits: super::OsLimits,
+        limits: crate::plan::Rlimits,
     },
     /// A spare was taken; make another.
     Refill,
@@ -73,7 +73,7 @@ pub enum Control {
     /// A child made ahead of time with these limits (fds as `spawned`).
     Spare {
         pid: i32,
-        limits: super::OsLimits,
+        limits: crate::plan::Rlimits,
     },
     Error {
         id: u64,
@@ -158,7 +158,7 @@ pub const CELL_NAME: &CStr = c"cellbox-cell";
 
 /// What a forked child runs: its protocol channel and its limits in, its
 /// exit code out.
-pub type RunCell = fn(UnixStream, &super::OsLimits) -> i32;
+pub type RunCell = fn(UnixStream, &crate::plan::Rlimits) -> i32;
 
 /// The fork server's main loop. `ctl` is the control channel; `run_cell` is
 /// what a forked child runs; `spares` children with `default_limits` are
@@ -166,7 +166,7 @@ pub type RunCell = fn(UnixStream, &super::OsLimits) -> i32;
 pub fn serve(
     ctl: OwnedFd,
     run_cell: RunCell,
-    default_limits: super::OsLimits,
+    default_limits: crate::plan::Rlimits,
     spares: usize,
 ) -> i32 {
     let mut mask = SigSet::empty();
@@ -267,11 +267,11 @@ impl Child {
 impl Server {
     /// Make a spare and hand it over. A spare that cannot be made is not an
     /// error here: the next cell asks with `spawn` and learns why.
-    fn spare(&mut self, limits: &super::OsLimits) {
+    fn spare(&mut self, limits: &crate::plan::Rlimits) {
         if let Ok(child) = self.fork_cell(limits, SPARE_NAME) {
             let msg = Control::Spare {
                 pid: child.pid,
-                limits: limits.clone(),
+                limits: *limits,
             };
             let _ = child.send(&self.ctl, &msg);
         }
@@ -287,7 +287,7 @@ impl Server {
         0
     }
 
-    fn fork_cell(&mut self, limits: &super::OsLimits, name: &CStr) -> Result<Child, String> {
+    fn fork_cell(&mut self, limits: &crate::plan::Rlimits, name: &CStr) -> Result<Child, String> {
         let (sock, theirs) = UnixStream::pair()
             .map_err(|e| format!("failed to create a protocol socket pair: {e}"))?;
         let pipe = || {

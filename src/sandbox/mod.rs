@@ -22,6 +22,7 @@
 //! `/tmp` (otherwise `TMPDIR=<scratch>`). Nothing else survives, including
 //! whatever the supervisor passed.
 
+use crate::plan::Rlimits;
 use crate::profiles::{LayerMode, Layers, PathAccess, PathRule, Profile, SeccompSpec};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -47,17 +48,6 @@ pub mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) mod testing;
 
-/// OS resource limits for one cell.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OsLimits {
-    pub cpu_seconds: u64,
-    pub memory_bytes: u64,
-    pub max_processes: u64,
-    pub max_open_files: u64,
-    pub max_file_size_bytes: u64,
-}
-
 /// Everything the worker needs to sandbox itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,7 +66,7 @@ pub struct SandboxPlan {
     /// them. Needs the mount namespace.
     #[serde(default)]
     pub scratch_in_cell: bool,
-    pub limits: OsLimits,
+    pub limits: Rlimits,
     /// Extra read-only paths the backend needs (e.g. the Python prefix).
     #[serde(default)]
     pub read_only: Vec<PathBuf>,
@@ -106,7 +96,7 @@ pub struct SandboxPlan {
 impl SandboxPlan {
     /// The plan for one cell under `profile`. The supervisor may push more
     /// paths onto `read_only` and `exec` before sending it.
-    pub fn new(profile: &Profile, scratch: PathBuf, limits: OsLimits) -> SandboxPlan {
+    pub fn new(profile: &Profile, scratch: PathBuf, limits: Rlimits) -> SandboxPlan {
         SandboxPlan {
             profile: profile.name.clone(),
             scratch,

@@ -74,15 +74,35 @@ pub fn reap(pid: i32) -> io::Result<Reaped> {
     }
 }
 
-/// SIGKILL every process in process group `pgid`. A group that is already
-/// gone is not an error.
-pub fn kill_group(pgid: i32) -> io::Result<()> {
-    if pgid <= 1 {
+/// What [`sigkill`] signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Every process in a process group.
+    Group(i32),
+    /// One process.
+    Pid(i32),
+}
+
+/// SIGKILL `target`. One that is already gone is not an error; an id of 1
+/// or less (our own group, every process, init) is refused with EINVAL.
+pub fn sigkill(target: Target) -> io::Result<()> {
+    let (Target::Group(id) | Target::Pid(id)) = target;
+    if id <= 1 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    // SAFETY: killpg has no memory effects; pgid > 1 so this never signals
-    // our own group by accident (0) or every process (-1 / 1).
-    let rc = unsafe { libc::killpg(pgid, libc::SIGKILL) };
+    let rc = match target {
+        // SAFETY: killpg has no memory effects; id > 1 so this never
+        // signals our own group by accident (0) or every process (-1 / 1).
+        Target::Group(_) => unsafe { libc::killpg(id, libc::SIGKILL) },
+        // SAFETY: kill has no memory effects; id > 1.
+        Target::Pid(_) => unsafe { libc::kill(id, libc::SIGKILL) },
+    };
+    killed(rc.into())
+}
+
+/// A kill call's return code as a result: a target that is already gone
+/// (ESRCH) is not an error.
+fn killed(rc: i64) -> io::Result<()> {
     if rc == 0 {
         return Ok(());
     }
@@ -92,6 +112,11 @@ pub fn kill_group(pgid: i32) -> io::Result<()> {
     } else {
         Err(err)
     }
+}
+
+/// SIGKILL every process in process group `pgid` (see [`sigkill`]).
+pub fn kill_group(pgid: i32) -> io::Result<()> {
+    sigkill(Target::Group(pgid))
 }
 
 /// Whether `name` is `<prefix><pid>-<anything>` for a pid that is not this
@@ -110,22 +135,9 @@ pub fn named_for_a_gone_process(name: &std::ffi::OsStr, prefix: &str) -> bool {
 }
 
 /// SIGKILL one process (used on a worker that has not exited yet and has
-/// not been reaped, so `pid` is still ours).
+/// not been reaped, so `pid` is still ours; see [`sigkill`]).
 pub fn kill_pid(pid: i32) -> io::Result<()> {
-    if pid <= 1 {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: kill has no memory effects; pid > 1.
-    let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+    sigkill(Target::Pid(pid))
 }
 
 /// Open a pidfd for `pid` (readable once the process exits).
@@ -258,15 +270,7 @@ pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
             0u32,
         )
     };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+    killed(rc)
 }
 
 /// End this process at once with `code`: no exit handlers, no destructors,

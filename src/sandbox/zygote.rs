@@ -35,6 +35,7 @@
 
 use super::linux::seccomp::{program_for, Action, ArgCheck, Filter, Verdict};
 use super::{SandboxPlan, SandboxReport};
+use crate::plan::Rlimits;
 use crate::profiles::{ArgAllow, DenyGroup, SeccompSpec, SyscallGroup};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -42,29 +43,6 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 pub use super::packet::{recv, send, MAX_PACKET_BYTES};
-
-/// Per-cell rlimits the zygote's child sets (names as in [`super::OsLimits`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CellRlimits {
-    pub cpu_seconds: u64,
-    pub memory_bytes: u64,
-    pub max_processes: u64,
-    pub max_open_files: u64,
-    pub max_file_size_bytes: u64,
-}
-
-impl From<&super::OsLimits> for CellRlimits {
-    fn from(l: &super::OsLimits) -> Self {
-        CellRlimits {
-            cpu_seconds: l.cpu_seconds,
-            memory_bytes: l.memory_bytes,
-            max_processes: l.max_processes,
-            max_open_files: l.max_open_files,
-            max_file_size_bytes: l.max_file_size_bytes,
-        }
-    }
-}
 
 /// Messages on a zygote's control channel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,7 +91,7 @@ pub enum ZygoteMsg {
 #[serde(deny_unknown_fields)]
 pub struct CellSetup {
     pub scratch: String,
-    pub rlimits: CellRlimits,
+    pub rlimits: Rlimits,
 }
 
 /// CPU milliseconds from `[seconds, microseconds]` pairs (negative parts,
@@ -260,8 +238,11 @@ pub fn cell_filter() -> Result<Vec<u8>, String> {
 }
 
 /// What the Python side of a zygote needs besides the shim, as JSON for its
-/// command line: the cell filter, the syscall numbers it calls by hand and
-/// the exit code of a child whose sandbox could not be applied.
+/// command line: the cell filter, the syscall numbers it calls by hand,
+/// each per-cell rlimit's name (a key of a cell's [`CellSetup`]) with the
+/// name of the resource it sets (`RLIMIT_CPU`, ... as in Python's
+/// `resource` module), in the order to set them, and the exit code of a
+/// child whose sandbox could not be applied.
 pub fn python_config() -> Result<String, String> {
     let filter = cell_filter()?;
     let hex: String = filter.iter().map(|b| format!("{b:02x}")).collect();
@@ -272,8 +253,14 @@ pub fn python_config() -> Result<String, String> {
         "nr_seccomp": num("seccomp")?,
         "nr_landlock_restrict_self": num("landlock_restrict_self")?,
         "exit_sandbox": crate::exit::Exit::Sandbox.raw(),
+        "rlimits": rlimit_names(),
     })
     .to_string())
+}
+
+/// `[[name, "RLIMIT_..."], ...]` for [`python_config`].
+fn rlimit_names() -> [[&'static str; 2]; 5] {
+    Rlimits::names().map(|(name, resource)| [name, resource.as_name()])
 }
 
 /// A pipe holding `setup` (written whole, the write end closed): the read
@@ -315,6 +302,58 @@ mod tests {
 
     fn nr(n: &str) -> i64 {
         crate::sandbox::syscalls::number(n).unwrap()
+    }
+
+    /// The setup a forked cell reads, and the plan's limits: five keys each.
+    #[test]
+    fn the_cell_setup_and_plan_limits_shapes_stay() {
+        let p = Profile::load("rhai").unwrap();
+        let limits = concat!(
+            r#"{"cpu_seconds":30,"memory_bytes":536870912,"max_processes":1,"#,
+            r#""max_open_files":32,"max_file_size_bytes":16777216}"#
+        );
+        let plan = SandboxPlan::new(&p, "/s".into(), p.default_limits());
+        let plan_json = serde_json::to_string(&plan).unwrap();
+        assert!(
+            plan_json.contains(&format!(r#""limits":{limits},"#)),
+            "{plan_json}"
+        );
+        let setup = CellSetup {
+            scratch: "/s".into(),
+            rlimits: p.default_limits(),
+        };
+        let json = format!(r#"{{"scratch":"/s","rlimits":{limits}}}"#);
+        assert_eq!(serde_json::to_string(&setup).unwrap(), json);
+        assert_eq!(serde_json::from_str::<CellSetup>(&json).unwrap(), setup);
+        let extra = json.replace("}}", r#","core":0}}"#);
+        assert!(serde_json::from_str::<CellSetup>(&extra).is_err());
+    }
+
+    /// The zygote sets each limit of a cell's setup by the resource name
+    /// it is sent with.
+    #[test]
+    fn the_python_config_names_every_rlimit_of_a_cell_setup() {
+        let c: serde_json::Value = serde_json::from_str(&python_config().unwrap()).unwrap();
+        assert_eq!(
+            c["rlimits"],
+            serde_json::json!([
+                ["cpu_seconds", "RLIMIT_CPU"],
+                ["memory_bytes", "RLIMIT_AS"],
+                ["max_file_size_bytes", "RLIMIT_FSIZE"],
+                ["max_open_files", "RLIMIT_NOFILE"],
+                ["max_processes", "RLIMIT_NPROC"]
+            ])
+        );
+        let setup = CellSetup {
+            scratch: "/s".into(),
+            rlimits: Profile::load("python").unwrap().default_limits(),
+        };
+        let setup = serde_json::to_value(&setup).unwrap();
+        let keys = setup["rlimits"].as_object().unwrap();
+        assert_eq!(keys.len(), 5);
+        for pair in c["rlimits"].as_array().unwrap() {
+            assert!(keys.contains_key(pair[0].as_str().unwrap()), "{pair}");
+        }
     }
 
     #[test]

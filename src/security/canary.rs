@@ -355,10 +355,7 @@ fn read_some(mut s: impl Read) -> Vec<u8> {
 
 impl Listeners {
     fn poll(&self, hits: &Mutex<Hits>, probe_bind: bool) {
-        let mut h = match hits.lock() {
-            Ok(h) => h,
-            Err(p) => p.into_inner(),
-        };
+        let mut h = crate::util::lock(hits);
         while let Ok((s, peer)) = self.tcp.accept() {
             let _ = s.set_nonblocking(true);
             let data = read_some(&s);
@@ -691,10 +688,7 @@ impl RunCanaries {
             let _ = w.join();
         }
         let mut ev = Vec::new();
-        let hits = match self.hits.lock() {
-            Ok(mut h) => std::mem::take(&mut *h),
-            Err(p) => std::mem::take(&mut *p.into_inner()),
-        };
+        let hits = std::mem::take(&mut *crate::util::lock(&self.hits));
         // Listeners: a hit is an escape whether or not the attack declared it.
         for (list, what) in [
             (&hits.tcp, "TCP listener"),

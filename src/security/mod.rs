@@ -565,10 +565,7 @@ pub fn run_suite(attacks: Vec<Attack>, opts: &SuiteOptions) -> Result<SuiteRepor
     std::thread::scope(|s| {
         for _ in 0..opts.jobs.clamp(1, 16) {
             s.spawn(|| loop {
-                let next = match queue.lock() {
-                    Ok(mut q) => q.pop_front(),
-                    Err(p) => p.into_inner().pop_front(),
-                };
+                let next = crate::util::lock(&queue).pop_front();
                 let Some(i) = next else { return };
                 let why = broken
                     .iter()
@@ -584,20 +581,16 @@ pub fn run_suite(attacks: Vec<Attack>, opts: &SuiteOptions) -> Result<SuiteRepor
                         outcome.time.as_secs_f64()
                     );
                 }
-                match results.lock() {
-                    Ok(mut r) => r[i] = Some(outcome),
-                    Err(p) => p.into_inner()[i] = Some(outcome),
-                }
+                crate::util::lock(&results)[i] = Some(outcome);
             });
         }
     });
-    let outcomes: Vec<AttackOutcome> = match results.into_inner() {
-        Ok(r) => r,
-        Err(p) => p.into_inner(),
-    }
-    .into_iter()
-    .flatten()
-    .collect();
+    let outcomes: Vec<AttackOutcome> = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .into_iter()
+        .flatten()
+        .collect();
     Ok(SuiteReport {
         outcomes,
         notes: suite.notes.iter().cloned().chain(notes).collect(),

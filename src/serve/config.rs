@@ -451,7 +451,7 @@ impl ServeConfig {
             self.limits.max_output_bytes = m;
         }
         if let Some(m) = args.cell.memory {
-            self.limits.memory_bytes = m;
+            self.limits.rlimits.memory_bytes = m;
         }
         if let Some(n) = args.cell.max_operations {
             self.limits.max_operations = n;
@@ -562,7 +562,7 @@ impl ServeConfig {
         if l.max_script_bytes == 0 {
             return Err(invalid("limits.max_script_bytes", "must be at least 1"));
         }
-        if l.memory_bytes == 0 {
+        if l.rlimits.memory_bytes == 0 {
             return Err(invalid(
                 "limits.memory_bytes (--memory)",
                 "must be at least 1",
@@ -613,6 +613,7 @@ impl ServeConfig {
             // for the warm workers.
             None => self
                 .limits
+                .rlimits
                 .memory_bytes
                 .saturating_mul(s.max_concurrency as u64)
                 .saturating_add(

@@ -295,7 +295,7 @@ impl Facts<'_> {
              source up to {}.",
             seconds(l.timeout_ms),
             bytes(l.max_output_bytes as u64),
-            bytes(l.memory_bytes),
+            bytes(l.rlimits.memory_bytes),
             match self.cells_memory {
                 Some(m) => format!(
                     " per process and {} for all running calls together (a process past it is killed)",
@@ -303,9 +303,9 @@ impl Facts<'_> {
                 ),
                 None => String::new(),
             },
-            l.cpu_seconds,
-            l.max_processes,
-            bytes(l.max_file_size_bytes),
+            l.rlimits.cpu_seconds,
+            l.rlimits.max_processes,
+            bytes(l.rlimits.max_file_size_bytes),
             match (self.session_scratch, self.scratch_quota) {
                 (Some(q), _) => format!(
                     " each, and the session's scratch directory (with its run_cell calls') \
@@ -334,11 +334,11 @@ impl Facts<'_> {
                     s,
                     " {lang} cells (their profile's ceiling): memory {}, CPU {} s, {} \
                      processes/threads, {} open files, files up to {}.",
-                    bytes(e.memory_bytes),
-                    e.cpu_seconds,
-                    e.max_processes,
-                    e.max_open_files,
-                    bytes(e.max_file_size_bytes)
+                    bytes(e.rlimits.memory_bytes),
+                    e.rlimits.cpu_seconds,
+                    e.rlimits.max_processes,
+                    e.rlimits.max_open_files,
+                    bytes(e.rlimits.max_file_size_bytes)
                 );
             }
         }

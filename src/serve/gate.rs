@@ -58,10 +58,7 @@ struct Inner {
 
 impl Inner {
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<Principal, usize>> {
-        match self.waiting.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&self.waiting)
     }
 
     fn stop_waiting(&self, who: &Principal) {

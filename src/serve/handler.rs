@@ -219,7 +219,7 @@ struct Inflight {
 
 impl Drop for Inflight {
     fn drop(&mut self) {
-        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = crate::util::lock(&self.table);
         if let Some(v) = t.get_mut(&self.key) {
             v.retain(|(n, _)| *n != self.serial);
             if v.is_empty() {
@@ -236,11 +236,7 @@ impl CellboxServer {
     /// principal (the same token, or no token) and reuse an id cancel each
     /// other's call.
     pub fn cancel_request(&self, client: &Principal, id: &Value) -> usize {
-        let t = self
-            .state
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let t = crate::util::lock(&self.state.inflight);
         let Some(v) = t.get(&(principal_key(client), id_key(id))) else {
             return 0;
         };
@@ -255,10 +251,7 @@ impl CellboxServer {
         let key = (client_of(&ctx.extensions), id_key(&id));
         let token = CancellationToken::new();
         let serial = CALL_SERIAL.fetch_add(1, Ordering::Relaxed);
-        self.state
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.state.inflight)
             .entry(key.clone())
             .or_default()
             .push((serial, token.clone()));
@@ -285,11 +278,7 @@ impl CellboxServer {
         {
             return false;
         }
-        let levels = self
-            .state
-            .log_levels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let levels = crate::util::lock(&self.state.log_levels);
         levels
             .get(&client_of(&ctx.extensions))
             .is_none_or(|min| severity(level) >= severity(*min))
@@ -729,10 +718,7 @@ impl ServerHandler for CellboxServer {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.state
-            .log_levels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.state.log_levels)
             .insert(client_of(&context.extensions), request.level);
         Ok(())
     }

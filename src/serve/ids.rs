@@ -63,10 +63,7 @@ impl IdSwap {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        match self.held.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&self.held)
     }
 
     /// Whether any id is swapped now.

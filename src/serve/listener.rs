@@ -121,10 +121,7 @@ struct Conns {
 
 impl Conns {
     fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
-        match self.counts.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&self.counts)
     }
 
     /// Count a new connection from `peer`, or `None` when it is one too many.

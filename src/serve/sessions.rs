@@ -93,10 +93,7 @@ struct TableInner {
 
 impl TableInner {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        match self.map.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&self.map)
     }
 }
 

@@ -102,10 +102,7 @@ impl EventSink {
         }
         let mut line = obj.to_string();
         line.push('\n');
-        let mut guard = match file.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut guard = crate::util::lock(file);
         if let Err(e) = guard.write(line.as_bytes()) {
             tracing::warn!("failed to write an event: {e}");
         }

@@ -1,5 +1,6 @@
 //! Limits for one cell. Per-call limits may only tighten a session's.
 
+use crate::plan::Rlimits;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -27,16 +28,14 @@ pub struct Limits {
     pub max_string_bytes: usize,
     pub max_array_len: usize,
     pub max_map_len: usize,
-    /// OS: CPU seconds (RLIMIT_CPU).
-    pub cpu_seconds: u64,
-    /// OS: address space / data bytes.
-    pub memory_bytes: u64,
-    /// OS: processes and threads.
-    pub max_processes: u64,
-    /// OS: open file descriptors.
-    pub max_open_files: u64,
-    /// OS: largest file the cell may write.
-    pub max_file_size_bytes: u64,
+    /// OS: the cell's rlimits, keys of this table like the others (any
+    /// left out keeps its default).
+    #[serde(flatten, deserialize_with = "rlimits_over_defaults")]
+    pub rlimits: Rlimits,
+}
+
+fn rlimits_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Rlimits, D::Error> {
+    Rlimits::deserialize_over(Limits::default().rlimits, d)
 }
 
 impl Default for Limits {
@@ -52,11 +51,13 @@ impl Default for Limits {
             max_string_bytes: 16 * 1024 * 1024,
             max_array_len: 1_000_000,
             max_map_len: 100_000,
-            cpu_seconds: 60,
-            memory_bytes: 1024 * 1024 * 1024,
-            max_processes: 64,
-            max_open_files: 256,
-            max_file_size_bytes: 64 * 1024 * 1024,
+            rlimits: Rlimits {
+                cpu_seconds: 60,
+                memory_bytes: 1024 * 1024 * 1024,
+                max_processes: 64,
+                max_open_files: 256,
+                max_file_size_bytes: 64 * 1024 * 1024,
+            },
         }
     }
 }
@@ -86,7 +87,10 @@ impl Limits {
             timeout_ms: min(self.timeout_ms, o.timeout_ms),
             max_output_bytes: min(self.max_output_bytes, o.max_output_bytes),
             max_operations: min(self.max_operations, o.max_operations),
-            memory_bytes: min(self.memory_bytes, o.memory_bytes),
+            rlimits: Rlimits {
+                memory_bytes: min(self.rlimits.memory_bytes, o.memory_bytes),
+                ..self.rlimits
+            },
             ..self.clone()
         }
     }
@@ -104,11 +108,7 @@ impl Limits {
             max_string_bytes: self.max_string_bytes.min(other.max_string_bytes),
             max_array_len: self.max_array_len.min(other.max_array_len),
             max_map_len: self.max_map_len.min(other.max_map_len),
-            cpu_seconds: self.cpu_seconds.min(other.cpu_seconds),
-            memory_bytes: self.memory_bytes.min(other.memory_bytes),
-            max_processes: self.max_processes.min(other.max_processes),
-            max_open_files: self.max_open_files.min(other.max_open_files),
-            max_file_size_bytes: self.max_file_size_bytes.min(other.max_file_size_bytes),
+            rlimits: self.rlimits.min(&other.rlimits),
         }
     }
 
@@ -117,22 +117,8 @@ impl Limits {
     /// limits narrow the profile's; they never widen it.
     pub fn under_profile(&self, ceiling: &crate::profiles::LimitsSpec) -> Limits {
         Limits {
-            cpu_seconds: self.cpu_seconds.min(ceiling.cpu_seconds),
-            memory_bytes: self.memory_bytes.min(ceiling.memory_bytes),
-            max_processes: self.max_processes.min(ceiling.max_processes),
-            max_open_files: self.max_open_files.min(ceiling.max_open_files),
-            max_file_size_bytes: self.max_file_size_bytes.min(ceiling.max_file_size_bytes),
+            rlimits: self.rlimits.min(&ceiling.rlimits),
             ..self.clone()
-        }
-    }
-
-    pub(crate) fn os_limits(&self) -> crate::sandbox::OsLimits {
-        crate::sandbox::OsLimits {
-            cpu_seconds: self.cpu_seconds,
-            memory_bytes: self.memory_bytes,
-            max_processes: self.max_processes,
-            max_open_files: self.max_open_files,
-            max_file_size_bytes: self.max_file_size_bytes,
         }
     }
 
@@ -168,24 +154,102 @@ mod tests {
     #[test]
     fn a_profile_is_a_ceiling() {
         let ceiling = crate::profiles::LimitsSpec {
-            cpu_seconds: 7,
-            memory_bytes: 4 << 30,
-            max_processes: 1,
-            max_open_files: 17,
-            max_file_size_bytes: 1 << 20,
+            rlimits: Rlimits {
+                cpu_seconds: 7,
+                memory_bytes: 4 << 30,
+                max_processes: 1,
+                max_open_files: 17,
+                max_file_size_bytes: 1 << 20,
+            },
             stack_bytes: 8 << 20,
         };
         let session = Limits {
-            max_open_files: 10,
+            rlimits: Rlimits {
+                max_open_files: 10,
+                ..Limits::default().rlimits
+            },
             ..Limits::default()
         };
-        let l = session.under_profile(&ceiling);
+        let l = session.under_profile(&ceiling).rlimits;
         assert_eq!(l.cpu_seconds, 7);
         // Below the ceiling, the session's own value stays.
-        assert_eq!(l.memory_bytes, session.memory_bytes);
+        assert_eq!(l.memory_bytes, session.rlimits.memory_bytes);
         assert_eq!(l.max_processes, 1);
         assert_eq!(l.max_open_files, 10);
         assert_eq!(l.max_file_size_bytes, 1 << 20);
-        assert_eq!(l.timeout_ms, session.timeout_ms);
+        assert_eq!(
+            session.under_profile(&ceiling).timeout_ms,
+            session.timeout_ms
+        );
+    }
+
+    /// The shapes of `Limits` in JSON (a result's `asked` limits) and TOML
+    /// (`cellbox serve`'s `[limits]`): one flat table, in this order.
+    const JSON: &str = concat!(
+        r#"{"timeout_ms":30000,"max_output_bytes":1048576,"max_script_bytes":1048576,"#,
+        r#""max_frame_bytes":8388608,"max_operations":50000000,"max_call_levels":64,"#,
+        r#""max_expr_depth":64,"max_string_bytes":16777216,"max_array_len":1000000,"#,
+        r#""max_map_len":100000,"cpu_seconds":60,"memory_bytes":1073741824,"#,
+        r#""max_processes":64,"max_open_files":256,"max_file_size_bytes":67108864}"#
+    );
+
+    #[test]
+    fn the_json_and_toml_shapes_stay() {
+        let l = Limits::default();
+        assert_eq!(serde_json::to_string(&l).unwrap(), JSON);
+        assert_eq!(serde_json::from_str::<Limits>(JSON).unwrap(), l);
+        let toml_text = toml::to_string(&l).unwrap();
+        let lines: Vec<String> = JSON
+            .trim_matches(['{', '}'])
+            .split(',')
+            .map(|kv| kv.replacen(':', " = ", 1).replace('"', ""))
+            .collect();
+        assert_eq!(toml_text, lines.join("\n") + "\n");
+        assert_eq!(toml::from_str::<Limits>(&toml_text).unwrap(), l);
+    }
+
+    #[test]
+    fn any_field_may_be_left_out_and_none_may_be_unknown() {
+        let l: Limits = serde_json::from_str(r#"{"max_open_files":9,"timeout_ms":7}"#).unwrap();
+        let want = Limits {
+            timeout_ms: 7,
+            rlimits: Rlimits {
+                max_open_files: 9,
+                ..Limits::default().rlimits
+            },
+            ..Limits::default()
+        };
+        assert_eq!(l, want);
+        let l: Limits = toml::from_str("cpu_seconds = 5").unwrap();
+        let want = Limits {
+            rlimits: Rlimits {
+                cpu_seconds: 5,
+                ..Limits::default().rlimits
+            },
+            ..Limits::default()
+        };
+        assert_eq!(l, want);
+        assert_eq!(
+            serde_json::from_str::<Limits>("{}").unwrap(),
+            Limits::default()
+        );
+        for bad in [
+            r#"{"cpu_second":5}"#,
+            r#"{"cpu_seconds":-1}"#,
+            r#"{"cpu_seconds":null}"#,
+            r#"{"cpu_seconds":"5"}"#,
+            r#"{"timeout_ms":-1}"#,
+        ] {
+            let e = serde_json::from_str::<Limits>(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("cpu_second") || e.contains("invalid"),
+                "{bad}: {e}"
+            );
+        }
+        let e = toml::from_str::<Limits>("max_open_file = 1").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `max_open_file`"),
+            "{e}"
+        );
     }
 }

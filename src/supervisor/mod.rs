@@ -274,10 +274,7 @@ impl Inner {
     /// A sandbox profile by name or path, parsed once per supervisor (a
     /// profile file edited later takes effect with a new supervisor).
     pub(crate) fn profile(&self, name: &str) -> Result<Arc<crate::profiles::Profile>, String> {
-        let mut cache = match self.profile_cache.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut cache = crate::util::lock(&self.profile_cache);
         if let Some(p) = cache.get(name) {
             return Ok(p.clone());
         }
@@ -454,7 +451,8 @@ impl SupervisorBuilder {
     /// lands here is a session's scratch when its own tmpfs could not be
     /// mounted) (default 1 GiB). Enforced with a tmpfs when the supervisor
     /// runs as root on Linux; otherwise only each file's size is bounded
-    /// (the profile's `max_file_size_bytes`). The tmpfs is memory: its
+    /// (the cell's `max_file_size_bytes`: its session's, under its
+    /// profile's `[limits]` ceiling). The tmpfs is memory: its
     /// pages count against the host's RAM, not against a cell's limit.
     pub fn scratch_bytes(mut self, bytes: u64) -> Self {
         self.scratch_bytes = bytes;

@@ -122,7 +122,7 @@ fn run_planned(
             let limits = &limits;
             let deadline = started + limits.timeout();
             // Held until the cell has ended; dropping it kills what is left.
-            let cgroup = match cell_cgroup(plan.layers.cgroup, limits.memory_bytes) {
+            let cgroup = match cell_cgroup(plan.layers.cgroup, limits.rlimits.memory_bytes) {
                 Ok(c) => c,
                 Err(e) => {
                     result.fail_with(
@@ -196,7 +196,7 @@ fn plan_for(
     let name = config.profile.as_deref().unwrap_or("shell");
     let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string())?;
     let limits = config.limits.under_profile(&profile.limits);
-    let mut plan = SandboxPlan::new(&profile, scratch, limits.os_limits());
+    let mut plan = SandboxPlan::new(&profile, scratch, limits.rlimits);
     plan.scratch_in_cell = true;
     let prog = argv.first().ok_or("exec needs a program to run")?;
     let resolved = super::resolve_program(prog)?;

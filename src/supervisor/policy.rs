@@ -94,10 +94,7 @@ impl EmitTally {
         max_bytes: u64,
         per: &str,
     ) -> Result<(), String> {
-        let mut t = match self.0.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut t = crate::util::lock(&self.0);
         if t.0 >= max_count {
             return Err(format!(
                 "emit refused: {max_count} events per {per} were recorded already"
@@ -128,10 +125,7 @@ pub enum BudgetError {
 impl Budget {
     /// Charge one call to `cap` under `policy`.
     pub fn charge(&self, policy: &Policy, cap: &str) -> Result<u32, BudgetError> {
-        let mut used = match self.used.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut used = crate::util::lock(&self.used);
         if used.0 >= policy.max_calls {
             return Err(BudgetError::Total {
                 max: policy.max_calls,
@@ -157,10 +151,7 @@ impl Budget {
     }
 
     pub fn used(&self) -> u32 {
-        match self.used.lock() {
-            Ok(g) => g.0,
-            Err(poisoned) => poisoned.into_inner().0,
-        }
+        crate::util::lock(&self.used).0
     }
 }
 

@@ -422,13 +422,13 @@ impl CellResult {
             ),
             (_, Some(libc::SIGXCPU)) => self.fail_with(
                 ErrorKind::LimitExceeded,
-                format!("CPU time limit of {} s exceeded", limits.cpu_seconds),
+                format!("CPU time limit of {} s exceeded", limits.rlimits.cpu_seconds),
             ),
             (_, Some(libc::SIGXFSZ)) => self.fail_with(
                 ErrorKind::LimitExceeded,
                 format!(
                     "file size limit of {} bytes exceeded",
-                    limits.max_file_size_bytes
+                    limits.rlimits.max_file_size_bytes
                 ),
             ),
             (_, Some(libc::SIGSYS)) => self.fail_with(
@@ -438,7 +438,7 @@ impl CellResult {
             (_, Some(sig)) if sig == libc::SIGABRT && self.stderr.contains("memory allocation") => {
                 self.fail_with(
                     ErrorKind::LimitExceeded,
-                    format!("memory limit of {} bytes exceeded", limits.memory_bytes),
+                    format!("memory limit of {} bytes exceeded", limits.rlimits.memory_bytes),
                 )
             }
             (_, Some(sig)) => self.fail_with(

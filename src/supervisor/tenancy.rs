@@ -72,6 +72,7 @@ pub(crate) struct Share {
 pub(crate) fn session_bounds(sup: &Inner, asked: &super::Limits) -> (u64, u64) {
     (
         asked
+            .rlimits
             .memory_bytes
             .saturating_add(sup.session_scratch_bytes()),
         cell_processes(asked).saturating_add(1).saturating_mul(2),
@@ -82,7 +83,7 @@ pub(crate) fn session_bounds(sup: &Inner, asked: &super::Limits) -> (u64, u64) {
 /// count, as for RLIMIT_NPROC). A cold worker's is bounded by RLIMIT_NPROC
 /// in its own user namespace instead (see `cell::launch::start_direct`).
 pub(crate) fn cell_processes(limits: &super::Limits) -> u64 {
-    limits.max_processes
+    limits.rlimits.max_processes
 }
 
 impl Share {

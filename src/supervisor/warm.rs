@@ -2,9 +2,10 @@
 //! `crate::sandbox::forkserver`): start it once, ask it for one child per
 //! cell, learn how each child ended.
 
+use crate::plan::Rlimits;
 use crate::sandbox::forkserver::{self, Control};
 use crate::sandbox::process::Reaped;
-use crate::sandbox::OsLimits;
+use crate::util::lock;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -160,13 +161,13 @@ struct Shared {
     pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
     exits: ExitTable,
     /// Spares handed over by the server, oldest first.
-    spares: VecDeque<(OsLimits, Forked)>,
+    spares: VecDeque<(Rlimits, Forked)>,
 }
 
 impl Shared {
     /// A live spare with exactly these limits, and how many dead ones were
     /// dropped on the way (each needs a replacement).
-    fn take_spare(&mut self, limits: &OsLimits) -> (Option<Forked>, usize) {
+    fn take_spare(&mut self, limits: &Rlimits) -> (Option<Forked>, usize) {
         let mut dropped = 0;
         while let Some(i) = self.spares.iter().position(|(l, _)| l == limits) {
             let Some((_, f)) = self.spares.remove(i) else {
@@ -203,13 +204,6 @@ pub(crate) struct ForkServer {
     pub(crate) pid: i32,
 }
 
-fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
 impl ForkServer {
     /// Start `worker_exe __forkserver` with the control channel on fd 3 and
     /// have it apply the pool-wide layers of `profile`.
@@ -235,7 +229,7 @@ impl ForkServer {
             // profile's ceiling (the server itself sets none of its own).
             super::Limits::default()
                 .under_profile(&loaded.limits)
-                .os_limits(),
+                .rlimits,
         );
         let (ours, theirs) = forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create the fork server channel: {e}"))?;
@@ -362,7 +356,7 @@ impl ForkServer {
     /// replaced) or at the cell's `deadline`, whichever comes first.
     pub(crate) async fn spawn(
         self: &Arc<Self>,
-        limits: &OsLimits,
+        limits: &Rlimits,
         deadline: tokio::time::Instant,
     ) -> Result<(Forked, Option<Refill>), String> {
         if self.is_dead() {
@@ -389,7 +383,7 @@ impl ForkServer {
         lock(&self.shared).pending.insert(id, tx);
         let msg = Control::Spawn {
             id,
-            limits: limits.clone(),
+            limits: *limits,
         };
         let asked = std::time::Instant::now();
         if let Err(e) = self.control(&msg, Some(id)) {
@@ -416,10 +410,7 @@ impl ForkServer {
 
     /// Send one control message; a failed send means the server is gone.
     fn control(&self, msg: &Control, id: Option<u64>) -> std::io::Result<()> {
-        let ctl = match self.ctl.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let ctl = crate::util::lock(&self.ctl);
         let r = forkserver::send(ctl.as_fd(), msg, &[]);
         if r.is_err() {
             if let Some(id) = id {
@@ -568,10 +559,7 @@ impl Drop for ForkServer {
         // Shut the socket down (not just our fd: the reader thread holds a
         // second one), so the server sees EOF, kills its cells and exits, and
         // the reader thread ends and reaps it.
-        let ctl = match self.ctl.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let ctl = crate::util::lock(&self.ctl);
         let _ = nix::sys::socket::shutdown(
             std::os::fd::AsRawFd::as_raw_fd(&*ctl),
             nix::sys::socket::Shutdown::Both,

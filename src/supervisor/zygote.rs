@@ -11,11 +11,13 @@
 
 use super::warm::POOL_LOG;
 use super::{Inner, Language};
+use crate::plan::Rlimits;
 use crate::sandbox::linux::landlock::{CellRules, Grant};
 use crate::sandbox::linux::view::Kind;
 use crate::sandbox::process::Reaped;
-use crate::sandbox::zygote::{self, CellRlimits, ZygoteMsg};
-use crate::sandbox::{Layer, OsLimits, SandboxPlan, SandboxReport};
+use crate::sandbox::zygote::{self, ZygoteMsg};
+use crate::sandbox::{Layer, SandboxPlan, SandboxReport};
+use crate::util::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -48,20 +50,14 @@ pub struct PoolConfig {
     pub ceiling: PoolCeiling,
 }
 
-/// Upper bounds for cells of a pool (see [`PoolConfig::ceiling`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolCeiling {
-    pub memory_bytes: u64,
-    pub max_open_files: u64,
-    pub max_file_size_bytes: u64,
-    /// RLIMIT_NPROC is counted per user (namespace): the zygote and all its
-    /// cells share one count, so this is the zygote's, and each cell's
-    /// own limit is checked against the shared count.
-    pub max_processes: u64,
-    /// CPU seconds of the zygote itself over its lifetime (each cell's
-    /// CPU limit counts from zero in the cell's own process).
-    pub zygote_cpu_seconds: u64,
-}
+/// The rlimits a zygote runs under, which bound those of its cells (see
+/// [`PoolConfig::ceiling`]). Two of them are the zygote's own rather than a
+/// cell's: `cpu_seconds` is the CPU time of the zygote itself over its
+/// lifetime (each cell's CPU limit counts from zero in the cell's own
+/// process, and must be below it), and `max_processes` is shared, since
+/// RLIMIT_NPROC is counted per user (namespace): the zygote and all its
+/// cells share one count, and each cell's own limit is checked against it.
+pub type PoolCeiling = Rlimits;
 
 impl Default for PoolConfig {
     fn default() -> Self {
@@ -72,11 +68,11 @@ impl Default for PoolConfig {
             answer_timeout: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(1),
             ceiling: PoolCeiling {
+                cpu_seconds: 24 * 3600,
                 memory_bytes: 1 << 30,
+                max_processes: 256,
                 max_open_files: 256,
                 max_file_size_bytes: 64 << 20,
-                max_processes: 256,
-                zygote_cpu_seconds: 24 * 3600,
             },
         }
     }
@@ -163,13 +159,6 @@ impl std::fmt::Display for SpawnError {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
 /// A healthy zygote answers a spawn in a few ms: one that has kept a spawn
 /// waiting longer is not given a cell that moved off a stalled one.
 const SLOW_ANSWER: Duration = Duration::from_millis(100);
@@ -201,7 +190,7 @@ pub(crate) struct Zygote {
     in_flight: Arc<AtomicU64>,
     rules: CellRules,
     report: SandboxReport,
-    ceiling: OsLimits,
+    ceiling: Rlimits,
     answer_timeout: Duration,
     stall_timeout: Duration,
 }
@@ -232,7 +221,7 @@ impl Zygote {
         launch: &Launch,
         profile: &str,
         plan: SandboxPlan,
-        ceiling: OsLimits,
+        ceiling: Rlimits,
         runtime: tokio::runtime::Handle,
     ) -> Result<Zygote, String> {
         let Launch {
@@ -420,7 +409,7 @@ impl Zygote {
     }
 
     /// Whether a cell with these limits fits under the zygote's ceiling.
-    pub(crate) fn fits(&self, l: &OsLimits) -> bool {
+    pub(crate) fn fits(&self, l: &Rlimits) -> bool {
         let c = &self.ceiling;
         l.memory_bytes <= c.memory_bytes
             && l.max_open_files <= c.max_open_files
@@ -455,7 +444,7 @@ impl Zygote {
         out: OwnedFd,
         err: OwnedFd,
         scratch: &Path,
-        limits: &OsLimits,
+        limits: &Rlimits,
         deadline: tokio::time::Instant,
     ) -> Result<(i32, OwnedFd, InFlight), SpawnError> {
         use SpawnError::Failed;
@@ -482,7 +471,7 @@ impl Zygote {
         // The cell's own data goes in a pipe only the forked child reads.
         let setup = zygote::setup_pipe(&zygote::CellSetup {
             scratch: scratch.to_string_lossy().into_owned(),
-            rlimits: CellRlimits::from(limits),
+            rlimits: *limits,
         })
         .map_err(|e| Failed(format!("failed to pass the cell its setup: {e}")))?;
         let msg = ZygoteMsg::Spawn { id };
@@ -851,22 +840,14 @@ impl Pools {
     async fn start_one(&self, sup: &Inner, profile_name: &str) -> Result<Zygote, String> {
         let py = sup.python()?.clone();
         let profile = crate::profiles::Profile::load(profile_name).map_err(|e| e.to_string())?;
-        let c = &self.config.ceiling;
-        let ceiling = OsLimits {
-            cpu_seconds: c.zygote_cpu_seconds,
-            memory_bytes: c.memory_bytes,
-            // With a pids cgroup per cell and per session, RLIMIT_NPROC
-            // (shared by every cell of the zygote's user namespace) is
-            // lifted: one session's processes must not stop another's.
-            max_processes: if sup.groups.is_some() {
-                u64::MAX
-            } else {
-                c.max_processes
-            },
-            max_open_files: c.max_open_files,
-            max_file_size_bytes: c.max_file_size_bytes,
-        };
-        let mut plan = SandboxPlan::new(&profile, self.root().to_path_buf(), ceiling.clone());
+        let mut ceiling = self.config.ceiling;
+        // With a pids cgroup per cell and per session, RLIMIT_NPROC (shared
+        // by every cell of the zygote's user namespace) is lifted: one
+        // session's processes must not stop another's.
+        if sup.groups.is_some() {
+            ceiling.max_processes = u64::MAX;
+        }
+        let mut plan = SandboxPlan::new(&profile, self.root().to_path_buf(), ceiling);
         plan.read_only.extend(py.read_only.iter().cloned());
         plan.exec.push(py.executable.clone());
         *plan.seccomp = zygote::zygote_seccomp(&plan.seccomp);

@@ -179,7 +179,7 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
     // (and reports that failure as its own).
     let _ = crate::sandbox::prepare_pool_children(&plan);
     let _ = POOL_REPORT.set(report);
-    let limits = plan.limits.clone();
+    let limits = plan.limits;
     let _ = POOL_PLAN.set(*plan);
     rhai::prewarm();
     crate::sandbox::forkserver::serve(ctl, run_forked_worker, limits, spares)
@@ -192,15 +192,12 @@ static POOL_PLAN: std::sync::OnceLock<crate::sandbox::SandboxPlan> = std::sync::
 /// A cell forked from the fork server: no `setup` frame (the server holds
 /// the plan); it applies the per-cell layers at once, reports `ready`, and
 /// waits for `start` like any Rhai worker.
-fn run_forked_worker(
-    stream: std::os::unix::net::UnixStream,
-    limits: &crate::sandbox::OsLimits,
-) -> i32 {
+fn run_forked_worker(stream: std::os::unix::net::UnixStream, limits: &crate::plan::Rlimits) -> i32 {
     let (Some(pool), Some(plan)) = (POOL_REPORT.get(), POOL_PLAN.get()) else {
         return EXIT_SANDBOX;
     };
     let mut plan = plan.clone();
-    plan.limits = limits.clone();
+    plan.limits = *limits;
     let chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     run_sandboxed(chan, &plan, Backend::Rhai, |plan| {
         crate::sandbox::enter_pool_child(plan, pool)

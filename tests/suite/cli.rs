@@ -200,7 +200,7 @@ async fn library_exec(argv: &[&str], timeout_ms: Option<u64>) -> Value {
     // Bounded like `cellbox exec`'s one cell, so the reports match.
     let sup = cellbox::Supervisor::builder()
         .worker_exe(bin())
-        .cells_memory_bytes(config.limits.memory_bytes)
+        .cells_memory_bytes(config.limits.rlimits.memory_bytes)
         .build()
         .unwrap();
     let r = sup.exec(argv, config, false).await;

@@ -331,7 +331,7 @@ fn a_fork_bomb_is_stopped_at_the_process_limit() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{out}"));
-    let limit = Profile::load("shell").unwrap().limits.max_processes;
+    let limit = Profile::load("shell").unwrap().limits.rlimits.max_processes;
     assert!(forked < limit, "forked {forked} with a limit of {limit}");
     assert_eq!(errno_of(out), EAGAIN);
     // The bomb's processes died with the cell, and the host still forks.

@@ -399,7 +399,7 @@ async fn timeout_mid_sleep_and_mid_c_loop() {
 async fn memory_bomb_ends_as_limit_exceeded() {
     let sup = supervisor();
     let mut cfg = config(&[]);
-    cfg.limits.memory_bytes = 256 * 1024 * 1024;
+    cfg.limits.rlimits.memory_bytes = 256 * 1024 * 1024;
     // One large allocation first: harmless on a host without the limit.
     let r = sup
         .run(
@@ -430,7 +430,7 @@ async fn memory_bomb_ends_as_limit_exceeded() {
 async fn fork_bomb_stops_at_the_process_limit() {
     let sup = supervisor();
     let mut cfg = config(&[]);
-    cfg.limits.max_processes = 16;
+    cfg.limits.rlimits.max_processes = 16;
     cfg.limits.timeout_ms = 10_000;
     let probe = sup
         .run(CellRequest::new(Language::Python, "1"), cfg.clone())

@@ -288,7 +288,7 @@ async fn a_worker_killed_from_outside_reports_killed() {
     // concurrent ones: it shows in /proc/<pid>/limits.
     // (Below rhai.toml's 512 MiB ceiling, which would replace it.)
     let marker: u64 = 400_000_000 + u64::from(std::process::id() % 10_000) * 4096;
-    cfg.limits.memory_bytes = marker;
+    cfg.limits.rlimits.memory_bytes = marker;
     let code = "loop {}".to_string();
     let task =
         tokio::spawn(async move { sup.run(CellRequest::new(Language::Rhai, code), cfg).await });
@@ -541,7 +541,7 @@ async fn warm_cells_run_in_spares_and_the_pool_refills() {
     assert!(!after.contains(&cell), "{after:?}");
     // A cell with other OS limits is forked for it, not taken from spares.
     let mut other = config(&[]);
-    other.limits.memory_bytes = 300 << 20;
+    other.limits.rlimits.memory_bytes = 300 << 20;
     let r = sup
         .run(CellRequest::new(Language::Rhai, "40 + 2"), other)
         .await;

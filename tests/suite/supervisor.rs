@@ -135,16 +135,16 @@ async fn a_profiles_limits_are_a_ceiling_on_every_path() {
     assert_eq!(r.stdout, "7\n17\n", "cold shell");
     // A session asking for more gets the ceiling; asking for less gets less.
     let mut wide = config(&[]);
-    wide.limits.cpu_seconds = 1000;
-    wide.limits.max_open_files = 5000;
+    wide.limits.rlimits.cpu_seconds = 1000;
+    wide.limits.rlimits.max_open_files = 5000;
     let r = cold
         .run(CellRequest::new(Language::Shell, SHELL_LIMITS), wide)
         .await;
     ok(&r);
     assert_eq!(r.stdout, "7\n17\n", "a session cannot widen the profile");
     let mut narrow = config(&[]);
-    narrow.limits.cpu_seconds = 5;
-    narrow.limits.max_open_files = 12;
+    narrow.limits.rlimits.cpu_seconds = 5;
+    narrow.limits.rlimits.max_open_files = 12;
     let r = cold
         .run(CellRequest::new(Language::Shell, SHELL_LIMITS), narrow)
         .await;
@@ -373,7 +373,7 @@ async fn a_sub_cell_runs_under_the_operators_profile_and_its_ceiling() {
     assert_eq!(top.value, json!([7, 17]));
     // The sub-cell gets exactly what a top-level cell gets.
     let mut wide = config(&["run_cell"]);
-    wide.limits.cpu_seconds = 1000;
+    wide.limits.rlimits.cpu_seconds = 1000;
     let r = sup.run(parent("python", PY_LIMITS), wide).await;
     ok(&r);
     assert_eq!(r.value, top.value, "{r:?}");

@@ -239,7 +239,7 @@ fn small_sessions() -> Supervisor {
 
 fn limited(memory: u64) -> SessionConfig {
     let mut c = SessionConfig::default();
-    c.limits.memory_bytes = memory;
+    c.limits.rlimits.memory_bytes = memory;
     c
 }
 

@@ -591,7 +591,7 @@ async fn a_zygote_is_replaced_after_its_cell_count() {
 async fn cells_above_the_pool_ceiling_run_cold_and_per_cell_limits_apply_warm() {
     let sup = one_zygote(pool(1));
     let mut cfg = SessionConfig::default();
-    cfg.limits.memory_bytes = 4 << 30;
+    cfg.limits.rlimits.memory_bytes = 4 << 30;
     let r = sup
         .run(
             CellRequest::new(Language::Python, "import os\nos.getpid()"),
@@ -605,9 +605,9 @@ async fn cells_above_the_pool_ceiling_run_cold_and_per_cell_limits_apply_warm() 
         "above the ceiling the cell runs cold: {r:?}"
     );
     let mut cfg = SessionConfig::default();
-    cfg.limits.memory_bytes = 256 << 20;
-    cfg.limits.max_open_files = 100;
-    cfg.limits.cpu_seconds = 7;
+    cfg.limits.rlimits.memory_bytes = 256 << 20;
+    cfg.limits.rlimits.max_open_files = 100;
+    cfg.limits.rlimits.cpu_seconds = 7;
     let r = sup
         .run(
             CellRequest::new(

@@ -519,10 +519,7 @@ mod tests {
     use super::*;
 
     fn serial() -> std::sync::MutexGuard<'static, ()> {
-        match TEST_LOCK.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&TEST_LOCK)
     }
 
     const HYBRID_CGROUP: &str = "9:name=systemd:/\n4:memory:/jobs/abc\n1:cpu:/\n0::/\n";

@@ -36,6 +36,7 @@
 //! cgroup v2 is not handled here yet: a supervisor there keeps the cells'
 //! memory cgroup only, and says so.
 
+use crate::util::lock;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -225,13 +226,6 @@ impl Drop for Groups {
                 tracing::warn!("{e}");
             }
         }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 
@@ -637,10 +631,7 @@ mod tests {
 
     #[test]
     fn a_cells_tree_is_bounded_counted_and_emptied() {
-        let _serial = match super::super::cgroup::TEST_LOCK.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let _serial = crate::util::lock(&super::super::cgroup::TEST_LOCK);
         let Some((cells_cgroup, g)) = groups() else {
             panic!("this test needs root and cgroup v1 memory, pids and cpuacct hierarchies");
         };

@@ -15,7 +15,7 @@ use super::view::{FsView, Kind};
 use crate::profiles::PathAccess;
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -185,41 +185,58 @@ pub struct Enforced {
     pub detail: String,
 }
 
+/// A new ruleset, with no rules yet, for the kernel's ABI `abi` used up to
+/// version `used` (at most [`PINNED_ABI`]), as a hard requirement: every
+/// filesystem right handled, TCP bind/connect handled with no rule, so
+/// denied (ABI ≥ 4), abstract unix sockets and signals scoped (ABI ≥ 6).
+/// Also what it covers besides the filesystem, for a report.
+fn ruleset(abi: ABI, used: u32) -> Result<(RulesetCreated, Vec<String>), LandlockError> {
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(LandlockError::Ruleset)?;
+    let mut covers = Vec::new();
+    if used >= 4 {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(LandlockError::Ruleset)?;
+        covers.push("tcp bind/connect denied".into());
+    }
+    if used >= 6 {
+        ruleset = ruleset
+            .scope(Scope::from_all(abi))
+            .map_err(LandlockError::Ruleset)?;
+        covers.push("abstract unix sockets and signals scoped".into());
+    }
+    let created = ruleset.create().map_err(LandlockError::Ruleset)?;
+    Ok((created, covers))
+}
+
+/// The rule's path opened `O_PATH`, or `None` for a missing optional one
+/// (a device node the host lacks was not mounted either).
+fn open(rule: &Rule) -> Result<Option<PathFd>, LandlockError> {
+    match PathFd::new(&rule.path) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(_) if is_optional(&rule.path) => Ok(None),
+        Err(source) => Err(LandlockError::Open {
+            path: rule.path.clone(),
+            source,
+        }),
+    }
+}
+
 /// Restrict the calling process with `rules`, against the kernel's ABI
 /// `kernel_abi` (from [`super::sys::landlock_abi`]).
 pub fn apply(rules: &[Rule], kernel_abi: Option<u32>) -> Result<Enforced, LandlockError> {
     let version = kernel_abi.ok_or(LandlockError::Unavailable)?;
     let abi = abi_of(version);
     let used = version.min(PINNED_ABI);
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(abi))
-        .map_err(LandlockError::Ruleset)?;
+    let (mut created, covers) = ruleset(abi, used)?;
     let mut detail = vec![format!("fs rules={}", rules.len())];
-    if used >= 4 {
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(abi))
-            .map_err(LandlockError::Ruleset)?;
-        detail.push("tcp bind/connect denied".into());
-    }
-    if used >= 6 {
-        ruleset = ruleset
-            .scope(Scope::from_all(abi))
-            .map_err(LandlockError::Ruleset)?;
-        detail.push("abstract unix sockets and signals scoped".into());
-    }
-    let mut created = ruleset.create().map_err(LandlockError::Ruleset)?;
+    detail.extend(covers);
     for rule in rules {
-        let fd = match PathFd::new(&rule.path) {
-            Ok(fd) => fd,
-            // A device node the host lacks was not mounted either.
-            Err(_) if is_optional(&rule.path) => continue,
-            Err(source) => {
-                return Err(LandlockError::Open {
-                    path: rule.path.clone(),
-                    source,
-                })
-            }
+        let Some(fd) = open(rule)? else {
+            continue;
         };
         created = created
             .add_rule(PathBeneath::new(fd, access(rule, abi)))
@@ -259,15 +276,8 @@ impl CellRules {
         let abi = abi_of(version);
         let mut fds = Vec::new();
         for rule in rules {
-            let fd = match PathFd::new(&rule.path) {
-                Ok(fd) => fd,
-                Err(_) if is_optional(&rule.path) => continue,
-                Err(source) => {
-                    return Err(LandlockError::Open {
-                        path: rule.path.clone(),
-                        source,
-                    })
-                }
+            let Some(fd) = open(rule)? else {
+                continue;
             };
             let owned = fd
                 .as_fd()
@@ -302,21 +312,7 @@ impl CellRules {
     /// it gets a domain nested in its current one.
     pub fn ruleset(&self, scratch: &Path) -> Result<OwnedFd, LandlockError> {
         let abi = self.abi;
-        let mut ruleset = Ruleset::default()
-            .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(AccessFs::from_all(abi))
-            .map_err(LandlockError::Ruleset)?;
-        if self.used >= 4 {
-            ruleset = ruleset
-                .handle_access(AccessNet::from_all(abi))
-                .map_err(LandlockError::Ruleset)?;
-        }
-        if self.used >= 6 {
-            ruleset = ruleset
-                .scope(Scope::from_all(abi))
-                .map_err(LandlockError::Ruleset)?;
-        }
-        let mut created = ruleset.create().map_err(LandlockError::Ruleset)?;
+        let (mut created, _) = ruleset(abi, self.used)?;
         for (fd, rights) in &self.fds {
             created = created
                 .add_rule(PathBeneath::new(fd.as_fd(), *rights))

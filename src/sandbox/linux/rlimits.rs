@@ -6,6 +6,11 @@
 //!
 //! RLIMIT_NPROC counts processes per user and user namespace; with a user
 //! namespace per cell it limits exactly that cell's process tree.
+//!
+//! The plan's five limits come with their names and resources from
+//! [`crate::plan::Rlimits::each`]; this table adds the ones every cell gets
+//! alike (no core dumps, locked memory or message queues) and the profile's
+//! stack size.
 
 use crate::sandbox::SandboxPlan;
 use rlimit::Resource;
@@ -21,33 +26,28 @@ pub struct Rlimit {
 
 /// The rlimit table for a plan.
 pub fn table(plan: &SandboxPlan) -> Vec<Rlimit> {
-    let l = &plan.limits;
     let same = |resource, name, v: u64| Rlimit {
         resource,
         name,
         soft: v,
         hard: v,
     };
-    vec![
-        Rlimit {
-            resource: Resource::CPU,
-            name: "cpu_seconds",
-            soft: l.cpu_seconds,
-            hard: l.cpu_seconds.saturating_add(1),
+    let cell = plan.limits.each().map(|l| Rlimit {
+        // RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL a second later.
+        hard: if l.resource == Resource::CPU {
+            l.value.saturating_add(1)
+        } else {
+            l.value
         },
-        same(Resource::AS, "memory_bytes", l.memory_bytes),
-        same(
-            Resource::FSIZE,
-            "max_file_size_bytes",
-            l.max_file_size_bytes,
-        ),
-        same(Resource::NOFILE, "max_open_files", l.max_open_files),
-        same(Resource::NPROC, "max_processes", l.max_processes),
+        ..same(l.resource, l.name, l.value)
+    });
+    let every = [
         same(Resource::CORE, "core", 0),
         same(Resource::STACK, "stack_bytes", plan.stack_bytes),
         same(Resource::MEMLOCK, "memlock", 0),
         same(Resource::MSGQUEUE, "msgqueue", 0),
-    ]
+    ];
+    cell.into_iter().chain(every).collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,11 +133,11 @@ mod tests {
             out,
             format!(
                 "{}/{},{m}/{m},{f}/{f},{p}/{p},0/0",
-                l.cpu_seconds,
-                l.cpu_seconds + 1,
-                m = l.memory_bytes,
-                f = l.max_open_files,
-                p = l.max_processes
+                l.rlimits.cpu_seconds,
+                l.rlimits.cpu_seconds + 1,
+                m = l.rlimits.memory_bytes,
+                f = l.rlimits.max_open_files,
+                p = l.rlimits.max_processes
             )
         );
     }

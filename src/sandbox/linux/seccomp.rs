@@ -582,21 +582,15 @@ pub(crate) mod tests {
     use super::*;
     use crate::profiles::Profile;
 
-    /// Each namespace-creating clone flag on its own, written out here
-    /// rather than taken from `CLONE_NEW_MASK`, so a flag missing there is
-    /// caught.
+    /// Each namespace-creating clone flag on its own: the ones a cell is
+    /// cloned into ([`super::super::namespaces::ALL`]) and the cgroup one,
+    /// not taken from `CLONE_NEW_MASK`, so a flag missing there is caught.
     fn namespace_flags() -> impl Iterator<Item = u64> {
-        [
-            libc::CLONE_NEWUSER,
-            libc::CLONE_NEWNS,
-            libc::CLONE_NEWPID,
-            libc::CLONE_NEWNET,
-            libc::CLONE_NEWIPC,
-            libc::CLONE_NEWUTS,
-            libc::CLONE_NEWCGROUP,
-        ]
-        .into_iter()
-        .map(|f| f as u64)
+        super::super::namespaces::ALL
+            .iter()
+            .map(|(_, f)| *f)
+            .chain([libc::CLONE_NEWCGROUP])
+            .map(|f| f as u64)
     }
 
     /// A classic-BPF interpreter for the instructions seccompiler and the

@@ -56,7 +56,7 @@ impl Launch {
         let deadline = started + spec.limits.timeout();
         if let Launch::ForkServer(fs) = &self {
             let deadline_t = tokio::time::Instant::from_std(deadline);
-            match start_forked(fs, &spec.limits.os_limits(), deadline_t, group.as_deref()).await {
+            match start_forked(fs, &spec.limits.rlimits, deadline_t, group.as_deref()).await {
                 Ok((worker, sock)) => {
                     return Ok(Some(Launched {
                         started: worker,
@@ -335,7 +335,7 @@ async fn start_zygote(
         .map_err(Failed)?;
     let (out_r, out_w) = pipe().map_err(Failed)?;
     let (err_r, err_w) = pipe().map_err(Failed)?;
-    let mut limits = plan.limits.clone();
+    let mut limits = plan.limits;
     if group.is_some() {
         // The cell's pids cgroup bounds its processes. RLIMIT_NPROC would
         // count every cell of the zygote's user namespace together, so that
@@ -377,7 +377,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
 /// fits). Returns it and the supervisor's end of its protocol socket.
 async fn start_forked(
     fs: &Arc<crate::supervisor::warm::ForkServer>,
-    limits: &crate::sandbox::OsLimits,
+    limits: &crate::plan::Rlimits,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
 ) -> Result<(Started, std::os::unix::net::UnixStream), String> {

@@ -8,7 +8,7 @@ use crate::sandbox::SandboxPlan;
 use crate::supervisor::{Inner, Language};
 
 pub(super) fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), String> {
-    let limits = spec.limits.os_limits();
+    let limits = spec.limits.rlimits;
     let profile = sup.profile(&profile_name(sup, spec))?;
     let scratch = spec
         .scratch

@@ -86,10 +86,7 @@ async fn pump<R: AsyncRead + Unpin>(
                 }
             }
         }
-        let to_head = match cap.lock() {
-            Ok(mut c) => c.push(chunk),
-            Err(p) => p.into_inner().push(chunk),
-        };
+        let to_head = crate::util::lock(&cap).push(chunk);
         let shown = forward.0.shown(chunk, to_head);
         // Flushed before the next read, so that it is out before the result
         // the caller prints after it.
@@ -108,10 +105,7 @@ async fn pump<R: AsyncRead + Unpin>(
 }
 
 fn take_capture(cap: &Arc<Mutex<Capture>>) -> Capture {
-    let mut guard = match cap.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    };
+    let mut guard = crate::util::lock(cap);
     std::mem::replace(&mut *guard, Capture::new(0))
 }
 

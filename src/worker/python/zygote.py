@@ -30,13 +30,9 @@ class _Fprog(ctypes.Structure):
 
 _filter_buf = ctypes.create_string_buffer(_filter_bytes, len(_filter_bytes))
 _fprog = _Fprog(len(_filter_bytes) // 8, ctypes.addressof(_filter_buf))
-_RLIMITS = {
-    "cpu_seconds": resource.RLIMIT_CPU,
-    "memory_bytes": resource.RLIMIT_AS,
-    "max_processes": resource.RLIMIT_NPROC,
-    "max_open_files": resource.RLIMIT_NOFILE,
-    "max_file_size_bytes": resource.RLIMIT_FSIZE,
-}
+# Each per-cell rlimit: its key in a cell's setup and its resource, as the
+# supervisor names them (src/plan/rlimits.rs).
+_RLIMITS = [(name, getattr(resource, res)) for name, res in _ZC["rlimits"]]
 _ANC_SPACE = _socket.CMSG_SPACE(8 * 4)
 
 
@@ -135,7 +131,7 @@ def _child(fds):
             posix.dup2(src, dst)
         posix.closerange(5, 1 << 20)
         rl = msg["rlimits"]
-        for name, res in _RLIMITS.items():
+        for name, res in _RLIMITS:
             v = rl[name]
             if type(v) is not int or v < 0:
                 raise ValueError("bad rlimit " + name)
