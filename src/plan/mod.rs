@@ -5,7 +5,10 @@
 //!
 //! - [`Rlimits`]: a cell's OS resource limits, the one declaration of their
 //!   names, and the one table that pairs each name with its `RLIMIT_*`.
+//! - [`syscalls`]: the syscall name ↔ number tables of each architecture
+//!   (what a profile's seccomp groups name).
 
 mod rlimits;
+pub mod syscalls;
 
 pub use rlimits::{Rlimit, Rlimits};

@@ -585,7 +585,7 @@ impl Profile {
     }
 
     fn check_syscall_name(&self, key: &str, name: &str) -> Result<(), ProfileError> {
-        if crate::sandbox::syscalls::is_known(name) {
+        if crate::plan::syscalls::is_known(name) {
             Ok(())
         } else {
             Err(self.invalid(

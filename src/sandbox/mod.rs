@@ -35,7 +35,8 @@ pub mod oneshot;
 pub mod packet;
 pub mod process;
 pub mod spawn;
-pub mod syscalls;
+/// The syscall tables live with the plan's data; here for the layers.
+pub use crate::plan::syscalls;
 #[cfg(unix)]
 pub mod tree;
 #[cfg(target_os = "linux")]

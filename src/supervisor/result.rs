@@ -422,7 +422,10 @@ impl CellResult {
             ),
             (_, Some(libc::SIGXCPU)) => self.fail_with(
                 ErrorKind::LimitExceeded,
-                format!("CPU time limit of {} s exceeded", limits.rlimits.cpu_seconds),
+                format!(
+                    "CPU time limit of {} s exceeded",
+                    limits.rlimits.cpu_seconds
+                ),
             ),
             (_, Some(libc::SIGXFSZ)) => self.fail_with(
                 ErrorKind::LimitExceeded,
@@ -438,7 +441,10 @@ impl CellResult {
             (_, Some(sig)) if sig == libc::SIGABRT && self.stderr.contains("memory allocation") => {
                 self.fail_with(
                     ErrorKind::LimitExceeded,
-                    format!("memory limit of {} bytes exceeded", limits.rlimits.memory_bytes),
+                    format!(
+                        "memory limit of {} bytes exceeded",
+                        limits.rlimits.memory_bytes
+                    ),
                 )
             }
             (_, Some(sig)) => self.fail_with(
