@@ -163,9 +163,20 @@ impl Scanner {
                 }
             }
             b':' if at_top => {
-                self.value = match self.key.as_slice() {
-                    b"id" => Some((Which::Id, Vec::new())),
-                    b"method" => Some((Which::Method, Vec::new())),
+                // A key written with escapes (`"meth\u006fd"`) is the same
+                // key; a later one replaces an earlier one, as in a full
+                // parse (so an earlier value is dropped even when the later
+                // one is too long to keep).
+                let key = unescaped_key(&self.key);
+                self.value = match key.as_deref() {
+                    Some(b"id") => {
+                        self.id = None;
+                        Some((Which::Id, Vec::new()))
+                    }
+                    Some(b"method") => {
+                        self.method = None;
+                        Some((Which::Method, Vec::new()))
+                    }
                     _ => None,
                 };
             }
@@ -239,6 +250,20 @@ impl Scanner {
     }
 }
 
+/// A key's raw text (between its quotes) as the key it names: itself when
+/// it has no escape, else decoded as JSON (`None` if that fails).
+fn unescaped_key(raw: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    if !raw.contains(&b'\\') {
+        return Some(std::borrow::Cow::Borrowed(raw));
+    }
+    let mut quoted = Vec::with_capacity(raw.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(raw);
+    quoted.push(b'"');
+    let key: String = serde_json::from_slice(&quoted).ok()?;
+    Some(std::borrow::Cow::Owned(key.into_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +274,37 @@ mod tests {
             s.feed(chunk);
         }
         s.finish()
+    }
+
+    /// As in a full parse, the last of repeated keys counts, and a key
+    /// written with escapes is the same key.
+    #[test]
+    fn repeated_and_escaped_keys_read_as_a_full_parse_does() {
+        let long = "y".repeat(300);
+        let cases = [
+            (
+                format!(r#"{{"id":1,"method":"a","method":"{long}","id":2}}"#),
+                Some(json!(2)),
+                None,
+            ),
+            (
+                r#"{"method":"a","meth\u006fd":"b","\u0069d":"x"}"#.to_owned(),
+                Some(json!("x")),
+                Some("b".to_owned()),
+            ),
+            (
+                r#"{"id":3,"i\u0064":{"no":1},"method":"m"}"#.to_owned(),
+                None,
+                Some("m".to_owned()),
+            ),
+        ];
+        for (text, id, method) in cases {
+            let full: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(scan(&text, 7), (id, method.clone()), "{text}");
+            if let Some(m) = method {
+                assert_eq!(full["method"], json!(m), "{text}");
+            }
+        }
     }
 
     #[test]
