@@ -24,11 +24,13 @@
 
 use crate::plan::Rlimits;
 use crate::profiles::{LayerMode, Layers, PathAccess, PathRule, Profile, SeccompSpec};
+pub use jail::Entry;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 pub mod doctor;
 pub mod forkserver;
+pub mod jail;
 pub mod memory;
 #[cfg(target_os = "linux")]
 pub mod oneshot;
@@ -308,24 +310,19 @@ impl LayerError {
     }
 }
 
-/// Apply the plan to the calling (worker) process, in the order of DESIGN §3:
-/// hygiene → namespaces → rlimits → privileges → Landlock → seccomp.
+/// Apply the plan to the calling process as `entry` ([`Entry::Worker`],
+/// [`Entry::Zygote`] or [`Entry::ForkServer`]), in the order of DESIGN §3:
+/// hygiene → namespaces → rlimits → privileges → Landlock → seccomp, each
+/// layer as the table in [`jail`] says for `entry` (the fork server leaves
+/// rlimits and seccomp to the cells it forks).
 ///
 /// Call once, single-threaded, before any untrusted code runs. With a PID
 /// namespace this forks: it returns only in the process that runs the cell
 /// (PID 1 of the new namespace); the original process waits for it and exits
 /// the same way, never returning.
 #[cfg(target_os = "linux")]
-pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
-    linux::enter(plan)
-}
-
-/// The layers a pool process (the Rhai fork server) shares with the cells
-/// it forks: hygiene, namespaces, privileges, Landlock. Like [`enter`] it
-/// may fork into the namespaces and return in the child.
-#[cfg(target_os = "linux")]
-pub fn enter_pool(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
-    linux::enter_stage(plan, linux::Stage::Pool)
+pub fn enter(plan: &SandboxPlan, entry: Entry) -> Result<SandboxReport, SandboxError> {
+    linux::enter(plan, entry)
 }
 
 /// The per-cell layers in a child forked from a pool process: its rlimits, a
@@ -351,14 +348,6 @@ pub fn prepare_pool_children(_plan: &SandboxPlan) -> Result<(), SandboxError> {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn enter_pool(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
-    Err(SandboxError::new(
-        Layer::Hygiene,
-        "the OS sandbox is only implemented for Linux",
-    ))
-}
-
-#[cfg(not(target_os = "linux"))]
 pub fn enter_pool_child(
     _plan: &SandboxPlan,
     _pool: &SandboxReport,
@@ -371,7 +360,7 @@ pub fn enter_pool_child(
 
 /// Without Linux there is nothing here to apply the plan with.
 #[cfg(not(target_os = "linux"))]
-pub fn enter(_plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
+pub fn enter(_plan: &SandboxPlan, _entry: Entry) -> Result<SandboxReport, SandboxError> {
     Err(SandboxError::new(
         Layer::Hygiene,
         "the OS sandbox is only implemented for Linux",

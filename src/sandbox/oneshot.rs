@@ -34,7 +34,8 @@
 //! its end of a socket pair (close-on-exec): it may receive "go" there, and
 //! it sends one [`Report`] before it executes the program.
 
-use super::linux::{self, namespaces, Stage};
+use super::linux::jail::{self, Jail, Start};
+use super::linux::{self, namespaces};
 use super::{Layer, SandboxError, SandboxPlan, SandboxReport};
 use crate::exit::Exit;
 use crate::profiles::LayerMode;
@@ -426,12 +427,8 @@ fn cell_main(
             format!("failed to join the cell's memory cgroup: {e}"),
         ));
     }
-    let mut report = SandboxReport {
-        profile: plan.profile.clone(),
-        ..SandboxReport::default()
-    };
     let owner = ids.root.then_some((ids.uid, ids.gid));
-    let (names, setgroups, owner, without) = match ns {
+    let (start, owner) = match ns {
         Namespaces::SelfMapped { names, refused } => {
             if let Err(e) = linux::sys::set_parent_death_signal(libc::SIGKILL) {
                 fail(SandboxError::new(
@@ -444,7 +441,12 @@ fn cell_main(
                 exit_now(EXIT_NO_MAPS);
             }
             // The parent handed the scratch directory over before the clone.
-            (Some(names), false, None, None)
+            let start = Start::Cloned {
+                names,
+                setgroups: false,
+                control: &control,
+            };
+            (start, None)
         }
         Namespaces::Cloned(names) => {
             // The maps must exist before hygiene: it hands the scratch
@@ -452,43 +454,21 @@ fn cell_main(
             if let Err(e) = namespaces::wait_for_parent(&control) {
                 fail(SandboxError::new(Layer::Namespaces, e));
             }
-            (Some(names), ids.root, owner, None)
+            let start = Start::Cloned {
+                names,
+                setgroups: ids.root,
+                control: &control,
+            };
+            (start, owner)
         }
-        Namespaces::Without(mode, why) => (None, ids.root, owner, Some((mode, why))),
+        Namespaces::Without(mode, why) => (Start::Without(mode, why), owner),
     };
-    if let Err(e) =
-        linux::apply_hygiene(plan, owner, linux::hygiene::Caller::FreshClone, &mut report)
-    {
-        fail(e);
-    }
-    let in_ns = match (names, without) {
-        (Some(names), _) => {
-            // A second handle on the sync socket, made after hygiene closed
-            // everything above fd 3 (close-on-exec, dropped before exec).
-            match control.try_clone() {
-                Ok(sync) => Some(namespaces::InNamespaces {
-                    setgroups,
-                    names,
-                    sync,
-                }),
-                Err(e) => fail(SandboxError::new(
-                    Layer::Namespaces,
-                    format!("failed to keep the sync socket: {e}"),
-                )),
-            }
-        }
-        (None, without) => {
-            if let Some((mode, why)) = without {
-                report.push(Layer::Namespaces, mode, false, why);
-            }
-            None
-        }
-    };
-    let report = match linux::enter_cell(plan, Stage::Full, ids, view, in_ns.as_ref(), report) {
+    // The rest is the jail sequence, as a one-shot cell: hygiene, the
+    // namespaces' contents, rlimits, privileges, Landlock, seccomp.
+    let report = match jail::sequence(Jail::one_shot(plan, ids, view, owner, start)) {
         Ok(r) => r,
         Err(e) => fail(e),
     };
-    drop(in_ns);
     send(&Report::Ready(report));
     let err = linux::exec::exec_in(argv, &linux::cell_environment(plan));
     eprintln!(

@@ -148,7 +148,7 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
     };
     let entered = match late {
         Some(message) => Err(crate::sandbox::SandboxError::new(Layer::Hygiene, message)),
-        None => crate::sandbox::enter_pool(&plan),
+        None => crate::sandbox::enter(&plan, crate::sandbox::Entry::ForkServer),
     };
     let report = match entered {
         Ok(r) => r,
@@ -207,7 +207,9 @@ fn run_forked_worker(stream: std::os::unix::net::UnixStream, limits: &crate::pla
 /// One cell, from the `setup` frame to `done`, on an open protocol channel.
 /// Returns the worker's exit code.
 fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {
-    run_worker_with(stream, crate::sandbox::enter)
+    run_worker_with(stream, |plan| {
+        crate::sandbox::enter(plan, crate::sandbox::Entry::Worker)
+    })
 }
 
 fn run_worker_with(
@@ -333,7 +335,7 @@ fn run_zygote(late: Option<String>) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(Layer::Seccomp, e),
     };
-    let report = match crate::sandbox::enter(&plan) {
+    let report = match crate::sandbox::enter(&plan, crate::sandbox::Entry::Zygote) {
         Ok(r) => r,
         Err(e) => return fail(e.layer, e.message()),
     };

@@ -772,24 +772,31 @@ fn is_live(pid: i32) -> bool {
 /// the zygote is found and live: a test that stops it must stop the
 /// process that answers the supervisor.
 fn zygote_process(outer: i32) -> i32 {
-    assert!(is_live(outer), "the pool's zygote {outer} is not running");
-    let mut found = Vec::new();
-    if proc_stat(outer).is_some_and(|(_, _, comm)| comm.starts_with("python")) {
-        found.push(outer);
-    }
-    for pid in pids() {
-        if let Some((_, ppid, comm)) = proc_stat(pid) {
-            if ppid == outer && comm.starts_with("python") && is_live(pid) {
-                found.push(pid);
+    // The zygote reports ready before it executes the interpreter: under
+    // load the process may not be Python yet for a moment.
+    let t0 = std::time::Instant::now();
+    loop {
+        assert!(is_live(outer), "the pool's zygote {outer} is not running");
+        let mut found = Vec::new();
+        if proc_stat(outer).is_some_and(|(_, _, comm)| comm.starts_with("python")) {
+            found.push(outer);
+        }
+        for pid in pids() {
+            if let Some((_, ppid, comm)) = proc_stat(pid) {
+                if ppid == outer && comm.starts_with("python") && is_live(pid) {
+                    found.push(pid);
+                }
             }
         }
+        if found.len() == 1 {
+            return found[0];
+        }
+        assert!(
+            found.len() < 2 && t0.elapsed() < std::time::Duration::from_secs(20),
+            "expected one live Python zygote at or under {outer}: {found:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert_eq!(
-        found.len(),
-        1,
-        "expected one live Python zygote at or under {outer}: {found:?}"
-    );
-    found[0]
 }
 
 /// A process stopped with SIGSTOP for the length of a test; continued and

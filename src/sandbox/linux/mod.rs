@@ -1,10 +1,13 @@
-//! The Linux layers, applied in order by [`enter`]:
+//! The Linux layers, applied in order by [`jail::sequence`]:
 //! hygiene → namespaces → rlimits → privileges → Landlock → seccomp.
+//! Which of them each process applies, inherits or leaves to its children
+//! is the table in [`crate::sandbox::jail`].
 
 pub mod cgroup;
 pub mod exec;
 pub mod groups;
 pub mod hygiene;
+pub(crate) mod jail;
 pub mod landlock;
 pub mod mounts;
 pub mod namespaces;
@@ -15,6 +18,7 @@ pub mod sys;
 pub mod view;
 
 use crate::profiles::{ExecMode, LayerMode};
+use crate::sandbox::jail::Entry;
 use crate::sandbox::{Layer, LayerCause, SandboxError, SandboxPlan, SandboxReport};
 
 /// Exit code of a worker whose cell process vanished without a status.
@@ -50,78 +54,25 @@ where
     }
 }
 
-/// Which layers [`enter_stage`] applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Every layer: the process runs one cell.
-    Full,
-    /// Everything a long-lived pool process (the Rhai fork server) shares
-    /// with the cells it forks: hygiene, namespaces, privileges, Landlock.
-    /// rlimits and seccomp are applied per cell by [`enter_pool_child`].
-    Pool,
-}
-
-/// See [`crate::sandbox::enter`].
-pub fn enter(plan: &SandboxPlan) -> Result<SandboxReport, SandboxError> {
-    enter_stage(plan, Stage::Full)
+/// Enter the sandbox from outside as `entry` (a worker, the fork server
+/// or a zygote): the whole sequence of [`jail`], each layer as the table
+/// in [`crate::sandbox::jail`] says for `entry`. With a PID namespace this
+/// forks and returns in the clone.
+pub fn enter(plan: &SandboxPlan, entry: Entry) -> Result<SandboxReport, SandboxError> {
+    jail::sequence(jail::Jail::new(plan, entry))
 }
 
 /// The per-cell layers in a child forked from a process that went through
-/// [`Stage::Pool`]: the cell's own rlimits (CPU time counts from zero in a
-/// new process), a nested Landlock domain with no filesystem or network
-/// access at all and scoped signals and abstract sockets (so the cell cannot
-/// touch its fork server or its siblings), then seccomp. `pool` is the
-/// report of the pool stage; the result is the cell's whole report.
+/// the sequence as [`Entry::ForkServer`] (with the report `pool`): what the
+/// pool applied is inherited; the cell's own rlimits (CPU time counts from
+/// zero in a new process), a nested Landlock domain with no filesystem or
+/// network access at all and scoped signals and abstract sockets (so the
+/// cell cannot touch its fork server or its siblings), then seccomp.
 pub fn enter_pool_child(
     plan: &SandboxPlan,
     pool: &SandboxReport,
 ) -> Result<SandboxReport, SandboxError> {
-    let mut report = SandboxReport {
-        profile: plan.profile.clone(),
-        landlock_abi: pool.landlock_abi,
-        namespaces: pool.namespaces.clone(),
-        ..SandboxReport::default()
-    };
-    for name in [Layer::Hygiene, Layer::Namespaces] {
-        if let Some(l) = pool.layers.iter().find(|l| l.name == name.as_str()) {
-            report.layers.push(l.clone());
-        }
-    }
-    let table = rlimits::table(plan);
-    layer(&mut report, Layer::Rlimits, plan.layers.rlimits, || {
-        rlimits::apply(&table).map(|d| ((), d))
-    })?;
-    if let Some(l) = pool
-        .layers
-        .iter()
-        .find(|l| l.name == Layer::Privileges.as_str())
-    {
-        report.layers.push(l.clone());
-    }
-    if nix::unistd::geteuid().is_root() {
-        return Err(SandboxError::new(
-            Layer::Privileges,
-            "the pool process still runs as root; refusing",
-        ));
-    }
-    let pool_landlock = pool
-        .layers
-        .iter()
-        .find(|l| l.name == Layer::Landlock.as_str())
-        .map(|l| l.detail.clone())
-        .unwrap_or_default();
-    let kernel_abi = sys::landlock_abi();
-    let enforced = layer(&mut report, Layer::Landlock, plan.layers.landlock, || {
-        landlock::apply(&[], kernel_abi).map(|e| {
-            (
-                e.abi,
-                format!("{pool_landlock}; nested per-cell domain: no file or network access"),
-            )
-        })
-    })?;
-    report.landlock_abi = enforced.or(pool.landlock_abi);
-    apply_seccomp(plan, &mut report)?;
-    Ok(report)
+    jail::sequence(jail::Jail::child_of(plan, pool))
 }
 
 /// The seccomp program of a pool's cells (the same for every child), built
@@ -195,26 +146,6 @@ pub(crate) fn host_ids(plan: &SandboxPlan) -> namespaces::HostIds {
     }
 }
 
-/// Step 1, hygiene: always, and always required. `owner`: hand the
-/// scratch directory to these ids; `caller`: see [`hygiene::Caller`].
-pub(crate) fn apply_hygiene(
-    plan: &SandboxPlan,
-    owner: Option<(u32, u32)>,
-    caller: hygiene::Caller,
-    report: &mut SandboxReport,
-) -> Result<(), SandboxError> {
-    let detail = hygiene::apply(
-        &plan.scratch,
-        !plan.scratch_in_cell,
-        plan.tmp_bytes > 0,
-        owner,
-        caller,
-    )
-    .map_err(|e| SandboxError::new(Layer::Hygiene, e))?;
-    report.push(Layer::Hygiene, LayerMode::Required, true, detail);
-    Ok(())
-}
-
 /// The environment a cell's program starts with.
 pub(crate) fn cell_environment(plan: &SandboxPlan) -> Vec<(&'static str, std::ffi::OsString)> {
     hygiene::environment(&plan.scratch, plan.tmp_bytes > 0)
@@ -223,148 +154,6 @@ pub(crate) fn cell_environment(plan: &SandboxPlan) -> Vec<(&'static str, std::ff
 /// What the cell will see, resolved on the host while nothing is hidden.
 pub(crate) fn resolve_view(plan: &SandboxPlan) -> Result<view::FsView, SandboxError> {
     view::resolve(plan).map_err(|e| SandboxError::new(Layer::Filesystem, e))
-}
-
-/// Apply the plan's layers for `stage`.
-pub fn enter_stage(plan: &SandboxPlan, stage: Stage) -> Result<SandboxReport, SandboxError> {
-    let mut report = SandboxReport {
-        profile: plan.profile.clone(),
-        ..SandboxReport::default()
-    };
-    let ids = host_ids(plan);
-
-    // 1. Hygiene.
-    apply_hygiene(
-        plan,
-        ids.root.then_some((ids.uid, ids.gid)),
-        hygiene::Caller::Worker,
-        &mut report,
-    )?;
-    let view = resolve_view(plan)?;
-
-    // 2. Namespaces. After a successful clone this is the cell process.
-    let mut in_ns = None;
-    if plan.layers.namespaces == LayerMode::Off {
-        report.push(
-            Layer::Namespaces,
-            LayerMode::Off,
-            false,
-            "off in this profile".into(),
-        );
-    } else {
-        match namespaces::clone_into(ids) {
-            Ok(state) => in_ns = Some(state),
-            Err(e) if e.before_clone() && plan.layers.namespaces == LayerMode::BestEffort => {
-                report.push(
-                    Layer::Namespaces,
-                    LayerMode::BestEffort,
-                    false,
-                    e.to_string(),
-                );
-            }
-            Err(e) => return Err(SandboxError::new(Layer::Namespaces, e)),
-        }
-    }
-    enter_cell(plan, stage, ids, &view, in_ns.as_ref(), report)
-}
-
-/// Everything after the clone, in the process that runs the cell: the
-/// contents of the namespaces (new root, hostname), then rlimits →
-/// privileges → Landlock → seccomp. `in_ns` is the state of the namespaces
-/// this process was cloned into (`None`: none, already reported).
-pub(crate) fn enter_cell(
-    plan: &SandboxPlan,
-    stage: Stage,
-    ids: namespaces::HostIds,
-    view: &view::FsView,
-    in_ns: Option<&namespaces::InNamespaces>,
-    mut report: SandboxReport,
-) -> Result<SandboxReport, SandboxError> {
-    if let Some(state) = in_ns {
-        let cell = mounts::CellIds {
-            uid: ids.uid,
-            gid: ids.gid,
-        };
-        mounts::build_root(view, plan.tmp_bytes, !plan.show_other_processes, cell)
-            .map_err(|e| SandboxError::new(Layer::Namespaces, e))?;
-        nix::unistd::sethostname(&plan.hostname).map_err(|e| {
-            SandboxError::new(Layer::Namespaces, format!("failed to set hostname: {e}"))
-        })?;
-        report.namespaces = state.names.iter().map(|n| n.to_string()).collect();
-        let mut detail = format!("{}; new read-only root", state.names.join(","));
-        if !view.skipped.is_empty() {
-            let skipped: Vec<String> = view
-                .skipped
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            detail.push_str(&format!("; optional paths absent: {}", skipped.join(",")));
-        }
-        report.push(Layer::Namespaces, plan.layers.namespaces, true, detail);
-    }
-
-    // 3. rlimits (per cell in a pool).
-    if stage == Stage::Full {
-        let table = rlimits::table(plan);
-        layer(&mut report, Layer::Rlimits, plan.layers.rlimits, || {
-            rlimits::apply(&table).map(|d| ((), d))
-        })?;
-    }
-
-    // 4. Privileges. Running on as root is never acceptable, whatever the
-    // profile says.
-    let may_setgroups = in_ns.map_or(ids.root, |s| s.setgroups);
-    let dropped = layer(
-        &mut report,
-        Layer::Privileges,
-        plan.layers.privileges,
-        || privileges::apply(ids.uid, ids.gid, may_setgroups).map(|d| ((), d)),
-    )?;
-    if dropped.is_none() && nix::unistd::geteuid().is_root() {
-        return Err(SandboxError::new(
-            Layer::Privileges,
-            "the cell would run as root; refusing",
-        ));
-    }
-    if let Some(state) = in_ns {
-        // The uid change cleared the parent-death signal.
-        namespaces::confirm_parent(state).map_err(|e| SandboxError::new(Layer::Namespaces, e))?;
-    }
-    std::env::set_current_dir(&view.scratch).map_err(|e| {
-        SandboxError::new(
-            Layer::Hygiene,
-            format!(
-                "failed to enter scratch dir {}: {e}",
-                view.scratch.display()
-            ),
-        )
-    })?;
-    // Landlock and seccomp need no_new_privs (or CAP_SYS_ADMIN, which the
-    // cell must not have); set it even if the privileges layer is off.
-    sys::set_no_new_privs().map_err(|e| {
-        SandboxError::new(
-            Layer::Privileges,
-            format!("failed to set no_new_privs: {e}"),
-        )
-    })?;
-
-    // 5. Landlock.
-    let rules = landlock::rules(
-        view,
-        plan.tmp_bytes > 0,
-        report.namespaces.iter().any(|n| n == "mount"),
-    );
-    let kernel_abi = sys::landlock_abi();
-    let enforced = layer(&mut report, Layer::Landlock, plan.layers.landlock, || {
-        landlock::apply(&rules, kernel_abi).map(|e| (e.abi, e.detail.clone()))
-    })?;
-    report.landlock_abi = enforced;
-
-    // 6. seccomp, last (per cell in a pool).
-    if stage == Stage::Full {
-        apply_seccomp(plan, &mut report)?;
-    }
-    Ok(report)
 }
 
 #[cfg(test)]
@@ -394,7 +183,7 @@ mod tests {
         let plan = plan("shell", &scratch);
         let s2 = scratch.clone();
         let (out, how) = in_worker_child(move || {
-            let report = enter(&plan).map_err(|e| e.to_string())?;
+            let report = enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
             let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
             let mut lines = vec![
                 format!("pid={}", std::process::id()),
@@ -509,7 +298,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plan = plan("rhai", dir.path());
         let (out, how) = in_worker_child(move || {
-            enter(&plan).map_err(|e| e.to_string())?;
+            enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
             let open = std::fs::File::open("/proc/self/status")
                 .map(|_| ())
                 .map_err(|e| e.raw_os_error());
@@ -524,13 +313,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plan1 = plan("shell", dir.path());
         let (_, how) = in_worker_child(move || {
-            enter(&plan1).map_err(|e| e.to_string())?;
+            enter(&plan1, Entry::Worker).map_err(|e| e.to_string())?;
             std::process::exit(42)
         });
         assert_eq!(how, Outcome::Exited(42));
         let plan2 = plan("shell", dir.path());
         let (_, how) = in_worker_child(move || {
-            enter(&plan2).map_err(|e| e.to_string())?;
+            enter(&plan2, Entry::Worker).map_err(|e| e.to_string())?;
             // A fault the kernel forces even on PID 1.
             // SAFETY: deliberately crashing the sandboxed test child.
             unsafe { std::ptr::null_mut::<u8>().write_volatile(1) };
@@ -544,7 +333,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plan = plan("shell", dir.path());
         let (out, how) = in_worker_child(move || {
-            enter(&plan).map_err(|e| e.to_string())?;
+            enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
             let argv = vec![
                 "/bin/sh".to_string(),
                 "-c".into(),
@@ -567,7 +356,7 @@ mod tests {
         let mut plan = plan("python", dir.path());
         plan.exec.push("/usr/bin/dash".into());
         let (out, how) = in_worker_child(move || {
-            enter(&plan).map_err(|e| e.to_string())?;
+            enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
             // The gated exec works; the shell's own exec of `true` must not.
             let argv = vec![
                 "/usr/bin/dash".to_string(),
@@ -599,7 +388,7 @@ mod tests {
         assert!(calls.len() > 60, "only {} denied syscalls", calls.len());
         let walk = calls.clone();
         let (out, how) = in_worker_child(move || {
-            enter(&plan).map_err(|e| e.to_string())?;
+            enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
             let mut lines = Vec::new();
             for (name, nr) in walk {
                 // SAFETY: every call here is denied by the filter before
@@ -631,7 +420,7 @@ mod tests {
         for (name, nr) in denied(&plan) {
             let plan = plan.clone();
             let (out, how) = in_worker_child(move || {
-                enter(&plan).map_err(|e| e.to_string())?;
+                enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
                 // SAFETY: as above; the filter kills before the kernel runs it.
                 let rc = unsafe { libc::syscall(nr, 0, 0, 0, 0, 0, 0) };
                 Ok(format!("survived with {rc}"))
@@ -658,7 +447,7 @@ mod tests {
             nix::unistd::setgroups(&[]).map_err(|e| e.to_string())?;
             nix::unistd::setresgid(gid, gid, gid).map_err(|e| e.to_string())?;
             nix::unistd::setresuid(id, id, id).map_err(|e| e.to_string())?;
-            let report = enter(&plan).map_err(|e| e.to_string())?;
+            let report = enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
             let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
             let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| e.to_string())?;
             Ok(format!(
@@ -699,7 +488,7 @@ mod tests {
                     libc::dup2(wr.as_raw_fd(), 3);
                 }
                 drop(wr);
-                if enter(&plan).is_ok() {
+                if enter(&plan, Entry::Worker).is_ok() {
                     // SAFETY: write to fd 3, allowed by the Rhai filter.
                     unsafe { libc::write(3, b"up".as_ptr().cast(), 2) };
                     // Bounded, so a regression fails the test instead of
