@@ -35,6 +35,19 @@ pub struct Rlimits {
     pub max_file_size_bytes: u64,
 }
 
+/// The library's default limits of a cell (`Limits::default`'s).
+impl Default for Rlimits {
+    fn default() -> Rlimits {
+        Rlimits {
+            cpu_seconds: 60,
+            memory_bytes: 1024 * 1024 * 1024,
+            max_processes: 64,
+            max_open_files: 256,
+            max_file_size_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
 /// One limit of [`Rlimits`]: its name (as in every format), the resource it
 /// sets and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

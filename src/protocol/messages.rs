@@ -207,13 +207,9 @@ pub struct Ready {
     pub report: SandboxReport,
 }
 
-/// worker → supervisor: a mandatory layer could not be applied.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SandboxFailure {
-    pub layer: String,
-    pub message: String,
-}
+/// worker → supervisor: a mandatory layer could not be applied (the
+/// sandbox's own report of it, carried as is).
+pub use crate::sandbox::SandboxFailure;
 
 /// worker → supervisor: a capability call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

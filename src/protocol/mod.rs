@@ -28,8 +28,9 @@ pub use codec::{
 };
 pub use messages::*;
 
-/// The fd on which a worker finds its protocol channel.
-pub const PROTOCOL_FD: i32 = 3;
+/// The fd on which a worker finds its protocol channel (the sandbox places
+/// it there).
+pub use crate::sandbox::PROTOCOL_FD;
 
 #[cfg(test)]
 mod tests {

@@ -221,9 +221,7 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
         // The profile's table is a ceiling; session and call limits
         // only lower it.
         let c = &profile.limits.rlimits;
-        let d = crate::supervisor::Limits::default()
-            .under_profile(&profile.limits)
-            .rlimits;
+        let d = crate::plan::Rlimits::default().min(c);
         format!(
             "at most cpu {}s, memory {} bytes, {} processes, {} files, file size {} bytes \
                  (the profile's ceiling); with the default limits a cell gets cpu {}s, \

@@ -128,7 +128,7 @@ fn child_setup(sock: &OwnedFd, out: &OwnedFd, err: &OwnedFd) -> io::Result<()> {
         (devnull.as_raw_fd(), 0),
         (out.as_raw_fd(), 1),
         (err.as_raw_fd(), 2),
-        (sock.as_raw_fd(), crate::protocol::PROTOCOL_FD),
+        (sock.as_raw_fd(), crate::sandbox::PROTOCOL_FD),
     ] {
         // SAFETY: dup2 on fds we own; the target numbers are the fixed
         // worker layout. dup2 clears close-on-exec on the target.

@@ -51,6 +51,29 @@ pub mod linux;
 #[cfg(target_os = "linux")]
 pub(crate) mod testing;
 
+/// The fd on which a sandboxed process finds its channel to the supervisor
+/// (the worker's protocol channel, a pool's control channel, a one-shot
+/// cell's report socket): hygiene keeps it, the spawn code places it.
+pub const PROTOCOL_FD: i32 = 3;
+
+/// A mandatory layer could not be applied: its name and why, as the
+/// sandboxed process reports it to its supervisor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxFailure {
+    pub layer: String,
+    pub message: String,
+}
+
+impl From<&LayerError> for SandboxFailure {
+    fn from(e: &LayerError) -> SandboxFailure {
+        SandboxFailure {
+            layer: e.layer.as_str().to_owned(),
+            message: e.message(),
+        }
+    }
+}
+
 /// Everything the worker needs to sandbox itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -36,10 +36,10 @@
 
 use super::linux::jail::{self, Jail, Start};
 use super::linux::{self, namespaces};
+use super::SandboxFailure;
 use super::{Layer, SandboxError, SandboxPlan, SandboxReport};
 use crate::exit::Exit;
 use crate::profiles::LayerMode;
-use crate::protocol::SandboxFailure;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;

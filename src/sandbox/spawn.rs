@@ -24,12 +24,12 @@ pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroups: Ve
             }
             #[cfg(not(target_os = "linux"))]
             let _ = &cgroups;
-            if raw == crate::protocol::PROTOCOL_FD {
+            if raw == crate::sandbox::PROTOCOL_FD {
                 // dup2 onto itself would keep CLOEXEC; clear it instead.
                 if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-            } else if libc::dup2(raw, crate::protocol::PROTOCOL_FD) < 0 {
+            } else if libc::dup2(raw, crate::sandbox::PROTOCOL_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::setsid() < 0 {
@@ -51,7 +51,7 @@ pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroups: Ve
 /// fd 3 is not an open socket, so a worker started by hand says so clearly.
 pub fn take_protocol_channel() -> std::io::Result<std::os::unix::net::UnixStream> {
     use std::os::fd::FromRawFd;
-    let fd = crate::protocol::PROTOCOL_FD;
+    let fd = crate::sandbox::PROTOCOL_FD;
     // SAFETY: fstat writes only into `st`; a zeroed stat is a valid buffer.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat on a possibly-closed fd is safe; it returns EBADF.

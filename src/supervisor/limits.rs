@@ -51,13 +51,7 @@ impl Default for Limits {
             max_string_bytes: 16 * 1024 * 1024,
             max_array_len: 1_000_000,
             max_map_len: 100_000,
-            rlimits: Rlimits {
-                cpu_seconds: 60,
-                memory_bytes: 1024 * 1024 * 1024,
-                max_processes: 64,
-                max_open_files: 256,
-                max_file_size_bytes: 64 * 1024 * 1024,
-            },
+            rlimits: Rlimits::default(),
         }
     }
 }

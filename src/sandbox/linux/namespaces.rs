@@ -368,7 +368,7 @@ fn worker_side(pid: libc::pid_t, sync: UnixStream, user_ns: bool, ids: HostIds) 
     // dies, so the worker keeps no copy of it.
     // SAFETY: fd 3 belongs to the protocol channel, which this process
     // never uses again (it only waits and exits from here on).
-    unsafe { libc::close(crate::protocol::PROTOCOL_FD) };
+    unsafe { libc::close(crate::sandbox::PROTOCOL_FD) };
     wait_and_mirror(pid, sync)
 }
 
