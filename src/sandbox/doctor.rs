@@ -139,7 +139,7 @@ pub fn probe() -> HostSupport {
                 problem: None,
             },
             Err(e) => MemoryCgroup {
-                problem: Some(e),
+                problem: Some(e.to_string()),
                 ..MemoryCgroup::default()
             },
         };

@@ -15,6 +15,7 @@ use super::output::Capture;
 use super::result::{CellResult, ErrorKind, RunInfo};
 use super::session::SessionConfig;
 use super::Limits;
+use crate::sandbox::linux::cgroup::CgroupError;
 use crate::sandbox::oneshot::{self, Cell, Report, SpawnError};
 use crate::sandbox::{process, SandboxPlan};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -166,13 +167,13 @@ fn run_planned(
 fn cell_cgroup(
     mode: crate::profiles::LayerMode,
     bytes: u64,
-) -> Result<Option<crate::sandbox::linux::cgroup::CellCgroup>, String> {
+) -> Result<Option<crate::sandbox::linux::cgroup::CellCgroup>, CgroupError> {
     use crate::profiles::LayerMode;
     let root = nix::unistd::geteuid().is_root();
     let made = match mode {
         LayerMode::Off => return Ok(None),
         LayerMode::BestEffort if !root => return Ok(None),
-        _ if !root => Err("making a memory cgroup needs root".to_owned()),
+        _ if !root => Err(CgroupError::from("making a memory cgroup needs root")),
         _ => crate::sandbox::linux::cgroup::CellCgroup::slot(bytes),
     };
     match (made, mode) {

@@ -14,7 +14,7 @@ pub(crate) use crate::sandbox::linux::groups::{CellGroup, TreeUsage};
 /// The pid (in our namespace) of the process behind a pidfd.
 #[cfg(target_os = "linux")]
 pub(crate) fn groups_pid(pidfd: &std::os::fd::OwnedFd) -> Result<i32, String> {
-    crate::sandbox::linux::groups::pidfd_pid(pidfd)
+    crate::sandbox::linux::groups::pidfd_pid(pidfd).map_err(|e| e.to_string())
 }
 
 /// Elsewhere there are no cell groups: a stand-in that is never made.
@@ -128,7 +128,10 @@ impl Share {
         asked: &super::Limits,
     ) -> Result<Option<CellGroup>, String> {
         match self.session(sup, asked) {
-            Some(s) => s.cell(cell_processes(limits)).map(Some),
+            Some(s) => s
+                .cell(cell_processes(limits))
+                .map(Some)
+                .map_err(|e| e.to_string()),
             None => Ok(None),
         }
     }

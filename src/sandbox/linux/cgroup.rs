@@ -47,6 +47,46 @@ pub struct CellCgroup {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// A cgroup operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// A cgroup file or directory could not be used.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The host does not offer what is needed (a hierarchy, a controller).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A group still held processes when it had to be empty or gone.
+    #[error("{0}")]
+    Busy(String),
+}
+
+impl CgroupError {
+    /// `map_err` for an I/O error of `action` (e.g. "open") on `path`.
+    pub(crate) fn io(
+        action: impl Into<String>,
+        path: &Path,
+    ) -> impl FnOnce(std::io::Error) -> CgroupError {
+        let (action, path) = (action.into(), path.to_path_buf());
+        move |source| CgroupError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
+impl From<&str> for CgroupError {
+    fn from(what: &str) -> CgroupError {
+        CgroupError::Unavailable(what.to_owned())
+    }
+}
+
 /// How many one-shot cgroups may be in use at once (concurrent `cellbox
 /// exec` runs); past that a run has none.
 const SLOTS: usize = 64;
@@ -54,7 +94,7 @@ const SLOTS: usize = 64;
 impl CellCgroup {
     /// Make a cgroup beneath this process's memory cgroup whose processes
     /// may hold `bytes` of memory together (no swap).
-    pub fn create(bytes: u64) -> Result<CellCgroup, String> {
+    pub fn create(bytes: u64) -> Result<CellCgroup, CgroupError> {
         let ctl = find_controller()?;
         sweep_stale(&ctl.own, ctl.v2);
         let name = format!(
@@ -63,8 +103,7 @@ impl CellCgroup {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let dir = ctl.own.join(name);
-        std::fs::create_dir(&dir)
-            .map_err(|e| format!("cannot make the cgroup {}: {e}", dir.display()))?;
+        std::fs::create_dir(&dir).map_err(CgroupError::io("make the cgroup", &dir))?;
         Self::open(dir, ctl.v2, bytes, None)
     }
 
@@ -74,13 +113,13 @@ impl CellCgroup {
     /// of the cell's setup), one of a few kept ones, `cellbox-oneshot-<n>`,
     /// claimed with a lock file under `/run/cellbox` and emptied, not
     /// removed, when dropped. Root only.
-    pub fn slot(bytes: u64) -> Result<CellCgroup, String> {
+    pub fn slot(bytes: u64) -> Result<CellCgroup, CgroupError> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         let ctl = find_controller()?;
         let locks = Path::new("/run/cellbox");
         if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(locks) {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(format!("cannot make {}: {e}", locks.display()));
+                return Err(CgroupError::io("make", locks)(e));
             }
         }
         for n in 0..SLOTS {
@@ -92,12 +131,12 @@ impl CellCgroup {
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&path)
-                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+                .map_err(CgroupError::io("open", &path))?;
             let lock =
                 match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                     Ok(l) => l,
                     Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
-                    Err((_, e)) => return Err(format!("cannot lock {}: {e}", path.display())),
+                    Err((_, e)) => return Err(CgroupError::io("lock", &path)(e.into())),
                 };
             let dir = ctl.own.join(format!("cellbox-oneshot-{n}"));
             match std::fs::create_dir(&dir) {
@@ -107,11 +146,13 @@ impl CellCgroup {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     kill_all(&dir, ctl.v2);
                 }
-                Err(e) => return Err(format!("cannot make the cgroup {}: {e}", dir.display())),
+                Err(e) => return Err(CgroupError::io("make the cgroup", &dir)(e)),
             }
             return Self::open(dir, ctl.v2, bytes, Some(lock));
         }
-        Err(format!("all {SLOTS} one-shot cgroup slots are in use"))
+        Err(CgroupError::Busy(format!(
+            "all {SLOTS} one-shot cgroup slots are in use"
+        )))
     }
 
     fn open(
@@ -119,7 +160,7 @@ impl CellCgroup {
         v2: bool,
         bytes: u64,
         slot_lock: Option<nix::fcntl::Flock<std::fs::File>>,
-    ) -> Result<CellCgroup, String> {
+    ) -> Result<CellCgroup, CgroupError> {
         // Under v1 a process joins through `tasks`: it moves only the
         // writing thread (the whole process, for the single-threaded child
         // that joins between fork and exec), which the kernel does without
@@ -137,7 +178,7 @@ impl CellCgroup {
                 if slot_lock.is_none() {
                     let _ = std::fs::remove_dir(&dir);
                 }
-                return Err(format!("cannot open {}/{join_file}: {e}", dir.display()));
+                return Err(CgroupError::io("open", &dir.join(join_file))(e));
             }
         };
         // From here on the directory goes (or is emptied) with `made`.
@@ -152,7 +193,7 @@ impl CellCgroup {
         Ok(made)
     }
 
-    fn set_limit(&self, bytes: u64) -> Result<(), String> {
+    fn set_limit(&self, bytes: u64) -> Result<(), CgroupError> {
         set_memory_limit(&self.dir, self.v2, bytes)
     }
 
@@ -182,14 +223,14 @@ impl CellCgroup {
 
 /// Bound what the processes of the memory cgroup at `dir` hold together
 /// to `bytes`, swap included.
-pub fn set_memory_limit(dir: &Path, v2: bool, bytes: u64) -> Result<(), String> {
+pub fn set_memory_limit(dir: &Path, v2: bool, bytes: u64) -> Result<(), CgroupError> {
     let write = |file: &str, value: &str| {
         let path = dir.join(file);
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
             .and_then(|mut f| f.write_all(value.as_bytes()))
-            .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+            .map_err(CgroupError::io(format!("write {value} to"), &path))
     };
     let n = bytes.to_string();
     if v2 {
@@ -234,7 +275,7 @@ pub fn layer_report(
 
 /// The memory controller cells' cgroups would be made under: its kind (as
 /// [`CellCgroup::kind`] names it) and this process's cgroup in it.
-pub fn memory_controller() -> Result<(&'static str, PathBuf), String> {
+pub fn memory_controller() -> Result<(&'static str, PathBuf), CgroupError> {
     let c = find_controller()?;
     let kind = if c.v2 {
         "cgroup v2 memory"
@@ -270,18 +311,21 @@ impl Drop for CellCgroup {
 }
 
 /// Kill what is left in the cgroup at `dir` and remove it.
-pub(crate) fn remove(dir: &Path, v2: bool) -> Result<(), String> {
+pub(crate) fn remove(dir: &Path, v2: bool) -> Result<(), CgroupError> {
     for attempt in 0..100 {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 99 => {}
-            Err(e) => return Err(format!("cannot remove the cgroup {}: {e}", dir.display())),
+            Err(e) => return Err(CgroupError::io("remove the cgroup", dir)(e)),
         }
         kill_all(dir, v2);
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    Err(format!("cannot remove the cgroup {}", dir.display()))
+    Err(CgroupError::Busy(format!(
+        "cannot remove the cgroup {}: its processes would not go",
+        dir.display()
+    )))
 }
 
 /// SIGKILL every process in the cgroup at `dir` (not this one).
@@ -332,7 +376,7 @@ fn sweep_stale(own: &Path, v2: bool) {
 
 /// Kill what is in the cgroup at `dir` and beneath it, and remove them
 /// all, deepest first (retried while the killed processes exit).
-fn remove_tree(dir: &Path, v2: bool) -> Result<(), String> {
+fn remove_tree(dir: &Path, v2: bool) -> Result<(), CgroupError> {
     fn below(dir: &Path, out: &mut Vec<PathBuf>) {
         out.push(dir.to_path_buf());
         if let Ok(entries) = std::fs::read_dir(dir) {
@@ -407,9 +451,9 @@ fn hierarchy_dirs(cgroups: &str, mountinfo: &str) -> Vec<(PathBuf, bool)> {
 
 /// This process's memory cgroup directory: v1 if the memory controller is
 /// mounted there, else v2 if its cgroup offers `memory`.
-fn find_controller() -> Result<Controller, String> {
+fn find_controller() -> Result<Controller, CgroupError> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        .map_err(CgroupError::io("read", Path::new("/proc/self/cgroup")))?;
     // The usual place first (reading mountinfo costs as much as the rest):
     // wherever the memory cgroup made beneath it is, it bounds the cell.
     if let Some(path) = v1_memory_path(&cgroups) {
@@ -422,7 +466,7 @@ fn find_controller() -> Result<Controller, String> {
         }
     }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        .map_err(CgroupError::io("read", Path::new("/proc/self/mountinfo")))?;
     controller_in(
         &cgroups,
         &mountinfo,
@@ -447,7 +491,7 @@ fn controller_in(
     mountinfo: &str,
     exists: impl Fn(&Path) -> bool,
     read: impl Fn(&Path) -> String,
-) -> Result<Controller, String> {
+) -> Result<Controller, CgroupError> {
     // (root within the hierarchy, mount point) of the first mount of
     // `fstype` whose super options satisfy `want`.
     let mount = |fstype: &str, want: &dyn Fn(&str) -> bool| {
@@ -475,8 +519,11 @@ fn controller_in(
     if let Some(path) = v1_memory_path(cgroups) {
         let (root, mp) = mount("cgroup", &|opts| opts.split(',').any(|o| o == "memory"))
             .ok_or("the memory controller (cgroup v1) is not mounted")?;
-        let own = within(&root, &mp, path)
-            .ok_or_else(|| format!("this process's memory cgroup {path} is not under {mp}"))?;
+        let own = within(&root, &mp, path).ok_or_else(|| {
+            CgroupError::Unavailable(format!(
+                "this process's memory cgroup {path} is not under {mp}"
+            ))
+        })?;
         return Ok(Controller { v2: false, own });
     }
     let path = cgroups
@@ -485,25 +532,26 @@ fn controller_in(
         .ok_or("no memory cgroup: neither a v1 memory hierarchy nor cgroup v2")?;
     let (root, mp) =
         mount("cgroup2", &|_| true).ok_or("cgroup v2 is not mounted and v1 has no memory")?;
-    let own = within(&root, &mp, path)
-        .ok_or_else(|| format!("this process's cgroup {path} is not under {mp}"))?;
+    let own = within(&root, &mp, path).ok_or_else(|| {
+        CgroupError::Unavailable(format!("this process's cgroup {path} is not under {mp}"))
+    })?;
     let controllers = read(&own.join("cgroup.controllers"));
     if !controllers.split_whitespace().any(|c| c == "memory") {
-        return Err(format!(
+        return Err(CgroupError::Unavailable(format!(
             "cgroup v2 at {} does not offer the memory controller",
             own.display()
-        ));
+        )));
     }
     let subtree = read(&own.join("cgroup.subtree_control"));
     if !subtree.split_whitespace().any(|c| c == "memory") {
         // Handing `memory` to children fails while this cgroup holds
         // processes (the "no internal processes" rule); try, and say so.
         std::fs::write(own.join("cgroup.subtree_control"), "+memory").map_err(|e| {
-            format!(
+            CgroupError::Unavailable(format!(
                 "cannot enable the memory controller for children of {}: {e} \
                  (run the supervisor in a delegated cgroup of its own)",
                 own.display()
-            )
+            ))
         })?;
     }
     Ok(Controller { v2: true, own })
@@ -625,9 +673,15 @@ mod tests {
             }
         );
         let e = controller_in(cg, mounts, |_| true, |_| "cpu pids".to_owned()).unwrap_err();
-        assert!(e.contains("does not offer the memory controller"), "{e}");
+        assert!(matches!(e, CgroupError::Unavailable(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("does not offer the memory controller"),
+            "{e}"
+        );
         let e = controller_in("", mounts, |_| true, offered).unwrap_err();
-        assert!(e.contains("no memory cgroup"), "{e}");
+        assert!(matches!(e, CgroupError::Unavailable(_)), "{e:?}");
+        assert!(e.to_string().contains("no memory cgroup"), "{e}");
     }
 
     #[test]

@@ -36,6 +36,7 @@
 //! cgroup v2 is not handled here yet: a supervisor there keeps the cells'
 //! memory cgroup only, and says so.
 
+use super::cgroup::CgroupError;
 use crate::util::lock;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -88,27 +89,27 @@ fn v1_dir(cgroups: &str, controller: &str) -> Option<PathBuf> {
     None
 }
 
-fn write(path: &Path, value: &str) -> Result<(), String> {
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     std::fs::OpenOptions::new()
         .write(true)
         .open(path)
         .and_then(|mut f| f.write_all(value.as_bytes()))
-        .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+        .map_err(CgroupError::io(format!("write {value} to"), path))
 }
 
-fn open_tasks(dir: &Path) -> Result<OwnedFd, String> {
+fn open_tasks(dir: &Path) -> Result<OwnedFd, CgroupError> {
     std::fs::OpenOptions::new()
         .write(true)
         .open(dir.join("tasks"))
         .map(OwnedFd::from)
-        .map_err(|e| format!("cannot open {}/tasks: {e}", dir.display()))
+        .map_err(CgroupError::io("open", &dir.join("tasks")))
 }
 
-fn make_dir(dir: &Path) -> Result<(), String> {
+fn make_dir(dir: &Path) -> Result<(), CgroupError> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(format!("cannot make the cgroup {}: {e}", dir.display())),
+        Err(e) => Err(CgroupError::io("make the cgroup", dir)(e)),
     }
 }
 
@@ -121,7 +122,7 @@ fn procs(dir: &Path) -> Vec<i32> {
 
 /// Remove a cgroup directory (v1), killing what is left in it while its
 /// last processes exit.
-fn rmdir(dir: &Path) -> Result<(), String> {
+fn rmdir(dir: &Path) -> Result<(), CgroupError> {
     super::cgroup::remove(dir, false)
 }
 
@@ -129,7 +130,7 @@ fn rmdir(dir: &Path) -> Result<(), String> {
 /// until it has none: its `pids.max` is set to 0 first, so nothing in it
 /// can fork while it is being emptied. `Ok` once empty; an error naming
 /// what is left past `within`.
-pub fn empty(pids_dir: &Path, within: Duration) -> Result<(), String> {
+pub fn empty(pids_dir: &Path, within: Duration) -> Result<(), CgroupError> {
     let first = procs(pids_dir);
     if first.is_empty() {
         return Ok(());
@@ -143,11 +144,11 @@ pub fn empty(pids_dir: &Path, within: Duration) -> Result<(), String> {
             return Ok(());
         }
         if Instant::now() >= end {
-            return Err(format!(
+            return Err(CgroupError::Busy(format!(
                 "{} process(es) of {} still there after {within:?}",
                 left.len(),
                 pids_dir.display()
-            ));
+            )));
         }
         for pid in left {
             if pid != me {
@@ -161,9 +162,9 @@ pub fn empty(pids_dir: &Path, within: Duration) -> Result<(), String> {
 impl Groups {
     /// Make the pids and cpuacct counterparts of the cells' memory cgroup
     /// at `memory` (v1). An error when either hierarchy is missing.
-    pub fn new(memory: &Path) -> Result<Groups, String> {
+    pub fn new(memory: &Path) -> Result<Groups, CgroupError> {
         let cgroups = std::fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+            .map_err(CgroupError::io("read", Path::new("/proc/self/cgroup")))?;
         let name = memory
             .file_name()
             .ok_or("the cells' memory cgroup has no name")?;
@@ -194,7 +195,7 @@ impl Groups {
         self: &Arc<Self>,
         memory_bytes: u64,
         max_processes: u64,
-    ) -> Result<SessionGroup, String> {
+    ) -> Result<SessionGroup, CgroupError> {
         let kept = lock(&self.free).pop();
         let dir = match kept {
             Some(d) => d,
@@ -229,24 +230,24 @@ impl Drop for Groups {
     }
 }
 
-fn open_rw(path: &Path) -> Result<std::fs::File, String> {
+fn open_rw(path: &Path) -> Result<std::fs::File, CgroupError> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+        .map_err(CgroupError::io("open", path))
 }
 
-fn open_r(path: &Path) -> Result<std::fs::File, String> {
-    std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))
+fn open_r(path: &Path) -> Result<std::fs::File, CgroupError> {
+    std::fs::File::open(path).map_err(CgroupError::io("open", path))
 }
 
 /// Write `value` through a kept descriptor of a cgroup file.
-fn put(file: &std::fs::File, value: &str, what: &Path) -> Result<(), String> {
+fn put(file: &std::fs::File, value: &str, what: &Path) -> Result<(), CgroupError> {
     use std::os::unix::fs::FileExt;
     file.write_at(value.as_bytes(), 0)
         .map(|_| ())
-        .map_err(|e| format!("cannot write {value} to {}: {e}", what.display()))
+        .map_err(CgroupError::io(format!("write {value} to"), what))
 }
 
 /// Read a number through a kept descriptor of a cgroup file (each read at
@@ -289,7 +290,7 @@ struct SessionDir {
 }
 
 impl SessionDir {
-    fn make(groups: &Groups, k: u64) -> Result<SessionDir, String> {
+    fn make(groups: &Groups, k: u64) -> Result<SessionDir, CgroupError> {
         let s = format!("s{k}");
         let (memory, pids, cpu) = (
             groups.memory.join(&s),
@@ -305,7 +306,7 @@ impl SessionDir {
             }
         }
         let files = (|| {
-            Ok::<_, String>((
+            Ok::<_, CgroupError>((
                 open_tasks(&memory)?,
                 open_rw(&memory.join("memory.max_usage_in_bytes"))?,
                 open_r(&memory.join("memory.usage_in_bytes"))?,
@@ -335,7 +336,7 @@ impl SessionDir {
         })
     }
 
-    fn bound(&self, memory_bytes: u64, max_processes: u64) -> Result<(), String> {
+    fn bound(&self, memory_bytes: u64, max_processes: u64) -> Result<(), CgroupError> {
         let mut b = lock(&self.bounds);
         if *b != Some((memory_bytes, max_processes)) {
             *b = None;
@@ -379,7 +380,7 @@ struct CellDir {
 }
 
 impl CellDir {
-    fn make(session: &SessionDir) -> Result<CellDir, String> {
+    fn make(session: &SessionDir) -> Result<CellDir, CgroupError> {
         let c = format!("c{}", session.next_cell.fetch_add(1, Ordering::Relaxed));
         let (pids, cpu) = (session.pids.join(&c), session.cpu.join(&c));
         make_dir(&pids)?;
@@ -388,7 +389,7 @@ impl CellDir {
             return Err(e);
         }
         let files = (|| {
-            Ok::<_, String>((
+            Ok::<_, CgroupError>((
                 open_tasks(&pids)?,
                 open_tasks(&cpu)?,
                 open_r(&pids.join("cgroup.procs"))?,
@@ -416,7 +417,7 @@ impl CellDir {
     }
 
     /// See [`empty`]; the `pids.max` it may have set is forgotten.
-    fn empty(&self, within: Duration) -> Result<(), String> {
+    fn empty(&self, within: Duration) -> Result<(), CgroupError> {
         let r = empty(&self.pids, within);
         self.max.store(UNKNOWN, Ordering::Relaxed);
         r
@@ -424,7 +425,7 @@ impl CellDir {
 
     /// `n` processes at most; `u64::MAX`: no bound of its own (its
     /// session's holds).
-    fn set_max(&self, n: u64) -> Result<(), String> {
+    fn set_max(&self, n: u64) -> Result<(), CgroupError> {
         if self.max.load(Ordering::Relaxed) != n {
             let value = if n == u64::MAX {
                 "max".to_owned()
@@ -460,7 +461,7 @@ pub struct SessionGroup {
 
 impl SessionGroup {
     /// A group for one cell of this session, of at most `max_processes`.
-    pub fn cell(self: &Arc<Self>, max_processes: u64) -> Result<CellGroup, String> {
+    pub fn cell(self: &Arc<Self>, max_processes: u64) -> Result<CellGroup, CgroupError> {
         let kept = lock(&self.dir.cells).pop();
         let dir = match kept {
             Some(d) => d,
@@ -544,28 +545,31 @@ impl CellGroup {
 
     /// Move the single-threaded process `pid` (in this process's PID
     /// namespace) into the group.
-    pub fn adopt(&self, pid: i32) -> Result<(), String> {
+    pub fn adopt(&self, pid: i32) -> Result<(), CgroupError> {
         let text = pid.to_string();
         for fd in [
             &self.session.dir.memory_tasks,
             &self.dir.pids_tasks,
             &self.dir.cpu_tasks,
         ] {
-            nix::unistd::write(fd, text.as_bytes())
-                .map_err(|e| format!("cannot move process {pid} into its cell's cgroup: {e}"))?;
+            nix::unistd::write(fd, text.as_bytes()).map_err(|e| {
+                CgroupError::Busy(format!(
+                    "cannot move process {pid} into its cell's cgroup: {e}"
+                ))
+            })?;
         }
         Ok(())
     }
 
     /// Allow the cell `n` processes at once (threads count); `u64::MAX`:
     /// no bound of its own, its session's holds.
-    pub fn set_max_processes(&self, n: u64) -> Result<(), String> {
+    pub fn set_max_processes(&self, n: u64) -> Result<(), CgroupError> {
         self.dir.set_max(n)
     }
 
     /// Kill whatever of the cell is left and wait until none of it is (at
     /// most `within`).
-    pub fn end(&self, within: Duration) -> Result<(), String> {
+    pub fn end(&self, within: Duration) -> Result<(), CgroupError> {
         self.dir.empty(within)
     }
 
@@ -606,14 +610,14 @@ impl Drop for CellGroup {
 
 /// The pid of the process behind `pidfd` in this process's PID namespace
 /// (from `/proc/self/fdinfo`).
-pub fn pidfd_pid(pidfd: &impl AsRawFd) -> Result<i32, String> {
+pub fn pidfd_pid(pidfd: &impl AsRawFd) -> Result<i32, CgroupError> {
     let path = format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd());
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let text = std::fs::read_to_string(&path).map_err(CgroupError::io("read", Path::new(&path)))?;
     text.lines()
         .find_map(|l| l.strip_prefix("Pid:"))
         .and_then(|v| v.trim().parse::<i32>().ok())
         .filter(|&p| p > 0)
-        .ok_or_else(|| format!("{path} names no live process"))
+        .ok_or_else(|| CgroupError::Busy(format!("{path} names no live process")))
 }
 
 #[cfg(test)]

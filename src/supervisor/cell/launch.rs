@@ -353,7 +353,7 @@ async fn start_zygote(
     // Into its cgroup before it is sent any code.
     if let Some(g) = group {
         groups_pid(&pidfd)
-            .and_then(|p| g.adopt(p))
+            .and_then(|p| g.adopt(p).map_err(|e| e.to_string()))
             .map_err(Failed)?;
     }
     let rx = z.exit_of(pid);
@@ -389,7 +389,7 @@ async fn start_forked(
     );
     // Into its cgroup before it is sent any code.
     if let Some(g) = group {
-        g.adopt(groups_pid(&f.pidfd)?)?;
+        g.adopt(groups_pid(&f.pidfd)?).map_err(|e| e.to_string())?;
     }
     let rx = fs.exit_of(f.pid);
     let started = Started {
@@ -436,7 +436,7 @@ pub(super) fn start_direct(
             // that (the threads of a program whose `main` starts a runtime
             // before `dispatch`, which must get its error, not a hang). Its
             // session's bound holds all the same.
-            g.set_max_processes(u64::MAX)?;
+            g.set_max_processes(u64::MAX).map_err(|e| e.to_string())?;
             g.join_fds()
         }
         None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),
