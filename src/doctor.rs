@@ -94,7 +94,7 @@ impl DoctorReport {
         let python_info = b
             .build()
             .map_err(|e| e.to_string())
-            .and_then(|sup| sup.python());
+            .and_then(|sup| sup.python().map_err(String::from));
         let ok = profiles.iter().all(|a| a.ok);
         let warm_workers = WarmWorkers::start(python).await;
         DoctorReport {

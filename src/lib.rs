@@ -28,8 +28,8 @@ pub use supervisor::{
 // The host resources a supervisor holds: events, Python, scratch, memory,
 // warm pools.
 pub use supervisor::{
-    EventSink, PythonInfo, ScratchQuota, DEFAULT_CELLS_MEMORY_BYTES, DEFAULT_EVENTS_MAX_BYTES,
-    DEFAULT_SCRATCH_BYTES, DEFAULT_SESSION_SCRATCH,
+    EventSink, PythonError, PythonInfo, ScratchQuota, DEFAULT_CELLS_MEMORY_BYTES,
+    DEFAULT_EVENTS_MAX_BYTES, DEFAULT_SCRATCH_BYTES, DEFAULT_SESSION_SCRATCH,
 };
 #[cfg(target_os = "linux")]
 pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};

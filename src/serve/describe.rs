@@ -263,7 +263,7 @@ impl Facts<'_> {
             })
             .collect();
         let python = if settings.languages.contains(&Language::Python) {
-            sup.python()
+            sup.python().map_err(String::from)
         } else {
             Err("python is not enabled".into())
         };

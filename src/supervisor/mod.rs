@@ -27,7 +27,7 @@ pub use policy::{
     Budget, BudgetError, Policy, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
     MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
-pub use python::PythonInfo;
+pub use python::{PythonError, PythonInfo};
 pub use result::{
     CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
     Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
@@ -213,7 +213,7 @@ pub(crate) struct Inner {
     /// sub-cells alike).
     pub(crate) languages: std::collections::BTreeSet<Language>,
     python_path: Option<PathBuf>,
-    python: OnceLock<Result<PythonInfo, String>>,
+    python: OnceLock<Result<PythonInfo, PythonError>>,
     shim: OnceLock<Option<PathBuf>>,
     warm: bool,
     forkserver: tokio::sync::Mutex<Option<Arc<warm::ForkServer>>>,
@@ -396,7 +396,7 @@ impl Inner {
             .as_ref()
     }
 
-    pub(crate) fn python(&self) -> Result<&PythonInfo, String> {
+    pub(crate) fn python(&self) -> Result<&PythonInfo, PythonError> {
         self.python
             .get_or_init(|| python::resolve(self.python_path.as_deref()))
             .as_ref()
@@ -840,7 +840,7 @@ impl Supervisor {
     }
 
     /// The Python interpreter cells would use.
-    pub fn python(&self) -> Result<PythonInfo, String> {
+    pub fn python(&self) -> Result<PythonInfo, PythonError> {
         self.inner.python().cloned()
     }
 }

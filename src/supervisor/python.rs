@@ -11,6 +11,33 @@ pub struct PythonInfo {
     pub read_only: Vec<PathBuf>,
 }
 
+/// Why the interpreter could not be found or prepared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PythonError {
+    #[error("failed to resolve the Python interpreter {}: {message}", path.display())]
+    Resolve { path: PathBuf, message: String },
+    #[error(
+        "{} is not an ELF executable (a wrapper script such as a pyenv shim?); pass the real interpreter with --python",
+        .0.display()
+    )]
+    NotElf(PathBuf),
+    #[error("cannot tell the prefix of {}", .0.display())]
+    NoPrefix(PathBuf),
+    #[error("no Python interpreter found: install python3 or pass --python PATH")]
+    NotFound,
+    /// The shim could not be precompiled or cached (cells then run it from
+    /// source).
+    #[error("{0}")]
+    Shim(String),
+}
+
+/// For the joints that still carry a message.
+impl From<PythonError> for String {
+    fn from(e: PythonError) -> String {
+        e.to_string()
+    }
+}
+
 fn is_elf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
@@ -20,24 +47,19 @@ fn is_elf(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn info_for(exe: &Path) -> Result<PythonInfo, String> {
-    let exe = std::fs::canonicalize(exe).map_err(|e| {
-        format!(
-            "failed to resolve the Python interpreter {}: {e}",
-            exe.display()
-        )
+fn info_for(exe: &Path) -> Result<PythonInfo, PythonError> {
+    let exe = std::fs::canonicalize(exe).map_err(|e| PythonError::Resolve {
+        path: exe.to_path_buf(),
+        message: e.to_string(),
     })?;
     if !is_elf(&exe) {
-        return Err(format!(
-            "{} is not an ELF executable (a wrapper script such as a pyenv shim?); pass the real interpreter with --python",
-            exe.display()
-        ));
+        return Err(PythonError::NotElf(exe));
     }
     // <prefix>/bin/python3.X → <prefix>
     let prefix = exe
         .parent()
         .and_then(Path::parent)
-        .ok_or_else(|| format!("cannot tell the prefix of {}", exe.display()))?
+        .ok_or_else(|| PythonError::NoPrefix(exe.clone()))?
         .to_path_buf();
     Ok(PythonInfo {
         executable: exe,
@@ -48,7 +70,7 @@ fn info_for(exe: &Path) -> Result<PythonInfo, String> {
 /// Find the interpreter: `explicit` if given, else `$CELLBOX_PYTHON`, else
 /// the first ELF `python3` on PATH, else `/usr/bin/python3`. Wrapper scripts
 /// on PATH (pyenv shims) are skipped.
-pub(crate) fn resolve(explicit: Option<&Path>) -> Result<PythonInfo, String> {
+pub(crate) fn resolve(explicit: Option<&Path>) -> Result<PythonInfo, PythonError> {
     if let Some(p) = explicit {
         return info_for(p);
     }
@@ -71,7 +93,7 @@ pub(crate) fn resolve(explicit: Option<&Path>) -> Result<PythonInfo, String> {
     if fallback.is_file() {
         return info_for(fallback);
     }
-    Err("no Python interpreter found: install python3 or pass --python PATH".into())
+    Err(PythonError::NotFound)
 }
 
 /// The shim precompiled by `info`'s interpreter, cached in a directory only
@@ -80,7 +102,11 @@ pub(crate) fn resolve(explicit: Option<&Path>) -> Result<PythonInfo, String> {
 /// shim is most of a fresh interpreter's extra start-up; a cell loads the
 /// ready-made code object instead (the file is opened read-only in the
 /// sandbox).
-pub(crate) fn precompiled_shim(info: &PythonInfo) -> Result<PathBuf, String> {
+pub(crate) fn precompiled_shim(info: &PythonInfo) -> Result<PathBuf, PythonError> {
+    shim_file(info).map_err(PythonError::Shim)
+}
+
+fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let euid = nix::unistd::geteuid().as_raw();
@@ -161,7 +187,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let shim = dir.path().join("python3");
         std::fs::write(&shim, "#!/bin/sh\nexec true\n").unwrap();
-        assert!(info_for(&shim).unwrap_err().contains("not an ELF"));
+        let e = info_for(&shim).unwrap_err();
+        assert!(matches!(e, PythonError::NotElf(_)), "{e:?}");
+        assert!(e.to_string().contains("not an ELF"), "{e}");
         if Path::new("/usr/bin/python3").exists() {
             let info = info_for(Path::new("/usr/bin/python3")).unwrap();
             assert!(info.executable.starts_with("/usr"));
