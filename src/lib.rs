@@ -36,6 +36,8 @@ pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
 pub mod exit;
+/// The macOS backend: profile → SBPL, and the sandbox-exec launcher.
+pub mod macos;
 pub mod plan;
 pub mod profiles;
 pub mod protocol;

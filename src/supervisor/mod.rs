@@ -208,6 +208,8 @@ pub(crate) struct Inner {
     pub(crate) registry: Registry,
     pub(crate) events: EventSink,
     pub(crate) worker_exe: PathBuf,
+    /// Workers start under this `sandbox-exec` (see [`crate::macos`]).
+    pub(crate) sandbox_exec: Option<PathBuf>,
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
     /// The languages cells may be written in (top-level cells, `exec` and
     /// sub-cells alike).
@@ -286,7 +288,7 @@ impl Inner {
     /// The running Rhai fork server, started (or restarted) on demand;
     /// `None` when warm workers are off or it cannot start.
     pub(crate) async fn fork_server(&self) -> Option<Arc<warm::ForkServer>> {
-        if !self.warm {
+        if !self.warm || self.sandbox_exec.is_some() {
             return None;
         }
         let mut slot = self.forkserver.lock().await;
@@ -410,6 +412,7 @@ pub struct SupervisorBuilder {
     registry: Registry,
     events: EventSink,
     worker_exe: Option<PathBuf>,
+    sandbox_exec: Option<PathBuf>,
     python: Option<PathBuf>,
     profiles: std::collections::BTreeMap<Language, String>,
     languages: std::collections::BTreeSet<Language>,
@@ -512,6 +515,17 @@ impl SupervisorBuilder {
     /// call [`crate::worker::dispatch`] first thing in `main`).
     pub fn worker_exe(mut self, path: impl Into<PathBuf>) -> Self {
         self.worker_exe = Some(path.into());
+        self
+    }
+
+    /// Start every worker as `<path> -p <policy> <engine> ...`, under the
+    /// SBPL policy compiled from its profile (see [`crate::macos`]): the
+    /// macOS backend. On macOS it is on by default with
+    /// `/usr/bin/sandbox-exec`; elsewhere it is off, and a program given here
+    /// must apply the policy itself (tests point it at a stand-in that runs
+    /// the worker without one). Warm workers are not used on this path.
+    pub fn sandbox_exec(mut self, path: impl Into<PathBuf>) -> Self {
+        self.sandbox_exec = Some(path.into());
         self
     }
 
@@ -642,6 +656,7 @@ impl SupervisorBuilder {
                 registry: self.registry,
                 events: self.events,
                 worker_exe,
+                sandbox_exec: self.sandbox_exec,
                 profiles: self.profiles,
                 languages: self.languages,
                 python_path: self.python,
@@ -683,6 +698,8 @@ impl Supervisor {
             registry: Registry::with_builtins(),
             events: EventSink::default(),
             worker_exe: None,
+            sandbox_exec: cfg!(target_os = "macos")
+                .then(|| PathBuf::from(crate::macos::launch::SANDBOX_EXEC)),
             python: None,
             profiles: Default::default(),
             languages: [Language::Rhai, Language::Python, Language::Shell]
