@@ -32,7 +32,8 @@ pub use supervisor::{
     DEFAULT_SCRATCH_BYTES, DEFAULT_SESSION_SCRATCH,
 };
 #[cfg(target_os = "linux")]
-pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
+pub use supervisor::{PoolCeiling, PoolConfig};
+pub use supervisor::{PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
 pub mod exit;

@@ -16,5 +16,6 @@
 //! descriptors, fix the environment, set its rlimits) lives with the other
 //! layers in `crate::sandbox::seatbelt`.
 
+pub mod doctor;
 pub mod launch;
 pub mod sbpl;

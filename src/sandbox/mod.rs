@@ -27,6 +27,7 @@ use crate::profiles::{LayerMode, Layers, PathAccess, PathRule, Profile, SeccompS
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod compat;
 pub mod doctor;
 pub mod forkserver;
 pub mod memory;

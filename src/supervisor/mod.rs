@@ -11,6 +11,7 @@ mod limits;
 pub mod oneshot;
 mod output;
 mod policy;
+mod pool_status;
 mod python;
 mod result;
 mod scratch;
@@ -27,6 +28,7 @@ pub use policy::{
     Budget, BudgetError, Policy, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
     MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
+pub use pool_status::{PoolStatus, ZygoteStatus};
 pub use python::PythonInfo;
 pub use result::{
     CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
@@ -35,7 +37,7 @@ pub use result::{
 pub use scratch::{ScratchQuota, DEFAULT_SESSION_SCRATCH};
 pub use session::{HistoryEntry, Session, SessionConfig};
 #[cfg(target_os = "linux")]
-pub use zygote::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
+pub use zygote::{PoolCeiling, PoolConfig};
 
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -853,6 +855,27 @@ impl Supervisor {
             max_cells: config.max_cells,
             max_age_ms: config.max_age.as_millis() as u64,
             python,
+        }
+    }
+
+    /// The state of the warm workers: none outside Linux.
+    #[cfg(not(target_os = "linux"))]
+    pub async fn pool_status(&self) -> PoolStatus {
+        PoolStatus {
+            warm: false,
+            rhai_fork_server: false,
+            rhai_fork_server_pid: None,
+            rhai_spares: 0,
+            scratch_root: None,
+            scratch_quota_bytes: None,
+            session_scratch_quota: None,
+            cells_memory_bytes: None,
+            cells_memory_cgroup: None,
+            session_cgroups: false,
+            pool_size: 0,
+            max_cells: 0,
+            max_age_ms: 0,
+            python: Vec::new(),
         }
     }
 

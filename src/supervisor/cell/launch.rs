@@ -376,8 +376,9 @@ async fn start_zygote(
     })
 }
 
+#[cfg(target_os = "linux")]
 fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+    crate::sandbox::compat::pipe_cloexec()
         .map_err(|e| format!("failed to create an output pipe: {e}"))
 }
 
