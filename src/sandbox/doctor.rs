@@ -101,6 +101,7 @@ pub fn probe() -> HostSupport {
                 .any(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
         })
         .unwrap_or(false);
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
     let mut host = HostSupport {
         os: std::env::consts::OS.to_owned(),
         kernel,

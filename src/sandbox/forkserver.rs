@@ -24,6 +24,8 @@
 //!   it, and a pid is never reused while the supervisor may still signal it
 //!   (the supervisor signals through the pidfd, which cannot hit a reused
 //!   pid).
+// The server side (signalfd, subreaper) is Linux-only.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code, unused_imports))]
 
 use super::process::{reap, Reaped};
 use nix::sys::signal::{SigSet, Signal};

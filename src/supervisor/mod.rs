@@ -356,6 +356,7 @@ impl Inner {
 
     /// The bytes one session's scratch may hold (its own tmpfs where the
     /// supervisor can mount one, else the scratch root's).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // used by the Linux-only warm paths
     pub(crate) fn session_scratch_bytes(&self) -> u64 {
         match self.session_scratch_quota() {
             Some(q) => q.bytes,
