@@ -9,7 +9,9 @@
 //!   cell start processes (`fork` or `vfork`);
 //! - `signal` only to the cell's own process group;
 //! - `file-read*` beneath the profile's paths, the backend's read-only
-//!   paths and the system libraries every program loads at exec;
+//!   paths and the system libraries every program loads at exec, with
+//!   `file-map-executable` (dyld maps code) for all but the profile's
+//!   read-only paths;
 //!   `file-read*` and `file-write*` beneath the scratch directory only;
 //!   `file-read-metadata` of the directories leading to a granted path (so
 //!   paths resolve), never their contents;
@@ -85,6 +87,11 @@ const SYSCTL_PROGRAM: &[(&str, &str)] = &[
 /// service configuration (`/etc/nsswitch.conf`, its Linux equivalent).
 const MACH_LIBINFO: &str = "com.apple.system.opendirectoryd.libinfo";
 
+/// Reading, and mapping as code: what dyld needs of a program and of the
+/// libraries (and Python extension modules) it loads. Never granted on the
+/// scratch directory, so a cell cannot load code it wrote.
+const MAP: &str = "file-read* file-map-executable";
+
 /// Roots that are symlinks into `/private` on macOS.
 const PRIVATE_LINKS: &[&str] = &["/etc", "/tmp", "/var"];
 
@@ -106,7 +113,7 @@ pub fn compile(plan: &SandboxPlan, engine: &Path) -> Result<String, SbplError> {
     p.blank();
     p.line("; The worker: sandbox-exec executes it under this policy.");
     p.rule("process-exec", &[literal(engine)?]);
-    p.rule("file-read*", &[literal(engine)?]);
+    p.rule(MAP, &[literal(engine)?]);
     p.ancestors(engine);
     let exec_mode = plan.seccomp.exec;
     let programs: Vec<PathBuf> = match exec_mode {
@@ -120,7 +127,7 @@ pub fn compile(plan: &SandboxPlan, engine: &Path) -> Result<String, SbplError> {
             .map(|x| literal(x))
             .collect::<Result<Vec<_>, _>>()?;
         p.rule("process-exec", &filters);
-        p.rule("file-read*", &filters);
+        p.rule(MAP, &filters);
         for x in &programs {
             p.ancestors(x);
         }
@@ -150,7 +157,7 @@ pub fn compile(plan: &SandboxPlan, engine: &Path) -> Result<String, SbplError> {
     p.line("; macOS itself: what every program loads at exec.");
     for (path, why) in SYSTEM_READ {
         p.line(&format!("; {why}"));
-        p.rule("file-read*", &[subpath(Path::new(path))?]);
+        p.rule(MAP, &[subpath(Path::new(path))?]);
         p.ancestors(Path::new(path));
     }
     p.line("; The null device; the random devices; the list of the worker's own descriptors,");
@@ -187,7 +194,7 @@ pub fn compile(plan: &SandboxPlan, engine: &Path) -> Result<String, SbplError> {
         match rule.access {
             PathAccess::Read => p.rule("file-read*", &filters),
             PathAccess::Exec => {
-                p.rule("file-read*", &filters);
+                p.rule(MAP, &filters);
                 if exec_mode == ExecMode::Any {
                     p.rule("process-exec", &filters);
                 }
@@ -206,7 +213,7 @@ pub fn compile(plan: &SandboxPlan, engine: &Path) -> Result<String, SbplError> {
             .iter()
             .map(|x| subpath(x))
             .collect::<Result<Vec<_>, _>>()?;
-        p.rule("file-read*", &filters);
+        p.rule(MAP, &filters);
         for x in &plan.read_only {
             p.ancestors(x);
         }
@@ -595,6 +602,11 @@ pub(crate) mod tests {
             [format!("(allow file-read* file-write* (subpath \"{SAMPLE_SCRATCH}\"))").as_str()]
         );
         assert!(policy.contains("(allow signal (target pgrp))"));
+        // Code is mapped from the system, the engine: never the scratch dir.
+        assert!(policy.contains("(allow file-read* file-map-executable (subpath \"/usr/lib\"))"));
+        assert!(!policy
+            .lines()
+            .any(|l| l.contains("file-map-executable") && l.contains(SAMPLE_SCRATCH)));
         assert!(!policy.contains("(allow mach-lookup"), "{policy}");
         assert!(!policy.contains("kern.hostname"), "{policy}");
     }
@@ -604,7 +616,9 @@ pub(crate) mod tests {
         let policy = sample_policy("python");
         assert!(policy.contains("(allow process-fork)"));
         assert!(policy.contains(&format!("(literal \"{SAMPLE_PYTHON}\")")));
-        assert!(policy.contains(&format!("(subpath \"{SAMPLE_PYTHON_PREFIX}\")")));
+        assert!(policy.contains(&format!(
+            "(allow file-read* file-map-executable (subpath \"{SAMPLE_PYTHON_PREFIX}\"))"
+        )));
         // /etc is a link into /private: both names are granted.
         assert!(policy.contains("(subpath \"/etc/localtime\")"));
         assert!(policy.contains("(subpath \"/private/etc/localtime\")"));
