@@ -173,6 +173,7 @@ pub fn early_exec() -> Option<ExitCode> {
 /// building a parser: exactly what the parser makes of it. Anything else
 /// (another option, no `--`, arguments that are not UTF-8) is `None`, for
 /// the parser.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // used by the Linux-only warm paths
 fn plain_exec(rest: &[std::ffi::OsString]) -> Option<ExecArgs> {
     let (json, rest) = match rest.split_first() {
         Some((first, tail)) if first == "--json" => (true, tail),

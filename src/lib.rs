@@ -32,10 +32,13 @@ pub use supervisor::{
     DEFAULT_EVENTS_MAX_BYTES, DEFAULT_SCRATCH_BYTES, DEFAULT_SESSION_SCRATCH,
 };
 #[cfg(target_os = "linux")]
-pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
+pub use supervisor::{PoolCeiling, PoolConfig};
+pub use supervisor::{PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
 pub mod exit;
+/// The macOS backend: profile → SBPL, and the sandbox-exec launcher.
+pub mod macos;
 pub mod plan;
 pub mod profiles;
 pub mod protocol;

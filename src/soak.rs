@@ -318,6 +318,9 @@ fn scratch(pids: &HashSet<i32>) -> (u64, u64) {
         ) {
             if v.filesystem_id() != parent.filesystem_id() {
                 let used = v.blocks().saturating_sub(v.blocks_free());
+                // fsblkcnt_t is 32 bits on macOS.
+                #[allow(clippy::unnecessary_cast)]
+                let used = used as u64;
                 bytes += used * v.fragment_size();
             }
         }

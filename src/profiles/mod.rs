@@ -660,43 +660,79 @@ pub fn ioctl_request(name: &str) -> Option<u32> {
     Some(v)
 }
 
-/// Socket address families a profile may name.
+/// Socket address families a profile may name, as Linux numbers them
+/// (the seccomp filter's arguments; the same on every host, so a profile
+/// validates alike everywhere).
 pub fn address_family(name: &str) -> Option<u32> {
     let v = match name {
-        "unix" => libc::AF_UNIX,
-        "inet" => libc::AF_INET,
-        "inet6" => libc::AF_INET6,
-        "netlink" => libc::AF_NETLINK,
-        "packet" => libc::AF_PACKET,
+        "unix" => 1,
+        "inet" => 2,
+        "inet6" => 10,
+        "netlink" => 16,
+        "packet" => 17,
         _ => return None,
     };
-    u32::try_from(v).ok()
+    Some(v)
 }
 
-/// prctl options a profile may name.
+/// prctl options a profile may name, as Linux numbers them (from
+/// <linux/prctl.h>).
 pub fn prctl_option(name: &str) -> Option<u32> {
     let v = match name {
-        "PR_SET_NAME" => libc::PR_SET_NAME,
-        "PR_GET_NAME" => libc::PR_GET_NAME,
-        "PR_GET_DUMPABLE" => libc::PR_GET_DUMPABLE,
-        "PR_SET_DUMPABLE" => libc::PR_SET_DUMPABLE,
-        "PR_GET_NO_NEW_PRIVS" => libc::PR_GET_NO_NEW_PRIVS,
-        "PR_SET_NO_NEW_PRIVS" => libc::PR_SET_NO_NEW_PRIVS,
-        "PR_GET_SECCOMP" => libc::PR_GET_SECCOMP,
-        "PR_CAPBSET_READ" => libc::PR_CAPBSET_READ,
-        "PR_GET_KEEPCAPS" => libc::PR_GET_KEEPCAPS,
-        "PR_GET_PDEATHSIG" => libc::PR_GET_PDEATHSIG,
-        "PR_SET_PDEATHSIG" => libc::PR_SET_PDEATHSIG,
-        "PR_GET_TIMERSLACK" => libc::PR_GET_TIMERSLACK,
+        "PR_SET_PDEATHSIG" => 1,
+        "PR_GET_PDEATHSIG" => 2,
+        "PR_GET_DUMPABLE" => 3,
+        "PR_SET_DUMPABLE" => 4,
+        "PR_GET_KEEPCAPS" => 7,
+        "PR_SET_NAME" => 15,
+        "PR_GET_NAME" => 16,
+        "PR_GET_SECCOMP" => 21,
+        "PR_CAPBSET_READ" => 23,
+        "PR_GET_TIMERSLACK" => 30,
+        "PR_SET_NO_NEW_PRIVS" => 38,
+        "PR_GET_NO_NEW_PRIVS" => 39,
         "PR_SET_VMA" => 0x5356_4d41,
         _ => return None,
     };
-    u32::try_from(v).ok()
+    Some(v)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Linux numbers written out above are libc's.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn linux_numbers_are_libcs() {
+        let af = [
+            ("unix", libc::AF_UNIX),
+            ("inet", libc::AF_INET),
+            ("inet6", libc::AF_INET6),
+            ("netlink", libc::AF_NETLINK),
+            ("packet", libc::AF_PACKET),
+        ];
+        for (n, v) in af {
+            assert_eq!(address_family(n), u32::try_from(v).ok(), "{n}");
+        }
+        let pr = [
+            ("PR_SET_NAME", libc::PR_SET_NAME),
+            ("PR_GET_NAME", libc::PR_GET_NAME),
+            ("PR_GET_DUMPABLE", libc::PR_GET_DUMPABLE),
+            ("PR_SET_DUMPABLE", libc::PR_SET_DUMPABLE),
+            ("PR_GET_NO_NEW_PRIVS", libc::PR_GET_NO_NEW_PRIVS),
+            ("PR_SET_NO_NEW_PRIVS", libc::PR_SET_NO_NEW_PRIVS),
+            ("PR_GET_SECCOMP", libc::PR_GET_SECCOMP),
+            ("PR_CAPBSET_READ", libc::PR_CAPBSET_READ),
+            ("PR_GET_KEEPCAPS", libc::PR_GET_KEEPCAPS),
+            ("PR_GET_PDEATHSIG", libc::PR_GET_PDEATHSIG),
+            ("PR_SET_PDEATHSIG", libc::PR_SET_PDEATHSIG),
+            ("PR_GET_TIMERSLACK", libc::PR_GET_TIMERSLACK),
+        ];
+        for (n, v) in pr {
+            assert_eq!(prctl_option(n), u32::try_from(v).ok(), "{n}");
+        }
+    }
 
     #[test]
     fn builtin_json_is_the_toml_source() {

@@ -101,6 +101,7 @@ pub fn probe() -> HostSupport {
                 .any(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
         })
         .unwrap_or(false);
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
     let mut host = HostSupport {
         os: std::env::consts::OS.to_owned(),
         kernel,
@@ -188,6 +189,10 @@ fn probe_clone(flags: libc::c_int) -> bool {
 
 /// What a cell gets under `profile` on `host`.
 pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
+    if host.os == "macos" {
+        let present = std::path::Path::new(crate::macos::launch::SANDBOX_EXEC).is_file();
+        return crate::macos::doctor::assess(profile, present);
+    }
     let layers = &profile.layers;
     let linux = host.os == "linux";
     let mut out = Vec::new();

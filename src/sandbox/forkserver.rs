@@ -24,10 +24,11 @@
 //!   it, and a pid is never reused while the supervisor may still signal it
 //!   (the supervisor signals through the pidfd, which cannot hit a reused
 //!   pid).
+// The server side (signalfd, subreaper) is Linux-only.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code, unused_imports))]
 
 use super::process::{reap, Reaped};
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::ffi::CStr;
@@ -90,13 +91,7 @@ pub enum Control {
 
 /// A connected pair of `SOCK_SEQPACKET` sockets (close-on-exec).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(io::Error::from)
+    super::compat::seqpacket_pair()
 }
 
 /// Send one message with `fds` attached.
@@ -138,12 +133,16 @@ fn child_setup(sock: &OwnedFd, out: &OwnedFd, err: &OwnedFd) -> io::Result<()> {
     }
     // SAFETY: close_range closes every fd from 4 up; nothing above 3 is
     // needed by the cell (the Rust objects owning them are leaked below).
-    unsafe { libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) };
+    #[cfg(target_os = "linux")]
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32)
+    };
     // SAFETY: setsid/prctl take no pointers.
     if unsafe { libc::setsid() } < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: as above.
+    #[cfg(target_os = "linux")]
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -160,9 +159,22 @@ pub const CELL_NAME: &CStr = c"cellbox-cell";
 /// exit code out.
 pub type RunCell = fn(UnixStream, &crate::plan::Rlimits) -> i32;
 
+/// The fork server is Linux's (signalfd, subreaper): elsewhere it refuses
+/// to run, and cells start fresh under sandbox-exec.
+#[cfg(not(target_os = "linux"))]
+pub fn serve(
+    _ctl: OwnedFd,
+    _run_cell: RunCell,
+    _default_limits: crate::plan::Rlimits,
+    _spares: usize,
+) -> i32 {
+    7
+}
+
 /// The fork server's main loop. `ctl` is the control channel; `run_cell` is
 /// what a forked child runs; `spares` children with `default_limits` are
 /// kept ready. Returns when the supervisor closes the channel.
+#[cfg(target_os = "linux")]
 pub fn serve(
     ctl: OwnedFd,
     run_cell: RunCell,
@@ -291,7 +303,7 @@ impl Server {
         let (sock, theirs) = UnixStream::pair()
             .map_err(|e| format!("failed to create a protocol socket pair: {e}"))?;
         let pipe = || {
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            super::compat::pipe_cloexec()
                 .map_err(|e| format!("failed to create an output pipe: {e}"))
         };
         let (out_r, out_w) = pipe()?;
@@ -302,7 +314,7 @@ impl Server {
         match unsafe { nix::unistd::fork() } {
             Ok(nix::unistd::ForkResult::Child) => {
                 let _ = self.mask.thread_unblock();
-                let _ = nix::sys::prctl::set_name(name);
+                super::compat::set_name(name);
                 let code = match child_setup(&theirs, &out_w, &err_w) {
                     Ok(()) => match super::spawn::take_protocol_channel() {
                         Ok(stream) => (self.run_cell)(stream, limits),

@@ -28,6 +28,7 @@ pub use jail::Entry;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod compat;
 pub mod doctor;
 pub mod forkserver;
 pub mod jail;
@@ -36,6 +37,7 @@ pub mod memory;
 pub mod oneshot;
 pub mod packet;
 pub mod process;
+pub mod seatbelt;
 pub mod spawn;
 /// The syscall tables live with the plan's data; here for the layers.
 pub use crate::plan::syscalls;
@@ -205,11 +207,15 @@ pub enum Layer {
     Cgroup,
     /// Replacing the sandboxed process with the program it runs.
     Exec,
+    /// The SBPL policy macOS's `sandbox-exec` applied before the worker
+    /// started (see [`crate::macos`]).
+    SandboxExec,
 }
 
 impl Layer {
     /// Every layer, in the order they are applied.
-    pub const ALL: [Layer; 9] = [
+    /// `SandboxExec`, the one layer of another platform, comes last.
+    pub const ALL: [Layer; 10] = [
         Layer::Hygiene,
         Layer::Filesystem,
         Layer::Namespaces,
@@ -219,6 +225,7 @@ impl Layer {
         Layer::Seccomp,
         Layer::Cgroup,
         Layer::Exec,
+        Layer::SandboxExec,
     ];
 
     /// The stable name (the serde name).
@@ -233,6 +240,7 @@ impl Layer {
             Layer::Seccomp => "seccomp",
             Layer::Cgroup => "cgroup",
             Layer::Exec => "exec",
+            Layer::SandboxExec => "sandbox_exec",
         }
     }
 
@@ -401,9 +409,10 @@ pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
     linux::exec::exec(argv, extra_env)
 }
 
+/// Elsewhere the only sandboxed worker is one `sandbox-exec` started.
 #[cfg(not(target_os = "linux"))]
-pub fn exec(_argv: &[String], _extra_env: &[(String, String)]) -> SandboxError {
-    SandboxError::new(Layer::Exec, "the OS sandbox is only implemented for Linux")
+pub fn exec(argv: &[String], extra_env: &[(String, String)]) -> SandboxError {
+    seatbelt::exec(argv, extra_env)
 }
 
 #[cfg(test)]
@@ -422,6 +431,7 @@ mod tests {
             "seccomp",
             "cgroup",
             "exec",
+            "sandbox_exec",
         ];
         assert_eq!(Layer::ALL.len(), names.len());
         for (layer, name) in Layer::ALL.into_iter().zip(names) {

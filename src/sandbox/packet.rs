@@ -30,7 +30,7 @@ pub fn send<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -
             fd.as_raw_fd(),
             &[IoSlice::new(&data)],
             &cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
+            super::compat::MSG_NOSIGNAL,
             None,
         ) {
             Ok(_) => return Ok(()),
@@ -87,7 +87,7 @@ fn recv_with<T: DeserializeOwned>(
             fd.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC | extra,
+            super::compat::MSG_CMSG_CLOEXEC | extra,
         ) {
             Ok(msg) => {
                 let mut fds = Vec::new();
@@ -96,7 +96,9 @@ fn recv_with<T: DeserializeOwned>(
                         for r in raw {
                             // SAFETY: SCM_RIGHTS just installed `r` in our fd
                             // table; nothing else owns it.
-                            fds.push(unsafe { OwnedFd::from_raw_fd(r) });
+                            let fd = unsafe { OwnedFd::from_raw_fd(r) };
+                            super::compat::cloexec_received(&fd)?;
+                            fds.push(fd);
                         }
                     }
                 }

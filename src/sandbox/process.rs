@@ -141,6 +141,7 @@ pub fn kill_pid(pid: i32) -> io::Result<()> {
 }
 
 /// Open a pidfd for `pid` (readable once the process exits).
+#[cfg(target_os = "linux")]
 pub fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: pidfd_open takes two integers and returns a new fd or -1.
@@ -153,8 +154,16 @@ pub fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
-/// Becomes ready when a process exits (a pidfd registered with tokio).
-pub struct ExitWatch(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
+/// There are no pidfds outside Linux.
+#[cfg(not(target_os = "linux"))]
+pub fn pidfd_open(_pid: i32) -> io::Result<std::os::fd::OwnedFd> {
+    Err(io::Error::from(io::ErrorKind::Unsupported))
+}
+
+/// Becomes ready when a process exits (a pidfd registered with tokio; on
+/// macOS a kqueue watching the process, which must then be our child:
+/// `pid` is what it kills).
+pub struct ExitWatch(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, i32);
 
 /// Register an fd we own with the runtime's reactor, for readiness to read.
 pub fn watch_readable(
@@ -168,18 +177,32 @@ pub fn watch_readable(
 
 impl ExitWatch {
     /// Watch `pid`, which must be our unreaped child.
+    #[cfg(not(target_os = "macos"))]
     pub fn open(pid: i32) -> io::Result<Self> {
         Self::from_pidfd(pidfd_open(pid)?)
     }
 
-    /// Watch the process behind a pidfd.
-    pub fn from_pidfd(fd: std::os::fd::OwnedFd) -> io::Result<Self> {
-        Ok(ExitWatch(watch_readable(fd)?))
+    /// Watch `pid`, which must be our unreaped child.
+    #[cfg(target_os = "macos")]
+    pub fn open(pid: i32) -> io::Result<Self> {
+        Ok(ExitWatch(
+            watch_readable(super::compat::exit_kqueue(pid)?)?,
+            pid,
+        ))
     }
 
-    /// SIGKILL the watched process (safe against pid reuse).
+    /// Watch the process behind a pidfd.
+    pub fn from_pidfd(fd: std::os::fd::OwnedFd) -> io::Result<Self> {
+        Ok(ExitWatch(watch_readable(fd)?, 0))
+    }
+
+    /// SIGKILL the watched process (safe against pid reuse: a pidfd, or
+    /// on macOS our unreaped child).
     pub fn kill(&self) -> io::Result<()> {
         use std::os::fd::AsFd;
+        if cfg!(target_os = "macos") && self.1 > 0 {
+            return kill_pid(self.1);
+        }
         pidfd_kill(self.0.get_ref().as_fd())
     }
 
@@ -257,6 +280,7 @@ impl Drop for KillOnDrop {
 }
 
 /// SIGKILL the process behind a pidfd (never a reused pid).
+#[cfg(target_os = "linux")]
 pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: pidfd_send_signal with a valid pidfd, a signal number and a
@@ -271,6 +295,12 @@ pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
         )
     };
     killed(rc)
+}
+
+/// There are no pidfds outside Linux.
+#[cfg(not(target_os = "linux"))]
+pub fn pidfd_kill(_pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
 /// End this process at once with `code`: no exit handlers, no destructors,

@@ -35,6 +35,7 @@ pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroups: Ve
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            #[cfg(target_os = "linux")]
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }

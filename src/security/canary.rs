@@ -16,9 +16,12 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv6Addr, TcpListener, TcpStream, UdpSocket};
+#[cfg(target_os = "linux")]
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{SocketAddr, UnixListener};
+#[cfg(target_os = "linux")]
+use std::os::unix::net::SocketAddr;
+use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -490,8 +493,7 @@ impl RunCanaries {
             .map_err(|e| format!("failed to listen on {}: {e}", unix_path.display()))?;
         chmod(&unix_path, 0o777)?;
         let abstract_name = format!("cbx-security-{}", random_hex(8));
-        let abstract_ = SocketAddr::from_abstract_name(abstract_name.as_bytes())
-            .and_then(|a| UnixListener::bind_addr(&a))
+        let abstract_ = listen_abstract(&abstract_name, &sock_dir)
             .map_err(|e| format!("failed to listen on abstract socket {abstract_name}: {e}"))?;
         let tcp = TcpListener::bind("127.0.0.1:0")
             .map_err(|e| format!("failed to listen on 127.0.0.1 TCP: {e}"))?;
@@ -862,6 +864,22 @@ pub(crate) struct Observation {
     pub(crate) peak_rss_kb: Option<u64>,
     /// The script got as far as printing its ATTACK-RESULT line.
     pub(crate) script_finished: bool,
+}
+
+/// A listener on the abstract unix socket `name` (Linux). macOS has no
+/// abstract namespace: there a socket file beside the path listener stands
+/// in, so the canary holds the same set of listeners (a cell that names
+/// the abstract address reaches nothing).
+fn listen_abstract(name: &str, dir: &std::path::Path) -> std::io::Result<UnixListener> {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = dir;
+        SocketAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixListener::bind_addr(&a))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        UnixListener::bind(dir.join(format!("{name}.sock")))
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod limits;
 pub mod oneshot;
 mod output;
 mod policy;
+mod pool_status;
 mod python;
 mod result;
 mod scratch;
@@ -27,6 +28,7 @@ pub use policy::{
     Budget, BudgetError, Policy, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
     MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
+pub use pool_status::{PoolStatus, ZygoteStatus};
 pub use python::{PythonError, PythonInfo};
 pub use result::{
     CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
@@ -35,7 +37,7 @@ pub use result::{
 pub use scratch::{ScratchQuota, DEFAULT_SESSION_SCRATCH};
 pub use session::{HistoryEntry, Session, SessionConfig};
 #[cfg(target_os = "linux")]
-pub use zygote::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
+pub use zygote::{PoolCeiling, PoolConfig};
 
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -208,6 +210,8 @@ pub(crate) struct Inner {
     pub(crate) registry: Registry,
     pub(crate) events: EventSink,
     pub(crate) worker_exe: PathBuf,
+    /// Workers start under this `sandbox-exec` (see [`crate::macos`]).
+    pub(crate) sandbox_exec: Option<PathBuf>,
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
     /// The languages cells may be written in (top-level cells, `exec` and
     /// sub-cells alike).
@@ -286,7 +290,7 @@ impl Inner {
     /// The running Rhai fork server, started (or restarted) on demand;
     /// `None` when warm workers are off or it cannot start.
     pub(crate) async fn fork_server(&self) -> Option<Arc<warm::ForkServer>> {
-        if !self.warm {
+        if !self.warm || self.sandbox_exec.is_some() {
             return None;
         }
         let mut slot = self.forkserver.lock().await;
@@ -352,6 +356,7 @@ impl Inner {
 
     /// The bytes one session's scratch may hold (its own tmpfs where the
     /// supervisor can mount one, else the scratch root's).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // used by the Linux-only warm paths
     pub(crate) fn session_scratch_bytes(&self) -> u64 {
         match self.session_scratch_quota() {
             Some(q) => q.bytes,
@@ -410,6 +415,7 @@ pub struct SupervisorBuilder {
     registry: Registry,
     events: EventSink,
     worker_exe: Option<PathBuf>,
+    sandbox_exec: Option<PathBuf>,
     python: Option<PathBuf>,
     profiles: std::collections::BTreeMap<Language, String>,
     languages: std::collections::BTreeSet<Language>,
@@ -512,6 +518,17 @@ impl SupervisorBuilder {
     /// call [`crate::worker::dispatch`] first thing in `main`).
     pub fn worker_exe(mut self, path: impl Into<PathBuf>) -> Self {
         self.worker_exe = Some(path.into());
+        self
+    }
+
+    /// Start every worker as `<path> -p <policy> <engine> ...`, under the
+    /// SBPL policy compiled from its profile (see [`crate::macos`]): the
+    /// macOS backend. On macOS it is on by default with
+    /// `/usr/bin/sandbox-exec`; elsewhere it is off, and a program given here
+    /// must apply the policy itself (tests point it at a stand-in that runs
+    /// the worker without one). Warm workers are not used on this path.
+    pub fn sandbox_exec(mut self, path: impl Into<PathBuf>) -> Self {
+        self.sandbox_exec = Some(path.into());
         self
     }
 
@@ -642,6 +659,7 @@ impl SupervisorBuilder {
                 registry: self.registry,
                 events: self.events,
                 worker_exe,
+                sandbox_exec: self.sandbox_exec,
                 profiles: self.profiles,
                 languages: self.languages,
                 python_path: self.python,
@@ -683,6 +701,8 @@ impl Supervisor {
             registry: Registry::with_builtins(),
             events: EventSink::default(),
             worker_exe: None,
+            sandbox_exec: cfg!(target_os = "macos")
+                .then(|| PathBuf::from(crate::macos::launch::SANDBOX_EXEC)),
             python: None,
             profiles: Default::default(),
             languages: [Language::Rhai, Language::Python, Language::Shell]
@@ -836,6 +856,27 @@ impl Supervisor {
             max_cells: config.max_cells,
             max_age_ms: config.max_age.as_millis() as u64,
             python,
+        }
+    }
+
+    /// The state of the warm workers: none outside Linux.
+    #[cfg(not(target_os = "linux"))]
+    pub async fn pool_status(&self) -> PoolStatus {
+        PoolStatus {
+            warm: false,
+            rhai_fork_server: false,
+            rhai_fork_server_pid: None,
+            rhai_spares: 0,
+            scratch_root: None,
+            scratch_quota_bytes: None,
+            session_scratch_quota: None,
+            cells_memory_bytes: None,
+            cells_memory_cgroup: None,
+            session_cgroups: false,
+            pool_size: 0,
+            max_cells: 0,
+            max_age_ms: 0,
+            python: Vec::new(),
         }
     }
 

@@ -2,6 +2,8 @@
 //! memory apart from other sessions' and that hold each of its cells until
 //! the cell's whole process tree is gone (see
 //! `crate::sandbox::linux::groups`).
+// Outside Linux there are no cgroups: most of this is unused there.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code, unused_imports))]
 
 use super::Inner;
 use std::sync::{Arc, OnceLock};

@@ -324,6 +324,7 @@ impl ForkServer {
     }
 
     /// How many spares are waiting here.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // used by the Linux-only warm paths
     pub(crate) fn spares(&self) -> usize {
         lock(&self.shared).spares.len()
     }

@@ -26,6 +26,11 @@ pub const FORKSERVER_ARG: &str = "__forkserver";
 /// The hidden first argument that selects a Python zygote.
 pub const ZYGOTE_ARG: &str = "__zygote";
 
+/// The hidden first argument of a worker `sandbox-exec` starts (see
+/// [`crate::macos`]): its protocol socket is stdin, and it applies only
+/// what the SBPL policy cannot ([`crate::sandbox::seatbelt`]).
+pub const SEATBELT_WORKER_ARG: &str = "__seatbelt_worker";
+
 /// Exit codes of the worker process itself (the supervisor maps them).
 const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
 const EXIT_PROTOCOL: i32 = Exit::Internal.raw();
@@ -40,6 +45,7 @@ fn hidden_mode_of(mode: &std::ffi::OsStr) -> Option<&'static str> {
         (WORKER_ARG, "worker"),
         (FORKSERVER_ARG, "fork server"),
         (ZYGOTE_ARG, "zygote"),
+        (SEATBELT_WORKER_ARG, "worker"),
     ]
     .into_iter()
     .find(|(arg, _)| mode == std::ffi::OsStr::new(arg))
@@ -89,6 +95,21 @@ pub fn dispatch() {
                     Err(crate::sandbox::SandboxError::new(Layer::Hygiene, message))
                 }),
                 None => run_worker(stream),
+            },
+            Err(e) => {
+                eprintln!("cellbox worker: {e}");
+                EXIT_PROTOCOL
+            }
+        };
+        std::process::exit(code);
+    }
+    if mode.as_deref() == Some(std::ffi::OsStr::new(SEATBELT_WORKER_ARG)) {
+        let code = match crate::sandbox::seatbelt::take_stdin_channel() {
+            Ok(stream) => match late() {
+                Some(message) => run_worker_with(stream, move |_| {
+                    Err(crate::sandbox::SandboxError::new(Layer::Hygiene, message))
+                }),
+                None => run_worker_with(stream, crate::sandbox::seatbelt::enter),
             },
             Err(e) => {
                 eprintln!("cellbox worker: {e}");
@@ -268,6 +289,7 @@ fn run_sandboxed(
             };
             chan.set_max_frame(start.max_frame_bytes);
             // A spare that waited under another name is a cell now.
+            #[cfg(target_os = "linux")]
             let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);
             rhai::run_cell(chan, start)
         }
@@ -377,6 +399,10 @@ mod tests {
             Some("fork server")
         );
         assert_eq!(hidden_mode_of(OsStr::new("__zygote")), Some("zygote"));
+        assert_eq!(
+            hidden_mode_of(OsStr::new("__seatbelt_worker")),
+            Some("worker")
+        );
         assert_eq!(hidden_mode_of(OsStr::new("run")), None);
         assert_eq!(hidden_mode_of(OsStr::new("__workerx")), None);
         // The message of a worker started too late says what to do.

@@ -30,6 +30,7 @@ pub(crate) fn exec_shim(interpreter: &str, precompiled: Option<&str>) -> String 
 pub const LOADER: &str = include_str!("python/loader.py");
 
 /// The zygote loop, run in the shim's globals (see zygote.py).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // used by the Linux-only warm paths
 pub const ZYGOTE: &str = include_str!("python/zygote.py");
 
 /// Replace this process with the interpreter running the shim in zygote

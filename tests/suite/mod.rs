@@ -4,6 +4,7 @@ pub mod common;
 mod faults;
 mod fuzz_corpus;
 mod isolation;
+mod macos;
 mod mcp;
 mod python;
 mod rhai;

@@ -55,6 +55,8 @@ pub(crate) enum Handshake {
     /// It was sandboxed without one and sends `ready` by itself.
     SelfReady,
     /// It is ready already (the report is known).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    // used by the Linux-only warm paths
     PreReady(SandboxReport),
 }
 

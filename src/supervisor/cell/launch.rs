@@ -1,5 +1,6 @@
 //! How a cell's worker is started: forked from the warm Rhai fork server,
-//! forked from a Python zygote, or a fresh worker of its own.
+//! forked from a Python zygote, a fresh worker of its own, or a fresh
+//! worker under `sandbox-exec` (macOS).
 
 use super::conversation::Handshake;
 use super::{plan, profile_name, CellSpec};
@@ -24,11 +25,17 @@ pub(super) enum Launch {
     Zygote,
     /// A fresh worker of its own (`setup`, then `ready`).
     Fresh,
+    /// A fresh worker started by this `sandbox-exec` under the SBPL policy
+    /// of its profile (see [`crate::macos`]).
+    SandboxExec(std::path::PathBuf),
 }
 
 impl Launch {
     /// The way that fits `spec`.
     pub(super) async fn pick(sup: &Arc<Inner>, spec: &CellSpec) -> Launch {
+        if let Some(launcher) = &sup.sandbox_exec {
+            return Launch::SandboxExec(launcher.clone());
+        }
         match spec.language {
             Language::Rhai => {
                 let name = profile_name(sup, spec);
@@ -97,6 +104,7 @@ impl Launch {
             #[cfg(target_os = "linux")]
             Launch::Zygote => launch_python(sup, spec, &plan, result, started, deadline, g).await?,
             Launch::ForkServer(_) | Launch::Fresh => Some(start_cold(sup, spec, &plan, g)?),
+            Launch::SandboxExec(launcher) => Some(start_seatbelt(sup, &plan, &launcher)?),
         };
         let Some((worker, sock, handshake)) = launched else {
             return Ok(None);
@@ -368,8 +376,9 @@ async fn start_zygote(
     })
 }
 
+#[cfg(target_os = "linux")]
 fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+    crate::sandbox::compat::pipe_cloexec()
         .map_err(|e| format!("failed to create an output pipe: {e}"))
 }
 
@@ -466,4 +475,44 @@ pub(super) fn start_direct(
         reap: Reap::Direct,
         in_flight: None,
     })
+}
+
+/// Start the cell in a fresh worker under `launcher` (sandbox-exec, or a
+/// stand-in in tests; see [`crate::macos::launch`]). It joins no cgroup:
+/// macOS has none.
+fn start_seatbelt(
+    sup: &Arc<Inner>,
+    plan: &SandboxPlan,
+    launcher: &std::path::Path,
+) -> Result<Start3, String> {
+    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+    let (mut cmd, _policy) =
+        crate::macos::launch::command(launcher, &sup.worker_exe, plan, worker_sock.into())
+            .map_err(|e| e.to_string())?;
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "failed to start the worker with {}: {e}",
+            launcher.display()
+        )
+    })?;
+    // The command holds the worker's end of the socket: close ours.
+    drop(cmd);
+    let pid = child.id() as i32;
+    // From here on the child must be killed and reaped on every path.
+    let guard = process::KillOnDrop::new(pid);
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err("the worker's output pipes are missing".into());
+    };
+    drop(child); // std's Child never reaps on drop; we reap with wait4.
+    let started = Started {
+        pid,
+        exit: process::ExitWatch::open(pid),
+        guard,
+        stdout: OwnedFd::from(out),
+        stderr: OwnedFd::from(err),
+        reap: Reap::Direct,
+        in_flight: None,
+    };
+    Ok((started, sup_sock, Handshake::Setup))
 }

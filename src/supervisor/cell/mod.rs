@@ -237,7 +237,10 @@ pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Op
             }
         };
         if let Some(report) = result.sandbox.as_mut() {
-            report.layers.push(plan::cgroup_layer(&sup, &spec));
+            // A worker under sandbox-exec joins no cgroup.
+            if report.layer(crate::sandbox::Layer::SandboxExec).is_none() {
+                report.layers.push(plan::cgroup_layer(&sup, &spec));
+            }
         }
         result.usage.wall_ms = started.elapsed().as_millis() as u64;
         result.usage.calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
