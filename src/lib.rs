@@ -21,9 +21,9 @@ pub use supervisor::{
 };
 // Limits, capabilities and the policy that allows them, budgets.
 pub use supervisor::{
-    Budget, BudgetError, CallContext, Capability, CapabilityError, LimitOverrides, Limits, Policy,
-    Registry, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL,
-    MAX_EMIT_BYTES_PER_SESSION,
+    Budget, BudgetError, CallContext, Capability, CapabilityError, LimitOverrides, Limits,
+    ModelUsage, ModelUsageReport, Policy, Registry, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
+    MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 // The host resources a supervisor holds: events, Python, scratch, memory,
 // warm pools.
@@ -35,7 +35,9 @@ pub use supervisor::{
 pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
+pub mod agent;
 pub mod exit;
+pub mod models;
 pub mod plan;
 pub mod profiles;
 pub mod protocol;

@@ -24,8 +24,8 @@ pub use capability::{CallContext, Capability, CapabilityError, Registry};
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use limits::{LimitOverrides, Limits};
 pub use policy::{
-    Budget, BudgetError, Policy, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
-    MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
+    Budget, BudgetError, ModelUsage, ModelUsageReport, Policy, MAX_EMITS_PER_CELL,
+    MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 pub use python::PythonInfo;
 pub use result::{
@@ -206,6 +206,8 @@ pub const DEFAULT_CELLS_MEMORY_BYTES: u64 = 4 << 30;
 
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
+    /// The configured models, when there are any.
+    pub(crate) models: Option<Arc<crate::models::ModelClient>>,
     pub(crate) events: EventSink,
     pub(crate) worker_exe: PathBuf,
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
@@ -408,6 +410,7 @@ impl Inner {
 #[derive(Debug)]
 pub struct SupervisorBuilder {
     registry: Registry,
+    models: Option<Arc<crate::models::ModelClient>>,
     events: EventSink,
     worker_exe: Option<PathBuf>,
     python: Option<PathBuf>,
@@ -498,6 +501,18 @@ impl SupervisorBuilder {
     /// policy allows it by name).
     pub fn capability(mut self, cap: Capability) -> Result<Self, Error> {
         self.registry.register(cap)?;
+        Ok(self)
+    }
+
+    /// Offer `model_query` and `model_query_batched` to cells, served by
+    /// `client` (still denied until a session's policy allows them). A
+    /// client with no models registers nothing.
+    pub fn models(mut self, client: crate::models::ModelClient) -> Result<Self, Error> {
+        if client.is_empty() {
+            return Ok(self);
+        }
+        self.registry.register_models()?;
+        self.models = Some(Arc::new(client));
         Ok(self)
     }
 
@@ -640,6 +655,7 @@ impl SupervisorBuilder {
                 #[cfg(target_os = "linux")]
                 pools,
                 registry: self.registry,
+                models: self.models,
                 events: self.events,
                 worker_exe,
                 profiles: self.profiles,
@@ -681,6 +697,7 @@ impl Supervisor {
     pub fn builder() -> SupervisorBuilder {
         SupervisorBuilder {
             registry: Registry::with_builtins(),
+            models: None,
             events: EventSink::default(),
             worker_exe: None,
             python: None,
@@ -837,6 +854,11 @@ impl Supervisor {
             max_age_ms: config.max_age.as_millis() as u64,
             python,
         }
+    }
+
+    /// The configured models, if any.
+    pub fn models(&self) -> Option<&crate::models::ModelClient> {
+        self.inner.models.as_deref()
     }
 
     /// The Python interpreter cells would use.

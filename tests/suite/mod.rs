@@ -5,6 +5,7 @@ mod faults;
 mod fuzz_corpus;
 mod isolation;
 mod mcp;
+mod models;
 mod python;
 mod rhai;
 mod scratch;
