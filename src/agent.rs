@@ -242,6 +242,195 @@ fn read_context(files: &[String]) -> Result<Value, String> {
     })
 }
 
+/// One run of the loop.
+pub(crate) struct LoopConfig {
+    pub task: String,
+    pub model: String,
+    pub lang: Language,
+    /// Already in the session as `context` (for the prompt's description).
+    pub context: Value,
+    pub max_steps: u32,
+    pub max_errors: u32,
+    pub max_tokens: u64,
+    pub deadline: Option<Instant>,
+    pub progress: bool,
+}
+
+/// How a run of the loop went.
+pub(crate) struct LoopOutcome {
+    pub stop: Stop,
+    pub answer: Option<Value>,
+    turns: Vec<Turn>,
+    pub messages: Vec<Value>,
+    /// The loop's own model queries (the cells' are the session's).
+    pub calls: u32,
+    pub input: u64,
+    pub output: u64,
+    pub cost: f64,
+}
+
+/// Run the loop in `session` (boxed: a sub-agent runs it from a cell of
+/// another run of it).
+pub(crate) fn run_loop<'a>(
+    session: &'a crate::Session,
+    client: &'a ModelClient,
+    events: &'a EventSink,
+    run: &'a RunInfo,
+    caps: &'a [String],
+    cfg: LoopConfig,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = LoopOutcome> + Send + 'a>> {
+    Box::pin(async move {
+        let lang = cfg.lang;
+        events.record(
+            "agent_start",
+            run,
+            json!({"task": cfg.task, "model": cfg.model, "language": lang.as_str()}),
+        );
+        let mut messages = vec![
+            json!({"role": "system",
+                   "content": system_prompt(lang, &cfg.context, caps, cfg.max_steps)}),
+            json!({"role": "user", "content": cfg.task}),
+        ];
+        let started = Instant::now();
+        let (mut input, mut output, mut cost, mut calls) = (0u64, 0u64, 0f64, 0u32);
+        let mut turns: Vec<Turn> = Vec::new();
+        let mut errors = 0u32;
+        let mut answer = None;
+        let exhausted = |budget: &str, detail: String| Stop::BudgetExhausted {
+            budget: budget.to_owned(),
+            detail,
+        };
+        let mut step = 0;
+        let stop = loop {
+            // The cells' queries count with the loop's own.
+            let cells_usage = session.model_usage();
+            let tokens = input + output + cells_usage.total_tokens();
+            if step >= cfg.max_steps {
+                break exhausted("max_steps", format!("{step} steps of {}", cfg.max_steps));
+            }
+            if tokens >= cfg.max_tokens {
+                break exhausted(
+                    "max_total_tokens",
+                    format!("{tokens} tokens used of {}", cfg.max_tokens),
+                );
+            }
+            if errors >= cfg.max_errors {
+                break exhausted(
+                    "max_errors",
+                    format!("{errors} failing turns in a row of {}", cfg.max_errors),
+                );
+            }
+            let remaining = match cfg.deadline {
+                Some(d) if Instant::now() >= d => {
+                    break exhausted("timeout", format!("{:?} of wall time", started.elapsed()))
+                }
+                Some(d) => d - Instant::now(),
+                None => Duration::from_secs(86_400),
+            };
+            step += 1;
+            if cfg.progress {
+                eprint!(
+                    "\rcellbox agent: step {step}/{}, {tokens} tokens, cost {:.4}   ",
+                    cfg.max_steps,
+                    cost + cells_usage.cost
+                );
+            }
+            let q = Query {
+                model: Some(cfg.model.clone()),
+                messages: messages.clone(),
+                max_tokens: Some(u32::try_from(cfg.max_tokens - tokens).unwrap_or(u32::MAX)),
+                temperature: None,
+            };
+            calls += 1;
+            let reply = match tokio::time::timeout(remaining, client.query(&q)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    break Stop::ModelError {
+                        message: e.to_string(),
+                    }
+                }
+                Err(_) => {
+                    break exhausted("timeout", format!("{:?} of wall time", started.elapsed()))
+                }
+            };
+            input += reply.usage.input_tokens;
+            output += reply.usage.output_tokens;
+            cost += reply.cost.unwrap_or(0.0);
+            events.record(
+                "model_call",
+                run,
+                json!({"step": step, "model": reply.model, "usage": reply.usage,
+                       "cost": reply.cost, "latency_ms": reply.ms}),
+            );
+            messages.push(json!({"role": "assistant", "content": reply.text}));
+            let blocks = code_blocks(&reply.text, lang);
+            let mut cells = Vec::new();
+            let mut fed = Vec::new();
+            if blocks.is_empty() {
+                errors += 1;
+                fed.push(format!(
+                    "Your reply had no ```{lang} code block. Write code, and call answer(...) \
+                     with the final answer."
+                ));
+            }
+            let mut failed = false;
+            for (i, (l, code)) in blocks.into_iter().enumerate() {
+                let r = session.run(CellRequest::new(l, code)).await;
+                events.record(
+                    "agent_cell",
+                    run,
+                    json!({"step": step, "cell_run_id": r.run.run_id, "status": r.status}),
+                );
+                fed.push(feedback(i, &r));
+                failed |= r.status != Status::Ok;
+                let done = r.final_answer.clone();
+                cells.push(r);
+                if done.is_some() {
+                    answer = done;
+                    break;
+                }
+            }
+            if !cells.is_empty() {
+                errors = if failed { errors + 1 } else { 0 };
+            }
+            turns.push(Turn {
+                step,
+                reply: reply.text,
+                usage: reply.usage,
+                cells,
+            });
+            if answer.is_some() {
+                break Stop::Answered;
+            }
+            messages.push(json!({"role": "user", "content": fed.join("\n")}));
+        };
+        if cfg.progress {
+            eprintln!();
+        }
+        match &stop {
+            Stop::Answered => events.record("agent_answer", run, json!({"answer": answer})),
+            Stop::BudgetExhausted { budget, detail } => events.record(
+                "budget_exhausted",
+                run,
+                json!({"budget": budget, "detail": detail}),
+            ),
+            Stop::ModelError { message } => {
+                events.record("model_error", run, json!({"message": message}))
+            }
+        }
+        LoopOutcome {
+            stop,
+            answer,
+            turns,
+            messages,
+            calls,
+            input,
+            output,
+            cost,
+        }
+    })
+}
+
 /// Run `cellbox agent`.
 pub async fn cli_main(args: AgentArgs) -> ExitCode {
     match run(args).await {
@@ -320,150 +509,31 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             .map_err(|e| e.to_string())?;
     }
     let run = RunInfo::root();
-    events.record(
-        "agent_start",
-        &run,
-        json!({"task": args.task, "model": model, "language": lang.as_str()}),
-    );
-    let mut messages = vec![
-        json!({"role": "system", "content": system_prompt(lang, &context, &caps, args.max_steps)}),
-        json!({"role": "user", "content": args.task}),
-    ];
-    let started = Instant::now();
     let deadline = args
         .timeout
         .filter(|t| t.is_finite() && *t > 0.0)
-        .map(|t| started + Duration::from_secs_f64(t));
-    let progress = std::io::stderr().is_terminal() && !args.json;
-    let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
-    let mut turns = Vec::new();
-    let mut errors = 0u32;
-    let mut answer = None;
-    let exhausted = |budget: &str, detail: String| Stop::BudgetExhausted {
-        budget: budget.to_owned(),
-        detail,
+        .map(|t| Instant::now() + Duration::from_secs_f64(t));
+    let cfg = LoopConfig {
+        task: args.task.clone(),
+        model: model.clone(),
+        lang,
+        context,
+        max_steps: args.max_steps,
+        max_errors: args.max_errors,
+        max_tokens,
+        deadline,
+        progress: std::io::stderr().is_terminal() && !args.json,
     };
-    let mut step = 0;
-    let stop = loop {
-        // The cells' queries count with the loop's own.
-        let cells_usage = turns
-            .iter()
-            .flat_map(|t: &Turn| t.cells.iter())
-            .filter_map(|c| c.models)
-            .next_back()
-            .map(|m| m.session)
-            .unwrap_or_default();
-        let tokens = input + output + cells_usage.total_tokens();
-        if step >= args.max_steps {
-            break exhausted("max_steps", format!("{step} steps of {}", args.max_steps));
-        }
-        if tokens >= max_tokens {
-            break exhausted(
-                "max_total_tokens",
-                format!("{tokens} tokens used of {max_tokens}"),
-            );
-        }
-        if errors >= args.max_errors {
-            break exhausted(
-                "max_errors",
-                format!("{errors} failing turns in a row of {}", args.max_errors),
-            );
-        }
-        let remaining = match deadline {
-            Some(d) if Instant::now() >= d => {
-                break exhausted("timeout", format!("{:?} of wall time", started.elapsed()))
-            }
-            Some(d) => d - Instant::now(),
-            None => Duration::from_secs(86_400),
-        };
-        step += 1;
-        if progress {
-            eprint!(
-                "\rcellbox agent: step {step}/{}, {tokens} tokens, cost {:.4}   ",
-                args.max_steps,
-                cost + cells_usage.cost
-            );
-        }
-        let q = Query {
-            model: Some(model.clone()),
-            messages: messages.clone(),
-            max_tokens: Some(u32::try_from(max_tokens - tokens).unwrap_or(u32::MAX)),
-            temperature: None,
-        };
-        let reply = match tokio::time::timeout(remaining, client.query(&q)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                break Stop::ModelError {
-                    message: e.to_string(),
-                }
-            }
-            Err(_) => break exhausted("timeout", format!("{:?} of wall time", started.elapsed())),
-        };
-        input += reply.usage.input_tokens;
-        output += reply.usage.output_tokens;
-        cost += reply.cost.unwrap_or(0.0);
-        events.record(
-            "model_call",
-            &run,
-            json!({"step": step, "model": reply.model, "usage": reply.usage,
-                   "cost": reply.cost, "latency_ms": reply.ms}),
-        );
-        messages.push(json!({"role": "assistant", "content": reply.text}));
-        let blocks = code_blocks(&reply.text, lang);
-        let mut cells = Vec::new();
-        let mut fed = Vec::new();
-        if blocks.is_empty() {
-            errors += 1;
-            fed.push(format!(
-                "Your reply had no ```{lang} code block. Write code, and call answer(...) \
-                 with the final answer."
-            ));
-        }
-        let mut failed = false;
-        for (i, (l, code)) in blocks.into_iter().enumerate() {
-            let r = session.run(CellRequest::new(l, code)).await;
-            events.record(
-                "agent_cell",
-                &run,
-                json!({"step": step, "cell_run_id": r.run.run_id, "status": r.status}),
-            );
-            fed.push(feedback(i, &r));
-            failed |= r.status != Status::Ok;
-            let done = r.final_answer.clone();
-            cells.push(r);
-            if done.is_some() {
-                answer = done;
-                break;
-            }
-        }
-        if !fed.is_empty() && !cells.is_empty() {
-            errors = if failed { errors + 1 } else { 0 };
-        }
-        turns.push(Turn {
-            step,
-            reply: reply.text,
-            usage: reply.usage,
-            cells,
-        });
-        if answer.is_some() {
-            break Stop::Answered;
-        }
-        messages.push(json!({"role": "user", "content": fed.join("\n")}));
-    };
-    if progress {
-        eprintln!();
-    }
-    match &stop {
-        Stop::Answered => events.record("agent_answer", &run, json!({"answer": answer})),
-        Stop::BudgetExhausted { budget, detail } => events.record(
-            "budget_exhausted",
-            &run,
-            json!({"budget": budget, "detail": detail}),
-        ),
-        Stop::ModelError { message } => {
-            events.record("model_error", &run, json!({"message": message}))
-        }
-    }
+    let LoopOutcome {
+        stop,
+        answer,
+        turns,
+        messages,
+        input,
+        output,
+        cost,
+        ..
+    } = run_loop(&session, &client, &events, &run, &caps, cfg).await;
     if let Some(p) = &args.transcript {
         let text = serde_json::to_string_pretty(&messages).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("--transcript {}: {e}", p.display()))?;
@@ -473,12 +543,7 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         Stop::BudgetExhausted { .. } => Exit::Limit,
         Stop::ModelError { .. } => Exit::Failed,
     };
-    let cells_cost: f64 = turns
-        .iter()
-        .flat_map(|t| t.cells.iter())
-        .filter_map(|c| c.models)
-        .next_back()
-        .map_or(0.0, |m| m.session.cost);
+    let cells_cost = session.model_usage().cost;
     if args.json {
         let t = Trajectory {
             task: args.task,

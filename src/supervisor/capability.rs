@@ -34,6 +34,7 @@ pub(crate) enum Handler {
 pub(crate) enum ModelOp {
     Query,
     Batch,
+    Agent,
 }
 
 /// A capability: name, description, JSON schema of its arguments, handler.
@@ -257,6 +258,17 @@ impl Registry {
                  ask a configured model several prompts at once; the replies in order.",
                 batch,
                 Handler::Model(ModelOp::Batch),
+            )?,
+            Capability::build(
+                "agent_query",
+                "agent_query(task, context=None): run a sub-agent (a model writing code in a \
+                 fresh session, at depth + 1, with what is left of this run's budgets); returns \
+                 its answer.",
+                json!({"type": "object", "properties": {
+                        "task": {"type": "string"},
+                        "context": {}},
+                       "required": ["task"], "additionalProperties": false}),
+                Handler::Model(ModelOp::Agent),
             )?,
         ] {
             self.register(cap)?;

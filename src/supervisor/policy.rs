@@ -141,6 +141,7 @@ pub struct ModelUsageReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metered {
     Model,
+    Agent,
     Tool,
 }
 
@@ -160,6 +161,7 @@ impl ModelTally {
         let u = self.get();
         let (name, used, max) = match kind {
             Metered::Model => ("max_model_calls", u.model_calls, policy.max_model_calls),
+            Metered::Agent => ("max_agent_calls", u.agent_calls, policy.max_agent_calls),
             Metered::Tool => ("max_tool_calls", u.tool_calls, policy.max_tool_calls),
         };
         if used.saturating_add(n) > max {
@@ -180,6 +182,7 @@ impl ModelTally {
         let mut u = crate::util::lock(&self.0);
         match kind {
             Metered::Model => u.model_calls = u.model_calls.saturating_add(n),
+            Metered::Agent => u.agent_calls = u.agent_calls.saturating_add(n),
             Metered::Tool => u.tool_calls = u.tool_calls.saturating_add(n),
         }
     }
@@ -251,6 +254,39 @@ impl Meter<'_> {
             );
         }
         Ok(())
+    }
+
+    /// Count what a sub-agent used (its own queries and its cells'); an
+    /// error when that passed a budget (the run ends there).
+    pub(crate) fn absorb(&self, used: ModelUsage) -> Result<(), BudgetError> {
+        self.tree.add_calls(Metered::Model, used.model_calls);
+        self.session.add_calls(Metered::Model, used.model_calls);
+        self.tree.add_calls(Metered::Agent, used.agent_calls);
+        self.session.add_calls(Metered::Agent, used.agent_calls);
+        self.tree.add_calls(Metered::Tool, used.tool_calls);
+        self.session.add_calls(Metered::Tool, used.tool_calls);
+        let u = self.session.get();
+        if u.model_calls > self.policy.max_model_calls {
+            return Err(BudgetError::Exhausted {
+                budget: "max_model_calls",
+                detail: format!("{} used of {}", u.model_calls, self.policy.max_model_calls),
+            });
+        }
+        self.spend(used.input_tokens, used.output_tokens, used.cost)
+    }
+
+    /// What is left of each budget, as a policy for a sub-agent: never
+    /// more than this run has.
+    pub(crate) fn remaining(&self) -> Policy {
+        let u = self.session.get();
+        let p = self.policy;
+        let mut child = p.clone();
+        child.max_model_calls = p.max_model_calls.saturating_sub(u.model_calls);
+        child.max_agent_calls = p.max_agent_calls.saturating_sub(u.agent_calls);
+        child.max_tool_calls = p.max_tool_calls.saturating_sub(u.tool_calls);
+        child.max_total_tokens = p.max_total_tokens.saturating_sub(u.total_tokens());
+        child.max_cost = p.max_cost.map(|c| (c - u.cost).max(0.0));
+        child
     }
 
     /// Tokens a query may still ask for.

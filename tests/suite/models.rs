@@ -546,3 +546,121 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
     assert_eq!(t["stop"]["budget"], "max_total_tokens");
     assert_eq!(fake.seen().len(), 3);
 }
+
+fn agent_session_config(tweak: impl FnOnce(&mut SessionConfig)) -> SessionConfig {
+    let mut c = config(&[
+        "model_query",
+        "model_query_batched",
+        "agent_query",
+        "answer",
+    ]);
+    tweak(&mut c);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_level_recursion_is_one_event_tree() {
+    let fake = FakeModel::start(vec![
+        // The sub-agent (depth 1) asks a sub-sub-agent...
+        Reply::Text(
+            "```python\nanswer('got ' + rlm_query('inner task'))\n```".into(),
+            10,
+            5,
+        ),
+        // ...which answers at depth 2.
+        Reply::Text(
+            "```python\nanswer('deep ' + str(len(globals().get('context') or '')))\n```".into(),
+            10,
+            5,
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let sup = sup_with(&section(&fake.url, None, |_| {}), Some(&events));
+    let s = sup.session(agent_session_config(|_| {})).unwrap();
+    let r = py_in(&s, "agent_query('outer task', context='abcd')").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, Value::String("got deep 0".into()));
+    let report = r.models.unwrap();
+    assert_eq!(
+        (report.session.agent_calls, report.session.model_calls),
+        (2, 2),
+        "{report:?}"
+    );
+    assert_eq!(report.session.input_tokens, 20);
+    let seen = fake.seen();
+    assert_eq!(seen[1].body["messages"][1]["content"], "inner task");
+    let system = seen[0].body["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("a str of 4 characters"), "{system}");
+    let ev: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let root = &r.run.root_run_id;
+    assert!(ev.iter().all(|e| &e["root_run_id"] == root), "{ev:?}");
+    let starts: Vec<&Value> = ev.iter().filter(|e| e["event"] == "agent_start").collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0]["depth"], 1);
+    assert_eq!(
+        starts[0]["parent_run_id"],
+        Value::String(r.run.run_id.clone())
+    );
+    assert_eq!(starts[1]["depth"], 2);
+    // The depth-2 agent hangs beneath the depth-1 agent's cell, which hangs
+    // beneath the depth-1 agent.
+    let cell = ev
+        .iter()
+        .find(|e| e["run_id"] == starts[1]["parent_run_id"] && e["event"] == "cell_start")
+        .unwrap_or_else(|| panic!("no cell_start for the depth-2 parent: {ev:?}"));
+    assert_eq!(cell["parent_run_id"], starts[0]["run_id"]);
+    assert_eq!(cell["depth"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_gets_only_what_is_left_and_max_depth_fails_closed() {
+    let fake = FakeModel::start(vec![
+        Reply::Text("x".into(), 1, 1),
+        Reply::Text("y".into(), 1, 1),
+        // The sub-agent's one turn asks for a query its budget does not have.
+        Reply::Text("```python\nanswer(llm_query('more'))\n```".into(), 1, 1),
+    ]);
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    let s = sup
+        .session(agent_session_config(|c| c.policy.max_model_calls = 3))
+        .unwrap();
+    let r = py_in(
+        &s,
+        "llm_query('a'); llm_query('b')\n\
+         try:\n    agent_query('t')\nexcept RuntimeError as e:\n    msg = str(e)\nmsg",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        Value::String(
+            "agent_query: the sub-agent stopped unanswered: budget max_steps exhausted (1 steps of 1)"
+                .into()
+        )
+    );
+    assert_eq!(
+        fake.seen().len(),
+        3,
+        "the sub-agent went past its parent's budget"
+    );
+    let report = r.models.unwrap();
+    assert_eq!(
+        (report.session.model_calls, report.session.agent_calls),
+        (3, 1)
+    );
+    // At max_depth the call is refused before anything runs.
+    let s = sup
+        .session(agent_session_config(|c| c.policy.max_depth = 0))
+        .unwrap();
+    let r = py_in(&s, "agent_query('t')").await;
+    assert!(
+        error_text(&r).contains("agent_query refused: depth 1 exceeds max_depth 0"),
+        "{r:?}"
+    );
+    assert_eq!(fake.seen().len(), 3);
+}

@@ -63,6 +63,9 @@ pub(super) async fn perform(
         ));
     };
     let m = meter(spec);
+    if op == ModelOp::Agent {
+        return sub_agent(sup, spec, &client, args, remaining).await;
+    }
     let model = args.get("model").and_then(Value::as_str).map(str::to_owned);
     // An unknown model is the script's error, and costs no budget.
     if let Err(e) = client.config(model.as_deref()) {
@@ -74,7 +77,9 @@ pub(super) async fn perform(
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     let temperature = args.get("temperature").and_then(Value::as_f64);
     let prompts: Vec<Value> = match op {
-        ModelOp::Query => vec![args.get("prompt").cloned().unwrap_or(Value::Null)],
+        ModelOp::Query | ModelOp::Agent => {
+            vec![args.get("prompt").cloned().unwrap_or(Value::Null)]
+        }
         ModelOp::Batch => args
             .get("prompts")
             .and_then(Value::as_array)
@@ -94,7 +99,7 @@ pub(super) async fn perform(
         temperature,
     };
     let results: Vec<Result<ModelReply, String>> = match op {
-        ModelOp::Query => {
+        ModelOp::Query | ModelOp::Agent => {
             let q = query(&prompts[0]);
             vec![ask(&client, q, remaining).await]
         }
@@ -133,7 +138,7 @@ pub(super) async fn perform(
     m.spend(spent.0, spent.1, spent.2)
         .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
     match op {
-        ModelOp::Query => match results.into_iter().next() {
+        ModelOp::Query | ModelOp::Agent => match results.into_iter().next() {
             Some(Ok(r)) => Ok((reply_value(&r), detail(&r))),
             Some(Err(e)) => Err(ModelFailure::Call("failed".into(), e)),
             None => Err(ModelFailure::Call("failed".into(), "no reply".into())),
@@ -167,6 +172,118 @@ async fn ask(client: &ModelClient, q: Query, within: Duration) -> Result<ModelRe
         Err(_) => Err(format!(
             "model {:?} did not answer before the cell's deadline",
             q.model.as_deref().unwrap_or("default")
+        )),
+    }
+}
+
+/// Most model turns a sub-agent takes.
+const SUB_AGENT_STEPS: u32 = 10;
+
+/// `agent_query(task, context)`: the loop of `cellbox agent` in a fresh
+/// session beneath this cell, at depth + 1, with what is left of the
+/// budgets; everything it used is then charged here.
+async fn sub_agent(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    client: &Arc<ModelClient>,
+    args: &Map<String, Value>,
+    remaining: Duration,
+) -> Result<ModelDone, ModelFailure> {
+    let depth = spec.run.depth + 1;
+    if depth > spec.policy.max_depth {
+        return Err(ModelFailure::Call(
+            "denied".into(),
+            format!(
+                "agent_query refused: depth {depth} exceeds max_depth {}",
+                spec.policy.max_depth
+            ),
+        ));
+    }
+    let m = meter(spec);
+    m.charge(Metered::Agent, 1)
+        .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
+    let mut child = m.remaining();
+    if child.max_model_calls == 0 {
+        return Err(ModelFailure::Fatal(format!(
+            "budget max_model_calls exhausted: {} used of {}",
+            spec.policy.max_model_calls, spec.policy.max_model_calls
+        )));
+    }
+    // The loop's own turns come out of the calls left; its cells get the rest.
+    let steps = child.max_model_calls.min(SUB_AGENT_STEPS);
+    child.max_model_calls -= steps;
+    child.allow.insert("answer".into());
+    let max_tokens = child.max_total_tokens;
+    let run = crate::supervisor::RunInfo {
+        run_id: super::new_run_id(),
+        parent_run_id: Some(spec.run.run_id.clone()),
+        root_run_id: spec.run.root_run_id.clone(),
+        depth,
+    };
+    let config = crate::SessionConfig {
+        policy: child.clone(),
+        limits: spec.session().limits.clone(),
+        profile: spec.profile.clone(),
+    };
+    let session =
+        crate::supervisor::session::Session::beneath(sup.clone(), config, Some(run.clone()))
+            .map_err(|e| ModelFailure::Call("failed".into(), e.to_string()))?;
+    let context = args.get("context").cloned().unwrap_or(Value::Null);
+    if !context.is_null() {
+        session
+            .set_var("context", context.clone())
+            .await
+            .map_err(|e| ModelFailure::Call("failed".into(), e.to_string()))?;
+    }
+    let caps: Vec<String> = child
+        .allow
+        .iter()
+        .filter(|c| sup.registry.get(c).is_some())
+        .cloned()
+        .collect();
+    let lang = match spec.language {
+        crate::Language::Rhai => crate::Language::Rhai,
+        _ => crate::Language::Python,
+    };
+    let model = client.default_model().unwrap_or_default().to_owned();
+    let task = args
+        .get("task")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let cfg = crate::agent::LoopConfig {
+        task,
+        model,
+        lang,
+        context,
+        max_steps: steps,
+        max_errors: 3,
+        max_tokens,
+        deadline: Some(std::time::Instant::now() + remaining),
+        progress: false,
+    };
+    let out = crate::agent::run_loop(&session, client, &sup.events, &run, &caps, cfg).await;
+    let cells = session.model_usage();
+    let used = crate::supervisor::ModelUsage {
+        model_calls: out.calls.saturating_add(cells.model_calls),
+        agent_calls: cells.agent_calls,
+        tool_calls: cells.tool_calls,
+        input_tokens: out.input.saturating_add(cells.input_tokens),
+        output_tokens: out.output.saturating_add(cells.output_tokens),
+        cost: out.cost + cells.cost,
+    };
+    m.absorb(used)
+        .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
+    let detail = json!({"run_id": run.run_id, "depth": depth, "usage": used});
+    match out.stop {
+        crate::agent::Stop::Answered => Ok((out.answer.unwrap_or(Value::Null), detail)),
+        crate::agent::Stop::BudgetExhausted { budget, detail } => Err(ModelFailure::Call(
+            "failed".into(),
+            format!("agent_query: the sub-agent stopped unanswered: budget {budget} exhausted ({detail})"),
+        )),
+        crate::agent::Stop::ModelError { message } => Err(ModelFailure::Call(
+            "failed".into(),
+            format!("agent_query: the sub-agent stopped: {message}"),
         )),
     }
 }

@@ -334,6 +334,7 @@ def _model_reply(v):
 
 # Model capabilities and the names recursive-language-model code calls them by.
 _MODEL_ALIASES = {"model_query": "llm_query", "model_query_batched": "llm_query_batched"}
+_ALIASES = dict(_MODEL_ALIASES, agent_query="rlm_query")
 
 
 def _model_capability(name, params):
@@ -436,8 +437,8 @@ def _execute(start, out):
         if type(spec) is not dict or type(spec.get("name")) is not str or type(spec.get("params")) is not list:
             raise _ProtocolError("malformed capability spec %r" % (spec,))
         reserved.add(spec["name"])
-        if spec["name"] in _MODEL_ALIASES:
-            reserved.add(_MODEL_ALIASES[spec["name"]])
+        if spec["name"] in _ALIASES:
+            reserved.add(_ALIASES[spec["name"]])
 
     # The cell's module is a real module installed as __main__, so pickle,
     # dataclasses and typing find classes the cell defines.
@@ -476,8 +477,8 @@ def _execute(start, out):
         name = spec["name"]
         make = _model_capability if name in _MODEL_ALIASES else _capability
         g[name] = installed[name] = make(name, tuple(map(str, spec["params"])))
-        if name in _MODEL_ALIASES:
-            g[_MODEL_ALIASES[name]] = installed[_MODEL_ALIASES[name]] = installed[name]
+        if name in _ALIASES:
+            g[_ALIASES[name]] = installed[_ALIASES[name]] = installed[name]
     g["call"] = installed["call"] = call
     try:
         _run_statements(code, g, flags, out)
