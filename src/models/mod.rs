@@ -2,6 +2,8 @@
 //! calls on a cell's behalf (`model_query`), with the key kept out of every
 //! cell, result, event and message.
 
+#[doc(hidden)]
+pub mod bench;
 pub mod client;
 pub mod config;
 
