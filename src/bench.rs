@@ -389,6 +389,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             out.push_str(&idle_memory(&warm).await?);
         }
     }
+    out.push_str(&crate::models::bench::round_trip(n).await?);
     Ok(out)
 }
 

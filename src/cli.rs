@@ -26,8 +26,22 @@ pub struct CellOpts {
     /// Sandbox profile: a built-in name (rhai, python, shell) or a TOML file.
     #[arg(long)]
     pub profile: Option<String>,
+    /// Read the policy, limits and `[models.NAME]` tables from this TOML
+    /// file (the format `cellbox serve --config` reads); flags add to it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub cell: CellArgs,
+}
+
+/// The config file `--config` names, if any.
+pub fn config_file(opts: &CellOpts) -> Result<Option<crate::serve::ServeConfig>, String> {
+    let Some(path) = &opts.config else {
+        return Ok(None);
+    };
+    let c = crate::serve::ServeConfig::load(path).map_err(|e| e.to_string())?;
+    crate::models::config::validate(&c.models).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Some(c))
 }
 
 /// A cell's capabilities, limits, interpreter and events file: the flags
@@ -69,7 +83,10 @@ pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
 
 /// The session configuration the options ask for.
 pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
-    let mut policy = Policy::deny_all();
+    let file = config_file(opts)?;
+    let mut policy = file
+        .as_ref()
+        .map_or_else(Policy::deny_all, |f| f.policy.clone());
     for a in &opts.cell.allow {
         for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -84,6 +101,9 @@ pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
         policy,
         ..SessionConfig::default()
     };
+    if let Some(f) = &file {
+        config.limits = f.limits.clone();
+    }
     if let Some(t) = opts.cell.timeout {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(format!("--timeout {t}: give seconds between 0 and 86400"));
@@ -273,6 +293,12 @@ pub fn build_supervisor(
     }
     if opts.cell.events.is_some() {
         b = b.events(events_sink(opts)?);
+    }
+    if let Some(f) = config_file(opts)? {
+        if !f.models.is_empty() {
+            let client = crate::models::ModelClient::new(&f.models).map_err(|e| e.to_string())?;
+            b = b.models(client).map_err(|e| e.to_string())?;
+        }
     }
     b.build().map_err(|e| e.to_string())
 }

@@ -21,9 +21,9 @@ pub use supervisor::{
 };
 // Limits, capabilities and the policy that allows them, budgets.
 pub use supervisor::{
-    Budget, BudgetError, CallContext, Capability, CapabilityError, LimitOverrides, Limits, Policy,
-    Registry, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL,
-    MAX_EMIT_BYTES_PER_SESSION,
+    Budget, BudgetError, CallContext, Capability, CapabilityError, LimitOverrides, Limits,
+    ModelUsage, ModelUsageReport, Policy, Registry, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
+    MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 // The host resources a supervisor holds: events, Python, scratch, memory,
 // warm pools.
@@ -36,9 +36,11 @@ pub use supervisor::{PoolCeiling, PoolConfig};
 pub use supervisor::{PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
+pub mod agent;
 pub mod exit;
 /// The macOS backend: profile → SBPL, and the sandbox-exec launcher.
 pub mod macos;
+pub mod models;
 pub mod plan;
 pub mod profiles;
 pub mod protocol;

@@ -33,6 +33,9 @@ enum Command {
     },
     /// Run any program under the sandbox (default profile: shell).
     Exec(ExecArgs),
+    /// Run the CodeAct loop: a model writes code, cells run it, until a
+    /// cell calls answer(...) or a budget runs out (exit 4).
+    Agent(Box<cellbox::agent::AgentArgs>),
     /// Serve `execute_code` and session tools over MCP (stdio, or --http).
     Serve(Box<cellbox::serve::ServeArgs>),
     /// Which sandbox layers this host supports and what a cell would get
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
             #[cfg(target_os = "linux")]
             Command::Exec(_) => ExitCode::from(EXIT_INTERNAL),
             Command::Serve(args) => cellbox::serve::run(*args).await,
+            Command::Agent(args) => cellbox::agent::cli_main(*args).await,
             Command::Doctor(args) => cellbox::doctor::cli_main(args).await,
             Command::Bench(args) => cellbox::bench::cli_main(args).await,
             Command::Soak(args) => cellbox::soak::cli_main(args).await,

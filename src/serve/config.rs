@@ -129,6 +129,9 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// Capability allowlist and budgets for every cell.
     pub policy: Policy,
+    /// Model endpoints (`[models.NAME]`), offered to cells as
+    /// `model_query` and `model_query_batched` when the policy allows them.
+    pub models: crate::models::ModelsSection,
 }
 
 impl Default for ServeConfig {
@@ -143,6 +146,7 @@ impl Default for ServeConfig {
                 ..Limits::default()
             },
             policy: Policy::default(),
+            models: Default::default(),
         }
     }
 }
@@ -352,6 +356,9 @@ pub struct Settings {
     pub events: Option<PathBuf>,
     pub events_max_bytes: u64,
     pub transport: Transport,
+    /// The model endpoints (validated; keys are read when the supervisor
+    /// is built).
+    pub models: crate::models::ModelsSection,
 }
 
 fn read_capped(what: &'static str, path: &Path) -> Result<String, ConfigError> {
@@ -503,6 +510,7 @@ impl ServeConfig {
 
     /// Check every value and resolve the transport (reading the token file).
     pub fn validate(&self) -> Result<Settings, ConfigError> {
+        crate::models::config::validate(&self.models).map_err(|e| invalid(&e.key, e.problem))?;
         let mut languages = Vec::new();
         for l in &self.server.languages {
             let lang: Language = l.parse().map_err(|e: crate::Error| {
@@ -713,6 +721,7 @@ impl ServeConfig {
             events: s.events.clone(),
             events_max_bytes: s.events_max_bytes,
             transport,
+            models: self.models.clone(),
         })
     }
 

@@ -368,6 +368,26 @@ impl Facts<'_> {
              (status policy_denied when the code does not handle the error).",
             p.max_calls
         );
+        if self
+            .capabilities
+            .iter()
+            .any(|(n, _, _)| n.starts_with("model_query"))
+        {
+            let names: Vec<&str> = self.settings.models.keys().map(String::as_str).collect();
+            let _ = write!(
+                s,
+                "\nModels (the server makes the request; no key is visible to the code): {}. \
+                 Python also names them llm_query and llm_query_batched; a reply is a str with \
+                 .usage. Per session: at most {} model queries and {} tokens{}; the query that \
+                 would pass a budget ends the call with status limit_exceeded.",
+                names.join(", "),
+                p.max_model_calls,
+                p.max_total_tokens,
+                p.max_cost
+                    .map(|c| format!(", cost {c}"))
+                    .unwrap_or_default(),
+            );
+        }
         s
     }
 
@@ -540,5 +560,27 @@ mod tests {
         assert!(d.contains("network: NOT isolated"), "{d}");
         assert!(d.contains("WARNING: a test cell"), "{d}");
         assert!(d.contains("none are allowed"), "{d}");
+    }
+
+    #[test]
+    fn configured_models_are_offered_and_described() {
+        let mut c = ServeConfig::default();
+        c.policy.allow.insert("model_query".into());
+        c.policy.max_model_calls = 7;
+        c.models.insert(
+            "local".into(),
+            toml::from_str("endpoint = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"").unwrap(),
+        );
+        let settings = c.validate().unwrap();
+        let sup = crate::serve::build_supervisor(&settings).unwrap();
+        let d = Facts::new(&sup, &settings, None).execute_code();
+        for needle in [
+            "model_query(prompt, model, max_tokens, temperature)",
+            "Models (the server makes the request; no key is visible to the code): local",
+            "at most 7 model queries",
+        ] {
+            assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
+        }
+        assert!(!d.contains("model_query_batched("), "{d}");
     }
 }

@@ -190,6 +190,11 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
             .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
         b = b.events(sink);
     }
+    if !settings.models.is_empty() {
+        let client =
+            crate::models::ModelClient::new(&settings.models).map_err(|e| e.to_string())?;
+        b = b.models(client).map_err(|e| e.to_string())?;
+    }
     let sup = b.build().map_err(|e| e.to_string())?;
     let known: Vec<&str> = sup.capabilities().map(|c| c.name()).collect();
     for name in &settings.session.policy.allow {

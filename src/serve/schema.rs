@@ -382,6 +382,7 @@ mod tests {
             run_id: run.run_id.clone(),
             depth: 0,
             ms: 1,
+            detail: None,
         }];
         let sandbox: SandboxReport = serde_json::from_value(json!({
             "profile": "python",

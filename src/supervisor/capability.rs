@@ -25,6 +25,16 @@ pub(crate) enum Handler {
     Answer,
     RunCell,
     Host(Arc<HostFn>),
+    /// A query to a configured model (see `crate::models`).
+    Model(ModelOp),
+}
+
+/// The model capabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ModelOp {
+    Query,
+    Batch,
+    Agent,
 }
 
 /// A capability: name, description, JSON schema of its arguments, handler.
@@ -214,6 +224,56 @@ impl Registry {
             caps.insert(cap.name.clone(), cap);
         }
         Registry { caps }
+    }
+
+    /// Register `model_query` and `model_query_batched`.
+    pub(crate) fn register_models(&mut self) -> Result<(), CapabilityError> {
+        let message = json!({"type": "object", "properties": {
+            "role": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["role", "content"]});
+        let prompt = json!({"anyOf": [{"type": "string"}, {"type": "array", "items": message}]});
+        let query = json!({"type": "object", "properties": {
+                "prompt": prompt,
+                "model": {"type": ["string", "null"]},
+                "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+                "temperature": {"type": ["number", "null"], "minimum": 0}},
+            "required": ["prompt"], "additionalProperties": false});
+        let batch = json!({"type": "object", "properties": {
+                "prompts": {"type": "array", "items": prompt, "maxItems": 1000},
+                "model": {"type": ["string", "null"]},
+                "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+                "temperature": {"type": ["number", "null"], "minimum": 0}},
+            "required": ["prompts"], "additionalProperties": false});
+        for cap in [
+            Capability::build(
+                "model_query",
+                "model_query(prompt_or_messages, model=None, max_tokens=None, temperature=None): \
+                 ask a configured model; returns the reply text.",
+                query,
+                Handler::Model(ModelOp::Query),
+            )?,
+            Capability::build(
+                "model_query_batched",
+                "model_query_batched(prompts, model=None, max_tokens=None, temperature=None): \
+                 ask a configured model several prompts at once; the replies in order.",
+                batch,
+                Handler::Model(ModelOp::Batch),
+            )?,
+            Capability::build(
+                "agent_query",
+                "agent_query(task, context=None): run a sub-agent (a model writing code in a \
+                 fresh session, at depth + 1, with what is left of this run's budgets); returns \
+                 its answer.",
+                json!({"type": "object", "properties": {
+                        "task": {"type": "string"},
+                        "context": {}},
+                       "required": ["task"], "additionalProperties": false}),
+                Handler::Model(ModelOp::Agent),
+            )?,
+        ] {
+            self.register(cap)?;
+        }
+        Ok(())
     }
 
     pub fn register(&mut self, cap: Capability) -> Result<(), CapabilityError> {

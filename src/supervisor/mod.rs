@@ -25,8 +25,8 @@ pub use capability::{CallContext, Capability, CapabilityError, Registry};
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use limits::{LimitOverrides, Limits};
 pub use policy::{
-    Budget, BudgetError, Policy, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
-    MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
+    Budget, BudgetError, ModelUsage, ModelUsageReport, Policy, MAX_EMITS_PER_CELL,
+    MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 pub use pool_status::{PoolStatus, ZygoteStatus};
 pub use python::{PythonError, PythonInfo};
@@ -208,6 +208,8 @@ pub const DEFAULT_CELLS_MEMORY_BYTES: u64 = 4 << 30;
 
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
+    /// The configured models, when there are any.
+    pub(crate) models: Option<Arc<crate::models::ModelClient>>,
     pub(crate) events: EventSink,
     pub(crate) worker_exe: PathBuf,
     /// Workers start under this `sandbox-exec` (see [`crate::macos`]).
@@ -413,6 +415,7 @@ impl Inner {
 #[derive(Debug)]
 pub struct SupervisorBuilder {
     registry: Registry,
+    models: Option<Arc<crate::models::ModelClient>>,
     events: EventSink,
     worker_exe: Option<PathBuf>,
     sandbox_exec: Option<PathBuf>,
@@ -504,6 +507,18 @@ impl SupervisorBuilder {
     /// policy allows it by name).
     pub fn capability(mut self, cap: Capability) -> Result<Self, Error> {
         self.registry.register(cap)?;
+        Ok(self)
+    }
+
+    /// Offer `model_query` and `model_query_batched` to cells, served by
+    /// `client` (still denied until a session's policy allows them). A
+    /// client with no models registers nothing.
+    pub fn models(mut self, client: crate::models::ModelClient) -> Result<Self, Error> {
+        if client.is_empty() {
+            return Ok(self);
+        }
+        self.registry.register_models()?;
+        self.models = Some(Arc::new(client));
         Ok(self)
     }
 
@@ -657,6 +672,7 @@ impl SupervisorBuilder {
                 #[cfg(target_os = "linux")]
                 pools,
                 registry: self.registry,
+                models: self.models,
                 events: self.events,
                 worker_exe,
                 sandbox_exec: self.sandbox_exec,
@@ -699,6 +715,7 @@ impl Supervisor {
     pub fn builder() -> SupervisorBuilder {
         SupervisorBuilder {
             registry: Registry::with_builtins(),
+            models: None,
             events: EventSink::default(),
             worker_exe: None,
             sandbox_exec: cfg!(target_os = "macos")
@@ -878,6 +895,11 @@ impl Supervisor {
             max_age_ms: 0,
             python: Vec::new(),
         }
+    }
+
+    /// The configured models, if any.
+    pub fn models(&self) -> Option<&crate::models::ModelClient> {
+        self.inner.models.as_deref()
     }
 
     /// The Python interpreter cells would use.

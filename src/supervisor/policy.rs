@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 /// Which capabilities a session may call, and how often. Nothing is allowed
 /// unless named.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
     /// Capability names the script may call.
@@ -17,6 +17,23 @@ pub struct Policy {
     pub max_calls_per_capability: BTreeMap<String, u32>,
     /// Deepest `run_cell` nesting; the top cell is depth 0.
     pub max_depth: u32,
+    /// Model queries (`model_query`, each item of `model_query_batched`)
+    /// per session, its sub-cells included.
+    pub max_model_calls: u32,
+    /// Sub-agents (`agent_query`) per session, counted apart from model
+    /// queries.
+    pub max_agent_calls: u32,
+    /// Calls to host capabilities (registered by the embedding program)
+    /// per session.
+    pub max_tool_calls: u32,
+    /// Model tokens (input plus output) per session.
+    pub max_total_tokens: u64,
+    /// Model cost per session, in the unit of the models' prices (only
+    /// models with prices are charged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// Model queries of one `model_query_batched` in flight at once.
+    pub max_concurrency: u32,
 }
 
 impl Default for Policy {
@@ -26,6 +43,12 @@ impl Default for Policy {
             max_calls: 1000,
             max_calls_per_capability: BTreeMap::new(),
             max_depth: 3,
+            max_model_calls: 100,
+            max_agent_calls: 10,
+            max_tool_calls: 1000,
+            max_total_tokens: 1_000_000,
+            max_cost: None,
+            max_concurrency: 4,
         }
     }
 }
@@ -59,6 +82,15 @@ impl Policy {
             max_calls: self.max_calls.min(other.max_calls),
             max_calls_per_capability: per,
             max_depth: self.max_depth.min(other.max_depth),
+            max_model_calls: self.max_model_calls.min(other.max_model_calls),
+            max_agent_calls: self.max_agent_calls.min(other.max_agent_calls),
+            max_tool_calls: self.max_tool_calls.min(other.max_tool_calls),
+            max_total_tokens: self.max_total_tokens.min(other.max_total_tokens),
+            max_cost: match (self.max_cost, other.max_cost) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            max_concurrency: self.max_concurrency.min(other.max_concurrency),
         }
     }
 }
@@ -70,6 +102,206 @@ pub struct Budget {
     /// other name is kept: a cell chooses the names it calls).
     used: Mutex<(u32, BTreeMap<String, u32>)>,
     emitted: EmitTally,
+    /// Model queries, sub-agents, tool calls, tokens and cost of the run
+    /// tree.
+    pub(crate) models: ModelTally,
+}
+
+/// Model and tool use counted against a policy's budgets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelUsage {
+    pub model_calls: u32,
+    pub agent_calls: u32,
+    pub tool_calls: u32,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// In the unit of the models' prices; 0 when no model has prices.
+    pub cost: f64,
+}
+
+impl ModelUsage {
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.model_calls == 0 && self.agent_calls == 0 && self.tool_calls == 0
+    }
+}
+
+/// What a cell's model and tool calls used: the cell's run tree, and its
+/// session up to and including this cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelUsageReport {
+    pub cell: ModelUsage,
+    pub session: ModelUsage,
+}
+
+/// A kind of call with a budget of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metered {
+    Model,
+    Agent,
+    Tool,
+}
+
+/// [`ModelUsage`] so far, behind a lock; one per run tree and one per
+/// session.
+#[derive(Debug, Default)]
+pub struct ModelTally(Mutex<ModelUsage>);
+
+impl ModelTally {
+    pub fn get(&self) -> ModelUsage {
+        *crate::util::lock(&self.0)
+    }
+
+    /// Why `n` more calls of `kind` would pass a budget of `policy`, if
+    /// they would: calls, and tokens or cost already spent.
+    fn refusal(&self, policy: &Policy, kind: Metered, n: u32) -> Option<BudgetError> {
+        let u = self.get();
+        let (name, used, max) = match kind {
+            Metered::Model => ("max_model_calls", u.model_calls, policy.max_model_calls),
+            Metered::Agent => ("max_agent_calls", u.agent_calls, policy.max_agent_calls),
+            Metered::Tool => ("max_tool_calls", u.tool_calls, policy.max_tool_calls),
+        };
+        if used.saturating_add(n) > max {
+            return Some(BudgetError::Exhausted {
+                budget: name,
+                detail: format!("{used} used, {n} more asked, of {max}"),
+            });
+        }
+        if kind != Metered::Tool {
+            if let Some(e) = tokens_or_cost(policy, &u) {
+                return Some(e);
+            }
+        }
+        None
+    }
+
+    fn add_calls(&self, kind: Metered, n: u32) {
+        let mut u = crate::util::lock(&self.0);
+        match kind {
+            Metered::Model => u.model_calls = u.model_calls.saturating_add(n),
+            Metered::Agent => u.agent_calls = u.agent_calls.saturating_add(n),
+            Metered::Tool => u.tool_calls = u.tool_calls.saturating_add(n),
+        }
+    }
+
+    fn add_usage(&self, input: u64, output: u64, cost: f64) {
+        let mut u = crate::util::lock(&self.0);
+        u.input_tokens = u.input_tokens.saturating_add(input);
+        u.output_tokens = u.output_tokens.saturating_add(output);
+        u.cost += cost;
+    }
+}
+
+/// The token or cost budget `u` has used up, if any.
+fn tokens_or_cost(policy: &Policy, u: &ModelUsage) -> Option<BudgetError> {
+    if u.total_tokens() >= policy.max_total_tokens {
+        return Some(BudgetError::Exhausted {
+            budget: "max_total_tokens",
+            detail: format!(
+                "{} tokens used of {}",
+                u.total_tokens(),
+                policy.max_total_tokens
+            ),
+        });
+    }
+    match policy.max_cost {
+        Some(max) if u.cost >= max => Some(BudgetError::Exhausted {
+            budget: "max_cost",
+            detail: format!("{:.6} spent of {max}", u.cost),
+        }),
+        _ => None,
+    }
+}
+
+/// The budgets of a run tree and of its session, charged together.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meter<'a> {
+    pub tree: &'a ModelTally,
+    pub session: &'a ModelTally,
+    pub policy: &'a Policy,
+}
+
+impl Meter<'_> {
+    /// Count `n` calls of `kind`, unless a budget refuses them.
+    pub(crate) fn charge(&self, kind: Metered, n: u32) -> Result<(), BudgetError> {
+        for t in [self.session, self.tree] {
+            if let Some(e) = t.refusal(self.policy, kind, n) {
+                return Err(e);
+            }
+        }
+        self.tree.add_calls(kind, n);
+        self.session.add_calls(kind, n);
+        Ok(())
+    }
+
+    /// Count the tokens and cost a reply used; an error when that used up
+    /// the token or cost budget (the run ends there).
+    pub(crate) fn spend(&self, input: u64, output: u64, cost: f64) -> Result<(), BudgetError> {
+        self.tree.add_usage(input, output, cost);
+        self.session.add_usage(input, output, cost);
+        let u = self.session.get();
+        let over_tokens = u.total_tokens() > self.policy.max_total_tokens;
+        let over_cost = self.policy.max_cost.is_some_and(|m| u.cost > m);
+        if over_tokens || over_cost {
+            return Err(
+                tokens_or_cost(self.policy, &u).unwrap_or(BudgetError::Exhausted {
+                    budget: "max_total_tokens",
+                    detail: String::new(),
+                }),
+            );
+        }
+        Ok(())
+    }
+
+    /// Count what a sub-agent used (its own queries and its cells'); an
+    /// error when that passed a budget (the run ends there).
+    pub(crate) fn absorb(&self, used: ModelUsage) -> Result<(), BudgetError> {
+        self.tree.add_calls(Metered::Model, used.model_calls);
+        self.session.add_calls(Metered::Model, used.model_calls);
+        self.tree.add_calls(Metered::Agent, used.agent_calls);
+        self.session.add_calls(Metered::Agent, used.agent_calls);
+        self.tree.add_calls(Metered::Tool, used.tool_calls);
+        self.session.add_calls(Metered::Tool, used.tool_calls);
+        let u = self.session.get();
+        if u.model_calls > self.policy.max_model_calls {
+            return Err(BudgetError::Exhausted {
+                budget: "max_model_calls",
+                detail: format!("{} used of {}", u.model_calls, self.policy.max_model_calls),
+            });
+        }
+        self.spend(used.input_tokens, used.output_tokens, used.cost)
+    }
+
+    /// What is left of each budget, as a policy for a sub-agent: never
+    /// more than this run has.
+    pub(crate) fn remaining(&self) -> Policy {
+        let u = self.session.get();
+        let p = self.policy;
+        let mut child = p.clone();
+        child.max_model_calls = p.max_model_calls.saturating_sub(u.model_calls);
+        child.max_agent_calls = p.max_agent_calls.saturating_sub(u.agent_calls);
+        child.max_tool_calls = p.max_tool_calls.saturating_sub(u.tool_calls);
+        child.max_total_tokens = p.max_total_tokens.saturating_sub(u.total_tokens());
+        child.max_cost = p.max_cost.map(|c| (c - u.cost).max(0.0));
+        child
+    }
+
+    /// Tokens a query may still ask for.
+    pub(crate) fn tokens_left(&self) -> u64 {
+        self.policy
+            .max_total_tokens
+            .saturating_sub(self.session.get().total_tokens())
+    }
+
+    pub(crate) fn report(&self) -> ModelUsageReport {
+        ModelUsageReport {
+            cell: self.tree.get(),
+            session: self.session.get(),
+        }
+    }
 }
 
 /// `emit` events one run tree (a cell and its sub-cells) may record.
@@ -120,6 +352,11 @@ pub enum BudgetError {
     Total { max: u32 },
     #[error("call budget for {cap:?} exhausted: {max} calls per run")]
     PerCapability { cap: String, max: u32 },
+    #[error("budget {budget} exhausted: {detail}")]
+    Exhausted {
+        budget: &'static str,
+        detail: String,
+    },
 }
 
 impl Budget {

@@ -253,6 +253,9 @@ pub struct CallRecord {
     pub run_id: String,
     pub depth: u32,
     pub ms: u64,
+    /// A model query's record: model, usage, cost, attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Value>,
 }
 
 /// What a cell used. `cpu_ms` and `max_rss_kb` come from the worker's
@@ -305,6 +308,10 @@ pub struct CellResult {
     pub vars: VarsReport,
     pub calls: Vec<CallRecord>,
     pub usage: Usage,
+    /// Model queries, sub-agents, tool calls, tokens and cost: this cell's
+    /// run tree and its session so far (absent when it made none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<super::ModelUsageReport>,
     pub run: RunInfo,
     pub sandbox: Option<SandboxReport>,
     pub exit: ExitInfo,
@@ -477,6 +484,7 @@ impl CellResult {
             vars: VarsReport::default(),
             calls: Vec::new(),
             usage: Usage::default(),
+            models: None,
             run,
             sandbox: None,
             exit: ExitInfo::default(),

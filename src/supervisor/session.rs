@@ -47,6 +47,8 @@ struct SessionInner {
     share: Arc<super::tenancy::Share>,
     /// `emit` events of all the session's cells so far.
     emits: Arc<super::policy::EmitTally>,
+    /// For a sub-agent's session: the run its cells hang beneath.
+    parent: Option<RunInfo>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -67,6 +69,16 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     pub(crate) fn new(sup: Arc<Inner>, config: SessionConfig) -> Result<Session, Error> {
+        Self::beneath(sup, config, None)
+    }
+
+    /// A session whose cells are children of `parent` in the run tree (a
+    /// sub-agent's), at its depth.
+    pub(crate) fn beneath(
+        sup: Arc<Inner>,
+        config: SessionConfig,
+        parent: Option<RunInfo>,
+    ) -> Result<Session, Error> {
         // Made when a cell first needs it.
         let scratch = Arc::new(super::scratch::Scratch::new(
             super::scratch::Parent::Supervisor(sup.clone()),
@@ -80,9 +92,16 @@ impl Session {
                 scratch,
                 share: Default::default(),
                 emits: Default::default(),
+                parent,
                 state: tokio::sync::Mutex::new(State::default()),
             }),
         })
+    }
+
+    /// Model queries, sub-agents, tool calls, tokens and cost of the
+    /// session's cells so far.
+    pub fn model_usage(&self) -> super::ModelUsage {
+        self.inner.share.models.get()
     }
 
     pub fn id(&self) -> &str {
@@ -109,7 +128,15 @@ impl Session {
         state.execution_count += 1;
         let count = state.execution_count;
         let limits = self.inner.config.limits.tighten(&request.limits);
-        let run = RunInfo::root();
+        let run = match &self.inner.parent {
+            Some(p) => RunInfo {
+                run_id: cell::new_run_id(),
+                parent_run_id: Some(p.run_id.clone()),
+                root_run_id: p.root_run_id.clone(),
+                depth: p.depth,
+            },
+            None => RunInfo::root(),
+        };
         if let Some(problem) = code_problem(request.language, &request.code, &limits) {
             let mut r = CellResult::refused_with(
                 request.language.as_str(),

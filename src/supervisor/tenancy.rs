@@ -64,6 +64,8 @@ pub(crate) struct Share {
     group: OnceLock<Option<Arc<SessionGroup>>>,
     #[cfg(not(target_os = "linux"))]
     group: OnceLock<()>,
+    /// The session's model queries, sub-agents, tool calls, tokens, cost.
+    pub(crate) models: super::policy::ModelTally,
 }
 
 /// How much a session may hold together, from the limits it asked for

@@ -106,6 +106,24 @@ fn do_call(
     }
 }
 
+/// A model capability's reply as a script sees it: the text (the record
+/// with model, usage and cost goes to the cell's calls).
+fn model_text(cap: &str, v: Dynamic) -> Dynamic {
+    let text = |d: &Dynamic| -> Dynamic {
+        d.read_lock::<rhai::Map>()
+            .and_then(|m| m.get("text").cloned())
+            .unwrap_or_else(|| d.clone())
+    };
+    match cap {
+        "model_query" => text(&v),
+        "model_query_batched" => match v.read_lock::<rhai::Array>() {
+            Some(a) => Dynamic::from_array(a.iter().map(text).collect()),
+            None => v.clone(),
+        },
+        _ => v,
+    }
+}
+
 fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<RefCell<Channel>>) {
     for spec in caps {
         for arity in 0..=spec.params.len() {
@@ -126,7 +144,8 @@ fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<
                     })?;
                     map.insert(p.clone(), v);
                 }
-                do_call(&chan, &name, map, pos)
+                let v = do_call(&chan, &name, map, pos)?;
+                Ok(model_text(&name, v))
             });
         }
     }

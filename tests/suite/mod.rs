@@ -6,6 +6,7 @@ mod fuzz_corpus;
 mod isolation;
 mod macos;
 mod mcp;
+mod models;
 mod python;
 mod rhai;
 mod scratch;

@@ -37,20 +37,25 @@ pub(super) async fn handle_call(
         }
         format!("{}... ({} bytes)", &call.cap[..end], call.cap.len())
     };
+    let record_with =
+        |outcome: &str, message: Option<String>, detail: Option<Value>, result: &mut CellResult| {
+            sup.events.record(
+                "call",
+                &spec.run,
+                json!({"cap": shown, "outcome": outcome, "message": message}),
+            );
+            result.push_call(CallRecord {
+                cap: shown.clone(),
+                outcome: outcome.to_owned(),
+                message,
+                run_id: spec.run.run_id.clone(),
+                depth: spec.run.depth,
+                ms: t0.elapsed().as_millis() as u64,
+                detail,
+            });
+        };
     let record = |outcome: &str, message: Option<String>, result: &mut CellResult| {
-        sup.events.record(
-            "call",
-            &spec.run,
-            json!({"cap": shown, "outcome": outcome, "message": message}),
-        );
-        result.push_call(CallRecord {
-            cap: shown.clone(),
-            outcome: outcome.to_owned(),
-            message,
-            run_id: spec.run.run_id.clone(),
-            depth: spec.run.depth,
-            ms: t0.elapsed().as_millis() as u64,
-        });
+        record_with(outcome, message, None, result)
     };
     let err = |kind: &str, message: String| Reply {
         id,
@@ -94,6 +99,7 @@ pub(super) async fn handle_call(
         return Ok((err("invalid_args", msg), false));
     }
     let remaining = deadline.saturating_duration_since(Instant::now());
+    let mut detail = None;
     let outcome: Result<Value, (String, String)> = match &cap.handler {
         Handler::Emit => {
             let event = call.args.get("event").cloned().unwrap_or(Value::Null);
@@ -121,7 +127,29 @@ pub(super) async fn handle_call(
             Ok(Value::Null)
         }
         Handler::RunCell => run_sub_cell(sup, spec, result, &call.args, remaining).await,
+        Handler::Model(op) => {
+            let done = super::models::perform(sup, spec, *op, &call.args, remaining).await;
+            result.models = Some(super::models::meter(spec).report());
+            match done {
+                Ok((v, d)) => {
+                    detail = Some(d);
+                    Ok(v)
+                }
+                Err(super::models::ModelFailure::Call(kind, m)) => Err((kind, m)),
+                Err(super::models::ModelFailure::Fatal(m)) => {
+                    record("budget", Some(m.clone()), result);
+                    return Err(Outcome::Fatal(ErrorKind::LimitExceeded, m));
+                }
+            }
+        }
         Handler::Host(f) => {
+            let meter = super::models::meter(spec);
+            let charged = meter.charge(crate::supervisor::policy::Metered::Tool, 1);
+            result.models = Some(meter.report());
+            if let Err(e) = charged {
+                record("budget", Some(e.to_string()), result);
+                return Err(Outcome::Fatal(ErrorKind::LimitExceeded, e.to_string()));
+            }
             let ctx = CallContext {
                 session_id: spec.session_id.clone(),
                 run: spec.run.clone(),
@@ -138,7 +166,7 @@ pub(super) async fn handle_call(
     };
     match outcome {
         Ok(v) => {
-            record("ok", None, result);
+            record_with("ok", None, detail, result);
             Ok((
                 Reply {
                     id,

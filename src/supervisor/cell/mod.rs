@@ -12,6 +12,7 @@ mod conversation;
 mod converse;
 mod end;
 mod launch;
+mod models;
 mod plan;
 mod streams;
 

@@ -132,7 +132,7 @@ def _check(v, active):
     """Raise _NotJSON unless `v` is made only of exact JSON types. Calls no
     method of any object, so it is safe on hostile values."""
     t = type(v)
-    if t is str or t is bool or v is None:
+    if t is str or t is bool or v is None or t is ModelReply:
         return
     if t is int:
         if -(1 << 63) <= v < (1 << 64):
@@ -315,6 +315,43 @@ def _capability(name, params):
     return capability
 
 
+class ModelReply(str):
+    """A model's reply text; `.usage` (input_tokens, output_tokens), `.model`
+    and `.cost` tell what it took. Carried to later cells as a plain str."""
+
+    usage = None
+    model = None
+    cost = None
+
+
+def _model_reply(v):
+    if type(v) is not dict or type(v.get("text")) is not str:
+        _die("malformed model reply %r" % (type(v),))
+    r = ModelReply(v["text"])
+    r.usage, r.model, r.cost = v.get("usage"), v.get("model"), v.get("cost")
+    return r
+
+
+# Model capabilities and the names recursive-language-model code calls them by.
+_MODEL_ALIASES = {"model_query": "llm_query", "model_query_batched": "llm_query_batched"}
+_ALIASES = dict(_MODEL_ALIASES, agent_query="rlm_query")
+
+
+def _model_capability(name, params):
+    """model_query / model_query_batched: the reply as a ModelReply."""
+    inner = _capability(name, params)
+    if name == "model_query":
+        def capability(*args, **kwargs):
+            return _model_reply(inner(*args, **kwargs))
+    else:
+        def capability(*args, **kwargs):
+            return [_model_reply(v) for v in inner(*args, **kwargs)]
+    capability.__name__ = capability.__qualname__ = name
+    capability.__module__ = "cellbox"
+    capability.__doc__ = inner.__doc__
+    return capability
+
+
 def call(name, args=None, /, **kwargs):
     """call(name, {args}) or call(name, **args): call a capability by name."""
     if type(name) is not str:
@@ -400,6 +437,8 @@ def _execute(start, out):
         if type(spec) is not dict or type(spec.get("name")) is not str or type(spec.get("params")) is not list:
             raise _ProtocolError("malformed capability spec %r" % (spec,))
         reserved.add(spec["name"])
+        if spec["name"] in _ALIASES:
+            reserved.add(_ALIASES[spec["name"]])
 
     # The cell's module is a real module installed as __main__, so pickle,
     # dataclasses and typing find classes the cell defines.
@@ -435,7 +474,11 @@ def _execute(start, out):
             g[k] = v
     installed = out["installed"]
     for spec in caps:
-        g[spec["name"]] = installed[spec["name"]] = _capability(spec["name"], tuple(map(str, spec["params"])))
+        name = spec["name"]
+        make = _model_capability if name in _MODEL_ALIASES else _capability
+        g[name] = installed[name] = make(name, tuple(map(str, spec["params"])))
+        if name in _ALIASES:
+            g[_ALIASES[name]] = installed[_ALIASES[name]] = installed[name]
     g["call"] = installed["call"] = call
     try:
         _run_statements(code, g, flags, out)

@@ -3,6 +3,7 @@
 //! child process).
 #![allow(dead_code)]
 
+pub mod fake_model;
 pub mod procs;
 pub mod serve;
 

@@ -1,0 +1,437 @@
+//! The chat-completions client: one request per attempt, 429 and 5xx
+//! retried (honouring `Retry-After`), every failure a typed error that
+//! names the model and the attempts made, never the key.
+
+use super::config::{self, ModelConfig, ModelsConfigError, ModelsSection};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Largest response body read from an endpoint.
+const MAX_BODY_BYTES: usize = 16 << 20;
+/// Characters of an error body quoted in a message.
+const QUOTED_BODY_CHARS: usize = 300;
+/// Longest `Retry-After` honoured.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// An API key: never printed.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Endpoint {
+    config: ModelConfig,
+    url: String,
+    key: Option<ApiKey>,
+}
+
+/// Tokens one query (or many) used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct TokenUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl TokenUsage {
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelReply {
+    pub text: String,
+    /// The configured model name (the `[models.NAME]` key).
+    pub model: String,
+    pub usage: TokenUsage,
+    /// In the configured price unit, when prices are set.
+    pub cost: Option<f64>,
+    pub attempts: u32,
+    pub ms: u64,
+}
+
+/// A query that produced no answer. Messages name the model and the
+/// attempts made; none holds the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    #[error("unknown model {name:?} (configured: {known})")]
+    UnknownModel { name: String, known: String },
+    #[error("no model is configured: add a [models.NAME] table to the config file")]
+    NoModels,
+    #[error("model {model:?} answered HTTP {status} after {attempts} attempt(s): {body}")]
+    Status {
+        model: String,
+        status: u16,
+        attempts: u32,
+        body: String,
+    },
+    #[error("model {model:?} sent a malformed reply (attempt {attempts}): {problem}")]
+    Malformed {
+        model: String,
+        attempts: u32,
+        problem: String,
+    },
+    #[error("model {model:?} did not answer within {seconds} s (attempt {attempts})")]
+    Timeout {
+        model: String,
+        attempts: u32,
+        seconds: u64,
+    },
+    #[error("failed to reach model {model:?} (attempt {attempts}): {message}")]
+    Connect {
+        model: String,
+        attempts: u32,
+        message: String,
+    },
+}
+
+/// Building a client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Config(#[from] ModelsConfigError),
+    #[error("failed to build the HTTP client: {0}")]
+    Http(String),
+}
+
+/// One query.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    pub model: Option<String>,
+    /// Chat messages (`{"role", "content"}` objects).
+    pub messages: Vec<Value>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+}
+
+/// The configured models and an HTTP client (rustls, no redirects).
+#[derive(Debug, Clone)]
+pub struct ModelClient {
+    http: reqwest::Client,
+    models: BTreeMap<String, Endpoint>,
+    default: Option<String>,
+}
+
+impl ModelClient {
+    /// Validate `models` and read each key from the environment now (a
+    /// missing variable is an error that names it, never its value).
+    pub fn new(models: &ModelsSection) -> Result<ModelClient, ClientError> {
+        Self::with_env(models, |k| std::env::var(k).ok())
+    }
+
+    fn with_env(
+        models: &ModelsSection,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ModelClient, ClientError> {
+        let default = config::validate(models)?;
+        let mut out = BTreeMap::new();
+        for (name, m) in models {
+            let key = match &m.api_key_env {
+                None => None,
+                Some(var) => match env(var) {
+                    Some(v) if !v.is_empty() => Some(ApiKey(v)),
+                    _ => {
+                        return Err(ModelsConfigError {
+                            key: format!("models.{name}.api_key_env"),
+                            problem: format!("the environment variable {var} is not set"),
+                        }
+                        .into())
+                    }
+                },
+            };
+            let url = format!("{}/chat/completions", m.endpoint.trim_end_matches('/'));
+            out.insert(
+                name.clone(),
+                Endpoint {
+                    config: m.clone(),
+                    url,
+                    key,
+                },
+            );
+        }
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        Ok(ModelClient {
+            http,
+            models: out,
+            default,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.models.is_empty()
+    }
+
+    /// The configured model names, the default first.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.default.iter().cloned().collect();
+        v.extend(
+            self.models
+                .keys()
+                .filter(|k| Some(*k) != self.default.as_ref())
+                .cloned(),
+        );
+        v
+    }
+
+    pub fn default_model(&self) -> Option<&str> {
+        self.default.as_deref()
+    }
+
+    /// The configuration of model `name` (the default when `None`).
+    pub fn config(&self, name: Option<&str>) -> Result<(&str, &ModelConfig), ModelError> {
+        let (n, e) = self.endpoint(name)?;
+        Ok((n, &e.config))
+    }
+
+    fn endpoint(&self, name: Option<&str>) -> Result<(&str, &Endpoint), ModelError> {
+        let name = match name {
+            Some(n) => n,
+            None => self.default.as_deref().ok_or(ModelError::NoModels)?,
+        };
+        match self.models.get_key_value(name) {
+            Some((k, e)) => Ok((k.as_str(), e)),
+            None if self.models.is_empty() => Err(ModelError::NoModels),
+            None => Err(ModelError::UnknownModel {
+                name: name.to_owned(),
+                known: self.models.keys().cloned().collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    /// The cost of `usage` on model `name`, when it has prices.
+    pub fn cost(config: &ModelConfig, usage: TokenUsage) -> Option<f64> {
+        if config.input_price.is_none() && config.output_price.is_none() {
+            return None;
+        }
+        Some(
+            config.input_price.unwrap_or(0.0) * usage.input_tokens as f64 / 1e6
+                + config.output_price.unwrap_or(0.0) * usage.output_tokens as f64 / 1e6,
+        )
+    }
+
+    /// Ask one model; retries 429 and 5xx up to `max_attempts`.
+    pub async fn query(&self, q: &Query) -> Result<ModelReply, ModelError> {
+        let (name, ep) = self.endpoint(q.model.as_deref())?;
+        let c = &ep.config;
+        let mut body = json!({"model": c.model, "messages": q.messages});
+        let max_tokens = match (q.max_tokens, c.max_tokens) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(n) = max_tokens {
+            body["max_tokens"] = json!(n);
+        }
+        if let Some(t) = q.temperature {
+            body["temperature"] = json!(t);
+        }
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(c.timeout_seconds);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut req = self.http.post(&ep.url).timeout(timeout).json(&body);
+            if let Some(k) = &ep.key {
+                req = req.bearer_auth(&k.0);
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) if e.is_timeout() => {
+                    return Err(ModelError::Timeout {
+                        model: name.to_owned(),
+                        attempts: attempt,
+                        seconds: c.timeout_seconds,
+                    })
+                }
+                Err(e) => {
+                    return Err(ModelError::Connect {
+                        model: name.to_owned(),
+                        attempts: attempt,
+                        message: self.redact(ep, &describe(&e)),
+                    })
+                }
+            };
+            let status = resp.status();
+            let retryable = status.as_u16() == 429 || status.is_server_error();
+            if retryable && attempt < c.max_attempts {
+                let wait = retry_after(resp.headers()).unwrap_or_else(|| {
+                    Duration::from_millis(c.backoff_ms.saturating_mul(1 << (attempt - 1).min(10)))
+                });
+                drop(resp);
+                tokio::time::sleep(wait.min(MAX_RETRY_AFTER)).await;
+                continue;
+            }
+            let bytes = match read_capped(resp).await {
+                Ok(b) => b,
+                Err(ReadError::Timeout) => {
+                    return Err(ModelError::Timeout {
+                        model: name.to_owned(),
+                        attempts: attempt,
+                        seconds: c.timeout_seconds,
+                    })
+                }
+                Err(ReadError::Other(m)) => {
+                    return Err(ModelError::Connect {
+                        model: name.to_owned(),
+                        attempts: attempt,
+                        message: self.redact(ep, &m),
+                    })
+                }
+            };
+            if !status.is_success() {
+                let text = String::from_utf8_lossy(&bytes);
+                let quoted: String = text.chars().take(QUOTED_BODY_CHARS).collect();
+                return Err(ModelError::Status {
+                    model: name.to_owned(),
+                    status: status.as_u16(),
+                    attempts: attempt,
+                    body: self.redact(ep, quoted.trim()),
+                });
+            }
+            let (text, usage) = parse_reply(&bytes).map_err(|problem| ModelError::Malformed {
+                model: name.to_owned(),
+                attempts: attempt,
+                problem: self.redact(ep, &problem),
+            })?;
+            return Ok(ModelReply {
+                text,
+                model: name.to_owned(),
+                usage,
+                cost: Self::cost(c, usage),
+                attempts: attempt,
+                ms: t0.elapsed().as_millis() as u64,
+            });
+        }
+    }
+
+    /// `text` with the endpoint's key (should a server echo it) blotted out.
+    fn redact(&self, ep: &Endpoint, text: &str) -> String {
+        match &ep.key {
+            Some(k) if text.contains(&k.0) => text.replace(&k.0, "<redacted>"),
+            _ => text.to_owned(),
+        }
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
+enum ReadError {
+    Timeout,
+    Other(String),
+}
+
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, ReadError> {
+    let mut out = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                if out.len() + c.len() > MAX_BODY_BYTES {
+                    return Err(ReadError::Other(format!(
+                        "the reply is larger than {MAX_BODY_BYTES} bytes"
+                    )));
+                }
+                out.extend_from_slice(&c);
+            }
+            Ok(None) => return Ok(out),
+            Err(e) if e.is_timeout() => return Err(ReadError::Timeout),
+            Err(e) => return Err(ReadError::Other(describe(&e))),
+        }
+    }
+}
+
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    let secs: f64 = v.trim().parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(60.0)))
+}
+
+/// The reply text and usage of a chat-completions body.
+fn parse_reply(bytes: &[u8]) -> Result<(String, TokenUsage), String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| {
+        let head: String = String::from_utf8_lossy(bytes).chars().take(80).collect();
+        format!("the body is not JSON ({e}); it begins {head:?}")
+    })?;
+    let text = v
+        .pointer("/choices/0/message/content")
+        .and_then(Value::as_str)
+        .ok_or("no choices[0].message.content string in the body")?
+        .to_owned();
+    let num = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let usage = TokenUsage {
+        input_tokens: num("/usage/prompt_tokens"),
+        output_tokens: num("/usage/completion_tokens"),
+    };
+    Ok((text, usage))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(key_env: Option<&str>) -> ModelsSection {
+        let mut s = ModelsSection::new();
+        s.insert(
+            "m".into(),
+            ModelConfig {
+                endpoint: "http://127.0.0.1:9/v1/".into(),
+                model: "x".into(),
+                api_key_env: key_env.map(str::to_owned),
+                timeout_seconds: 5,
+                max_attempts: 2,
+                backoff_ms: 1,
+                max_tokens: None,
+                input_price: Some(2.0),
+                output_price: None,
+                default: false,
+            },
+        );
+        s
+    }
+
+    #[test]
+    fn key_is_read_and_never_printed() {
+        let c = ModelClient::with_env(&section(Some("K")), |_| Some("sekrit-123".into())).unwrap();
+        assert!(!format!("{c:?}").contains("sekrit"));
+        assert_eq!(c.models["m"].url, "http://127.0.0.1:9/v1/chat/completions");
+        let e = ModelClient::with_env(&section(Some("K")), |_| None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "models.m.api_key_env: the environment variable K is not set"
+        );
+    }
+
+    #[test]
+    fn parses_replies_and_prices() {
+        let (t, u) = parse_reply(
+            br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
+        )
+        .unwrap();
+        assert_eq!((t.as_str(), u.total()), ("hi", 7));
+        assert!(parse_reply(b"<html>").unwrap_err().contains("not JSON"));
+        assert!(parse_reply(b"{}").unwrap_err().contains("choices"));
+        let s = section(None);
+        let cost = ModelClient::cost(&s["m"], u).unwrap();
+        assert!((cost - 6e-6).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,666 @@
+//! Model queries from cells (`model_query`, `model_query_batched`, the
+//! Python `llm_query` names) against a local fake chat-completions server:
+//! the key stays in the supervisor, failures are catchable errors naming
+//! the model and attempts, budgets end the cell `limit_exceeded`.
+
+use super::common::fake_model::{FakeModel, Reply};
+use super::common::*;
+use cellbox::models::{ModelClient, ModelConfig, ModelsSection};
+use cellbox::{CellResult, EventSink, Session, SessionConfig, Status, Supervisor};
+use serde_json::Value;
+use std::time::Duration;
+
+fn section(
+    url: &str,
+    key_env: Option<&str>,
+    tweak: impl FnOnce(&mut ModelConfig),
+) -> ModelsSection {
+    let mut m = ModelConfig {
+        endpoint: url.to_owned(),
+        model: "fake-1".into(),
+        api_key_env: key_env.map(str::to_owned),
+        timeout_seconds: 30,
+        max_attempts: 3,
+        backoff_ms: 10,
+        max_tokens: None,
+        input_price: None,
+        output_price: None,
+        default: false,
+    };
+    tweak(&mut m);
+    let mut s = ModelsSection::new();
+    s.insert("fake".into(), m);
+    s
+}
+
+fn sup_with(models: &ModelsSection, events: Option<&std::path::Path>) -> Supervisor {
+    let mut b = Supervisor::builder()
+        .worker_exe(bin())
+        .models(ModelClient::new(models).unwrap())
+        .unwrap();
+    if let Some(e) = events {
+        b = b.events(EventSink::to_file(e).unwrap());
+    }
+    b.build().unwrap()
+}
+
+fn model_config() -> SessionConfig {
+    config(&["model_query", "model_query_batched"])
+}
+
+fn session(sup: &Supervisor, tweak: impl FnOnce(&mut SessionConfig)) -> Session {
+    let mut c = model_config();
+    tweak(&mut c);
+    sup.session(c).unwrap()
+}
+
+fn error_text(r: &CellResult) -> String {
+    r.error
+        .as_ref()
+        .map(|e| format!("{}: {}", e.kind, e.message))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_query_from_python_and_rhai_sends_the_key_and_reports_usage() {
+    let fake = FakeModel::start(vec![Reply::Text("hello there".into(), 7, 3)]);
+    std::env::set_var("CELLBOX_TEST_KEY_A", "sk-test-aaaa-1234567890");
+    let sup = sup_with(
+        &section(&fake.url, Some("CELLBOX_TEST_KEY_A"), |_| {}),
+        None,
+    );
+    let s = session(&sup, |_| {});
+    let r = py_in(
+        &s,
+        "r = llm_query('hi', max_tokens=50)\n\
+         print(r, type(r).__name__, r.usage['input_tokens'], r.usage['output_tokens'], r.model)\n\
+         r",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.stdout, "hello there ModelReply 7 3 fake\n");
+    assert_eq!(r.value, Value::String("hello there".into()));
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some("Bearer sk-test-aaaa-1234567890")
+    );
+    assert_eq!(seen[0].body["model"], "fake-1");
+    assert_eq!(seen[0].body["max_tokens"], 50);
+    assert_eq!(seen[0].body["messages"][0]["content"], "hi");
+    let report = r.models.expect("a usage report");
+    assert_eq!(
+        (
+            report.cell.model_calls,
+            report.cell.input_tokens,
+            report.cell.output_tokens
+        ),
+        (1, 7, 3)
+    );
+    let call = &r.calls[0];
+    assert_eq!(
+        (call.cap.as_str(), call.outcome.as_str()),
+        ("model_query", "ok")
+    );
+    let detail = call.detail.as_ref().unwrap();
+    assert_eq!(detail["model"], "fake");
+    assert_eq!(detail["usage"]["input_tokens"], 7);
+    // The reply is carried to the next cell as a plain str.
+    let r = py_in(&s, "x = r + '!'\nx").await;
+    assert_eq!(r.value, Value::String("hello there!".into()), "{r:?}");
+    // Rhai gets the text; the session's usage is cumulative.
+    let r = rhai(&s, r#"model_query([#{role: "user", content: "yo"}])"#).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, Value::String("echo:yo".into()));
+    let report = r.models.unwrap();
+    assert_eq!(report.cell.model_calls, 1);
+    assert_eq!(report.session.model_calls, 2);
+    assert_eq!(report.session.input_tokens, 17);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_is_retried_and_failures_are_catchable() {
+    let fake = FakeModel::start(vec![
+        Reply::Status(429, "slow down".into(), Some(0)),
+        Reply::Text("after retry".into(), 1, 1),
+        Reply::Status(500, "boom".into(), None),
+        Reply::Status(500, "boom".into(), None),
+        Reply::Raw("<html>not json</html>".into()),
+        Reply::Status(400, "bad request".into(), None),
+    ]);
+    let sup = sup_with(&section(&fake.url, None, |m| m.max_attempts = 2), None);
+    let s = session(&sup, |_| {});
+    let r = py_in(&s, "r = model_query('a')\nr").await;
+    assert_eq!(r.value, Value::String("after retry".into()), "{r:?}");
+    assert_eq!(r.calls[0].detail.as_ref().unwrap()["attempts"], 2);
+    let code = "out = []\n\
+        for i in range(3):\n\
+        \x20   try:\n\
+        \x20       model_query('b')\n\
+        \x20   except RuntimeError as e:\n\
+        \x20       out.append(str(e))\n\
+        out";
+    let r = py_in(&s, code).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let msgs: Vec<String> = serde_json::from_value(r.value.clone()).unwrap();
+    assert_eq!(msgs.len(), 3, "{msgs:?}");
+    assert_eq!(
+        msgs[0],
+        "model \"fake\" answered HTTP 500 after 2 attempt(s): boom"
+    );
+    assert!(
+        msgs[1]
+            .starts_with("model \"fake\" sent a malformed reply (attempt 1): the body is not JSON"),
+        "{}",
+        msgs[1]
+    );
+    assert_eq!(
+        msgs[2],
+        "model \"fake\" answered HTTP 400 after 1 attempt(s): bad request"
+    );
+    assert_eq!(fake.seen().len(), 6);
+    // An unknown model is the script's error and reaches no server.
+    let r = rhai(&s, r#"model_query("x", "nope")"#).await;
+    assert!(error_text(&r).contains("unknown model \"nope\""), "{r:?}");
+    assert_eq!(fake.seen().len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_never_answers_times_out_as_a_catchable_error() {
+    let fake = FakeModel::start(vec![Reply::Hang]);
+    let sup = sup_with(&section(&fake.url, None, |m| m.timeout_seconds = 1), None);
+    let s = session(&sup, |_| {});
+    let r = py_in(
+        &s,
+        "try:\n    model_query('a')\nexcept RuntimeError as e:\n    msg = str(e)\nmsg",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        Value::String("model \"fake\" did not answer within 1 s (attempt 1)".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_is_never_visible_to_a_cell_nor_in_results_events_or_errors() {
+    let key = "sk-secret-never-show-9f8e7d6c";
+    std::env::set_var("CELLBOX_TEST_KEY_B", key);
+    // The server echoes the header it got in an error body.
+    let fake = FakeModel::start(vec![Reply::Status(
+        401,
+        format!("invalid key Bearer {key}"),
+        None,
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let sup = sup_with(
+        &section(&fake.url, Some("CELLBOX_TEST_KEY_B"), |_| {}),
+        Some(&events),
+    );
+    let s = session(&sup, |_| {});
+    let code = "import os\n\
+        found = []\n\
+        for k, v in os.environ.items():\n\
+        \x20   if 'sk-secret' in v: found.append(k)\n\
+        for pid in os.listdir('/proc'):\n\
+        \x20   if pid.isdigit():\n\
+        \x20       for f in ('environ', 'cmdline'):\n\
+        \x20           try:\n\
+        \x20               if b'sk-secret' in open('/proc/%s/%s' % (pid, f), 'rb').read(): found.append(pid + f)\n\
+        \x20           except OSError: pass\n\
+        try:\n\
+        \x20   model_query('x')\n\
+        except RuntimeError as e:\n\
+        \x20   err = str(e)\n\
+        print(err)\n\
+        found";
+    let r = py_in(&s, code).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, serde_json::json!([]), "the key was visible: {r:?}");
+    assert!(r.stdout.contains("HTTP 401"), "{}", r.stdout);
+    assert!(r.stdout.contains("<redacted>"), "{}", r.stdout);
+    let everything = format!(
+        "{}{}",
+        serde_json::to_string(&r).unwrap(),
+        std::fs::read_to_string(&events).unwrap()
+    );
+    assert!(!everything.contains(key));
+    assert!(!format!("{sup:?}").contains(key));
+    assert_eq!(
+        fake.seen()[0].authorization.as_deref(),
+        Some(format!("Bearer {key}").as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_replies_come_in_order_and_the_concurrency_bound_holds() {
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(Reply::EchoAfter(Duration::from_millis(300)));
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    let s = session(&sup, |c| c.policy.max_concurrency = 2);
+    let r = py_in(
+        &s,
+        "rs = llm_query_batched(['p%d' % i for i in range(6)])\n[str(x) for x in rs]",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let want: Vec<String> = (0..6).map(|i| format!("echo:p{i}")).collect();
+    assert_eq!(r.value, serde_json::json!(want));
+    assert_eq!(fake.seen().len(), 6);
+    assert_eq!(fake.max_in_flight(), 2);
+    assert_eq!(r.models.unwrap().cell.model_calls, 6);
+    let r = rhai(&s, r#"model_query_batched(["a", "b"])"#).await;
+    assert_eq!(r.value, serde_json::json!(["echo:a", "echo:b"]), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_budget_ends_the_cell_limit_exceeded_and_nothing_runs_past_it() {
+    let fake = FakeModel::start(vec![]);
+    let prices = section(&fake.url, None, |m| {
+        m.input_price = Some(1_000_000.0);
+        m.output_price = Some(0.0);
+    });
+    let sup = sup_with(&prices, None);
+    // Calls: the third query is refused before it is sent.
+    let s = session(&sup, |c| c.policy.max_model_calls = 2);
+    let r = py_in(
+        &s,
+        "for i in range(5):\n    model_query('q%d' % i)\n    print(i)",
+    )
+    .await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert_eq!(r.stdout, "0\n1\n");
+    assert!(
+        error_text(&r).contains("budget max_model_calls exhausted: 2 used, 1 more asked, of 2"),
+        "{r:?}"
+    );
+    assert_eq!(fake.seen().len(), 2);
+    // Per session: the next cell has nothing left either.
+    let r = rhai(&s, r#"model_query("again")"#).await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert_eq!(fake.seen().len(), 2);
+    // Tokens: 15 per echo, 40 allowed: the third reply passes the bound.
+    let s = session(&sup, |c| c.policy.max_total_tokens = 40);
+    let r = py_in(&s, "for i in range(5):\n    model_query('t')\n    print(i)").await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert_eq!(r.stdout, "0\n1\n");
+    assert!(
+        error_text(&r).contains("budget max_total_tokens exhausted: 45 tokens used of 40"),
+        "{r:?}"
+    );
+    // A batch larger than the calls left is refused whole.
+    let s = session(&sup, |c| c.policy.max_model_calls = 3);
+    let before = fake.seen().len();
+    let r = py_in(&s, "llm_query_batched(['a'] * 4)").await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert_eq!(fake.seen().len(), before);
+    // Cost: 10 input tokens at 1e6 per million = 10 per query.
+    let s = session(&sup, |c| c.policy.max_cost = Some(25.0));
+    let r = py_in(&s, "for i in range(5):\n    model_query('c')\n    print(i)").await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert_eq!(r.stdout, "0\n1\n");
+    assert!(
+        error_text(&r).contains("budget max_cost exhausted"),
+        "{r:?}"
+    );
+    let report = r.models.unwrap();
+    assert!((report.session.cost - 30.0).abs() < 1e-9, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_tool_calls_have_a_budget_of_their_own() {
+    let cap = cellbox::Capability::new(
+        "tool",
+        "a test tool",
+        serde_json::json!({"type": "object", "properties": {}}),
+        |_c, _a| async { Ok(Value::from(1)) },
+    )
+    .unwrap();
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .capability(cap)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut c = config(&["tool"]);
+    c.policy.max_tool_calls = 3;
+    let s = sup.session(c).unwrap();
+    let r = rhai(&s, "let n = 0; for i in 0..10 { n += tool(); } n").await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert!(
+        error_text(&r).contains("budget max_tool_calls exhausted: 3 used, 1 more asked, of 3"),
+        "{r:?}"
+    );
+    assert_eq!(r.models.unwrap().cell.tool_calls, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_cannot_reach_the_endpoint_directly() {
+    let fake = FakeModel::start(vec![]);
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    let s = session(&sup, |_| {});
+    let code = format!(
+        "import socket\n\
+         try:\n\
+         \x20   socket.create_connection(('127.0.0.1', {}), timeout=2)\n\
+         \x20   out = 'connected'\n\
+         except OSError as e:\n\
+         \x20   out = type(e).__name__\n\
+         out",
+        fake.port
+    );
+    let r = py_in(&s, &code).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_ne!(r.value, Value::String("connected".into()));
+    assert!(fake.seen().is_empty());
+}
+
+#[test]
+fn cellbox_run_takes_models_from_a_config_file() {
+    let fake = FakeModel::start(vec![Reply::Text("from the file".into(), 1, 1)]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cellbox.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[policy]\nallow = [\"model_query\"]\n[models.local]\nendpoint = \"{}\"\nmodel = \"m\"\n",
+            fake.url
+        ),
+    )
+    .unwrap();
+    let out = cellbox(
+        &[
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--lang",
+            "rhai",
+            "-",
+        ],
+        Some("print(model_query(\"hi\"));"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().next(),
+        Some("from the file"),
+        "{out:?}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Unknown keys name the file and the key.
+    std::fs::write(
+        &cfg,
+        "[models.local]\nendpoint = \"http://x\"\nmodel = \"m\"\nkey = 1\n",
+    )
+    .unwrap();
+    let out = cellbox(&["run", "--config", cfg.to_str().unwrap(), "-"], Some("1"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cellbox.toml") && err.contains("key"), "{err}");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+fn agent_config(dir: &std::path::Path, url: &str) -> std::path::PathBuf {
+    let cfg = dir.join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\npython = \"/usr/bin/python3\"\n\
+             [models.local]\nendpoint = \"{url}\"\nmodel = \"m\"\ninput_price = 1.0\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[test]
+fn cellbox_agent_runs_from_task_to_answer_fixing_a_failing_cell() {
+    let fake = FakeModel::start(vec![
+        Reply::Text(
+            "Let me look.\n```python\nn = len(context)\nprint(n / 0)\n```".into(),
+            100,
+            20,
+        ),
+        Reply::Text(
+            "Oops.\n```python\nanswer('length ' + str(len(context)))\n```".into(),
+            150,
+            10,
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = agent_config(dir.path(), &fake.url);
+    let ctx = dir.path().join("ctx.txt");
+    std::fs::write(&ctx, "hello world").unwrap();
+    let events = dir.path().join("events.jsonl");
+    let transcript = dir.path().join("chat.json");
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_owned();
+    let out = cellbox(
+        &[
+            "agent",
+            "--config",
+            &p(&cfg),
+            "--context",
+            &p(&ctx),
+            "--json",
+            "--events",
+            &p(&events),
+            "--transcript",
+            &p(&transcript),
+            "How long is the context?",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(t["answer"], "length 11");
+    assert_eq!(t["stop"]["reason"], "answered");
+    assert_eq!(t["turns"].as_array().unwrap().len(), 2);
+    assert_eq!(t["turns"][0]["cells"][0]["status"], "error");
+    assert_eq!(
+        (t["input_tokens"].as_u64(), t["output_tokens"].as_u64()),
+        (Some(250), Some(30))
+    );
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    let system = seen[0].body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(system.contains("a str of 11 characters"), "{system}");
+    assert!(system.contains("llm_query"), "{system}");
+    assert!(
+        !system.contains("hello world"),
+        "the context went into the prompt"
+    );
+    let fed = seen[1].body["messages"].as_array().unwrap();
+    assert_eq!(fed.len(), 4);
+    assert_eq!(fed[2]["role"], "assistant");
+    let last = fed[3]["content"].as_str().unwrap();
+    assert!(last.contains("ZeroDivisionError"), "{last}");
+    let chat: Value = serde_json::from_str(&std::fs::read_to_string(&transcript).unwrap()).unwrap();
+    assert_eq!(chat.as_array().unwrap().len(), 5);
+    let ev = std::fs::read_to_string(&events).unwrap();
+    for kind in ["agent_start", "model_call", "agent_cell", "agent_answer"] {
+        assert!(
+            ev.contains(&format!("\"event\":\"{kind}\"")),
+            "{kind} missing: {ev}"
+        );
+    }
+    // Plain output: the answer alone.
+    let fake = FakeModel::start(vec![Reply::Text("```python\nanswer(42)\n```".into(), 1, 1)]);
+    let cfg = agent_config(dir.path(), &fake.url);
+    let out = cellbox(&["agent", "--config", &p(&cfg), "six times seven"], None);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n", "{out:?}");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_owned();
+    // Steps: code that never answers.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(Reply::Text("```python\nprint(1)\n```".into(), 5, 5));
+    let cfg = agent_config(dir.path(), &fake.url);
+    let out = cellbox(
+        &["agent", "--config", &p(&cfg), "--max-steps", "2", "t"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("budget max_steps exhausted"),
+        "{out:?}"
+    );
+    assert_eq!(fake.seen().len(), 2);
+    // Consecutive errors: replies without code.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(Reply::Text("I think it is 4.".into(), 5, 5));
+    let cfg = agent_config(dir.path(), &fake.url);
+    let out = cellbox(
+        &["agent", "--config", &p(&cfg), "--max-errors", "3", "t"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("budget max_errors exhausted"),
+        "{out:?}"
+    );
+    assert_eq!(fake.seen().len(), 3);
+    // Tokens: 10 per turn, 25 allowed.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(Reply::Text("```python\nprint(1)\n```".into(), 5, 5));
+    let cfg = agent_config(dir.path(), &fake.url);
+    let out = cellbox(
+        &[
+            "agent",
+            "--config",
+            &p(&cfg),
+            "--max-total-tokens",
+            "25",
+            "--json",
+            "t",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(t["stop"]["budget"], "max_total_tokens");
+    assert_eq!(fake.seen().len(), 3);
+}
+
+fn agent_session_config(tweak: impl FnOnce(&mut SessionConfig)) -> SessionConfig {
+    let mut c = config(&[
+        "model_query",
+        "model_query_batched",
+        "agent_query",
+        "answer",
+    ]);
+    tweak(&mut c);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_level_recursion_is_one_event_tree() {
+    let fake = FakeModel::start(vec![
+        // The sub-agent (depth 1) asks a sub-sub-agent...
+        Reply::Text(
+            "```python\nanswer('got ' + rlm_query('inner task'))\n```".into(),
+            10,
+            5,
+        ),
+        // ...which answers at depth 2.
+        Reply::Text(
+            "```python\nanswer('deep ' + str(len(globals().get('context') or '')))\n```".into(),
+            10,
+            5,
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let sup = sup_with(&section(&fake.url, None, |_| {}), Some(&events));
+    let s = sup.session(agent_session_config(|_| {})).unwrap();
+    let r = py_in(&s, "agent_query('outer task', context='abcd')").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, Value::String("got deep 0".into()));
+    let report = r.models.unwrap();
+    assert_eq!(
+        (report.session.agent_calls, report.session.model_calls),
+        (2, 2),
+        "{report:?}"
+    );
+    assert_eq!(report.session.input_tokens, 20);
+    let seen = fake.seen();
+    assert_eq!(seen[1].body["messages"][1]["content"], "inner task");
+    let system = seen[0].body["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("a str of 4 characters"), "{system}");
+    let ev: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let root = &r.run.root_run_id;
+    assert!(ev.iter().all(|e| &e["root_run_id"] == root), "{ev:?}");
+    let starts: Vec<&Value> = ev.iter().filter(|e| e["event"] == "agent_start").collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0]["depth"], 1);
+    assert_eq!(
+        starts[0]["parent_run_id"],
+        Value::String(r.run.run_id.clone())
+    );
+    assert_eq!(starts[1]["depth"], 2);
+    // The depth-2 agent hangs beneath the depth-1 agent's cell, which hangs
+    // beneath the depth-1 agent.
+    let cell = ev
+        .iter()
+        .find(|e| e["run_id"] == starts[1]["parent_run_id"] && e["event"] == "cell_start")
+        .unwrap_or_else(|| panic!("no cell_start for the depth-2 parent: {ev:?}"));
+    assert_eq!(cell["parent_run_id"], starts[0]["run_id"]);
+    assert_eq!(cell["depth"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_gets_only_what_is_left_and_max_depth_fails_closed() {
+    let fake = FakeModel::start(vec![
+        Reply::Text("x".into(), 1, 1),
+        Reply::Text("y".into(), 1, 1),
+        // The sub-agent's one turn asks for a query its budget does not have.
+        Reply::Text("```python\nanswer(llm_query('more'))\n```".into(), 1, 1),
+    ]);
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    let s = sup
+        .session(agent_session_config(|c| c.policy.max_model_calls = 3))
+        .unwrap();
+    let r = py_in(
+        &s,
+        "llm_query('a'); llm_query('b')\n\
+         try:\n    agent_query('t')\nexcept RuntimeError as e:\n    msg = str(e)\nmsg",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        Value::String(
+            "agent_query: the sub-agent stopped unanswered: budget max_steps exhausted (1 steps of 1)"
+                .into()
+        )
+    );
+    assert_eq!(
+        fake.seen().len(),
+        3,
+        "the sub-agent went past its parent's budget"
+    );
+    let report = r.models.unwrap();
+    assert_eq!(
+        (report.session.model_calls, report.session.agent_calls),
+        (3, 1)
+    );
+    // At max_depth the call is refused before anything runs.
+    let s = sup
+        .session(agent_session_config(|c| c.policy.max_depth = 0))
+        .unwrap();
+    let r = py_in(&s, "agent_query('t')").await;
+    assert!(
+        error_text(&r).contains("agent_query refused: depth 1 exceeds max_depth 0"),
+        "{r:?}"
+    );
+    assert_eq!(fake.seen().len(), 3);
+}
