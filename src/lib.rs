@@ -35,7 +35,10 @@ pub use supervisor::{
 pub use supervisor::{PoolCeiling, PoolConfig, PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
+pub mod context;
 pub mod exit;
+#[cfg(target_os = "linux")]
+pub mod files;
 pub mod plan;
 pub mod profiles;
 pub mod protocol;
@@ -43,6 +46,8 @@ pub mod protocol;
 pub mod sandbox;
 pub mod serve;
 pub mod supervisor;
+#[cfg(target_os = "linux")]
+pub mod tools;
 pub(crate) mod util;
 pub mod worker;
 

@@ -27,6 +27,8 @@ use crate::profiles::{LayerMode, Layers, PathAccess, PathRule, Profile, SeccompS
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+#[cfg(target_os = "linux")]
+pub mod beneath;
 pub mod doctor;
 pub mod forkserver;
 pub mod memory;

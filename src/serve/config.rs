@@ -129,6 +129,9 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// Capability allowlist and budgets for every cell.
     pub policy: Policy,
+    /// `[files]`: roots and workspace of the file tools (none by default).
+    #[cfg(target_os = "linux")]
+    pub files: crate::files::FilesConfig,
 }
 
 impl Default for ServeConfig {
@@ -143,6 +146,8 @@ impl Default for ServeConfig {
                 ..Limits::default()
             },
             policy: Policy::default(),
+            #[cfg(target_os = "linux")]
+            files: crate::files::FilesConfig::default(),
         }
     }
 }
@@ -352,6 +357,9 @@ pub struct Settings {
     pub events: Option<PathBuf>,
     pub events_max_bytes: u64,
     pub transport: Transport,
+    /// `[files]` as written.
+    #[cfg(target_os = "linux")]
+    pub files: crate::files::FilesConfig,
 }
 
 fn read_capped(what: &'static str, path: &Path) -> Result<String, ConfigError> {
@@ -713,6 +721,8 @@ impl ServeConfig {
             events: s.events.clone(),
             events_max_bytes: s.events_max_bytes,
             transport,
+            #[cfg(target_os = "linux")]
+            files: self.files.clone(),
         })
     }
 

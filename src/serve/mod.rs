@@ -190,6 +190,10 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
             .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
         b = b.events(sink);
     }
+    #[cfg(target_os = "linux")]
+    for cap in crate::tools::host_capabilities(&settings.files).map_err(|e| e.to_string())? {
+        b = b.capability(cap).map_err(|e| e.to_string())?;
+    }
     let sup = b.build().map_err(|e| e.to_string())?;
     let known: Vec<&str> = sup.capabilities().map(|c| c.name()).collect();
     for name in &settings.session.policy.allow {

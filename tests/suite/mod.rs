@@ -2,6 +2,7 @@ mod cli;
 mod clients;
 pub mod common;
 mod faults;
+mod files;
 mod fuzz_corpus;
 mod isolation;
 mod mcp;
