@@ -12,7 +12,7 @@
 // The supervisor, its sessions and a cell's request.
 pub use supervisor::{
     CellRequest, Error, Forward, HistoryEntry, Language, OutputChunk, OutputStream, Session,
-    SessionConfig, Supervisor, SupervisorBuilder,
+    SessionConfig, Supervisor, SupervisorBuilder, WeakSupervisor,
 };
 // What a cell gives back.
 pub use supervisor::{

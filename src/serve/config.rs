@@ -132,6 +132,9 @@ pub struct ServeConfig {
     /// `[files]`: roots and workspace of the file tools (none by default).
     #[cfg(target_os = "linux")]
     pub files: crate::files::FilesConfig,
+    /// `[tools.NAME]`: declared tools (none by default).
+    #[cfg(target_os = "linux")]
+    pub tools: crate::tools::ToolsConfig,
 }
 
 impl Default for ServeConfig {
@@ -148,6 +151,8 @@ impl Default for ServeConfig {
             policy: Policy::default(),
             #[cfg(target_os = "linux")]
             files: crate::files::FilesConfig::default(),
+            #[cfg(target_os = "linux")]
+            tools: crate::tools::ToolsConfig::default(),
         }
     }
 }
@@ -360,6 +365,9 @@ pub struct Settings {
     /// `[files]` as written.
     #[cfg(target_os = "linux")]
     pub files: crate::files::FilesConfig,
+    /// `[tools.NAME]` as written.
+    #[cfg(target_os = "linux")]
+    pub tools: crate::tools::ToolsConfig,
 }
 
 fn read_capped(what: &'static str, path: &Path) -> Result<String, ConfigError> {
@@ -723,6 +731,8 @@ impl ServeConfig {
             transport,
             #[cfg(target_os = "linux")]
             files: self.files.clone(),
+            #[cfg(target_os = "linux")]
+            tools: self.tools.clone(),
         })
     }
 

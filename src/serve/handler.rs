@@ -117,6 +117,12 @@ fn direct_tools(sup: &Supervisor) -> Vec<Tool> {
             let input = c.schema().as_object()?.clone();
             Some(
                 Tool::new(c.name().to_owned(), c.description().to_owned(), input)
+                    .with_raw_output_schema(Arc::new(
+                        json!({"type": "object"})
+                            .as_object()
+                            .cloned()
+                            .unwrap_or_default(),
+                    ))
                     .with_annotations(ToolAnnotations::new().open_world(false)),
             )
         })

@@ -17,6 +17,9 @@ pub struct Policy {
     pub max_calls_per_capability: BTreeMap<String, u32>,
     /// Deepest `run_cell` nesting; the top cell is depth 0.
     pub max_depth: u32,
+    /// Calls to host tools (every capability but `emit`, `answer` and
+    /// `run_cell`) per run tree; also counted in `max_calls`.
+    pub max_tool_calls: u32,
 }
 
 impl Default for Policy {
@@ -26,6 +29,7 @@ impl Default for Policy {
             max_calls: 1000,
             max_calls_per_capability: BTreeMap::new(),
             max_depth: 3,
+            max_tool_calls: 1000,
         }
     }
 }
@@ -42,8 +46,13 @@ impl Policy {
         self
     }
 
+    /// Allowed by name, or by a `SERVER.*` entry for a tool named
+    /// `SERVER.TOOL`.
     pub fn permits(&self, name: &str) -> bool {
         self.allow.contains(name)
+            || name
+                .rsplit_once('.')
+                .is_some_and(|(server, _)| self.allow.contains(&format!("{server}.*")))
     }
 
     /// The intersection of two policies: the most restrictive choice wins on
@@ -59,6 +68,7 @@ impl Policy {
             max_calls: self.max_calls.min(other.max_calls),
             max_calls_per_capability: per,
             max_depth: self.max_depth.min(other.max_depth),
+            max_tool_calls: self.max_tool_calls.min(other.max_tool_calls),
         }
     }
 }
@@ -70,6 +80,8 @@ pub struct Budget {
     /// other name is kept: a cell chooses the names it calls).
     used: Mutex<(u32, BTreeMap<String, u32>)>,
     emitted: EmitTally,
+    /// Host tool calls made (see [`Policy::max_tool_calls`]).
+    tool_calls: Mutex<u32>,
 }
 
 /// `emit` events one run tree (a cell and its sub-cells) may record.
@@ -120,6 +132,8 @@ pub enum BudgetError {
     Total { max: u32 },
     #[error("call budget for {cap:?} exhausted: {max} calls per run")]
     PerCapability { cap: String, max: u32 },
+    #[error("tool call budget exhausted: {max} tool calls per run (max_tool_calls)")]
+    Tools { max: u32 },
 }
 
 impl Budget {
@@ -150,6 +164,18 @@ impl Budget {
             .charge(bytes, MAX_EMITS_PER_CELL, MAX_EMIT_BYTES_PER_CELL, "cell")
     }
 
+    /// Charge one host tool call under `policy.max_tool_calls`.
+    pub fn charge_tool(&self, policy: &Policy) -> Result<u32, BudgetError> {
+        let mut n = crate::util::lock(&self.tool_calls);
+        if *n >= policy.max_tool_calls {
+            return Err(BudgetError::Tools {
+                max: policy.max_tool_calls,
+            });
+        }
+        *n += 1;
+        Ok(*n)
+    }
+
     pub fn used(&self) -> u32 {
         crate::util::lock(&self.used).0
     }
@@ -169,6 +195,17 @@ mod tests {
         assert_eq!(n.allow.iter().collect::<Vec<_>>(), vec!["emit"]);
         assert_eq!(n.max_calls, parent.max_calls);
         assert_eq!(n.max_depth, parent.max_depth);
+    }
+
+    #[test]
+    fn server_wildcards_and_tool_budget() {
+        let mut p = Policy::deny_all().allow("gh.*").allow("fetch");
+        assert!(p.permits("gh.search") && p.permits("fetch"));
+        assert!(!p.permits("ghx.search") && !p.permits("gh") && !p.permits("fetch.x"));
+        p.max_tool_calls = 1;
+        let b = Budget::default();
+        assert!(b.charge_tool(&p).is_ok());
+        assert_eq!(b.charge_tool(&p), Err(BudgetError::Tools { max: 1 }));
     }
 
     #[test]

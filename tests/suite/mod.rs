@@ -12,4 +12,5 @@ mod scratch;
 mod soak;
 mod supervisor;
 mod tenancy;
+mod tools;
 mod zygote;

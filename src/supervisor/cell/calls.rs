@@ -122,6 +122,10 @@ pub(super) async fn handle_call(
         }
         Handler::RunCell => run_sub_cell(sup, spec, result, &call.args, remaining).await,
         Handler::Host(f) => {
+            if let Err(e) = spec.budget.charge_tool(&spec.policy) {
+                record("budget", Some(e.to_string()), result);
+                return Err(Outcome::Fatal(ErrorKind::LimitExceeded, e.to_string()));
+            }
             let ctx = CallContext {
                 session_id: spec.session_id.clone(),
                 run: spec.run.clone(),
