@@ -587,6 +587,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn config_is_strict_and_empty_by_default() {
+        assert!(FilesConfig::default().is_empty());
+        let e = toml::from_str::<FilesConfig>("rots = [\"/tmp\"]\n").unwrap_err();
+        assert!(e.to_string().contains("rots"), "{e}");
+        let c: FilesConfig = toml::from_str("workspace = \"/tmp\"\nmax_read_bytes = 10\n").unwrap();
+        assert_eq!(c.max_read_bytes, 10);
+        assert!(!c.is_empty());
+    }
+
+    #[test]
     fn text_or_binary() {
         assert_eq!(as_text(b"abc\n"), Some("abc\n"));
         assert_eq!(as_text(b"a\0b"), None);
