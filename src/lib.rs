@@ -12,7 +12,7 @@
 // The supervisor, its sessions and a cell's request.
 pub use supervisor::{
     CellRequest, Error, Forward, HistoryEntry, Language, OutputChunk, OutputStream, Session,
-    SessionConfig, Supervisor, SupervisorBuilder,
+    SessionConfig, Supervisor, SupervisorBuilder, WeakSupervisor,
 };
 // What a cell gives back.
 pub use supervisor::{
@@ -37,7 +37,10 @@ pub use supervisor::{PoolStatus, ZygoteStatus};
 
 /// The exit codes of every cellbox process (DESIGN §9).
 pub mod agent;
+pub mod context;
 pub mod exit;
+#[cfg(target_os = "linux")]
+pub mod files;
 /// The macOS backend: profile → SBPL, and the sandbox-exec launcher.
 pub mod macos;
 pub mod models;
@@ -48,6 +51,8 @@ pub mod protocol;
 pub mod sandbox;
 pub mod serve;
 pub mod supervisor;
+#[cfg(target_os = "linux")]
+pub mod tools;
 pub(crate) mod util;
 pub mod worker;
 

@@ -28,6 +28,8 @@ pub use jail::Entry;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+#[cfg(target_os = "linux")]
+pub mod beneath;
 pub mod compat;
 pub mod doctor;
 pub mod forkserver;

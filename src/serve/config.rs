@@ -132,6 +132,12 @@ pub struct ServeConfig {
     /// Model endpoints (`[models.NAME]`), offered to cells as
     /// `model_query` and `model_query_batched` when the policy allows them.
     pub models: crate::models::ModelsSection,
+    /// `[files]`: roots and workspace of the file tools (none by default).
+    #[cfg(target_os = "linux")]
+    pub files: crate::files::FilesConfig,
+    /// `[tools.NAME]`: declared tools (none by default).
+    #[cfg(target_os = "linux")]
+    pub tools: crate::tools::ToolsConfig,
 }
 
 impl Default for ServeConfig {
@@ -147,6 +153,10 @@ impl Default for ServeConfig {
             },
             policy: Policy::default(),
             models: Default::default(),
+            #[cfg(target_os = "linux")]
+            files: crate::files::FilesConfig::default(),
+            #[cfg(target_os = "linux")]
+            tools: crate::tools::ToolsConfig::default(),
         }
     }
 }
@@ -359,6 +369,12 @@ pub struct Settings {
     /// The model endpoints (validated; keys are read when the supervisor
     /// is built).
     pub models: crate::models::ModelsSection,
+    /// `[files]` as written.
+    #[cfg(target_os = "linux")]
+    pub files: crate::files::FilesConfig,
+    /// `[tools.NAME]` as written.
+    #[cfg(target_os = "linux")]
+    pub tools: crate::tools::ToolsConfig,
 }
 
 fn read_capped(what: &'static str, path: &Path) -> Result<String, ConfigError> {
@@ -722,6 +738,10 @@ impl ServeConfig {
             events_max_bytes: s.events_max_bytes,
             transport,
             models: self.models.clone(),
+            #[cfg(target_os = "linux")]
+            files: self.files.clone(),
+            #[cfg(target_os = "linux")]
+            tools: self.tools.clone(),
         })
     }
 

@@ -94,6 +94,59 @@ impl std::fmt::Debug for CellboxServer {
     }
 }
 
+/// The host tools `serve` offers without a cell (the file tools and
+/// `aggregate_context`, when configured): capabilities registered in the
+/// supervisor whose names are in [`crate::tools::DIRECT`].
+#[cfg(target_os = "linux")]
+fn direct_capability<'a>(sup: &'a Supervisor, name: &str) -> Option<&'a crate::Capability> {
+    if !crate::tools::DIRECT.contains(&name) {
+        return None;
+    }
+    sup.capabilities().find(|c| c.name() == name)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn direct_capability<'a>(_sup: &'a Supervisor, _name: &str) -> Option<&'a crate::Capability> {
+    None
+}
+
+fn direct_tools(sup: &Supervisor) -> Vec<Tool> {
+    sup.capabilities()
+        .filter(|c| direct_capability(sup, c.name()).is_some())
+        .filter_map(|c| {
+            let input = c.schema().as_object()?.clone();
+            Some(
+                Tool::new(c.name().to_owned(), c.description().to_owned(), input)
+                    .with_raw_output_schema(Arc::new(
+                        json!({"type": "object"})
+                            .as_object()
+                            .cloned()
+                            .unwrap_or_default(),
+                    ))
+                    .with_annotations(ToolAnnotations::new().open_world(false)),
+            )
+        })
+        .collect()
+}
+
+async fn call_direct(sup: &Supervisor, name: &str, args: Option<JsonObject>) -> CallToolResult {
+    let Some(cap) = direct_capability(sup, name) else {
+        return tool_error(format!("unknown tool {name:?}"));
+    };
+    match cap.call_direct(args.unwrap_or_default()).await {
+        Ok(v) => {
+            let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+            let v = if v.is_object() {
+                v
+            } else {
+                json!({ "value": v })
+            };
+            structured(text, v, false)
+        }
+        Err(e) => tool_error(format!("{name}: {e}")),
+    }
+}
+
 fn tool_error(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message)])
 }
@@ -374,7 +427,7 @@ impl CellboxServer {
                 .with_raw_output_schema(Arc::new(output))
                 .with_annotations(ToolAnnotations::new().open_world(false))
         };
-        vec![
+        let mut tools = vec![
             exec,
             session_tool(
                 "create_session",
@@ -400,7 +453,9 @@ impl CellboxServer {
                 schema::no_input(),
                 schema::session_list(),
             ),
-        ]
+        ];
+        tools.extend(direct_tools(&st.sup));
+        tools
     }
 
     // Logging notifications are how MCP hosts show live output today;
@@ -804,6 +859,9 @@ impl ServerHandler for CellboxServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let result = match request.name.as_ref() {
             "execute_code" => self.execute_code(request.arguments, context).await?,
+            other if direct_capability(&self.state.sup, other).is_some() => {
+                call_direct(&self.state.sup, other, request.arguments).await
+            }
             other => {
                 let principal = Principal::of(&context)?;
                 self.session_tool(&principal, other, request.arguments)

@@ -195,7 +195,17 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
             crate::models::ModelClient::new(&settings.models).map_err(|e| e.to_string())?;
         b = b.models(client).map_err(|e| e.to_string())?;
     }
+    #[cfg(target_os = "linux")]
+    let slot = crate::tools::SupervisorSlot::default();
+    #[cfg(target_os = "linux")]
+    for cap in crate::tools::host_and_declared(&settings.files, &settings.tools, &slot)
+        .map_err(|e| e.to_string())?
+    {
+        b = b.capability(cap).map_err(|e| e.to_string())?;
+    }
     let sup = b.build().map_err(|e| e.to_string())?;
+    #[cfg(target_os = "linux")]
+    let _ = slot.set(sup.downgrade());
     let known: Vec<&str> = sup.capabilities().map(|c| c.name()).collect();
     for name in &settings.session.policy.allow {
         if !known.contains(&name.as_str()) {

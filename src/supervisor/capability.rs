@@ -176,6 +176,25 @@ impl Capability {
         }
     }
 
+    /// Run a host capability outside any cell (`serve` offers some as MCP
+    /// tools of their own); the arguments are validated first.
+    pub async fn call_direct(&self, args: Map<String, Value>) -> Result<Value, String> {
+        self.validate(&args)?;
+        let Handler::Host(f) = &self.handler else {
+            return Err(format!("{} runs only inside a cell", self.name));
+        };
+        let ctx = CallContext {
+            session_id: String::new(),
+            run: super::RunInfo {
+                run_id: String::new(),
+                parent_run_id: None,
+                root_run_id: String::new(),
+                depth: 0,
+            },
+        };
+        f(ctx, args).await
+    }
+
     pub(crate) fn spec(&self) -> CapabilitySpec {
         CapabilitySpec {
             name: self.name.clone(),

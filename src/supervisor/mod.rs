@@ -703,6 +703,26 @@ pub struct Supervisor {
     inner: Arc<Inner>,
 }
 
+/// A handle on a [`Supervisor`] that does not keep it alive: for
+/// capabilities that run cells of their own (a declared command tool), which
+/// the supervisor's own registry holds.
+#[derive(Clone, Default)]
+pub struct WeakSupervisor(std::sync::Weak<Inner>);
+
+impl WeakSupervisor {
+    /// The supervisor, while it exists.
+    pub fn upgrade(&self) -> Option<Supervisor> {
+        self.0.upgrade().map(|inner| Supervisor { inner })
+    }
+}
+
+impl Supervisor {
+    /// A handle that does not keep this supervisor alive.
+    pub fn downgrade(&self) -> WeakSupervisor {
+        WeakSupervisor(Arc::downgrade(&self.inner))
+    }
+}
+
 impl std::fmt::Debug for Supervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Supervisor")

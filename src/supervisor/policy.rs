@@ -65,8 +65,13 @@ impl Policy {
         self
     }
 
+    /// Allowed by name, or by a `SERVER.*` entry for a tool named
+    /// `SERVER.TOOL`.
     pub fn permits(&self, name: &str) -> bool {
         self.allow.contains(name)
+            || name
+                .rsplit_once('.')
+                .is_some_and(|(server, _)| self.allow.contains(&format!("{server}.*")))
     }
 
     /// The intersection of two policies: the most restrictive choice wins on
@@ -406,6 +411,23 @@ mod tests {
         assert_eq!(n.allow.iter().collect::<Vec<_>>(), vec!["emit"]);
         assert_eq!(n.max_calls, parent.max_calls);
         assert_eq!(n.max_depth, parent.max_depth);
+    }
+
+    #[test]
+    fn server_wildcards_and_tool_budget() {
+        let mut p = Policy::deny_all().allow("gh.*").allow("fetch");
+        assert!(p.permits("gh.search") && p.permits("fetch"));
+        assert!(!p.permits("ghx.search") && !p.permits("gh") && !p.permits("fetch.x"));
+        p.max_tool_calls = 1;
+        let (tree, session) = (ModelTally::default(), ModelTally::default());
+        let m = Meter {
+            tree: &tree,
+            session: &session,
+            policy: &p,
+        };
+        assert!(m.charge(Metered::Tool, 1).is_ok());
+        let e = m.charge(Metered::Tool, 1).unwrap_err();
+        assert!(e.to_string().contains("max_tool_calls"), "{e}");
     }
 
     #[test]

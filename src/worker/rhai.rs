@@ -150,16 +150,23 @@ fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<
         }
     }
     // `invoke(name)` / `invoke(name, #{args})` for any name, known or not
-    // (`call` is a Rhai keyword).
+    // (`call` is a Rhai keyword); `tool_call` is the same under the name
+    // both languages share.
+    for fname in ["invoke", "tool_call"] {
+        register_invoke(engine, fname, chan.clone());
+    }
+}
+
+fn register_invoke(engine: &mut Engine, fname: &str, chan: Rc<RefCell<Channel>>) {
     let c1 = chan.clone();
     engine.register_fn(
-        "invoke",
+        fname,
         move |ctx: rhai::NativeCallContext, name: &str| -> Result<Dynamic, Box<EvalAltResult>> {
             do_call(&c1, name, Map::new(), ctx.call_position())
         },
     );
     engine.register_fn(
-        "invoke",
+        fname,
         move |ctx: rhai::NativeCallContext,
               name: &str,
               args: rhai::Map|

@@ -233,6 +233,7 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
     assert_eq!(
         names,
         [
+            "aggregate_context",
             "close_session",
             "create_session",
             "execute_code",
@@ -1796,4 +1797,44 @@ async fn http_answers_every_request_that_has_an_id() {
     }
     client.cancel().await.unwrap();
     assert_eq!(server.stop(), Some(0));
+}
+
+/// `[files]` in the config file: serve offers the file tools as MCP tools
+/// of their own (no cell), refusing what leaves the root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_tools_are_offered_directly_when_files_are_configured() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("proj");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("a.txt"), "alpha\nbeta\n").unwrap();
+    std::fs::write(t.path().join("secret"), "no").unwrap();
+    let conf = t.path().join("serve.toml");
+    std::fs::write(
+        &conf,
+        format!("[files]\nroots = [{:?}]\n", root.to_str().unwrap()),
+    )
+    .unwrap();
+    let s = stdio_server(&["--config", conf.to_str().unwrap()]).await;
+    let names: Vec<String> = tools(&s.client)
+        .await
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    for n in ["read_file", "list_dir", "search_files", "aggregate_context"] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+    assert!(!names.iter().any(|x| x == "write_file"), "{names:?}");
+    let r = call(
+        &s.client,
+        "read_file",
+        json!({"path": "a.txt", "start_line": 2}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    assert_eq!(r.structured_content.unwrap()["content"], "beta\n");
+    let r = call(&s.client, "read_file", json!({"path": "../secret"})).await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    assert!(format!("{r:?}").contains("outside the root"), "{r:?}");
+    let r = call(&s.client, "search_files", json!({"pattern": "alp"})).await;
+    assert_eq!(r.structured_content.unwrap()["matches"][0]["path"], "a.txt");
 }

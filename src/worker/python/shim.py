@@ -369,6 +369,63 @@ def call(name, args=None, /, **kwargs):
 call.__module__ = "cellbox"
 
 
+def tool_call(name, args=None, /, **kwargs):
+    """tool_call(name, {args}) or tool_call(name, **args): call a tool (any capability) by name."""
+    return call(name, args, **kwargs)
+
+
+def tool_call_batched(calls):
+    """tool_call_batched([(name, {args}), ...]): the results in order; a call
+    that fails gives {"error": message, "type": exception name} in its place."""
+    out = []
+    for item in calls:
+        if type(item) is dict:
+            name, args = item.get("name"), item.get("args")
+        else:
+            name, args = item
+        try:
+            out.append(call(name, args))
+        except (PermissionError, ValueError, RuntimeError, TypeError) as e:
+            out.append({"error": str(e), "type": type(e).__name__})
+    return out
+
+
+class _ToolGroup:
+    """tools.NAME(**args), and tools.SERVER.TOOL(**args) for a tool named SERVER.TOOL."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, prefix):
+        object.__setattr__(self, "_prefix", prefix)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _ToolFn(self._prefix + name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("tools is read-only")
+
+    def __repr__(self):
+        return "<cellbox tools %s>" % (self._prefix.rstrip(".") or "")
+
+
+class _ToolFn(_ToolGroup):
+    __slots__ = ()
+
+    def __call__(self, args=None, /, **kwargs):
+        return call(self._prefix, args, **kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _ToolFn(self._prefix + "." + name)
+
+
+for _f in (tool_call, tool_call_batched):
+    _f.__module__ = "cellbox"
+
+
 # ---------------------------------------------------------------- deadline
 
 
@@ -480,6 +537,9 @@ def _execute(start, out):
         if name in _ALIASES:
             g[_ALIASES[name]] = installed[_ALIASES[name]] = installed[name]
     g["call"] = installed["call"] = call
+    g["tool_call"] = installed["tool_call"] = tool_call
+    g["tool_call_batched"] = installed["tool_call_batched"] = tool_call_batched
+    g["tools"] = installed["tools"] = _ToolGroup("")
     try:
         _run_statements(code, g, flags, out)
     finally:
@@ -654,7 +714,7 @@ def _main():
         _signal.signal(_signal.SIGALRM, _on_alarm)
         _st["armed"] = True
         _signal.setitimer(_signal.ITIMER_REAL, (ms - min(ms // 10, 200)) / 1000.0)
-    out = {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call"}, "earlier": ()}
+    out = {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call", "tool_call", "tool_call_batched", "tools"}, "earlier": ()}
     try:
         try:
             _execute(start, out)

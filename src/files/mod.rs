@@ -1,0 +1,607 @@
+//! File tools: read, list and search files under operator-declared roots,
+//! and write or edit files in one workspace.
+//!
+//! Terms: a **root** is a directory named in `[files] roots` (read-only) or
+//! `[files] workspace` (read-write). A tool path is relative to the only root,
+//! or `ROOTNAME/...` (the root directory's own name) when there are several.
+//!
+//! Every file and directory is opened through
+//! [`crate::sandbox::beneath::open_beneath`] from the root's directory fd, so
+//! the kernel refuses `..`, absolute paths and symlinks that would leave the
+//! root, atomically: there is no string check to race. Walks (`list_dir`
+//! with a glob, `search_files`) open each directory from the root fd by its
+//! whole relative path with symlinks refused, so a directory swapped for a
+//! symlink mid-walk is skipped, never followed, and a directory moved out of
+//! the root is no longer found. Special files (FIFOs, devices, sockets) are
+//! refused after an `O_PATH` open and `fstat`, before anything opens them
+//! for reading; the file then opened for reading must be the same inode.
+//!
+//! Hard links: a hard link is the same inode as its target wherever that
+//! lives, so no path resolution can tell a link into `/etc` from an ordinary
+//! file. Regular files with more than one link are therefore refused unless
+//! `allow_hardlinks = true` (for trees whose owner knows where every link
+//! points).
+
+mod tools;
+mod walk;
+
+pub use tools::capabilities;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+
+use crate::sandbox::beneath::{open_beneath, Symlinks};
+
+/// Bytes `read_file` returns at most by default.
+pub const DEFAULT_MAX_READ_BYTES: u64 = 1 << 20;
+/// Bytes `write_file` / `edit_file` may write by default.
+pub const DEFAULT_MAX_WRITE_BYTES: u64 = 1 << 20;
+/// Ceiling of `search_files`'s `max_results`, whatever a caller asks for.
+pub const MAX_SEARCH_RESULTS: usize = 1000;
+/// Bytes of one matching line kept in a search result.
+pub const MAX_LINE_BYTES: usize = 400;
+
+/// `[files]` in the config file. No roots and no workspace (the default)
+/// means no file tools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Read-only roots.
+    pub roots: Vec<PathBuf>,
+    /// The one read-write root (`write_file`, `edit_file`).
+    pub workspace: Option<PathBuf>,
+    /// Bytes `read_file` reads at most; a longer file is returned truncated.
+    pub max_read_bytes: u64,
+    /// Bytes `write_file` and `edit_file` may write.
+    pub max_write_bytes: u64,
+    /// Files `search_files` skips when larger (counted in `skipped_large`).
+    pub max_search_file_bytes: u64,
+    /// Entries a walk visits at most (`list_dir` with a glob, `search_files`).
+    pub max_walk_entries: usize,
+    /// Read regular files that have more than one hard link. Off: such a
+    /// file may be a link to anywhere on the same filesystem.
+    pub dangerously_allow_hardlinks: bool,
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        FilesConfig {
+            roots: Vec::new(),
+            workspace: None,
+            max_read_bytes: DEFAULT_MAX_READ_BYTES,
+            max_write_bytes: DEFAULT_MAX_WRITE_BYTES,
+            max_search_file_bytes: 64 << 20,
+            max_walk_entries: 200_000,
+            dangerously_allow_hardlinks: false,
+        }
+    }
+}
+
+impl FilesConfig {
+    /// True when no root and no workspace is declared.
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty() && self.workspace.is_none()
+    }
+}
+
+/// A file tool refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("failed to open the root {path}")]
+    OpenRoot {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("two roots are named {0:?}: roots are addressed by their directory's name")]
+    DuplicateRoot(String),
+    #[error("unknown root {name:?} in {path:?}; paths start with one of: {known}")]
+    UnknownRoot {
+        name: String,
+        path: String,
+        known: String,
+    },
+    #[error(
+        "{path:?} is outside the root (absolute paths, '..' and symlinks leaving it are refused)"
+    )]
+    Outside { path: String },
+    #[error("{path:?} goes through a symlink, which this tool does not follow")]
+    Symlink { path: String },
+    #[error("{path:?} not found")]
+    NotFound { path: String },
+    #[error("{path:?} is a {kind}, not a regular file: refused without reading it")]
+    NotRegular { path: String, kind: &'static str },
+    #[error("{path:?} has {links} hard links: refused, since a hard link may lead anywhere on its filesystem")]
+    Hardlinked { path: String, links: u64 },
+    #[error("{path:?} changed while it was being opened")]
+    Changed { path: String },
+    #[error("{path:?} is not in the workspace: only the workspace is writable")]
+    ReadOnly { path: String },
+    #[error("{path:?}: {size} bytes is over max_write_bytes ({max})")]
+    TooLarge { path: String, size: u64, max: u64 },
+    #[error("{path:?} is binary or not UTF-8: it cannot be edited")]
+    Binary { path: String },
+    #[error("edit_file {path:?}: the old text occurs {count} times; it must occur exactly once")]
+    EditMatch { path: String, count: usize },
+    #[error("invalid search pattern: {0}")]
+    Pattern(String),
+    #[error("invalid glob {glob:?}: {message}")]
+    Glob { glob: String, message: String },
+    #[error("invalid arguments: {0}")]
+    Args(String),
+    #[error("failed to {verb} {path:?}")]
+    Io {
+        verb: &'static str,
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl FileError {
+    /// The error of a failed open of `path`, named by what the kernel said.
+    fn open(verb: &'static str, path: &str, e: io::Error) -> Self {
+        let path = path.to_owned();
+        match e.raw_os_error() {
+            Some(libc::EXDEV) => FileError::Outside { path },
+            Some(libc::ELOOP) => FileError::Symlink { path },
+            Some(libc::ENOENT) => FileError::NotFound { path },
+            _ => FileError::Io {
+                verb,
+                path,
+                source: e,
+            },
+        }
+    }
+}
+
+pub(crate) struct Root {
+    pub(crate) name: String,
+    pub(crate) fd: OwnedFd,
+    pub(crate) writable: bool,
+}
+
+/// The configured roots, opened.
+pub struct Files {
+    pub(crate) roots: Vec<Root>,
+    pub(crate) cfg: FilesConfig,
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Files")
+            .field(
+                "roots",
+                &self.roots.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// What kind of file a mode is, in words.
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    if ft.is_file() {
+        "regular file"
+    } else if ft.is_dir() {
+        "directory"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_fifo() {
+        "FIFO"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_block_device() {
+        "block device"
+    } else if ft.is_char_device() {
+        "character device"
+    } else {
+        "special file"
+    }
+}
+
+/// Text or binary: a NUL byte or bytes that are not UTF-8 (a character cut
+/// by the read cap at the very end does not count).
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    if bytes.contains(&0) {
+        return None;
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Some(s),
+        Err(e) if e.error_len().is_none() && bytes.len() - e.valid_up_to() < 4 => {
+            std::str::from_utf8(&bytes[..e.valid_up_to()]).ok()
+        }
+        Err(_) => None,
+    }
+}
+
+impl Files {
+    /// Open the roots of `cfg`. Each root is addressed by its directory's
+    /// name, which must be unique.
+    pub fn open(cfg: &FilesConfig) -> Result<Self, FileError> {
+        let mut roots: Vec<Root> = Vec::new();
+        let all = cfg
+            .roots
+            .iter()
+            .map(|p| (p, false))
+            .chain(cfg.workspace.iter().map(|p| (p, true)));
+        for (path, writable) in all {
+            let fd = File::open(path)
+                .and_then(|f| {
+                    if f.metadata()?.is_dir() {
+                        Ok(OwnedFd::from(f))
+                    } else {
+                        Err(io::Error::from_raw_os_error(libc::ENOTDIR))
+                    }
+                })
+                .map_err(|source| FileError::OpenRoot {
+                    path: path.clone(),
+                    source,
+                })?;
+            let name = std::fs::canonicalize(path)
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "root".to_owned());
+            if roots.iter().any(|r| r.name == name) {
+                return Err(FileError::DuplicateRoot(name));
+            }
+            roots.push(Root { name, fd, writable });
+        }
+        Ok(Files {
+            roots,
+            cfg: cfg.clone(),
+        })
+    }
+
+    pub fn has_workspace(&self) -> bool {
+        self.roots.iter().any(|r| r.writable)
+    }
+
+    /// The root a tool path names and the path relative to it.
+    fn locate<'a>(&'a self, path: &str) -> Result<(&'a Root, PathBuf), FileError> {
+        let p = Path::new(path);
+        if p.is_absolute() {
+            return Err(FileError::Outside {
+                path: path.to_owned(),
+            });
+        }
+        if let [only] = self.roots.as_slice() {
+            let rel = if path.is_empty() { "." } else { path };
+            return Ok((only, PathBuf::from(rel)));
+        }
+        let mut comps = p.components();
+        let first = match comps.next() {
+            Some(Component::Normal(n)) => n.to_string_lossy().into_owned(),
+            _ => String::new(),
+        };
+        let Some(root) = self.roots.iter().find(|r| r.name == first) else {
+            return Err(FileError::UnknownRoot {
+                name: first,
+                path: path.to_owned(),
+                known: self
+                    .roots
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let rest = comps.as_path();
+        let rel = if rest.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rest.to_owned()
+        };
+        Ok((root, rel))
+    }
+
+    /// The tool path of `rel` beneath `root`.
+    fn shown(&self, root: &Root, rel: &Path) -> String {
+        let rel = rel.strip_prefix(".").unwrap_or(rel);
+        if self.roots.len() == 1 {
+            if rel.as_os_str().is_empty() {
+                ".".to_owned()
+            } else {
+                rel.to_string_lossy().into_owned()
+            }
+        } else {
+            Path::new(&root.name)
+                .join(rel)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+
+    /// Open a regular file beneath `root` for `flags` after checking, on an
+    /// `O_PATH` fd, that it is a regular file with one link; the fd opened
+    /// then must be that same inode.
+    fn open_regular(
+        &self,
+        root: &Root,
+        rel: &Path,
+        shown: &str,
+        flags: libc::c_int,
+        symlinks: Symlinks,
+    ) -> Result<(File, std::fs::Metadata), FileError> {
+        let probe = open_beneath(root.fd.as_fd(), rel, libc::O_PATH, 0, symlinks)
+            .map_err(|e| FileError::open("open", shown, e))?;
+        let meta = File::from(probe)
+            .metadata()
+            .map_err(|e| FileError::open("stat", shown, e))?;
+        self.check_regular(&meta, shown)?;
+        let fd = open_beneath(
+            root.fd.as_fd(),
+            rel,
+            flags | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+            symlinks,
+        )
+        .map_err(|e| FileError::open("open", shown, e))?;
+        let file = File::from(fd);
+        let again = file
+            .metadata()
+            .map_err(|e| FileError::open("stat", shown, e))?;
+        if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) {
+            return Err(FileError::Changed {
+                path: shown.to_owned(),
+            });
+        }
+        self.check_regular(&again, shown)?;
+        Ok((file, again))
+    }
+
+    fn check_regular(&self, meta: &std::fs::Metadata, shown: &str) -> Result<(), FileError> {
+        if !meta.file_type().is_file() {
+            return Err(FileError::NotRegular {
+                path: shown.to_owned(),
+                kind: kind_of(meta.file_type()),
+            });
+        }
+        if meta.nlink() > 1 && !self.cfg.dangerously_allow_hardlinks {
+            return Err(FileError::Hardlinked {
+                path: shown.to_owned(),
+                links: meta.nlink(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `read_file`: the text of a file, or of lines `start..=end` (1-based),
+    /// from its first `max_read_bytes`.
+    pub fn read_file(
+        &self,
+        path: &str,
+        start_line: Option<u64>,
+        end_line: Option<u64>,
+    ) -> Result<Value, FileError> {
+        let (root, rel) = self.locate(path)?;
+        let shown = self.shown(root, &rel);
+        let (file, meta) =
+            self.open_regular(root, &rel, &shown, libc::O_RDONLY, Symlinks::FollowBeneath)?;
+        let cap = self.cfg.max_read_bytes;
+        let mut bytes = Vec::new();
+        file.take(cap)
+            .read_to_end(&mut bytes)
+            .map_err(|source| FileError::Io {
+                verb: "read",
+                path: shown.clone(),
+                source,
+            })?;
+        let truncated = meta.len() > bytes.len() as u64;
+        let Some(text) = as_text(&bytes) else {
+            return Ok(json!({"path": shown, "binary": true, "size": meta.len()}));
+        };
+        let start = start_line.unwrap_or(1).max(1);
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        let total = lines.len() as u64;
+        let end = end_line.unwrap_or(total).min(total);
+        let content: String = if start > end {
+            String::new()
+        } else {
+            lines[(start - 1) as usize..end as usize].concat()
+        };
+        let mut out = Map::new();
+        out.insert("path".into(), json!(shown));
+        out.insert("start_line".into(), json!(start));
+        out.insert("end_line".into(), json!(end.max(start.saturating_sub(1))));
+        out.insert("content".into(), json!(content));
+        out.insert("size".into(), json!(meta.len()));
+        if truncated {
+            out.insert("truncated".into(), json!(true));
+            out.insert(
+                "note".into(),
+                json!(format!(
+                    "only the first {cap} bytes were read (max_read_bytes)"
+                )),
+            );
+        } else {
+            out.insert("total_lines".into(), json!(total));
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// `write_file`: create or replace a file in the workspace (missing
+    /// parent directories are created).
+    pub fn write_file(&self, path: &str, content: &str) -> Result<Value, FileError> {
+        let (root, rel) = self.locate(path)?;
+        let shown = self.shown(root, &rel);
+        if !root.writable {
+            return Err(FileError::ReadOnly { path: shown });
+        }
+        let size = content.len() as u64;
+        if size > self.cfg.max_write_bytes {
+            return Err(FileError::TooLarge {
+                path: shown,
+                size,
+                max: self.cfg.max_write_bytes,
+            });
+        }
+        if let Some(parent) = rel.parent() {
+            self.make_dirs(root, parent, &shown)?;
+        }
+        let existing = match self.open_regular(root, &rel, &shown, libc::O_WRONLY, Symlinks::Refuse)
+        {
+            Ok((f, _)) => Some(f),
+            Err(FileError::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let mut file = match existing {
+            Some(f) => f,
+            None => {
+                let fd = open_beneath(
+                    root.fd.as_fd(),
+                    &rel,
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY,
+                    0o644,
+                    Symlinks::Refuse,
+                )
+                .map_err(|e| FileError::open("create", &shown, e))?;
+                File::from(fd)
+            }
+        };
+        let io = |source| FileError::Io {
+            verb: "write",
+            path: shown.clone(),
+            source,
+        };
+        file.set_len(0).map_err(io)?;
+        file.write_all(content.as_bytes()).map_err(io)?;
+        Ok(json!({"path": shown, "bytes": size}))
+    }
+
+    fn make_dirs(&self, root: &Root, dir: &Path, shown: &str) -> Result<(), FileError> {
+        let mut sofar = PathBuf::new();
+        for c in dir.components() {
+            let name = match c {
+                Component::Normal(n) => n,
+                Component::CurDir => continue,
+                _ => {
+                    return Err(FileError::Outside {
+                        path: shown.to_owned(),
+                    })
+                }
+            };
+            let parent = if sofar.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                sofar.clone()
+            };
+            sofar.push(name);
+            match open_beneath(
+                root.fd.as_fd(),
+                &sofar,
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+                Symlinks::Refuse,
+            ) {
+                Ok(_) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(FileError::open("open", shown, e)),
+            }
+            let pfd = open_beneath(
+                root.fd.as_fd(),
+                &parent,
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+                Symlinks::Refuse,
+            )
+            .map_err(|e| FileError::open("open", shown, e))?;
+            match nix::sys::stat::mkdirat(
+                &pfd,
+                name,
+                nix::sys::stat::Mode::from_bits_truncate(0o755),
+            ) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => {
+                    return Err(FileError::Io {
+                        verb: "create the directory",
+                        path: shown.to_owned(),
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `edit_file`: replace the one occurrence of `old` with `new`.
+    pub fn edit_file(&self, path: &str, old: &str, new: &str) -> Result<Value, FileError> {
+        let (root, rel) = self.locate(path)?;
+        let shown = self.shown(root, &rel);
+        if !root.writable {
+            return Err(FileError::ReadOnly { path: shown });
+        }
+        if old.is_empty() {
+            return Err(FileError::Args("old_text must not be empty".into()));
+        }
+        let (mut file, meta) =
+            self.open_regular(root, &rel, &shown, libc::O_RDWR, Symlinks::Refuse)?;
+        let max = self.cfg.max_write_bytes;
+        if meta.len() > max {
+            return Err(FileError::TooLarge {
+                path: shown,
+                size: meta.len(),
+                max,
+            });
+        }
+        let io = |verb, source| FileError::Io {
+            verb,
+            path: shown.clone(),
+            source,
+        };
+        let mut bytes = Vec::new();
+        (&mut file)
+            .take(max + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io("read", e))?;
+        let text = match String::from_utf8(bytes) {
+            Ok(t) if !t.contains('\0') => t,
+            _ => return Err(FileError::Binary { path: shown }),
+        };
+        let count = text.matches(old).count();
+        if count != 1 {
+            return Err(FileError::EditMatch { path: shown, count });
+        }
+        let edited = text.replacen(old, new, 1);
+        if edited.len() as u64 > max {
+            return Err(FileError::TooLarge {
+                path: shown,
+                size: edited.len() as u64,
+                max,
+            });
+        }
+        file.set_len(0).map_err(|e| io("write", e))?;
+        file.rewind().map_err(|e| io("write", e))?;
+        file.write_all(edited.as_bytes())
+            .map_err(|e| io("write", e))?;
+        Ok(json!({"path": shown, "bytes": edited.len()}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_is_strict_and_empty_by_default() {
+        assert!(FilesConfig::default().is_empty());
+        let e = toml::from_str::<FilesConfig>("rots = [\"/tmp\"]\n").unwrap_err();
+        assert!(e.to_string().contains("rots"), "{e}");
+        let c: FilesConfig = toml::from_str("workspace = \"/tmp\"\nmax_read_bytes = 10\n").unwrap();
+        assert_eq!(c.max_read_bytes, 10);
+        assert!(!c.is_empty());
+    }
+
+    #[test]
+    fn text_or_binary() {
+        assert_eq!(as_text(b"abc\n"), Some("abc\n"));
+        assert_eq!(as_text(b"a\0b"), None);
+        assert_eq!(as_text(&[0xff, 0xfe, b'a']), None);
+        // A character cut by the cap at the end is still text.
+        assert_eq!(as_text(&"é".as_bytes()[..1]), Some(""));
+    }
+}

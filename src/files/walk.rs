@@ -1,0 +1,368 @@
+//! Walks beneath a root: `list_dir` and `search_files`. Every directory is
+//! opened from the root fd by its whole relative path with symlinks refused,
+//! `.gitignore` / `.ignore` files are honoured with the `ignore` crate's
+//! matcher, hidden entries are skipped, and the search runs ripgrep's
+//! `grep-searcher` over the fd already opened beneath the root.
+
+use super::{FileError, Files, Root, MAX_LINE_BYTES, MAX_SEARCH_RESULTS};
+use crate::sandbox::beneath::{open_beneath, Symlinks};
+use grep_regex::RegexMatcherBuilder;
+use grep_searcher::{sinks::Lossy, BinaryDetection, SearcherBuilder};
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+/// Bytes of one `.gitignore` read at most.
+const MAX_IGNORE_FILE_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::File => "file",
+            Kind::Dir => "dir",
+            Kind::Symlink => "symlink",
+            Kind::Other => "other",
+        }
+    }
+}
+
+struct Entry {
+    rel: PathBuf,
+    kind: Kind,
+}
+
+/// The ignore files met on the way down, innermost last.
+#[derive(Clone, Default)]
+struct Ignores(Vec<std::rc::Rc<Gitignore>>);
+
+impl Ignores {
+    fn ignored(&self, rel: &Path, is_dir: bool) -> bool {
+        let p = Path::new("/").join(rel);
+        for gi in self.0.iter().rev() {
+            let m = gi.matched(&p, is_dir);
+            if m.is_ignore() {
+                return true;
+            }
+            if m.is_whitelist() {
+                return false;
+            }
+        }
+        false
+    }
+}
+
+struct Walk<'a> {
+    files: &'a Files,
+    root: &'a Root,
+    budget: usize,
+    truncated: bool,
+}
+
+impl Walk<'_> {
+    fn read_ignore(&self, dir: &Path, name: &str) -> Option<Gitignore> {
+        let rel = dir.join(name);
+        let fd = open_beneath(
+            self.root.fd.as_fd(),
+            &rel,
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+            Symlinks::Refuse,
+        )
+        .ok()?;
+        let f = std::fs::File::from(fd);
+        if !f.metadata().ok()?.file_type().is_file() {
+            return None;
+        }
+        let mut text = String::new();
+        f.take(MAX_IGNORE_FILE_BYTES)
+            .read_to_string(&mut text)
+            .ok()?;
+        let mut b = GitignoreBuilder::new(Path::new("/").join(dir));
+        for line in text.lines() {
+            let _ = b.add_line(None, line);
+        }
+        b.build().ok()
+    }
+
+    /// The entries of directory `dir` (relative to the root), ignore rules
+    /// applied; `None` when it cannot be opened beneath the root as a
+    /// directory without following a symlink.
+    fn entries(&mut self, dir: &Path, ignores: &mut Ignores) -> Option<Vec<Entry>> {
+        let fd = open_beneath(
+            self.root.fd.as_fd(),
+            dir,
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            0,
+            Symlinks::Refuse,
+        )
+        .ok()?;
+        let mut d = nix::dir::Dir::from_fd(fd).ok()?;
+        for name in [".gitignore", ".ignore"] {
+            if let Some(gi) = self.read_ignore(dir, name) {
+                ignores.0.push(std::rc::Rc::new(gi));
+            }
+        }
+        let mut out = Vec::new();
+        for e in d.iter().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue; // hidden, and `.`, `..`, `.git`
+            }
+            if self.budget == 0 {
+                self.truncated = true;
+                break;
+            }
+            self.budget -= 1;
+            use nix::dir::Type;
+            let kind = match e.file_type() {
+                Some(Type::File) => Kind::File,
+                Some(Type::Directory) => Kind::Dir,
+                Some(Type::Symlink) => Kind::Symlink,
+                Some(_) => Kind::Other,
+                None => Kind::Other,
+            };
+            let rel = if dir == Path::new(".") {
+                PathBuf::from(&name)
+            } else {
+                dir.join(&name)
+            };
+            if ignores.ignored(&rel, kind == Kind::Dir) {
+                continue;
+            }
+            out.push(Entry { rel, kind });
+        }
+        out.sort_by(|a, b| a.rel.cmp(&b.rel));
+        Some(out)
+    }
+
+    /// Depth-first, sorted; calls `visit` for every entry until it says stop.
+    fn run(&mut self, start: &Path, visit: &mut dyn FnMut(&Entry) -> bool) {
+        let mut stack = vec![(start.to_owned(), self.parent_ignores(start))];
+        while let Some((dir, mut ignores)) = stack.pop() {
+            let Some(entries) = self.entries(&dir, &mut ignores) else {
+                continue;
+            };
+            let mut subdirs = Vec::new();
+            for e in entries {
+                if !visit(&e) {
+                    return;
+                }
+                if e.kind == Kind::Dir {
+                    subdirs.push(e.rel);
+                }
+            }
+            for d in subdirs.into_iter().rev() {
+                stack.push((d, ignores.clone()));
+            }
+        }
+    }
+
+    /// The ignore files of the directories above `start`.
+    fn parent_ignores(&self, start: &Path) -> Ignores {
+        let mut ig = Ignores::default();
+        if start == Path::new(".") {
+            return ig;
+        }
+        let mut dir = PathBuf::from(".");
+        for c in start.components() {
+            for name in [".gitignore", ".ignore"] {
+                if let Some(gi) = self.read_ignore(&dir, name) {
+                    ig.0.push(std::rc::Rc::new(gi));
+                }
+            }
+            if let std::path::Component::Normal(n) = c {
+                dir = if dir == Path::new(".") {
+                    PathBuf::from(n)
+                } else {
+                    dir.join(n)
+                };
+            }
+        }
+        ig
+    }
+}
+
+fn glob_matcher(glob: Option<&str>) -> Result<Option<globset::GlobMatcher>, FileError> {
+    glob.map(|g| {
+        globset::Glob::new(g)
+            .map(|g| g.compile_matcher())
+            .map_err(|e| FileError::Glob {
+                glob: g.to_owned(),
+                message: e.to_string(),
+            })
+    })
+    .transpose()
+}
+
+/// `rel` relative to `base` (both relative to the root).
+fn below<'a>(rel: &'a Path, base: &Path) -> &'a Path {
+    if base == Path::new(".") {
+        rel
+    } else {
+        rel.strip_prefix(base).unwrap_or(rel)
+    }
+}
+
+impl Files {
+    fn walk<'a>(&'a self, root: &'a Root) -> Walk<'a> {
+        Walk {
+            files: self,
+            root,
+            budget: self.cfg.max_walk_entries,
+            truncated: false,
+        }
+    }
+
+    /// The directory `path` must be one beneath its root.
+    fn check_dir(&self, root: &Root, rel: &Path, shown: &str) -> Result<(), FileError> {
+        let fd = open_beneath(
+            root.fd.as_fd(),
+            rel,
+            libc::O_PATH,
+            0,
+            Symlinks::FollowBeneath,
+        )
+        .map_err(|e| FileError::open("open", shown, e))?;
+        let meta = std::fs::File::from(fd)
+            .metadata()
+            .map_err(|e| FileError::open("stat", shown, e))?;
+        if !meta.is_dir() {
+            return Err(FileError::Args(format!("{shown:?} is not a directory")));
+        }
+        Ok(())
+    }
+
+    /// `list_dir`: the entries of one directory, or with `glob` every entry
+    /// beneath it whose path (relative to it) matches.
+    pub fn list_dir(&self, path: &str, glob: Option<&str>) -> Result<Value, FileError> {
+        let (root, rel) = self.locate(path)?;
+        let shown = self.shown(root, &rel);
+        self.check_dir(root, &rel, &shown)?;
+        // A walk refuses symlinks, so the start is resolved the same way.
+        let matcher = glob_matcher(glob)?;
+        let mut w = self.walk(root);
+        let mut out = Vec::new();
+        let limit = MAX_SEARCH_RESULTS * 10;
+        let mut more = false;
+        match &matcher {
+            None => {
+                let mut ig = w.parent_ignores(&rel);
+                let entries = w.entries(&rel, &mut ig).ok_or(FileError::Symlink {
+                    path: shown.clone(),
+                })?;
+                for e in entries {
+                    if out.len() >= limit {
+                        more = true;
+                        break;
+                    }
+                    out.push(json!({"path": w.files.shown(root, &e.rel), "type": e.kind.name()}));
+                }
+            }
+            Some(m) => {
+                w.run(&rel, &mut |e| {
+                    if m.is_match(below(&e.rel, &rel)) {
+                        if out.len() >= limit {
+                            more = true;
+                            return false;
+                        }
+                        out.push(json!({"path": self.shown(root, &e.rel), "type": e.kind.name()}));
+                    }
+                    true
+                });
+            }
+        }
+        Ok(json!({"path": shown, "entries": out, "truncated": more || w.truncated}))
+    }
+
+    /// `search_files`: lines matching the regex `pattern` in files beneath
+    /// `path` (whose path relative to it matches `glob`), at most
+    /// `max_results` (capped at [`MAX_SEARCH_RESULTS`]).
+    pub fn search_files(
+        &self,
+        pattern: &str,
+        path: &str,
+        glob: Option<&str>,
+        max_results: usize,
+    ) -> Result<Value, FileError> {
+        let (root, rel) = self.locate(path)?;
+        let shown = self.shown(root, &rel);
+        self.check_dir(root, &rel, &shown)?;
+        let max = max_results.clamp(1, MAX_SEARCH_RESULTS);
+        let matcher = RegexMatcherBuilder::new()
+            .line_terminator(Some(b'\n'))
+            .build(pattern)
+            .map_err(|e| FileError::Pattern(e.to_string()))?;
+        let globm = glob_matcher(glob)?;
+        let mut searcher = SearcherBuilder::new()
+            .binary_detection(BinaryDetection::quit(0))
+            .line_number(true)
+            .build();
+        let mut matches = Vec::new();
+        let mut full = false;
+        let (mut files_searched, mut skipped_large, mut skipped_other) = (0u64, 0u64, 0u64);
+        let mut w = self.walk(root);
+        let max_file = self.cfg.max_search_file_bytes;
+        w.run(&rel, &mut |e| {
+            if e.kind != Kind::File {
+                return true;
+            }
+            if let Some(g) = &globm {
+                if !g.is_match(below(&e.rel, &rel)) {
+                    return true;
+                }
+            }
+            let eshown = self.shown(root, &e.rel);
+            let Ok((file, meta)) =
+                self.open_regular(root, &e.rel, &eshown, libc::O_RDONLY, Symlinks::Refuse)
+            else {
+                skipped_other += 1;
+                return true;
+            };
+            if meta.len() > max_file {
+                skipped_large += 1;
+                return true;
+            }
+            files_searched += 1;
+            let sink = Lossy(|lnum, line: &str| {
+                let mut text = line.trim_end_matches(['\n', '\r']).to_owned();
+                if text.len() > MAX_LINE_BYTES {
+                    let mut end = MAX_LINE_BYTES;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.truncate(end);
+                    text.push_str("...");
+                }
+                matches.push(json!({"path": eshown, "line": lnum, "text": text}));
+                if matches.len() >= max {
+                    full = true;
+                    return Ok(false);
+                }
+                Ok(true)
+            });
+            if searcher.search_file(&matcher, &file, sink).is_err() {
+                skipped_other += 1;
+            }
+            !full
+        });
+        Ok(json!({
+            "pattern": pattern,
+            "path": shown,
+            "matches": matches,
+            "truncated": full || w.truncated,
+            "files_searched": files_searched,
+            "skipped_large": skipped_large,
+            "skipped_unreadable": skipped_other,
+        }))
+    }
+}

@@ -1,0 +1,132 @@
+//! `[tools.NAME]`: tools an operator declares for cells. Each has a
+//! description and a JSON schema for its arguments (checked by the
+//! supervisor before the call), and a kind:
+//!
+//! - `kind = "command"`: `argv`, a template run under the shell profile's
+//!   sandbox without a shell. An element `{NAME}` (whole or inside an
+//!   element) is replaced by argument NAME (a string as is, anything else
+//!   as JSON); `{args}` by all arguments as one JSON object.
+//! - `kind = "http"`: a JSON POST of the arguments to `url`, made by the
+//!   supervisor (cells have no network). A header value may come from an
+//!   environment variable of the supervisor (`{ env = "VAR" }`), which never
+//!   reaches a cell.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Default wall-clock limit of one tool call.
+pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 30_000;
+/// Default bytes of a tool's output (each stream, or the HTTP body) kept.
+pub const DEFAULT_TOOL_OUTPUT_BYTES: usize = 256 * 1024;
+
+/// All `[tools.NAME]` tables.
+pub type ToolsConfig = BTreeMap<String, ToolDecl>;
+
+fn default_schema() -> toml::Table {
+    let mut t = toml::Table::new();
+    t.insert("type".into(), toml::Value::String("object".into()));
+    t
+}
+fn default_timeout() -> u64 {
+    DEFAULT_TOOL_TIMEOUT_MS
+}
+fn default_output() -> usize {
+    DEFAULT_TOOL_OUTPUT_BYTES
+}
+
+/// One declared tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ToolDecl {
+    Command {
+        description: String,
+        /// JSON schema of the arguments (a TOML table; `{type = "object"}`
+        /// when absent).
+        #[serde(default = "default_schema")]
+        schema: toml::Table,
+        argv: Vec<String>,
+        #[serde(default = "default_timeout")]
+        timeout_ms: u64,
+        #[serde(default = "default_output")]
+        max_output_bytes: usize,
+    },
+    Http {
+        description: String,
+        #[serde(default = "default_schema")]
+        schema: toml::Table,
+        url: String,
+        #[serde(default)]
+        headers: BTreeMap<String, HeaderValue>,
+        #[serde(default = "default_timeout")]
+        timeout_ms: u64,
+        #[serde(default = "default_output")]
+        max_output_bytes: usize,
+    },
+}
+
+/// A header's value: literal, or read from the supervisor's environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderValue {
+    Literal(String),
+    Env {
+        /// The environment variable holding the value.
+        env: String,
+        /// Put before the value (e.g. "Bearer ").
+        #[serde(default)]
+        prefix: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct F {
+        tools: ToolsConfig,
+    }
+
+    #[test]
+    fn parses_strictly() {
+        let f: F = toml::from_str(
+            r#"
+[tools.grep]
+kind = "command"
+description = "grep"
+argv = ["grep", "-c", "{pattern}", "/etc/hostname"]
+schema = { type = "object", properties = { pattern = { type = "string" } }, required = ["pattern"] }
+[tools.weather]
+kind = "http"
+description = "weather"
+url = "http://127.0.0.1:9/w"
+headers = { Authorization = { env = "W_TOKEN", prefix = "Bearer " }, X-A = "b" }
+"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            f.tools["grep"],
+            ToolDecl::Command {
+                timeout_ms: 30_000,
+                ..
+            }
+        ));
+        let ToolDecl::Http { headers, .. } = &f.tools["weather"] else {
+            panic!()
+        };
+        assert_eq!(
+            headers["Authorization"],
+            HeaderValue::Env {
+                env: "W_TOKEN".into(),
+                prefix: "Bearer ".into()
+            }
+        );
+        let e = toml::from_str::<F>(
+            "[tools.x]\nkind = \"command\"\ndescription = \"\"\nargv = []\nshell = true\n",
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("shell"), "{e}");
+        assert!(toml::from_str::<F>("[tools.x]\nkind = \"ftp\"\ndescription = \"\"\n").is_err());
+    }
+}

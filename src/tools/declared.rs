@@ -1,0 +1,274 @@
+//! Declared tools (`[tools.NAME]`, see [`super::config`]) as capabilities.
+
+use super::config::{HeaderValue, ToolDecl, ToolsConfig};
+use crate::supervisor::{Capability, Limits, SessionConfig, WeakSupervisor};
+use serde_json::{json, Map, Value};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Where a declared command tool finds the supervisor that runs it; set
+/// once the supervisor is built (it holds the tools in its registry).
+pub type SupervisorSlot = Arc<OnceLock<WeakSupervisor>>;
+
+/// A declared tool could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum DeclaredError {
+    #[error("tools.{name}: {source}")]
+    Capability {
+        name: String,
+        #[source]
+        source: crate::supervisor::CapabilityError,
+    },
+    #[error("tools.{name}.argv: empty")]
+    EmptyArgv { name: String },
+    #[error("tools.{name}.url: only http:// URLs are supported (got {url:?})")]
+    Url { name: String, url: String },
+    #[error("tools.{name}: failed to build the HTTP client")]
+    Client {
+        name: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// The argv of a command tool: `{NAME}` replaced by argument NAME (a
+/// string as is, anything else as JSON), `{args}` by all arguments as JSON.
+/// Each template element stays one argument: nothing is split or globbed.
+pub fn substitute(template: &[String], args: &Map<String, Value>) -> Result<Vec<String>, String> {
+    template
+        .iter()
+        .map(|t| {
+            let mut out = String::new();
+            let mut rest = t.as_str();
+            while let Some(open) = rest.find('{') {
+                out.push_str(&rest[..open]);
+                let after = &rest[open + 1..];
+                match after.find('}') {
+                    Some(close)
+                        if !after[..close].is_empty()
+                            && after[..close]
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                    {
+                        let key = &after[..close];
+                        if key == "args" {
+                            out.push_str(&Value::Object(args.clone()).to_string());
+                        } else {
+                            match args.get(key) {
+                                Some(Value::String(s)) => out.push_str(s),
+                                Some(v) => out.push_str(&v.to_string()),
+                                None => return Err(format!("argument {key:?} is missing")),
+                            }
+                        }
+                        rest = &after[close + 1..];
+                    }
+                    _ => {
+                        out.push('{');
+                        rest = after;
+                    }
+                }
+            }
+            out.push_str(rest);
+            if out.contains('\0') {
+                return Err("an argument contains a NUL byte".into());
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
+fn cut(mut s: String, max: usize) -> (String, bool) {
+    if s.len() <= max {
+        return (s, false);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    (s, true)
+}
+
+async fn run_command(
+    slot: SupervisorSlot,
+    argv: Vec<String>,
+    timeout_ms: u64,
+    max_output: usize,
+    args: Map<String, Value>,
+) -> Result<Value, String> {
+    let sup = slot
+        .get()
+        .and_then(WeakSupervisor::upgrade)
+        .ok_or("the supervisor is shutting down")?;
+    let argv = substitute(&argv, &args)?;
+    let config = SessionConfig {
+        limits: Limits {
+            timeout_ms,
+            max_output_bytes: max_output,
+            ..Limits::default()
+        },
+        ..SessionConfig::default()
+    };
+    let r = sup.exec(argv, config, false).await;
+    match r.status {
+        crate::Status::Ok | crate::Status::Error => Ok(json!({
+            "exit_code": r.exit.code,
+            "signal": r.exit.signal,
+            "stdout": r.stdout,
+            "stderr": r.stderr,
+            "stdout_truncated": r.truncated.stdout.is_some(),
+            "stderr_truncated": r.truncated.stderr.is_some(),
+        })),
+        crate::Status::Timeout => Err(format!("the command did not finish in {timeout_ms} ms")),
+        other => Err(format!(
+            "the command ended with status {other}: {}",
+            r.error.map(|e| e.message).unwrap_or_default()
+        )),
+    }
+}
+
+async fn post(
+    client: reqwest::Client,
+    url: String,
+    headers: Vec<(String, HeaderValue)>,
+    max: usize,
+    args: Map<String, Value>,
+) -> Result<Value, String> {
+    let mut req = client.post(&url).json(&Value::Object(args));
+    for (name, value) in headers {
+        let v = match value {
+            HeaderValue::Literal(v) => v,
+            HeaderValue::Env { env, prefix } => match std::env::var(&env) {
+                Ok(v) => format!("{prefix}{v}"),
+                Err(_) => {
+                    return Err(format!(
+                        "header {name}: the environment variable {env} is not set"
+                    ))
+                }
+            },
+        };
+        req = req.header(name, v);
+    }
+    let mut resp = req
+        .send()
+        .await
+        .map_err(|e| format!("POST {url} failed: {e}"))?;
+    let status = resp.status();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the response of {url}: {e}"))?
+    {
+        body.extend_from_slice(&chunk);
+        if body.len() > max {
+            return Err(format!("the response of {url} is over {max} bytes"));
+        }
+    }
+    if !status.is_success() {
+        let (text, _) = cut(String::from_utf8_lossy(&body).into_owned(), 500);
+        return Err(format!("POST {url}: HTTP {status}: {text}"));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("the response of {url} is not JSON: {e}"))
+}
+
+/// Every declared tool as a capability.
+pub fn capabilities(
+    tools: &ToolsConfig,
+    slot: &SupervisorSlot,
+) -> Result<Vec<Capability>, DeclaredError> {
+    let mut caps = Vec::new();
+    for (name, decl) in tools {
+        let bad = |source| DeclaredError::Capability {
+            name: name.clone(),
+            source,
+        };
+        let cap = match decl.clone() {
+            ToolDecl::Command {
+                description,
+                schema,
+                argv,
+                timeout_ms,
+                max_output_bytes,
+            } => {
+                if argv.is_empty() {
+                    return Err(DeclaredError::EmptyArgv { name: name.clone() });
+                }
+                let schema = serde_json::to_value(schema).unwrap_or(json!({}));
+                let slot = slot.clone();
+                Capability::new(name, &description, schema, move |_ctx, args| {
+                    run_command(
+                        slot.clone(),
+                        argv.clone(),
+                        timeout_ms,
+                        max_output_bytes,
+                        args,
+                    )
+                })
+                .map_err(bad)?
+            }
+            ToolDecl::Http {
+                description,
+                schema,
+                url,
+                headers,
+                timeout_ms,
+                max_output_bytes,
+            } => {
+                if !url.starts_with("http://") {
+                    return Err(DeclaredError::Url {
+                        name: name.clone(),
+                        url,
+                    });
+                }
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_millis(timeout_ms))
+                    .redirect(reqwest::redirect::Policy::none())
+                    .no_proxy()
+                    .build()
+                    .map_err(|source| DeclaredError::Client {
+                        name: name.clone(),
+                        source,
+                    })?;
+                let headers: Vec<(String, HeaderValue)> = headers.into_iter().collect();
+                let schema = serde_json::to_value(schema).unwrap_or(json!({}));
+                Capability::new(name, &description, schema, move |_ctx, args| {
+                    post(
+                        client.clone(),
+                        url.clone(),
+                        headers.clone(),
+                        max_output_bytes,
+                        args,
+                    )
+                })
+                .map_err(bad)?
+            }
+        };
+        caps.push(cap);
+    }
+    Ok(caps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn substitution_keeps_each_element_one_argument() {
+        let args = json!({"q": "a b; rm -rf /", "n": 3})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let t: Vec<String> = ["grep", "-m{n}", "{q}", "{args}", "{not closed", "{}"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let v = substitute(&t, &args).unwrap();
+        assert_eq!(v[1], "-m3");
+        assert_eq!(v[2], "a b; rm -rf /");
+        assert_eq!(serde_json::from_str::<Value>(&v[3]).unwrap()["n"], 3);
+        assert_eq!(v[4], "{not closed");
+        assert_eq!(v[5], "{}");
+        assert!(substitute(&["{missing}".into()], &args).is_err());
+    }
+}
