@@ -262,11 +262,10 @@ pub(crate) struct LoopOutcome {
     pub answer: Option<Value>,
     turns: Vec<Turn>,
     pub messages: Vec<Value>,
-    /// The loop's own model queries (the cells' are the session's).
-    pub calls: u32,
+    /// Tokens of the loop's own model queries (the session counts them
+    /// with its cells').
     pub input: u64,
     pub output: u64,
-    pub cost: f64,
 }
 
 /// Run the loop in `session` (boxed: a sub-agent runs it from a cell of
@@ -292,7 +291,7 @@ pub(crate) fn run_loop<'a>(
             json!({"role": "user", "content": cfg.task}),
         ];
         let started = Instant::now();
-        let (mut input, mut output, mut cost, mut calls) = (0u64, 0u64, 0f64, 0u32);
+        let (mut input, mut output) = (0u64, 0u64);
         let mut turns: Vec<Turn> = Vec::new();
         let mut errors = 0u32;
         let mut answer = None;
@@ -302,9 +301,10 @@ pub(crate) fn run_loop<'a>(
         };
         let mut step = 0;
         let stop = loop {
-            // The cells' queries count with the loop's own.
-            let cells_usage = session.model_usage();
-            let tokens = input + output + cells_usage.total_tokens();
+            // The session counts the loop's own queries (charged below)
+            // with its cells'.
+            let used = session.model_usage();
+            let tokens = used.total_tokens();
             if step >= cfg.max_steps {
                 break exhausted("max_steps", format!("{step} steps of {}", cfg.max_steps));
             }
@@ -331,8 +331,7 @@ pub(crate) fn run_loop<'a>(
             if cfg.progress {
                 eprint!(
                     "\rcellbox agent: step {step}/{}, {tokens} tokens, cost {:.4}   ",
-                    cfg.max_steps,
-                    cost + cells_usage.cost
+                    cfg.max_steps, used.cost
                 );
             }
             let q = Query {
@@ -341,7 +340,6 @@ pub(crate) fn run_loop<'a>(
                 max_tokens: Some(u32::try_from(cfg.max_tokens - tokens).unwrap_or(u32::MAX)),
                 temperature: None,
             };
-            calls += 1;
             let reply = match tokio::time::timeout(remaining, client.query(&q)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
@@ -355,7 +353,12 @@ pub(crate) fn run_loop<'a>(
             };
             input += reply.usage.input_tokens;
             output += reply.usage.output_tokens;
-            cost += reply.cost.unwrap_or(0.0);
+            session.charge_model_use(
+                1,
+                reply.usage.input_tokens,
+                reply.usage.output_tokens,
+                reply.cost.unwrap_or(0.0),
+            );
             events.record(
                 "model_call",
                 run,
@@ -423,10 +426,8 @@ pub(crate) fn run_loop<'a>(
             answer,
             turns,
             messages,
-            calls,
             input,
             output,
-            cost,
         }
     })
 }
@@ -531,7 +532,6 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         messages,
         input,
         output,
-        cost,
         ..
     } = run_loop(&session, &client, &events, &run, &caps, cfg).await;
     if let Some(p) = &args.transcript {
@@ -543,7 +543,8 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         Stop::BudgetExhausted { .. } => Exit::Limit,
         Stop::ModelError { .. } => Exit::Failed,
     };
-    let cells_cost = session.model_usage().cost;
+    // The session's cost counts the loop's own queries and its cells'.
+    let total_cost = session.model_usage().cost;
     if args.json {
         let t = Trajectory {
             task: args.task,
@@ -553,7 +554,7 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             turns,
             input_tokens: input,
             output_tokens: output,
-            cost: cost + cells_cost,
+            cost: total_cost,
             run,
         };
         let s = serde_json::to_string(&t).map_err(|e| e.to_string())?;

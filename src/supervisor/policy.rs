@@ -183,7 +183,7 @@ impl ModelTally {
         None
     }
 
-    fn add_calls(&self, kind: Metered, n: u32) {
+    pub(crate) fn add_calls(&self, kind: Metered, n: u32) {
         let mut u = crate::util::lock(&self.0);
         match kind {
             Metered::Model => u.model_calls = u.model_calls.saturating_add(n),
@@ -192,7 +192,7 @@ impl ModelTally {
         }
     }
 
-    fn add_usage(&self, input: u64, output: u64, cost: f64) {
+    pub(crate) fn add_usage(&self, input: u64, output: u64, cost: f64) {
         let mut u = crate::util::lock(&self.0);
         u.input_tokens = u.input_tokens.saturating_add(input);
         u.output_tokens = u.output_tokens.saturating_add(output);

@@ -104,6 +104,16 @@ impl Session {
         self.inner.share.models.get()
     }
 
+    /// Count model queries made on the session's behalf outside its cells
+    /// (an agent loop's own turns), so that its cells' budgets are what is
+    /// left after them: the session's `max_model_calls`, `max_total_tokens`
+    /// and `max_cost` cover both.
+    pub fn charge_model_use(&self, calls: u32, input_tokens: u64, output_tokens: u64, cost: f64) {
+        let tally = &self.inner.share.models;
+        tally.add_calls(super::policy::Metered::Model, calls);
+        tally.add_usage(input_tokens, output_tokens, cost);
+    }
+
     pub fn id(&self) -> &str {
         &self.inner.id
     }

@@ -545,6 +545,37 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
     let t: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(t["stop"]["budget"], "max_total_tokens");
     assert_eq!(fake.seen().len(), 3);
+    // The loop's own turns count against the budget its cells' queries
+    // share: a turn of 30 tokens leaves nothing for the query its code
+    // makes, which is refused without reaching the model.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(Reply::Text(
+        "```python\nprint(llm_query('more'))\n```".into(),
+        15,
+        15,
+    ));
+    let cfg = agent_config(dir.path(), &fake.url);
+    let out = cellbox(
+        &[
+            "agent",
+            "--config",
+            &p(&cfg),
+            "--max-total-tokens",
+            "25",
+            "--json",
+            "t",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(t["stop"]["budget"], "max_total_tokens", "{t}");
+    assert_eq!(fake.seen().len(), 1, "{t}");
+    let turn = &t["turns"][0];
+    assert!(
+        turn.to_string().contains("max_total_tokens"),
+        "the cell's query was not refused by the token budget: {turn}"
+    );
 }
 
 fn agent_session_config(tweak: impl FnOnce(&mut SessionConfig)) -> SessionConfig {

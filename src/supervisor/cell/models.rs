@@ -263,15 +263,8 @@ async fn sub_agent(
         progress: false,
     };
     let out = crate::agent::run_loop(&session, client, &sup.events, &run, &caps, cfg).await;
-    let cells = session.model_usage();
-    let used = crate::supervisor::ModelUsage {
-        model_calls: out.calls.saturating_add(cells.model_calls),
-        agent_calls: cells.agent_calls,
-        tool_calls: cells.tool_calls,
-        input_tokens: out.input.saturating_add(cells.input_tokens),
-        output_tokens: out.output.saturating_add(cells.output_tokens),
-        cost: out.cost + cells.cost,
-    };
+    // The child session counted the loop's own queries with its cells'.
+    let used = session.model_usage();
     m.absorb(used)
         .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
     let detail = json!({"run_id": run.run_id, "depth": depth, "usage": used});
