@@ -1840,3 +1840,68 @@ async fn file_tools_are_offered_directly_when_files_are_configured() {
     let r = call(&s.client, "search_files", json!({"pattern": "alp"})).await;
     assert_eq!(r.structured_content.unwrap()["matches"][0]["path"], "a.txt");
 }
+
+/// `[models.NAME]` in serve's config and `model_query` allowed by its
+/// policy: a cell sent over MCP asks the model through the supervisor (the
+/// key from serve's environment, never the cell's), and the tool
+/// description says which models there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_offers_configured_models_to_cells() {
+    use super::common::fake_model::{FakeModel, Reply};
+    let fake = FakeModel::start(vec![Reply::Text("forty-two".into(), 7, 3)]);
+    let t = tempfile::tempdir().unwrap();
+    let conf = t.path().join("serve.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[server]\npython = \"/usr/bin/python3\"\n\
+             [policy]\nallow = [\"model_query\"]\n\
+             [models.local]\nendpoint = \"{}\"\nmodel = \"m-1\"\napi_key_env = \"CELLBOX_MCP_TEST_KEY\"\n",
+            fake.url
+        ),
+    )
+    .unwrap();
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("serve")
+        .args(["--config", conf.to_str().unwrap()])
+        .env("CELLBOX_MCP_TEST_KEY", "sk-mcp-test-9876");
+    let transport = TokioChildProcess::new(cmd).unwrap();
+    let client = within("initialize", Recorder::default().serve(transport))
+        .await
+        .unwrap();
+    let listed = tools(&client).await;
+    let exec = listed
+        .iter()
+        .find(|t| t.name == "execute_code")
+        .expect("execute_code is listed");
+    let description = exec.description.as_deref().unwrap_or_default();
+    assert!(
+        description.contains("Models (the server makes the request"),
+        "{description}"
+    );
+    assert!(description.contains(": local."), "{description}");
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "python",
+               "code": "import os\nr = llm_query('what is six times seven?')\nprint(r, r.usage)\nprint(sorted(k for k in os.environ if 'KEY' in k))"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    let s = r.structured_content.unwrap();
+    let stdout = s["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("forty-two "), "{s}");
+    assert!(
+        stdout.contains("[]"),
+        "a key variable reached the cell: {s}"
+    );
+    assert!(!s.to_string().contains("sk-mcp-test-9876"), "{s}");
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some("Bearer sk-mcp-test-9876")
+    );
+    assert_eq!(seen[0].body["model"], "m-1");
+    client.cancel().await.unwrap();
+}
