@@ -85,8 +85,7 @@ impl DoctorReport {
     /// once.
     pub async fn gather(profiles: &[Profile], python: Option<&Path>) -> DoctorReport {
         let host = doctor::probe();
-        let profiles: Vec<ProfileAssessment> =
-            profiles.iter().map(|p| doctor::assess(p, &host)).collect();
+        let profiles: Vec<ProfileAssessment> = profiles.iter().map(|p| assess(p, &host)).collect();
         let mut b = Supervisor::builder();
         if let Some(p) = python {
             b = b.python(p);
@@ -143,6 +142,16 @@ impl WarmWorkers {
             pools: sup.pool_status().await,
         }
     }
+}
+
+/// What a cell gets under `profile` on `host`: the OS layers on Linux,
+/// what sandbox-exec gives on macOS.
+fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
+    if host.os == "macos" {
+        let present = Path::new(crate::macos::launch::SANDBOX_EXEC).is_file();
+        return crate::macos::doctor::assess(profile, present);
+    }
+    doctor::assess(profile, host)
 }
 
 fn yes(b: bool) -> &'static str {

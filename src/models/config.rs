@@ -76,7 +76,7 @@ fn bad(key: String, problem: impl Into<String>) -> ModelsConfigError {
 pub fn validate(models: &ModelsSection) -> Result<Option<String>, ModelsConfigError> {
     for (name, m) in models {
         let key = |k: &str| format!("models.{name}.{k}");
-        if !crate::supervisor::valid_var_name(name) {
+        if !crate::util::valid_var_name(name) {
             return Err(bad(
                 format!("models.{name}"),
                 "a model name uses letters, digits and '_', not starting with a digit",

@@ -187,12 +187,9 @@ fn probe_clone(flags: libc::c_int) -> bool {
     }
 }
 
-/// What a cell gets under `profile` on `host`.
+/// What a cell gets under `profile` on `host` (Linux and other hosts; on
+/// macOS the `doctor` command asks the macOS backend instead).
 pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
-    if host.os == "macos" {
-        let present = std::path::Path::new(crate::macos::launch::SANDBOX_EXEC).is_file();
-        return crate::macos::doctor::assess(profile, present);
-    }
     let layers = &profile.layers;
     let linux = host.os == "linux";
     let mut out = Vec::new();

@@ -40,7 +40,7 @@ pub fn take_stdin_channel() -> std::io::Result<UnixStream> {
     }
     // SAFETY: dup2 onto fd 3 closes whatever fd 3 was; nothing in this
     // process owns fd 3 yet (it is the protocol fd, taken just below).
-    if unsafe { libc::dup2(0, crate::protocol::PROTOCOL_FD) } < 0 {
+    if unsafe { libc::dup2(0, crate::sandbox::PROTOCOL_FD) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     let null = std::fs::File::open("/dev/null")?;
@@ -108,7 +108,7 @@ fn close_inherited() -> std::io::Result<usize> {
     // own descriptor under it.
     let fds: Vec<i32> = std::fs::read_dir("/dev/fd")?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|fd| *fd > crate::protocol::PROTOCOL_FD)
+        .filter(|fd| *fd > crate::sandbox::PROTOCOL_FD)
         .collect();
     let mut closed = 0;
     for fd in fds {

@@ -3,6 +3,7 @@
 //! It owns everything that must survive a cell (namespace, policy, budgets,
 //! events); a worker owns nothing and is killed and reaped after each cell.
 
+pub mod agent;
 mod capability;
 mod cell;
 mod events;
@@ -964,11 +965,6 @@ pub(crate) fn resolve_program(prog: &str) -> Result<PathBuf, String> {
     ))
 }
 
-/// A valid namespace variable name.
-pub(crate) fn valid_var_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
+pub(crate) use crate::util::valid_var_name;
 
 pub(crate) type Namespace = Map<String, Value>;

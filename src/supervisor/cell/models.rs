@@ -251,7 +251,7 @@ async fn sub_agent(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let cfg = crate::agent::LoopConfig {
+    let cfg = crate::supervisor::agent::LoopConfig {
         task,
         model,
         lang,
@@ -262,19 +262,20 @@ async fn sub_agent(
         deadline: Some(std::time::Instant::now() + remaining),
         progress: false,
     };
-    let out = crate::agent::run_loop(&session, client, &sup.events, &run, &caps, cfg).await;
+    let out =
+        crate::supervisor::agent::run_loop(&session, client, &sup.events, &run, &caps, cfg).await;
     // The child session counted the loop's own queries with its cells'.
     let used = session.model_usage();
     m.absorb(used)
         .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
     let detail = json!({"run_id": run.run_id, "depth": depth, "usage": used});
     match out.stop {
-        crate::agent::Stop::Answered => Ok((out.answer.unwrap_or(Value::Null), detail)),
-        crate::agent::Stop::BudgetExhausted { budget, detail } => Err(ModelFailure::Call(
+        crate::supervisor::agent::Stop::Answered => Ok((out.answer.unwrap_or(Value::Null), detail)),
+        crate::supervisor::agent::Stop::BudgetExhausted { budget, detail } => Err(ModelFailure::Call(
             "failed".into(),
             format!("agent_query: the sub-agent stopped unanswered: budget {budget} exhausted ({detail})"),
         )),
-        crate::agent::Stop::ModelError { message } => Err(ModelFailure::Call(
+        crate::supervisor::agent::Stop::ModelError { message } => Err(ModelFailure::Call(
             "failed".into(),
             format!("agent_query: the sub-agent stopped: {message}"),
         )),
