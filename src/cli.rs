@@ -294,13 +294,28 @@ pub fn build_supervisor(
     if opts.cell.events.is_some() {
         b = b.events(events_sink(opts)?);
     }
+    // Command tools run cells through the supervisor that holds them: it
+    // is handed to them once built.
+    #[cfg(target_os = "linux")]
+    let slot = crate::tools::SupervisorSlot::default();
     if let Some(f) = config_file(opts)? {
         if !f.models.is_empty() {
             let client = crate::models::ModelClient::new(&f.models).map_err(|e| e.to_string())?;
             b = b.models(client).map_err(|e| e.to_string())?;
         }
+        // The file tools and declared tools of `[files]` and `[tools.*]`,
+        // as `serve` offers them (still denied unless the policy allows).
+        #[cfg(target_os = "linux")]
+        for cap in
+            crate::tools::host_and_declared(&f.files, &f.tools, &slot).map_err(|e| e.to_string())?
+        {
+            b = b.capability(cap).map_err(|e| e.to_string())?;
+        }
     }
-    b.build().map_err(|e| e.to_string())
+    let sup = b.build().map_err(|e| e.to_string())?;
+    #[cfg(target_os = "linux")]
+    let _ = slot.set(sup.downgrade());
+    Ok(sup)
 }
 
 /// The language of a cell: `--lang`, else the file's extension, else Rhai

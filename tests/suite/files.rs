@@ -388,3 +388,52 @@ except RuntimeError as e:
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, json!("fn main() {\n"));
 }
+
+/// `cellbox run --config` offers the file tools of the file's `[files]` to
+/// the cell, as `serve` does, under the file's policy.
+#[test]
+fn files_tools_from_cellbox_run_with_a_config_file() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("proj");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("notes.txt"), "alpha\nbeta\n").unwrap();
+    std::fs::write(t.path().join("secret"), "no").unwrap();
+    let cfg = t.path().join("cellbox.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\npython = \"/usr/bin/python3\"\n\
+             [policy]\nallow = [\"read_file\"]\n\
+             [files]\nroots = [{:?}]\n",
+            root.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let code = "print(read_file('notes.txt', start_line=2)['content'], end='')\n\
+                try:\n    read_file('../secret')\nexcept Exception as e:\n    print('refused:', e)\n\
+                try:\n    list_dir('.')\nexcept Exception as e:\n    print('denied:', type(e).__name__)\n";
+    let out = super::common::cellbox(
+        &[
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--lang",
+            "python",
+            "-",
+        ],
+        Some(code),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("beta"), "{stdout}");
+    let refused = lines.next().unwrap_or_default();
+    assert!(
+        refused.starts_with("refused:") && refused.contains("outside the root"),
+        "{stdout}"
+    );
+    assert!(
+        lines.next().unwrap_or_default().starts_with("denied:"),
+        "{stdout}"
+    );
+}
