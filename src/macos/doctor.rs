@@ -88,18 +88,7 @@ pub fn assess(profile: &Profile, sandbox_exec: bool) -> ProfileAssessment {
         false,
         none("no memory cgroup: the memory of all cells together is not bounded"),
     );
-    let missing_required: Vec<String> = out
-        .iter()
-        .filter(|l| l.mode == LayerMode::Required && !l.available)
-        .map(|l| l.layer.clone())
-        .collect();
-    ProfileAssessment {
-        profile: profile.name.clone(),
-        source: profile.source.clone(),
-        ok: missing_required.is_empty(),
-        missing_required,
-        layers: out,
-    }
+    ProfileAssessment::new(profile, out)
 }
 
 #[cfg(test)]

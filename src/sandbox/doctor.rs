@@ -73,6 +73,25 @@ pub struct ProfileAssessment {
     pub ok: bool,
 }
 
+impl ProfileAssessment {
+    /// The assessment of `profile` from its layers: ok when every required
+    /// layer is available.
+    pub fn new(profile: &Profile, layers: Vec<LayerAssessment>) -> ProfileAssessment {
+        let missing_required: Vec<String> = layers
+            .iter()
+            .filter(|l| l.mode == LayerMode::Required && !l.available)
+            .map(|l| l.layer.clone())
+            .collect();
+        ProfileAssessment {
+            profile: profile.name.clone(),
+            source: profile.source.clone(),
+            ok: missing_required.is_empty(),
+            missing_required,
+            layers,
+        }
+    }
+}
+
 /// Python interpreters to look for, in order. Version-manager shims (pyenv)
 /// are slow wrappers that exec elsewhere, so only real binaries count.
 const PYTHON_CANDIDATES: &[&str] = &[
@@ -275,18 +294,7 @@ pub fn assess(profile: &Profile, host: &HostSupport) -> ProfileAssessment {
             profile.seccomp.exec
         ),
     );
-    let missing_required: Vec<String> = out
-        .iter()
-        .filter(|l| l.mode == LayerMode::Required && !l.available)
-        .map(|l| l.layer.clone())
-        .collect();
-    ProfileAssessment {
-        profile: profile.name.clone(),
-        source: profile.source.clone(),
-        ok: missing_required.is_empty(),
-        missing_required,
-        layers: out,
-    }
+    ProfileAssessment::new(profile, out)
 }
 
 #[cfg(test)]

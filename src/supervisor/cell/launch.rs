@@ -452,13 +452,19 @@ pub(super) fn start_direct(
     };
     spawn::prepare_worker(&mut cmd, &worker_fd, joins);
 
-    let mut child = cmd.spawn().map_err(|e| {
+    let child = cmd.spawn().map_err(|e| {
         format!(
             "failed to start the worker {}: {e}",
             sup.worker_exe.display()
         )
     })?;
     drop(worker_fd);
+    started_child(child)
+}
+
+/// A worker just spawned by `std::process` with piped output, as a
+/// [`Started`] the supervisor kills and reaps (with wait4) on every path.
+fn started_child(mut child: std::process::Child) -> Result<Started, String> {
     let pid = child.id() as i32;
     // From here on the child must be killed and reaped on every path.
     let guard = process::KillOnDrop::new(pid);
@@ -490,7 +496,7 @@ fn start_seatbelt(
     let (mut cmd, _policy) =
         crate::macos::launch::command(launcher, &sup.worker_exe, plan, worker_sock.into())
             .map_err(|e| e.to_string())?;
-    let mut child = cmd.spawn().map_err(|e| {
+    let child = cmd.spawn().map_err(|e| {
         format!(
             "failed to start the worker with {}: {e}",
             launcher.display()
@@ -498,21 +504,6 @@ fn start_seatbelt(
     })?;
     // The command holds the worker's end of the socket: close ours.
     drop(cmd);
-    let pid = child.id() as i32;
-    // From here on the child must be killed and reaped on every path.
-    let guard = process::KillOnDrop::new(pid);
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err("the worker's output pipes are missing".into());
-    };
-    drop(child); // std's Child never reaps on drop; we reap with wait4.
-    let started = Started {
-        pid,
-        exit: process::ExitWatch::open(pid),
-        guard,
-        stdout: OwnedFd::from(out),
-        stderr: OwnedFd::from(err),
-        reap: Reap::Direct,
-        in_flight: None,
-    };
+    let started = started_child(child)?;
     Ok((started, sup_sock, Handshake::Setup))
 }
