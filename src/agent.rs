@@ -167,6 +167,7 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             policy,
             limits: file.limits.clone(),
             profile: None,
+            ..Default::default()
         })
         .map_err(|e| e.to_string())?;
     if !context.is_null() {

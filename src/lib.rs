@@ -11,13 +11,13 @@
 
 // The supervisor, its sessions and a cell's request.
 pub use supervisor::{
-    CellRequest, Error, Forward, HistoryEntry, Language, OutputChunk, OutputStream, Session,
-    SessionConfig, Supervisor, SupervisorBuilder, WeakSupervisor,
+    CellRequest, Error, Forward, HistoryEntry, Language, OutputChunk, OutputStream, PythonState,
+    Session, SessionConfig, Supervisor, SupervisorBuilder, WeakSupervisor,
 };
 // What a cell gives back.
 pub use supervisor::{
-    CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
-    Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
+    CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, StateOutcome, Status,
+    Truncated, Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
 // Limits, capabilities and the policy that allows them, budgets.
 pub use supervisor::{

@@ -264,6 +264,32 @@ pub struct Done {
     /// Which limit, when `status` is `limit_exceeded`.
     #[serde(default)]
     pub limit: Option<String>,
+    /// A cell of a live Python session: what it did to the live namespace
+    /// (`vars` then holds the JSON values of the rebound names only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveDone>,
+}
+
+/// What a cell did to its session's live namespace (see [`Done::live`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveDone {
+    /// Names it bound or rebound to another object.
+    #[serde(default)]
+    pub changed: Vec<String>,
+    #[serde(default)]
+    pub deleted: Vec<String>,
+    /// Threads still running when it ended (they do not survive into the
+    /// next cell).
+    #[serde(default)]
+    pub threads: u32,
+    /// A checkpoint of the namespace it leaves, asked for by
+    /// `checkpoint(name)`.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+    /// The checkpoint the session returns to, asked for by `restore(name)`.
+    #[serde(default)]
+    pub restore: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -92,6 +92,54 @@ pub enum ZygoteMsg {
 pub struct CellSetup {
     pub scratch: String,
     pub rlimits: Rlimits,
+    /// Start a session's state process (see [`StateMsg`]) rather than a
+    /// cell.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub state: bool,
+}
+
+/// Messages on a session's **state process** channel (`SOCK_SEQPACKET`, one
+/// JSON object per packet, tag `"op"`, the zygote's framing). A state
+/// process is forked from a zygote like a cell, under the same layers, and
+/// holds a Python session's live namespace; see `zygote.py` for its side.
+///
+/// - supervisor → state: `run {id, rlimits}` with the cell's protocol
+///   socket, stdout, stderr and the channel of the next state process;
+///   `clone {id}` with the channel of a copy (a checkpoint).
+/// - state → supervisor: `spawned {id, pid}`, `error {id, message}`,
+///   `ended {...}` (as [`ZygoteMsg::Ended`]); and, first on each new
+///   channel, `ready {pid}` from the process that serves it.
+///
+/// A state process has run the session's code: pids it names are only
+/// looked up among the session's own processes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StateMsg {
+    Run {
+        id: u64,
+        rlimits: Rlimits,
+    },
+    Clone {
+        id: u64,
+    },
+    Ready {
+        pid: i32,
+    },
+    Spawned {
+        id: u64,
+        pid: i32,
+    },
+    Error {
+        id: u64,
+        message: String,
+    },
+    Ended {
+        pid: i32,
+        status: i32,
+        utime: [i64; 2],
+        stime: [i64; 2],
+        max_rss_kb: i64,
+    },
 }
 
 /// CPU milliseconds from `[seconds, microseconds]` pairs (negative parts,
@@ -321,6 +369,7 @@ mod tests {
         let setup = CellSetup {
             scratch: "/s".into(),
             rlimits: p.default_limits(),
+            state: false,
         };
         let json = format!(r#"{{"scratch":"/s","rlimits":{limits}}}"#);
         assert_eq!(serde_json::to_string(&setup).unwrap(), json);
@@ -347,6 +396,7 @@ mod tests {
         let setup = CellSetup {
             scratch: "/s".into(),
             rlimits: Profile::load("python").unwrap().default_limits(),
+            state: false,
         };
         let setup = serde_json::to_value(&setup).unwrap();
         let keys = setup["rlimits"].as_object().unwrap();

@@ -721,6 +721,7 @@ impl ServeConfig {
                 policy: self.policy.clone(),
                 limits: self.limits.clone(),
                 profile: None,
+                ..Default::default()
             },
             max_sessions: self.sessions.max_sessions,
             max_sessions_per_principal,

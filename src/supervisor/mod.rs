@@ -9,6 +9,8 @@ mod cell;
 mod events;
 mod limits;
 #[cfg(target_os = "linux")]
+mod live;
+#[cfg(target_os = "linux")]
 pub mod oneshot;
 mod output;
 mod policy;
@@ -32,11 +34,11 @@ pub use policy::{
 pub use pool_status::{PoolStatus, ZygoteStatus};
 pub use python::{PythonError, PythonInfo};
 pub use result::{
-    CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, Status, Truncated,
-    Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
+    CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, StateOutcome, Status,
+    Truncated, Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
 pub use scratch::{ScratchQuota, DEFAULT_SESSION_SCRATCH};
-pub use session::{HistoryEntry, Session, SessionConfig};
+pub use session::{HistoryEntry, PythonState, Session, SessionConfig, DEFAULT_MAX_CHECKPOINTS};
 #[cfg(target_os = "linux")]
 pub use zygote::{PoolCeiling, PoolConfig};
 
@@ -125,6 +127,9 @@ pub enum Error {
     BadVarName(String),
     #[error("{0}")]
     Config(String),
+    /// A checkpoint could not be made or restored.
+    #[error("{0}")]
+    Checkpoint(String),
 }
 
 /// Which output stream a live chunk came from.

@@ -315,6 +315,27 @@ pub struct CellResult {
     pub run: RunInfo,
     pub sandbox: Option<SandboxReport>,
     pub exit: ExitInfo,
+    /// A cell of a live Python session: what became of the session's live
+    /// namespace (absent for other cells).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateOutcome>,
+    /// Things worth knowing about how the cell ran (threads that did not
+    /// survive it, a live namespace that could not be used).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// What became of a live Python session's namespace after a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateOutcome {
+    /// The cell succeeded: the namespace is the one it left.
+    Kept,
+    /// The cell failed, timed out or was killed: the namespace is the one
+    /// before it, every object as it was.
+    RolledBack,
+    /// The cell asked for `restore(name)`: the namespace is the checkpoint's.
+    Restored,
 }
 
 impl CellResult {
@@ -488,6 +509,8 @@ impl CellResult {
             run,
             sandbox: None,
             exit: ExitInfo::default(),
+            state: None,
+            notes: Vec::new(),
         }
     }
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 /// How a session is configured.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
     pub policy: Policy,
@@ -18,6 +18,51 @@ pub struct SessionConfig {
     /// Sandbox profile name or path for every cell of this session
     /// (defaults to the supervisor's profile for the cell's language).
     pub profile: Option<String>,
+    /// How Python cells keep the namespace (see [`PythonState`]).
+    pub python_state: PythonState,
+    /// Checkpoints a live Python session may keep at once.
+    pub max_checkpoints: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            policy: Policy::default(),
+            limits: Limits::default(),
+            profile: None,
+            python_state: PythonState::default(),
+            max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+        }
+    }
+}
+
+/// Checkpoints a live Python session keeps at most, by default.
+pub const DEFAULT_MAX_CHECKPOINTS: usize = 4;
+
+/// How a session's Python cells keep their namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PythonState {
+    /// Every object stays alive in the session's sandboxed state process
+    /// (forked per cell; a failed cell is rolled back whole). Where there
+    /// are no warm zygotes or cgroups, cells fall back to `replay`. The
+    /// supervisor restarting loses live objects (JSON variables and
+    /// definitions are kept and replayed).
+    #[default]
+    Live,
+    /// JSON variables are carried and definitions replayed in a fresh
+    /// process per cell; other objects are dropped (and reported).
+    Replay,
+}
+
+/// A checkpoint: an idle copy of the session's state process, and the
+/// JSON mirror of its namespace at the time.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+struct Checkpoint {
+    state: Arc<super::live::StateProc>,
+    vars: Namespace,
+    definitions: Vec<(Language, Definition)>,
 }
 
 /// One past cell.
@@ -36,6 +81,19 @@ struct State {
     definitions: Vec<(Language, Definition)>,
     history: Vec<HistoryEntry>,
     execution_count: u64,
+    /// A live Python session's state process (see `super::live`), and the
+    /// variables set from outside since its last cell.
+    #[cfg(target_os = "linux")]
+    live: Option<Arc<super::live::StateProc>>,
+    /// The session's first state process, the zygote's child: every later
+    /// one shares its process group, which the zygote kills when it ends,
+    /// so it is kept (idle) for as long as the session is live.
+    #[cfg(target_os = "linux")]
+    live_root: Option<Arc<super::live::StateProc>>,
+    #[cfg(target_os = "linux")]
+    pending_vars: Namespace,
+    #[cfg(target_os = "linux")]
+    checkpoints: std::collections::BTreeMap<String, Checkpoint>,
 }
 
 struct SessionInner {
@@ -172,7 +230,18 @@ impl Session {
             .cancel(request.cancel.clone())
             .output(request.output.clone())
             .execution_count(count);
+        #[cfg(target_os = "linux")]
+        let live = self.live_cell(&mut state, request.language);
+        #[cfg(target_os = "linux")]
+        let spec = spec.live(live.clone());
         let (mut result, done) = cell::run(self.inner.sup.clone(), spec).await;
+        #[cfg(target_os = "linux")]
+        if let Some(live) = live {
+            self.after_live(&mut state, &live, done.as_deref(), &mut result)
+                .await;
+            self.push_history(&mut state, &request, &result);
+            return result;
+        }
         if result.status == Status::Ok && request.language != Language::Shell {
             if let Some(done) = done {
                 apply(&mut state, request.language, &done, &mut result);
@@ -180,6 +249,236 @@ impl Session {
         }
         self.push_history(&mut state, &request, &result);
         result
+    }
+
+    /// What a Python cell of a live session takes to its launch.
+    #[cfg(target_os = "linux")]
+    fn live_cell(
+        &self,
+        state: &mut State,
+        language: Language,
+    ) -> Option<Arc<super::live::LiveCell>> {
+        let sup = &self.inner.sup;
+        let usable = language == Language::Python
+            && self.inner.config.python_state == PythonState::Live
+            && sup.pools.is_some()
+            && sup.groups.is_some()
+            && sup.sandbox_exec.is_none();
+        if !usable {
+            return None;
+        }
+        if state.live.as_ref().is_some_and(|s| s.is_dead())
+            || state.live_root.as_ref().is_some_and(|s| s.is_dead())
+        {
+            // Lost (its zygote or its first state process gone): the next
+            // state process is seeded from the JSON mirror.
+            state.live = None;
+            state.live_root = None;
+        }
+        let cell = super::live::LiveCell {
+            pending_vars: std::mem::take(&mut state.pending_vars),
+            ..Default::default()
+        };
+        *crate::util::lock(&cell.state) = state.live.clone();
+        Some(Arc::new(cell))
+    }
+
+    /// Fold a live cell into the session: its state process kept or rolled
+    /// back, the JSON mirror of its namespace, its checkpoint or restore.
+    #[cfg(target_os = "linux")]
+    async fn after_live(
+        &self,
+        state: &mut State,
+        live: &super::live::LiveCell,
+        done: Option<&Done>,
+        result: &mut CellResult,
+    ) {
+        use super::result::StateOutcome;
+        use crate::util::lock;
+        use std::sync::atomic::Ordering::SeqCst;
+        let ran_live = live.running.load(SeqCst);
+        let kept = lock(&live.kept).take();
+        result.notes.extend(lock(&live.notes).drain(..));
+        let previous = lock(&live.state).take();
+        if live.fresh.load(SeqCst) {
+            state.live_root = previous.clone();
+        }
+        if !ran_live {
+            // It ran in a process of its own: the carried namespace is the
+            // truth now, and a state process (if any) is out of date.
+            state.live = None;
+            if result.status == Status::Ok {
+                if let Some(done) = done {
+                    apply(state, Language::Python, done, result);
+                }
+            }
+            return;
+        }
+        let live_done = done.and_then(|d| d.live.as_ref().map(|l| (d, l)));
+        match (result.status == Status::Ok, kept, live_done) {
+            (true, Some(next), Some((done, report))) => {
+                state.live = Some(next);
+                result.state = Some(StateOutcome::Kept);
+                apply_live(state, done, report, result);
+                if report.threads > 0 {
+                    result.notes.push(format!(
+                        "{} thread(s) still ran when the cell ended: they do not survive into the next cell",
+                        report.threads
+                    ));
+                }
+                if let Some(name) = &report.checkpoint {
+                    if let Err(e) = self.checkpoint_in(state, name).await {
+                        result
+                            .notes
+                            .push(format!("checkpoint {name:?} was not made: {e}"));
+                    }
+                }
+                if let Some(name) = &report.restore {
+                    match self.restore_in(state, name).await {
+                        Ok(()) => result.state = Some(StateOutcome::Restored),
+                        Err(e) => result.notes.push(format!("{e}")),
+                    }
+                }
+            }
+            _ => {
+                state.live = previous;
+                result.state = Some(StateOutcome::RolledBack);
+            }
+        }
+    }
+
+    /// Keep a checkpoint of the live namespace as it is now.
+    #[cfg(target_os = "linux")]
+    async fn checkpoint_in(&self, state: &mut State, name: &str) -> Result<(), Error> {
+        valid_checkpoint_name(name)?;
+        let Some(current) = state.live.clone().filter(|s| !s.is_dead()) else {
+            return Err(Error::Checkpoint(
+                "the session has no live Python namespace yet (run a Python cell first)".into(),
+            ));
+        };
+        let max = self.inner.config.max_checkpoints;
+        if !state.checkpoints.contains_key(name) && state.checkpoints.len() >= max {
+            return Err(Error::Checkpoint(format!(
+                "the session already keeps {max} checkpoints (max_checkpoints): restore or drop one first"
+            )));
+        }
+        let session = self.session_group()?;
+        let copy = current.copy(&session).await.map_err(Error::Checkpoint)?;
+        state.checkpoints.insert(
+            name.to_owned(),
+            Checkpoint {
+                state: copy,
+                vars: state.vars.clone(),
+                definitions: state.definitions.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Make a copy of checkpoint `name` the session's live namespace.
+    #[cfg(target_os = "linux")]
+    async fn restore_in(&self, state: &mut State, name: &str) -> Result<(), Error> {
+        let Some(cp) = state.checkpoints.get(name) else {
+            let known: Vec<&str> = state.checkpoints.keys().map(String::as_str).collect();
+            return Err(Error::Checkpoint(format!(
+                "no checkpoint named {name:?} (the session has {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        let session = self.session_group()?;
+        let copy = cp.state.copy(&session).await.map_err(Error::Checkpoint)?;
+        state.vars = cp.vars.clone();
+        state.definitions = cp.definitions.clone();
+        state.pending_vars.clear();
+        state.live = Some(copy);
+        Ok(())
+    }
+
+    #[cfg(target_os = "linux")]
+    fn session_group(&self) -> Result<Arc<crate::sandbox::linux::groups::SessionGroup>, Error> {
+        self.inner
+            .share
+            .session(&self.inner.sup, &self.inner.config.limits)
+            .ok_or_else(|| Error::Checkpoint("the session has no cgroup".into()))
+    }
+
+    /// Keep a checkpoint named `name` of the session's live Python
+    /// namespace (a copy of its state process, bounded by
+    /// `max_checkpoints`; the same name replaces the older one).
+    pub async fn checkpoint(&self, name: &str) -> Result<(), Error> {
+        #[cfg(target_os = "linux")]
+        {
+            let mut state = self.inner.state.lock().await;
+            self.checkpoint_in(&mut state, name).await
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = name;
+            Err(Error::Checkpoint("checkpoints need Linux".into()))
+        }
+    }
+
+    /// Return the session's live Python namespace to checkpoint `name` (the
+    /// checkpoint stays, for another restore).
+    pub async fn restore(&self, name: &str) -> Result<(), Error> {
+        #[cfg(target_os = "linux")]
+        {
+            let mut state = self.inner.state.lock().await;
+            self.restore_in(&mut state, name).await
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = name;
+            Err(Error::Checkpoint("checkpoints need Linux".into()))
+        }
+    }
+
+    /// The names of the session's checkpoints.
+    pub async fn checkpoints(&self) -> Vec<String> {
+        #[cfg(target_os = "linux")]
+        {
+            self.inner
+                .state
+                .lock()
+                .await
+                .checkpoints
+                .keys()
+                .cloned()
+                .collect()
+        }
+        #[cfg(not(target_os = "linux"))]
+        Vec::new()
+    }
+
+    /// Whether the session's Python namespace is alive in a state process.
+    pub async fn is_live(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            self.inner
+                .state
+                .lock()
+                .await
+                .live
+                .as_ref()
+                .is_some_and(|s| !s.is_dead())
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    /// Memory the session holds now (its processes, live namespaces and
+    /// checkpoints, and its files' pages), where it has a cgroup.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        #[cfg(target_os = "linux")]
+        {
+            self.inner.share.memory_bytes()
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
     }
 
     /// Call one capability directly (the REPL's `:call`), through the same
@@ -272,6 +571,10 @@ impl Session {
         }
         let mut state = self.inner.state.lock().await;
         remove_definition_names(&mut state, &[name.to_owned()]);
+        #[cfg(target_os = "linux")]
+        if state.live.is_some() {
+            state.pending_vars.insert(name.to_owned(), value.clone());
+        }
         state.vars.insert(name.to_owned(), value);
         Ok(())
     }
@@ -294,6 +597,12 @@ impl Session {
         let mut state = self.inner.state.lock().await;
         state.vars.clear();
         state.definitions.clear();
+        #[cfg(target_os = "linux")]
+        {
+            state.live = None;
+            state.live_root = None;
+            state.pending_vars.clear();
+        }
     }
 }
 
@@ -370,4 +679,60 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
     }
     result.vars.changed = changed;
     result.vars.deleted = deleted;
+}
+
+/// A checkpoint's name: 1 to 64 letters, digits, `_`, `-` or `.`.
+fn valid_checkpoint_name(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Checkpoint(format!(
+            "{name:?} is not a checkpoint name (1 to 64 letters, digits, '_', '-' or '.')"
+        )))
+    }
+}
+
+/// Fold a live cell that kept its namespace into the session's JSON mirror
+/// (replayed if the state process is ever lost) and fill `result.vars`.
+#[cfg(target_os = "linux")]
+fn apply_live(
+    state: &mut State,
+    done: &Done,
+    report: &crate::protocol::LiveDone,
+    result: &mut CellResult,
+) {
+    let mut gone: Vec<String> = report.changed.clone();
+    gone.extend(report.deleted.iter().cloned());
+    remove_definition_names(state, &gone);
+    for d in &done.definitions {
+        remove_definition_names(state, &d.names);
+    }
+    for name in &report.changed {
+        match done.vars.get(name) {
+            Some(v) if valid_var_name(name) => {
+                state.vars.insert(name.clone(), v.clone());
+            }
+            _ => {
+                state.vars.remove(name);
+            }
+        }
+    }
+    for name in &report.deleted {
+        state.vars.remove(name);
+    }
+    for d in &done.definitions {
+        if !d.names.is_empty() {
+            state.definitions.push((Language::Python, d.clone()));
+            for n in &d.names {
+                state.vars.remove(n);
+            }
+        }
+    }
+    result.vars.changed = report.changed.clone();
+    result.vars.deleted = report.deleted.clone();
 }

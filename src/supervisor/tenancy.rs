@@ -110,6 +110,13 @@ impl Share {
             .clone()
     }
 
+    /// Bytes of memory the session's group holds now (none before its
+    /// first cell, or without groups).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn memory_bytes(&self) -> Option<u64> {
+        self.group.get()?.as_ref()?.memory_bytes()
+    }
+
     /// A group for one cell of the session (its processes bounded by
     /// `limits`); `None` where there are no groups.
     #[cfg(not(target_os = "linux"))]

@@ -400,10 +400,10 @@ impl Zygote {
         sock: OwnedFd,
         out: OwnedFd,
         err: OwnedFd,
-        scratch: &Path,
-        limits: &Rlimits,
+        setup: zygote::CellSetup,
         deadline: tokio::time::Instant,
     ) -> Result<(i32, OwnedFd, InFlight), SpawnError> {
+        let scratch = Path::new(&setup.scratch);
         use SpawnError::Failed;
         if self.is_dead() {
             return Err(Failed("the Python zygote is not running".into()));
@@ -426,11 +426,8 @@ impl Zygote {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let in_flight = InFlight(self.in_flight.clone());
         // The cell's own data goes in a pipe only the forked child reads.
-        let setup = zygote::setup_pipe(&zygote::CellSetup {
-            scratch: scratch.to_string_lossy().into_owned(),
-            rlimits: *limits,
-        })
-        .map_err(|e| Failed(format!("failed to pass the cell its setup: {e}")))?;
+        let setup = zygote::setup_pipe(&setup)
+            .map_err(|e| Failed(format!("failed to pass the cell its setup: {e}")))?;
         let msg = ZygoteMsg::Spawn { id };
         let asked = Instant::now();
         let sent = {

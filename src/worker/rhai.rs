@@ -284,6 +284,7 @@ fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done
         definitions: Vec::new(),
         error: Some(error),
         limit,
+        live: None,
     }
 }
 
@@ -382,6 +383,7 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
         definitions,
         error: None,
         limit: None,
+        live: None,
     }
 }
 

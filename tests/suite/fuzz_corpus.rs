@@ -296,6 +296,7 @@ fn write_protocol_seeds() {
                     column: None,
                 }),
                 limit: None,
+                live: None,
             })),
         ),
     ];

@@ -483,6 +483,31 @@ impl SessionGroup {
         })
     }
 
+    /// Move the single-threaded process `pid` (in this process's PID
+    /// namespace) into the session's own groups, out of any cell's: a
+    /// Python session's state process, which outlives the cell it came
+    /// from and is killed with the session.
+    pub fn adopt(&self, pid: i32) -> Result<(), CgroupError> {
+        let text = pid.to_string();
+        nix::unistd::write(&self.dir.memory_tasks, text.as_bytes()).map_err(|e| {
+            CgroupError::Busy(format!(
+                "cannot move process {pid} into its session's cgroup: {e}"
+            ))
+        })?;
+        for dir in [&self.dir.pids, &self.dir.cpu] {
+            let tasks = dir.join("tasks");
+            std::fs::write(&tasks, text.as_bytes())
+                .map_err(CgroupError::io(format!("write {pid} to"), &tasks))?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of memory the session holds now (its processes and the pages
+    /// of its files).
+    pub fn memory_bytes(&self) -> Option<u64> {
+        get(&self.dir.usage)
+    }
+
     /// The session's memory cgroup directory.
     pub fn memory_path(&self) -> &Path {
         &self.dir.memory

@@ -12,6 +12,7 @@ use crate::protocol::{
 use crate::sandbox::{process, SandboxPlan};
 use crate::supervisor::result::{CellResult, ErrorKind, Status};
 use crate::supervisor::Inner;
+use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -30,11 +31,13 @@ pub(super) fn opening(
     plan: Option<SandboxPlan>,
 ) -> (Option<ToWorker>, Option<ToWorker>) {
     let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
+        let (vars, definitions) =
+            live_part(spec).unwrap_or_else(|| (spec.vars.clone(), spec.definitions.clone()));
         ToWorker::Start(Start {
             language: spec.language.as_str().to_owned(),
             code: spec.code.clone(),
-            vars: spec.vars.clone(),
-            definitions: spec.definitions.clone(),
+            vars,
+            definitions,
             capabilities: sup.registry.iter().map(|c| c.spec()).collect(),
             limits: spec.limits.script_limits(),
             max_frame_bytes: spec.limits.max_frame_bytes,
@@ -197,4 +200,20 @@ impl std::fmt::Display for SendError {
             SendError::Deadline => f.write_str("the worker stopped reading before the deadline"),
         }
     }
+}
+
+/// For a cell on a live namespace that was there before it: the variables
+/// set since the last cell and no definitions (the namespace has them);
+/// `None` for any other cell, and for a new state process (which the start
+/// frame seeds with the carried ones).
+#[cfg(target_os = "linux")]
+fn live_part(spec: &CellSpec) -> Option<(Map<String, Value>, Vec<crate::protocol::Definition>)> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let l = spec.live.as_ref()?;
+    (l.running.load(SeqCst) && !l.fresh.load(SeqCst)).then(|| (l.pending_vars.clone(), Vec::new()))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn live_part(_spec: &CellSpec) -> Option<(Map<String, Value>, Vec<crate::protocol::Definition>)> {
+    None
 }

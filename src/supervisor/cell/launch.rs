@@ -159,6 +159,14 @@ async fn launch_python(
     use crate::supervisor::warm::POOL_LOG;
     use crate::supervisor::zygote::SpawnError;
     let deadline_t = tokio::time::Instant::from_std(deadline);
+    if let Some(live) = &spec.live {
+        match start_live(sup, spec, plan, live, deadline_t, group).await {
+            Ok(s) => return Ok(Some(s)),
+            Err(e) => live.note(format!(
+                "the cell ran without the session's live namespace ({e}): only its JSON variables and definitions were replayed"
+            )),
+        }
+    }
     // The stalled zygote the cell moved from, if it did.
     let mut moved_from: Option<i32> = None;
     for _ in 0..ZYGOTE_TRIES {
@@ -329,6 +337,77 @@ async fn warm_python(
     z.fits(&plan.limits).then_some(z)
 }
 
+/// Fork the cell from its session's state process (started now, from a
+/// zygote, if the session has none).
+#[cfg(target_os = "linux")]
+async fn start_live(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    plan: &SandboxPlan,
+    live: &crate::supervisor::live::LiveCell,
+    deadline: tokio::time::Instant,
+    group: Option<&CellGroup>,
+) -> Result<Start3, String> {
+    use crate::supervisor::live::{host_pid, StateProc};
+    use crate::util::lock;
+    use std::sync::atomic::Ordering::SeqCst;
+    let group = group.ok_or("the cell has no cgroup")?;
+    let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+    let session = spec
+        .share
+        .session(sup, asked)
+        .ok_or("the session has no cgroup")?;
+    let mut limits = plan.limits;
+    // The cell's pids cgroup bounds its processes (see `start_zygote`).
+    limits.max_processes = u64::MAX;
+    let current = lock(&live.state).clone().filter(|s| !s.is_dead());
+    let state = match current {
+        Some(s) => s,
+        None => {
+            let z = warm_python(sup, spec, plan, false)
+                .await
+                .ok_or("no Python zygote is available")?;
+            crate::supervisor::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)?;
+            let s = StateProc::start(z, &plan.scratch, &limits, &session, deadline).await?;
+            live.fresh.store(true, SeqCst);
+            *lock(&live.state) = Some(s.clone());
+            s
+        }
+    };
+    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let (ns_pid, next) = state
+        .run(worker_sock.into(), out_w, err_w, &limits, deadline)
+        .await?;
+    *lock(&live.next) = Some(next);
+    let rx = state.exit_of(ns_pid);
+    let host = host_pid(session.pids_path(), ns_pid)
+        .ok_or_else(|| format!("the cell's process {ns_pid} is not among the session's"))?;
+    let pidfd =
+        process::pidfd_open(host).map_err(|e| format!("failed to open the cell's process: {e}"))?;
+    let guard = process::KillOnDrop::pidfd(
+        pidfd
+            .try_clone()
+            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+    );
+    // Into its cgroup before it is sent any code.
+    group.adopt(host).map_err(|e| e.to_string())?;
+    live.running.store(true, SeqCst);
+    let report = state.zygote().cell_report();
+    let started = Started {
+        pid: ns_pid,
+        exit: process::ExitWatch::from_pidfd(pidfd),
+        guard,
+        stdout: out_r,
+        stderr: err_r,
+        reap: Reap::Parent(state, rx),
+        in_flight: None,
+    };
+    Ok((started, sup_sock, Handshake::PreReady(report)))
+}
+
 /// Fork the cell from a Python zygote.
 #[cfg(target_os = "linux")]
 async fn start_zygote(
@@ -351,7 +430,17 @@ async fn start_zygote(
         limits.max_processes = u64::MAX;
     }
     let (pid, pidfd, in_flight) = z
-        .spawn(worker_fd, out_w, err_w, &plan.scratch, &limits, deadline)
+        .spawn(
+            worker_fd,
+            out_w,
+            err_w,
+            crate::sandbox::zygote::CellSetup {
+                scratch: plan.scratch.to_string_lossy().into_owned(),
+                rlimits: limits,
+                state: false,
+            },
+            deadline,
+        )
         .await?;
     let guard = process::KillOnDrop::pidfd(
         pidfd

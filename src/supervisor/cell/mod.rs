@@ -72,6 +72,10 @@ pub(crate) struct CellSpec {
     pub execution_count: u64,
     /// The session's cgroups (shared by its cells and sub-cells).
     pub share: Arc<Share>,
+    /// A cell of a live Python session: its state process (see
+    /// `crate::supervisor::live`).
+    #[cfg(target_os = "linux")]
+    pub live: Option<Arc<crate::supervisor::live::LiveCell>>,
 }
 
 /// What a cell has of its session (a sub-cell of its parent's): shared by
@@ -118,6 +122,8 @@ impl CellSpec {
             output: None,
             execution_count: 0,
             share: session.share.clone(),
+            #[cfg(target_os = "linux")]
+            live: None,
         }
     }
 
@@ -184,6 +190,13 @@ impl CellSpec {
 
     pub(crate) fn execution_count(mut self, n: u64) -> CellSpec {
         self.execution_count = n;
+        self
+    }
+
+    /// Run on the session's live namespace.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn live(mut self, live: Option<Arc<crate::supervisor::live::LiveCell>>) -> CellSpec {
+        self.live = live;
         self
     }
 }
@@ -334,6 +347,16 @@ async fn life(
     let (setup, start) = opening(sup, spec, backend, plan);
     let conv = Conversation::new(handshake, setup, start);
     let outcome = converse(sup, spec, result, sock, &exit, deadline, conv).await;
+    // A live session's cell that succeeded has forked its successor: it
+    // leaves the cell's group before the group is emptied.
+    #[cfg(target_os = "linux")]
+    if let (Some(live), Outcome::Done(d)) = (&spec.live, &outcome) {
+        if d.status == DoneStatus::Ok && d.live.is_some() {
+            let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+            let session = spec.share.session(sup, asked);
+            live.take_over(session.as_deref()).await;
+        }
+    }
     let ending = end::Worker {
         pid: worker.pid,
         guard: worker.guard,

@@ -224,6 +224,7 @@ async fn sub_agent(
         policy: child.clone(),
         limits: spec.session().limits.clone(),
         profile: spec.profile.clone(),
+        ..Default::default()
     };
     let session =
         crate::supervisor::session::Session::beneath(sup.clone(), config, Some(run.clone()))

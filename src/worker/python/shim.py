@@ -498,11 +498,19 @@ def _execute(start, out):
             reserved.add(_ALIASES[spec["name"]])
 
     # The cell's module is a real module installed as __main__, so pickle,
-    # dataclasses and typing find classes the cell defines.
-    module = type(sys)("__main__")
+    # dataclasses and typing find classes the cell defines. In a session's
+    # state process it is the live namespace every cell of the session
+    # runs in (see zygote.py, `_state_main`).
+    module = _st.get("live_module")
+    if module is None:
+        module = type(sys)("__main__")
+        if _st.get("live"):
+            _st["live_module"] = module
     sys.modules["__main__"] = module
     g = out["g"] = module.__dict__
     g["__builtins__"] = sys.modules["builtins"]
+    if _st.get("live"):
+        out["before"] = dict(g)
     def_bound = out["def_bound"]
     for k, v in carried.items():
         if k not in reserved:
@@ -540,6 +548,9 @@ def _execute(start, out):
     g["tool_call"] = installed["tool_call"] = tool_call
     g["tool_call_batched"] = installed["tool_call_batched"] = tool_call_batched
     g["tools"] = installed["tools"] = _ToolGroup("")
+    if _st.get("live"):
+        g["checkpoint"] = installed["checkpoint"] = _live_request("checkpoint", out)
+        g["restore"] = installed["restore"] = _live_request("restore", out)
     try:
         _run_statements(code, g, flags, out)
     finally:
@@ -594,6 +605,71 @@ def _run_statements(code, g, flags, out):
             out["defs"].append((bound, node))
 
 
+# ---------------------------------------------------------------- live
+
+
+def _live_request(kind, out):
+    """checkpoint(name) / restore(name) in a live session: done once the
+    cell is over (a checkpoint keeps the namespace the cell leaves, if it
+    succeeds; a restore replaces it with the checkpoint's)."""
+
+    def request(name):
+        if type(name) is not str or not name or len(name) > 64 or not all(c.isalnum() or c in "_-." for c in name):
+            raise ValueError("a checkpoint name is 1 to 64 letters, digits, '_', '-' or '.'")
+        out["requests"][kind] = name
+
+    request.__name__ = request.__qualname__ = kind
+    return request
+
+
+def _live_done(out):
+    """The done frame of a cell in a live session: the names it rebound or
+    deleted (from the live namespace, by identity), JSON values of the
+    rebound ones where they have one (the supervisor's mirror, replayed if
+    the state process is ever lost), its definitions, and any checkpoint or
+    restore it asked for."""
+    changed, deleted, items, definitions = [], [], [], []
+    threads = 0
+    if out["status"] == "ok":
+        g, reserved, before = out["g"], out["reserved"], out.get("before") or {}
+        for name, v in list(g.items()):
+            if type(name) is not str or (name[:2] == "__" and name[-2:] == "__") or name in reserved:
+                continue
+            if before.get(name, _MISSING) is v:
+                continue
+            changed.append(name)
+            if name[:1] != "_" and name.isascii() and name.isidentifier():
+                try:
+                    items.append((name, _to_json(v)))
+                except Exception:
+                    pass
+        deleted = [n for n in before if type(n) is str and n not in g and n not in reserved and not (n[:2] == "__" and n[-2:] == "__")]
+        if out["defs"]:
+            lines = _sources[_CELL]
+            for bound, node in out["defs"]:
+                live = [n for n, v in bound.items() if g.get(n, _MISSING) is v]
+                if live:
+                    definitions.append({"names": live, "source": _segment(lines, node)})
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            try:
+                threads = max(0, threading.active_count() - 1)
+            except Exception:
+                threads = 0
+    data = (
+        '{"t":"done","status":"%s","value":%s,"repr":%s,"vars":{%s},"dropped":[],"definitions":%s,"error":%s,"limit":%s,"live":{"changed":%s,"deleted":%s,"threads":%d,"checkpoint":%s,"restore":%s}}'
+        % (out["status"], out["value"], out.get("repr", "null"), ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]), _dumps(changed), _dumps(deleted), threads, _dumps(out["requests"].get("checkpoint")), _dumps(out["requests"].get("restore")))
+    ).encode("utf-8")
+    if len(data) > _st["max"]:
+        # The mirror's values go first: the namespace itself is live.
+        out["requests"].clear()
+        data = (
+            '{"t":"done","status":"%s","value":null,"vars":{},"dropped":[],"definitions":[],"error":%s,"limit":%s,"live":{"changed":[],"deleted":[],"threads":%d}}'
+            % (out["status"], _dumps(out["error"]), _dumps(out["limit"]), threads)
+        ).encode("utf-8")
+    return data
+
+
 # ---------------------------------------------------------------- done
 
 
@@ -636,6 +712,8 @@ def _carried_state(out):
 
 
 def _done_frame(out):
+    if _st.get("live"):
+        return _live_done(out)
     items, dropped, definitions = _carried_state(out) if out["status"] == "ok" else ((), [], [])
     data = _assemble(out, items, dropped, definitions)
     if len(data) > _st["max"]:
@@ -669,6 +747,9 @@ def _finish(out):
         data = _done_frame(out)
     except BaseException as e:
         data = _fallback_done("the shim failed to build its result: %s" % _type_name(type(e)))
+        out["status"] = "error"
+    if _st.get("live") and out["status"] == "ok":
+        _live_keep()
     try:
         _send(data)
     except BaseException as e:
@@ -714,7 +795,7 @@ def _main():
         _signal.signal(_signal.SIGALRM, _on_alarm)
         _st["armed"] = True
         _signal.setitimer(_signal.ITIMER_REAL, (ms - min(ms // 10, 200)) / 1000.0)
-    out = {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call", "tool_call", "tool_call_batched", "tools"}, "earlier": ()}
+    out = {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call", "tool_call", "tool_call_batched", "tools"} | ({"checkpoint", "restore"} if _st.get("live") else set()), "earlier": (), "requests": {}}
     try:
         try:
             _execute(start, out)

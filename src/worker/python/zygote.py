@@ -164,8 +164,194 @@ def _child(fds):
             posix.write(2, ("cellbox zygote: failed to prepare the cell: %s\n" % _clean(str(e))).encode("utf-8", "replace"))
         finally:
             posix._exit(_EXIT_SANDBOX)
+    if msg.get("state") is True:
+        _state_main()
     _main()
     posix._exit(0)
+
+
+# ---------------------------------------------------------------- state processes
+#
+# A session's live namespace is kept in a **state process**: forked from
+# the zygote like a cell (same layers: the session's scratch dir and
+# limits), but instead of running a cell it serves its own control channel
+# (fd 3, SOCK_SEQPACKET, the zygote's framing):
+#
+# - `run {id, rlimits}` with four fds (the cell's protocol socket, stdout,
+#   stderr, and the control channel of the next state process): it forks
+#   the cell's process, which runs the cell in the live namespace. If the
+#   cell succeeds, that process forks once more before reporting `done`:
+#   the fork is the session's next state process (on the fd it was given;
+#   it says `ready {pid}` there) and the cell's process exits as
+#   any cell does. If the cell fails, times out or is killed, no fork is
+#   made: this state process, untouched, stays the session's state.
+# - `clone {id}` with one fd: fork a copy of this state process that
+#   serves that channel (a checkpoint, or a restore from one).
+# - replies: `spawned {id, pid}`, `error {id, message}`, `ended {pid, ...}`
+#   (as the zygote reports its children).
+#
+# A state process runs cell code (the session's own), so the supervisor
+# trusts nothing it says beyond that session: pids are looked up in the
+# session's cgroup, and every report only ever decides that session's
+# result.
+
+
+def _state_main():
+    """Serve a state process's control channel on fd 3. Never returns."""
+    global _CTL
+    try:
+        _st["live"] = True
+        _CTL = _socket.socket(fileno=_FD)
+        posix.set_inheritable(_FD, False)
+        if "rl0" not in _st:
+            _st["rl0"] = [(res, resource.getrlimit(res)) for _, res in _RLIMITS]
+        else:
+            for res, (soft, hard) in _st["rl0"]:
+                try:
+                    resource.setrlimit(res, (soft, resource.getrlimit(res)[1]))
+                except (OSError, ValueError):
+                    pass
+        wake_r, wake_w = posix.pipe()
+        posix.set_blocking(wake_r, False)
+        posix.set_blocking(wake_w, False)
+        _st["wake"] = (wake_r, wake_w)
+        _signal.set_wakeup_fd(wake_w)
+        _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+        _zsend({"op": "ready", "pid": posix.getpid()})
+        poller = select.poll()
+        poller.register(_FD, select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        cells = {}
+        while True:
+            for fd, ev in poller.poll():
+                if fd == wake_r:
+                    try:
+                        while posix.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    continue
+                msg, fds = _zrecv()
+                if msg is None:
+                    for pid in cells:
+                        try:
+                            posix.kill(pid, _signal.SIGKILL)
+                        except OSError:
+                            pass
+                    posix._exit(0)
+                op = msg.get("op")
+                if op == "run":
+                    _live_run(msg, fds, cells)
+                elif op == "clone":
+                    _live_clone(msg, fds)
+                else:
+                    for f in fds:
+                        posix.close(f)
+            _reap(cells)
+    except BaseException:
+        posix._exit(_EXIT_SANDBOX)
+
+
+def _live_forked():
+    """In a fresh fork of a state process: its signal plumbing is not ours."""
+    _signal.set_wakeup_fd(-1)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    for fd in _st.pop("wake", ()):
+        posix.close(fd)
+    _CTL.detach()
+
+
+def _live_run(msg, fds, cells):
+    cid = msg.get("id")
+    rl = msg.get("rlimits")
+    if type(cid) is not int or len(fds) != 4 or type(rl) is not dict:
+        for fd in fds:
+            posix.close(fd)
+        _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed run message"})
+        return
+    pid = posix.fork()
+    if pid == 0:
+        try:
+            _live_forked()
+            sock, out, err, nxt = fds
+            posix.dup2(out, 1)
+            posix.dup2(err, 2)
+            posix.dup2(sock, _FD)
+            for fd in (sock, out, err):
+                posix.close(fd)
+            posix.set_inheritable(nxt, False)
+            _st["next_ctl"] = nxt
+            # The cell's own limits, as soft limits under the session's
+            # (the next state process takes the session's back).
+            for name, res in _RLIMITS:
+                v = rl.get(name)
+                if type(v) is int and v >= 0:
+                    hard = resource.getrlimit(res)[1]
+                    if hard != resource.RLIM_INFINITY:
+                        v = min(v, hard)
+                    elif v >= 1 << 63:
+                        v = resource.RLIM_INFINITY
+                    resource.setrlimit(res, (v, hard))
+        except BaseException as e:
+            try:
+                posix.write(2, ("cellbox: failed to prepare the cell: %s\n" % _clean(str(e))).encode("utf-8", "replace"))
+            finally:
+                posix._exit(_EXIT_SANDBOX)
+        _main()
+        posix._exit(0)
+    for fd in fds:
+        posix.close(fd)
+    cells[pid] = cid
+    _zsend({"op": "spawned", "id": cid, "pid": pid})
+
+
+def _live_clone(msg, fds):
+    cid = msg.get("id")
+    if type(cid) is not int or len(fds) != 1:
+        for fd in fds:
+            posix.close(fd)
+        _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed clone message"})
+        return
+    pid = posix.fork()
+    if pid == 0:
+        try:
+            _live_forked()
+            posix.dup2(fds[0], _FD)
+            posix.close(fds[0])
+        except BaseException:
+            posix._exit(_EXIT_SANDBOX)
+        _state_main()
+    posix.close(fds[0])
+
+
+def _live_keep():
+    """In a cell's process whose cell succeeded, before it reports `done`:
+    fork the session's next state process, which holds the namespace as
+    the cell left it."""
+    nxt = _st.pop("next_ctl", None)
+    if nxt is None:
+        return
+    try:
+        pid = posix.fork()
+    except OSError:
+        posix.close(nxt)
+        return
+    if pid:
+        posix.close(nxt)
+        return
+    try:
+        try:
+            null = posix.open("/dev/null", posix.O_RDWR)
+        except OSError:
+            null = posix.dup(0)
+        for fd in (0, 1, 2):
+            posix.dup2(null, fd)
+        posix.close(null)
+        posix.dup2(nxt, _FD)
+        posix.close(nxt)
+    except BaseException:
+        posix._exit(_EXIT_SANDBOX)
+    _state_main()
 
 
 def _spawn(msg, fds, cells):

@@ -1,0 +1,419 @@
+//! Live Python sessions: a session's namespace kept in a sandboxed **state
+//! process** (see `crate::sandbox::zygote::StateMsg` and `zygote.py`)
+//! rather than replayed from JSON values and definitions.
+//!
+//! The first cell of a live session forks the state process from a zygote,
+//! under the cell sandbox and the session's scratch dir and limits. Each
+//! cell then runs in a child of the state process. A cell that succeeds
+//! forks the session's next state process before it reports `done`: the
+//! supervisor moves that process into the session's own cgroup (out of the
+//! cell's, which is emptied as every cell's is) and the old state process
+//! ends. A cell that fails, times out or is killed leaves no successor: the
+//! old state process, untouched, stays. Every object, not only JSON, is
+//! kept or rolled back whole. A checkpoint is an idle copy of a state
+//! process; restoring one makes a copy of it the session's state.
+//!
+//! State processes have run the session's code: nothing they say is
+//! trusted beyond that session. Pids they name are looked up among the
+//! session's own processes (its cgroup), and their reports only decide the
+//! session's own results.
+
+use super::warm::{next_packet, ExitTable, ForkingParent};
+use super::zygote::Zygote;
+use crate::plan::Rlimits;
+use crate::sandbox::linux::groups::SessionGroup;
+use crate::sandbox::process::{self, Reaped};
+use crate::sandbox::zygote::{self as wire, StateMsg};
+use crate::util::lock;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+
+/// How long a state process may take to answer (fork a cell, say `ready`).
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// How a cell ended when its state process vanished before reporting it.
+const LOST: Reaped = Reaped {
+    code: None,
+    signal: Some(libc::SIGKILL),
+    cpu_ms: 0,
+    max_rss_kb: 0,
+};
+
+type Reply = Result<i32, String>;
+
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    exits: ExitTable,
+}
+
+/// One state process: the supervisor's end of its channel and a pidfd.
+pub(crate) struct StateProc {
+    ctl: OwnedFd,
+    pidfd: OwnedFd,
+    host_pid: i32,
+    shared: Arc<Mutex<Shared>>,
+    dead: Arc<AtomicBool>,
+    next_id: AtomicU64,
+    /// Keeps the zygote, whose PID namespace every state process lives in.
+    zygote: Arc<Zygote>,
+    /// The session's limits, which every cell of it runs under (a cell's
+    /// own, when tighter, as soft limits).
+    pub(crate) rlimits: Rlimits,
+    _in_flight: Option<super::zygote::InFlight>,
+}
+
+impl std::fmt::Debug for StateProc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateProc")
+            .field("pid", &self.host_pid)
+            .field("dead", &self.is_dead())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateProc {
+    /// Fork a session's first state process from `zygote`, with the
+    /// session's scratch dir and limits, into the session's group.
+    pub(crate) async fn start(
+        zygote: Arc<Zygote>,
+        scratch: &Path,
+        rlimits: &Rlimits,
+        session: &SessionGroup,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<StateProc>, String> {
+        let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
+            .map_err(|e| format!("failed to create a state process channel: {e}"))?;
+        let null = || -> Result<OwnedFd, String> {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .map(OwnedFd::from)
+                .map_err(|e| format!("failed to open /dev/null: {e}"))
+        };
+        let (_pid, pidfd, in_flight) = zygote
+            .spawn(
+                theirs,
+                null()?,
+                null()?,
+                wire::CellSetup {
+                    scratch: scratch.to_string_lossy().into_owned(),
+                    rlimits: *rlimits,
+                    state: true,
+                },
+                deadline,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let host = super::tenancy::groups_pid(&pidfd)?;
+        session.adopt(host).map_err(|e| e.to_string())?;
+        let (ctl, _ns_pid) = await_ready(ours).await?;
+        Self::serve(ctl, pidfd, host, zygote, *rlimits, Some(in_flight))
+    }
+
+    /// Take over a state process that says `ready` on `ours`, found among
+    /// the session's processes, into the session's group.
+    async fn adopt(
+        ours: OwnedFd,
+        zygote: Arc<Zygote>,
+        rlimits: Rlimits,
+        session: &SessionGroup,
+    ) -> Result<Arc<StateProc>, String> {
+        let (ctl, ns_pid) = await_ready(ours).await?;
+        let host = host_pid(session.pids_path(), ns_pid)
+            .ok_or_else(|| format!("the state process {ns_pid} is not among the session's"))?;
+        let pidfd = process::pidfd_open(host)
+            .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
+        session.adopt(host).map_err(|e| e.to_string())?;
+        Self::serve(ctl, pidfd, host, zygote, rlimits, None)
+    }
+
+    fn serve(
+        ctl: AsyncFd<OwnedFd>,
+        pidfd: OwnedFd,
+        host_pid: i32,
+        zygote: Arc<Zygote>,
+        rlimits: Rlimits,
+        in_flight: Option<super::zygote::InFlight>,
+    ) -> Result<Arc<StateProc>, String> {
+        let ours = ctl
+            .get_ref()
+            .try_clone()
+            .map_err(|e| format!("failed to share a state process channel: {e}"))?;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let dead = Arc::new(AtomicBool::new(false));
+        tokio::spawn(read_loop(ctl, shared.clone(), dead.clone()));
+        Ok(Arc::new(StateProc {
+            ctl: ours,
+            pidfd,
+            host_pid,
+            shared,
+            dead,
+            next_id: AtomicU64::new(1),
+            zygote,
+            rlimits,
+            _in_flight: in_flight,
+        }))
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn zygote(&self) -> &Arc<Zygote> {
+        &self.zygote
+    }
+
+    fn ask(&self, msg: &StateMsg, fds: &[std::os::fd::BorrowedFd<'_>]) -> oneshot::Receiver<Reply> {
+        let (tx, rx) = oneshot::channel();
+        let id = match msg {
+            StateMsg::Run { id, .. } | StateMsg::Clone { id } => *id,
+            _ => 0,
+        };
+        lock(&self.shared).pending.insert(id, tx);
+        if let Err(e) = wire::send(self.ctl.as_fd(), msg, fds) {
+            self.dead.store(true, Ordering::SeqCst);
+            if let Some(tx) = lock(&self.shared).pending.remove(&id) {
+                let _ = tx.send(Err(format!("failed to reach the state process: {e}")));
+            }
+        }
+        rx
+    }
+
+    /// Fork the process of one cell (its protocol socket, stdout and
+    /// stderr): its pid in the zygote's namespace, and our end of the
+    /// channel its successor will say `ready` on.
+    pub(crate) async fn run(
+        &self,
+        proto: OwnedFd,
+        out: OwnedFd,
+        err: OwnedFd,
+        rlimits: &Rlimits,
+        deadline: tokio::time::Instant,
+    ) -> Result<(i32, OwnedFd), String> {
+        if self.is_dead() {
+            return Err("the session's state process is gone".into());
+        }
+        let (next_ours, next_theirs) = crate::sandbox::forkserver::seqpacket_pair()
+            .map_err(|e| format!("failed to create a state process channel: {e}"))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.ask(
+            &StateMsg::Run {
+                id,
+                rlimits: *rlimits,
+            },
+            &[proto.as_fd(), out.as_fd(), err.as_fd(), next_theirs.as_fd()],
+        );
+        drop((proto, out, err, next_theirs));
+        let within = (tokio::time::Instant::now() + ANSWER_WITHIN).min(deadline);
+        match tokio::time::timeout_at(within, rx).await {
+            Ok(Ok(Ok(pid))) => Ok((pid, next_ours)),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err("the session's state process went away".into()),
+            Err(_) => {
+                lock(&self.shared).pending.remove(&id);
+                self.kill();
+                Err("the session's state process did not answer".into())
+            }
+        }
+    }
+
+    /// An idle copy of this state process (a checkpoint, or the session's
+    /// state restored from one).
+    pub(crate) async fn copy(&self, session: &SessionGroup) -> Result<Arc<StateProc>, String> {
+        if self.is_dead() {
+            return Err("the state process is gone".into());
+        }
+        let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
+            .map_err(|e| format!("failed to create a state process channel: {e}"))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, _rx) = oneshot::channel();
+        lock(&self.shared).pending.insert(id, tx);
+        wire::send(self.ctl.as_fd(), &StateMsg::Clone { id }, &[theirs.as_fd()])
+            .map_err(|e| format!("failed to reach the state process: {e}"))?;
+        drop(theirs);
+        let adopted = Self::adopt(ours, self.zygote.clone(), self.rlimits, session).await;
+        lock(&self.shared).pending.remove(&id);
+        adopted
+    }
+
+    /// How child `pid` (a cell's process) ended.
+    pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
+        let lost = self.is_dead().then_some(LOST);
+        lock(&self.shared).exits.ask(pid, lost)
+    }
+
+    fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let _ = process::pidfd_kill(self.pidfd.as_fd());
+    }
+}
+
+impl Drop for StateProc {
+    fn drop(&mut self) {
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&self.ctl),
+            nix::sys::socket::Shutdown::Both,
+        );
+        let _ = process::pidfd_kill(self.pidfd.as_fd());
+    }
+}
+
+impl ForkingParent for StateProc {
+    fn name(&self) -> &'static str {
+        "the session's state process"
+    }
+
+    fn forget(&self, pid: i32) {
+        lock(&self.shared).exits.forget(pid);
+    }
+
+    fn report_within(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn stalled(&self, _what: &str, _waited: Duration) {
+        self.kill();
+    }
+}
+
+/// The first packet on a new channel, which must be `ready {pid}`.
+async fn await_ready(ours: OwnedFd) -> Result<(AsyncFd<OwnedFd>, i32), String> {
+    let fd = process::watch_readable(ours)
+        .map_err(|e| format!("failed to watch a state process channel: {e}"))?;
+    match tokio::time::timeout(ANSWER_WITHIN, next_packet::<StateMsg>(&fd, 4096)).await {
+        Ok(Some((StateMsg::Ready { pid }, fds))) if fds.is_empty() => Ok((fd, pid)),
+        Ok(Some(_)) => Err("the state process sent something other than ready".into()),
+        Ok(None) => Err("the state process exited before it was ready".into()),
+        Err(_) => Err("the state process did not get ready in time".into()),
+    }
+}
+
+async fn read_loop(fd: AsyncFd<OwnedFd>, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>) {
+    while let Some((msg, fds)) = next_packet::<StateMsg>(&fd, 4096).await {
+        drop(fds);
+        match msg {
+            StateMsg::Spawned { id, pid } => {
+                if let Some(tx) = lock(&shared).pending.remove(&id) {
+                    let _ = tx.send(Ok(pid));
+                }
+            }
+            StateMsg::Error { id, message } => {
+                if let Some(tx) = lock(&shared).pending.remove(&id) {
+                    let _ = tx.send(Err(format!(
+                        "the session's state process could not fork the cell: {message}"
+                    )));
+                }
+            }
+            StateMsg::Ended {
+                pid,
+                status,
+                utime,
+                stime,
+                max_rss_kb,
+            } => {
+                let r = Reaped {
+                    code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+                    signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+                    cpu_ms: wire::cpu_ms(utime, stime),
+                    max_rss_kb: u64::try_from(max_rss_kb).unwrap_or(0),
+                };
+                lock(&shared).exits.record(pid, r);
+            }
+            _ => break,
+        }
+    }
+    dead.store(true, Ordering::SeqCst);
+    let mut s = lock(&shared);
+    s.pending.clear();
+    s.exits.close(Some(LOST));
+}
+
+/// The pid, in our namespace, of the session's process that is `ns_pid`
+/// in the zygote's: looked for only in the session's cgroup (its own
+/// directory and its cells').
+pub(crate) fn host_pid(session_pids: &Path, ns_pid: i32) -> Option<i32> {
+    let mut dirs: Vec<PathBuf> = vec![session_pids.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(session_pids) {
+        dirs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    let want = ns_pid.to_string();
+    for dir in dirs {
+        let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+            continue;
+        };
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last());
+            if inner == Some(want.as_str()) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// What one cell of a live session carries through its launch and end.
+#[derive(Default)]
+pub(crate) struct LiveCell {
+    /// The session's state process, if it has one.
+    pub(crate) state: Mutex<Option<Arc<StateProc>>>,
+    /// Set when the cell started a new state process (its start frame then
+    /// seeds it with the session's JSON variables and definitions).
+    pub(crate) fresh: AtomicBool,
+    /// Set when the cell's process was forked from the state process.
+    pub(crate) running: AtomicBool,
+    /// Variables set from outside since the last cell (sent to a live
+    /// namespace in the next cell's start frame).
+    pub(crate) pending_vars: serde_json::Map<String, serde_json::Value>,
+    /// Our end of the channel the cell's successor says `ready` on.
+    pub(crate) next: Mutex<Option<OwnedFd>>,
+    /// The session's next state process, once the cell kept its namespace.
+    pub(crate) kept: Mutex<Option<Arc<StateProc>>>,
+    /// Why the cell did not run on the live namespace or could not keep
+    /// it, for the result's notes.
+    pub(crate) notes: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for LiveCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveCell").finish_non_exhaustive()
+    }
+}
+
+impl LiveCell {
+    pub(crate) fn note(&self, n: impl Into<String>) {
+        lock(&self.notes).push(n.into());
+    }
+
+    /// After a cell that succeeded: its successor, into the session's group.
+    pub(crate) async fn take_over(&self, session: Option<&SessionGroup>) {
+        let next = lock(&self.next).take();
+        let state = lock(&self.state).clone();
+        let (Some(next), Some(state), Some(session)) = (next, state, session) else {
+            return;
+        };
+        match StateProc::adopt(next, state.zygote.clone(), state.rlimits, session).await {
+            Ok(s) => *lock(&self.kept) = Some(s),
+            Err(e) => self.note(format!(
+                "the cell's namespace could not be kept ({e}); the session's state is the one before it"
+            )),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Live Python sessions: every object survives between cells in the
+//! session's state process, and a cell that does not succeed is rolled back
+//! whole.
+
+use super::common::*;
+use cellbox::{PythonState, SessionConfig, StateOutcome, Status};
+use serde_json::json;
+
+#[tokio::test]
+async fn objects_of_every_kind_survive_and_a_failed_cell_rolls_back() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "import collections, re\n\
+         c = collections.Counter('hello')\n\
+         class P:\n    def __init__(self): self.n = 1\n\
+         p = P()\n\
+         rx = re.compile(r'l+')\n\
+         g = (i * i for i in range(10))\n\
+         f = open('kept.txt', 'w+')\n\
+         f.write('abc'); f.flush()\n\
+         def make():\n    k = 41\n    return lambda: k + 1\n\
+         clo = make()\n\
+         n = 1",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+    assert!(r.vars.dropped.is_empty(), "nothing is dropped: {r:?}");
+    assert!(r.vars.changed.contains(&"c".to_owned()), "{r:?}");
+    let r = py_in(
+        &s,
+        "f.seek(0)\n[c['l'], p.n, rx.search('hello').group(), next(g), next(g), f.read(), clo(), n]",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!([2, 1, "ll", 0, 1, "abc", 42, 1]));
+    assert_eq!(r.state, Some(StateOutcome::Kept));
+
+    // A failed cell changes nothing: not the counter, not the generator.
+    let r = py_in(&s, "c['z'] = 9\nnext(g)\np.n = 5\nn = 2\n1/0").await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert_eq!(r.state, Some(StateOutcome::RolledBack), "{r:?}");
+    let r = py_in(&s, "[c['z'], next(g), p.n, n]").await;
+    assert_eq!(r.value, json!([0, 4, 1, 1]), "{r:?}");
+
+    // Nor does one that crashes the interpreter, exits or is timed out.
+    for code in [
+        "n = 3\nimport ctypes\nctypes.string_at(0)",
+        "n = 4\nimport os\nos._exit(3)",
+        "n = 5\nwhile True: pass",
+    ] {
+        let r = s
+            .run(
+                cellbox::CellRequest::new(cellbox::Language::Python, code)
+                    .timeout(std::time::Duration::from_millis(1500)),
+            )
+            .await;
+        assert_ne!(r.status, Status::Ok, "{code}: {r:?}");
+        assert_eq!(r.state, Some(StateOutcome::RolledBack), "{code}: {r:?}");
+        let r = py_in(&s, "n").await;
+        assert_eq!(r.value, json!(1), "after {code}: {r:?}");
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_are_kept_restored_and_bounded() {
+    let sup = supervisor();
+    let s = sup
+        .session(SessionConfig {
+            max_checkpoints: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let r = py_in(&s, "xs = [1, 2]\ncheckpoint('two')").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(s.checkpoints().await, vec!["two".to_owned()]);
+    let r = py_in(&s, "xs.append(3)\nlen(xs)").await;
+    assert_eq!(r.value, json!(3));
+    s.restore("two").await.unwrap();
+    assert_eq!(py_in(&s, "xs").await.value, json!([1, 2]));
+    // A checkpoint survives a restore from it, and restore(...) in a cell.
+    py_in(&s, "xs.append(9)").await;
+    let r = py_in(&s, "restore('two')").await;
+    assert_eq!(r.state, Some(StateOutcome::Restored), "{r:?}");
+    assert_eq!(py_in(&s, "xs").await.value, json!([1, 2]));
+    s.checkpoint("b").await.unwrap();
+    let e = s.checkpoint("c").await.unwrap_err().to_string();
+    assert!(e.contains("max_checkpoints"), "{e}");
+    let e = s.restore("nope").await.unwrap_err().to_string();
+    assert!(e.contains("no checkpoint named \"nope\""), "{e}");
+    let e = s.checkpoint("../x").await.unwrap_err().to_string();
+    assert!(e.contains("not a checkpoint name"), "{e}");
+}
+
+#[tokio::test]
+async fn replay_sessions_still_carry_json_only() {
+    let sup = supervisor();
+    let s = sup
+        .session(SessionConfig {
+            python_state: PythonState::Replay,
+            ..Default::default()
+        })
+        .unwrap();
+    let r = py_in(
+        &s,
+        "import collections\nc = collections.Counter('ab')\nn = 1",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.state, None);
+    assert_eq!(r.vars.dropped.len(), 1, "{r:?}");
+    assert!(!s.is_live().await);
+}
