@@ -218,7 +218,13 @@ pub fn cell_result() -> Map<String, Value> {
                 "properties": {"code": opt_int, "signal": opt_int},
                 "required": ["code", "signal"],
                 "additionalProperties": false
-            }
+            },
+            "state": {
+                "type": "string",
+                "enum": ["kept", "rolled_back", "restored"],
+                "description": "A Python cell of a live session: kept (the namespace is the one the cell left), rolled_back (the cell did not succeed: every object is as it was before it), restored (the cell asked for restore(name))."
+            },
+            "notes": {"type": "array", "items": {"type": "string"}}
         },
         "required": [
             "status", "execution_count", "language", "stdout", "stderr", "truncated",

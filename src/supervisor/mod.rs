@@ -768,6 +768,11 @@ impl Supervisor {
 
     /// Run one cell in a fresh throwaway session.
     pub async fn run(&self, request: CellRequest, config: SessionConfig) -> CellResult {
+        // One cell has no next one to keep a live namespace for.
+        let config = SessionConfig {
+            python_state: PythonState::Replay,
+            ..config
+        };
         match self.session(config) {
             Ok(s) => s.run(request).await,
             Err(e) => CellResult::refused_with(

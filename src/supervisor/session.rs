@@ -267,6 +267,7 @@ impl Session {
         if !usable {
             return None;
         }
+        let mut lost = false;
         if state.live.as_ref().is_some_and(|s| s.is_dead())
             || state.live_root.as_ref().is_some_and(|s| s.is_dead())
         {
@@ -274,11 +275,18 @@ impl Session {
             // state process is seeded from the JSON mirror.
             state.live = None;
             state.live_root = None;
+            lost = true;
         }
         let cell = super::live::LiveCell {
             pending_vars: std::mem::take(&mut state.pending_vars),
             ..Default::default()
         };
+        if lost {
+            cell.note(
+                "the session's live namespace was lost (its state process ended): \
+                 its JSON variables and definitions were restored, other objects are gone",
+            );
+        }
         *crate::util::lock(&cell.state) = state.live.clone();
         Some(Arc::new(cell))
     }
@@ -341,8 +349,15 @@ impl Session {
                 }
             }
             _ => {
-                state.live = previous;
                 result.state = Some(StateOutcome::RolledBack);
+                if live.fresh.load(SeqCst) {
+                    // The new state process never got the namespace the
+                    // cell's start frame seeded: the next cell seeds one.
+                    state.live = None;
+                    state.live_root = None;
+                } else {
+                    state.live = previous;
+                }
             }
         }
     }

@@ -113,3 +113,60 @@ async fn replay_sessions_still_carry_json_only() {
     assert_eq!(r.vars.dropped.len(), 1, "{r:?}");
     assert!(!s.is_live().await);
 }
+
+#[tokio::test]
+async fn variables_set_from_outside_reach_the_live_namespace_even_after_a_failed_first_cell() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    s.set_var("context", json!("hello world")).await.unwrap();
+    let r = py_in(&s, "n = len(context)\n1/0").await;
+    assert_eq!(r.status, Status::Error);
+    assert_eq!(r.state, Some(StateOutcome::RolledBack));
+    let r = py_in(&s, "import re\nw = re.compile('o')\nlen(context)").await;
+    assert_eq!(r.value, json!(11), "{r:?}");
+    s.set_var("extra", json!([1, 2])).await.unwrap();
+    let r = py_in(&s, "[extra, w.pattern]").await;
+    assert_eq!(r.value, json!([[1, 2], "o"]), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_lost_state_process_is_reseeded_from_json_variables_and_definitions() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "import threading\nlock = threading.Lock()\nx = 5\ndef f():\n    return x * 2",
+    )
+    .await;
+    assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+    assert!(s.is_live().await);
+    // The zygote (PID 1 of the namespace every state process is in) dies.
+    let status = sup.pool_status().await;
+    let zygote = status
+        .python
+        .iter()
+        .find(|z| z.alive)
+        .expect("a zygote")
+        .pid;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut waited = 0;
+    while s.is_live().await && waited < 100 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert!(!s.is_live().await, "the state process died with its zygote");
+    let r = py_in(&s, "[x, f(), 'lock' in globals()]").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!([5, 10, false]), "{r:?}");
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("live namespace was lost")),
+        "{r:?}"
+    );
+    assert_eq!(r.state, Some(StateOutcome::Kept));
+}

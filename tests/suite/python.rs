@@ -260,7 +260,7 @@ out"#;
 #[tokio::test]
 async fn namespace_persists_values_functions_classes_and_imports_over_three_cells() {
     let sup = supervisor();
-    let s = sup.session(config(&[])).unwrap();
+    let s = sup.session(replay(config(&[]))).unwrap();
     let r = py_in(
         &s,
         "import math\nfrom collections import OrderedDict as OD\nn = 2\ndata = {'xs': [1, 2]}\ndef area(r):\n    return round(math.pi * r * r, 1)\nclass Box:\n    def __init__(self, v):\n        self.v = v\n",
@@ -311,7 +311,7 @@ async fn a_failing_cell_changes_nothing() {
 #[tokio::test]
 async fn values_that_cannot_be_carried_are_reported() {
     let sup = supervisor();
-    let s = sup.session(config(&[])).unwrap();
+    let s = sup.session(replay(config(&[]))).unwrap();
     let r = py_in(
         &s,
         "class P:\n    pass\ngen = (i for i in range(3))\nfn = lambda: 1\nobj = P()\nnan = float('nan')\nok = [1, 'a']\n",
@@ -340,7 +340,7 @@ async fn values_that_cannot_be_carried_are_reported() {
 #[tokio::test]
 async fn capability_names_cannot_be_broken_for_the_next_cell() {
     let sup = supervisor();
-    let s = sup.session(config(&["answer"])).unwrap();
+    let s = sup.session(replay(config(&["answer"]))).unwrap();
     let r = py_in(&s, "answer = 5\ndef call(*a):\n    return 0\n").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let reserved: Vec<&str> = r
@@ -558,7 +558,7 @@ async fn carried_floats_and_ints_round_trip_exactly() {
 #[tokio::test]
 async fn deleting_or_rebinding_a_definition_forgets_it() {
     let sup = supervisor();
-    let s = sup.session(SessionConfig::default()).unwrap();
+    let s = sup.session(replay(SessionConfig::default())).unwrap();
     let r = py_in(&s, "def f():\n    return 1\ndef g():\n    return 2").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let r = py_in(&s, "del f\ng = lambda: 3").await;

@@ -948,7 +948,7 @@ async fn cells_in_flight_when_their_zygote_stops_end_by_their_own_deadline() {
         )
         .await
     });
-    let session = sup.session(SessionConfig::default()).unwrap();
+    let session = sup.session(replay(SessionConfig::default())).unwrap();
     let short = {
         let session = session.clone();
         tokio::spawn(async move {

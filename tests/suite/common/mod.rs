@@ -24,6 +24,15 @@ pub fn supervisor() -> Supervisor {
     Supervisor::builder().worker_exe(bin()).build().unwrap()
 }
 
+/// `config` with Python's namespace carried as JSON and replayed
+/// definitions (`PythonState::Replay`) rather than kept live.
+pub fn replay(config: SessionConfig) -> SessionConfig {
+    SessionConfig {
+        python_state: cellbox::PythonState::Replay,
+        ..config
+    }
+}
+
 pub fn config(allow: &[&str]) -> SessionConfig {
     let mut policy = Policy::deny_all();
     for a in allow {
