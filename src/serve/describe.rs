@@ -395,14 +395,16 @@ impl Facts<'_> {
         format!(
             "What persists: without session_id nothing does; every call starts from a fresh, \
              empty sandbox whose files are deleted afterwards. With a session_id (from \
-             create_session) variables whose values have a JSON form (numbers, strings, booleans, \
-             null, lists, dicts/maps) and definitions (functions, classes, imports) carry over to \
-             the session's later calls of the same language (variables are shared across \
-             languages), and files written to the working directory stay there. Values without a \
-             JSON form (open files, sockets, generators, ...) are not kept and are listed in \
-             vars.dropped. A call that fails, times out or is killed changes nothing in the \
-             namespace. A session is closed after {} s without a call; you may hold at most {} \
-             sessions at once.",
+             create_session) files written to the working directory stay there, and the \
+             namespace carries over. Python keeps every object alive between calls (data \
+             frames, compiled regexes, open files, generators, class instances), like a \
+             notebook; a call that fails, times out or is killed is rolled back whole (the \
+             result's state says kept or rolled_back), and checkpoint_session / \
+             restore_session keep and return to named states. Live objects are lost if the \
+             server restarts (JSON-valued variables and definitions are then restored). Other \
+             languages carry variables whose values have a JSON form and definitions; values \
+             without one are listed in vars.dropped. A session is closed after {} s without a \
+             call; you may hold at most {} sessions at once.",
             self.settings.idle_expiry.as_secs(),
             self.settings.max_sessions_per_principal,
         )
@@ -472,7 +474,24 @@ impl Facts<'_> {
 
     pub fn list_sessions(&self) -> String {
         "List your open sessions: id, idle time, time until expiry, whether a cell is running, \
-         cells run so far and variable names."
+         cells run so far, variable names, whether its Python namespace is live, its checkpoints \
+         and the memory it holds."
+            .into()
+    }
+
+    pub fn checkpoint_session(&self) -> String {
+        "Keep a checkpoint of a session's live Python namespace (every object, as the last \
+         successful cell left it) under a name, to return to with restore_session. A session \
+         keeps a few at most; the same name replaces the older one. Checkpoints live in the \
+         server's memory: they are lost if the server restarts, and freed with the session. \
+         Python cells can also call checkpoint(name) and restore(name), done once the cell \
+         succeeds."
+            .into()
+    }
+
+    pub fn restore_session(&self) -> String {
+        "Return a session's live Python namespace to a checkpoint made by checkpoint_session \
+         (or checkpoint(name) in a cell). The checkpoint stays, for another restore."
             .into()
     }
 

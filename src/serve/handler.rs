@@ -59,6 +59,13 @@ struct SessionArgs {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct CheckpointArgs {
+    session_id: String,
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NoArgs {}
 
 struct State {
@@ -453,6 +460,18 @@ impl CellboxServer {
                 schema::no_input(),
                 schema::session_list(),
             ),
+            session_tool(
+                "checkpoint_session",
+                facts.checkpoint_session(),
+                schema::checkpoint_input(),
+                schema::session_done(),
+            ),
+            session_tool(
+                "restore_session",
+                facts.restore_session(),
+                schema::checkpoint_input(),
+                schema::session_done(),
+            ),
         ];
         tools.extend(direct_tools(&st.sup));
         tools
@@ -677,6 +696,31 @@ impl CellboxServer {
                     Err(e) => Ok(tool_error(e.to_string())),
                 }
             }
+            "checkpoint_session" | "restore_session" => {
+                let a: CheckpointArgs = parse_args(name, args)?;
+                let restore = name == "restore_session";
+                let done = if restore {
+                    sessions.restore(principal, &a.session_id, &a.name).await
+                } else {
+                    sessions.checkpoint(principal, &a.session_id, &a.name).await
+                };
+                match done {
+                    Ok(Ok(())) => {
+                        let (verb, done) = if restore {
+                            ("restored to", "restored")
+                        } else {
+                            ("checkpointed as", "checkpointed")
+                        };
+                        Ok(structured(
+                            format!("Session {} {verb} {:?}.", a.session_id, a.name),
+                            json!({"session_id": a.session_id, "done": done, "name": a.name}),
+                            false,
+                        ))
+                    }
+                    Ok(Err(e)) => Ok(tool_error(e.to_string())),
+                    Err(e) => Ok(tool_error(e.to_string())),
+                }
+            }
             "close_session" => {
                 let a: SessionArgs = parse_args(name, args)?;
                 match sessions.close(principal, &a.session_id) {
@@ -722,7 +766,7 @@ impl CellboxServer {
             other => Err(ErrorData::invalid_params(
                 format!(
                     "unknown tool {other:?}: use execute_code, create_session, reset_session, \
-                     close_session or list_sessions"
+                     close_session, list_sessions, checkpoint_session or restore_session"
                 ),
                 None,
             )),

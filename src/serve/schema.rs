@@ -78,6 +78,23 @@ pub fn session_id_input() -> Map<String, Value> {
     }))
 }
 
+/// Arguments of `checkpoint_session` and `restore_session`.
+pub fn checkpoint_input() -> Map<String, Value> {
+    object(json!({
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string", "description": "The session's id."},
+            "name": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9_.-]{1,64}$",
+                "description": "The checkpoint's name (1 to 64 letters, digits, '_', '-' or '.')."
+            }
+        },
+        "required": ["session_id", "name"],
+        "additionalProperties": false
+    }))
+}
+
 /// Arguments of `create_session` and `list_sessions` (none).
 pub fn no_input() -> Map<String, Value> {
     object(json!({"type": "object", "properties": {}, "additionalProperties": false}))
@@ -255,7 +272,8 @@ pub fn session_done() -> Map<String, Value> {
         "type": "object",
         "properties": {
             "session_id": {"type": "string"},
-            "done": {"type": "string", "enum": ["reset", "closed"]}
+            "done": {"type": "string", "enum": ["reset", "closed", "checkpointed", "restored"]},
+            "name": {"type": "string", "description": "The checkpoint, for checkpointed and restored."}
         },
         "required": ["session_id", "done"],
         "additionalProperties": false
@@ -277,10 +295,16 @@ pub fn session_list() -> Map<String, Value> {
                     "expires_in_seconds": count,
                     "busy": {"type": "boolean"},
                     "execution_count": count,
-                    "variables": {"type": "array", "items": {"type": "string"}}
+                    "variables": {"type": "array", "items": {"type": "string"}},
+                    "live": {"type": "boolean",
+                             "description": "its Python namespace is alive (every object kept)"},
+                    "checkpoints": {"type": "array", "items": {"type": "string"}},
+                    "memory_bytes": {"type": ["integer", "null"], "minimum": 0,
+                                     "description": "memory it holds now (processes, live namespace, checkpoints, files)"}
                 },
                 "required": ["session_id", "created_unix_ms", "idle_seconds",
-                             "expires_in_seconds", "busy", "execution_count", "variables"],
+                             "expires_in_seconds", "busy", "execution_count", "variables",
+                             "live", "checkpoints", "memory_bytes"],
                 "additionalProperties": false
             }},
             "max_sessions": {"type": "integer", "minimum": 1,

@@ -63,6 +63,13 @@ pub struct SessionInfo {
     pub busy: bool,
     pub execution_count: u64,
     pub variables: Vec<String>,
+    /// Its Python namespace is alive in a state process (every object).
+    pub live: bool,
+    /// Its checkpoints (see `checkpoint_session`).
+    pub checkpoints: Vec<String>,
+    /// Memory it holds now: its processes, live namespace, checkpoints
+    /// and files (absent where sessions have no cgroup).
+    pub memory_bytes: Option<u64>,
 }
 
 /// A session handed to one call. Dropping it marks the session idle again.
@@ -240,6 +247,30 @@ impl SessionTable {
         Ok(())
     }
 
+    /// Keep a checkpoint of a session's live Python namespace.
+    pub async fn checkpoint(
+        &self,
+        owner: &Principal,
+        id: &str,
+        name: &str,
+    ) -> Result<Result<(), crate::Error>, SessionError> {
+        let lease = self.lease(owner, id)?;
+        let _turn = lease.lane.clone().lock_owned().await;
+        Ok(lease.session.checkpoint(name).await)
+    }
+
+    /// Return a session's live Python namespace to one of its checkpoints.
+    pub async fn restore(
+        &self,
+        owner: &Principal,
+        id: &str,
+        name: &str,
+    ) -> Result<Result<(), crate::Error>, SessionError> {
+        let lease = self.lease(owner, id)?;
+        let _turn = lease.lane.clone().lock_owned().await;
+        Ok(lease.session.restore(name).await)
+    }
+
     /// Close a session: a cell running in it is killed, its scratch
     /// directory is removed once the last call lets go of it.
     pub fn close(&self, owner: &Principal, id: &str) -> Result<(), SessionError> {
@@ -326,14 +357,17 @@ impl SessionTable {
                 (
                     session.execution_count().await,
                     vars.keys().cloned().collect::<Vec<String>>(),
+                    session.is_live().await,
+                    session.checkpoints().await,
                 )
             };
-            let (busy, (count, variables)) = if busy {
-                (true, (0, Vec::new()))
+            let idle_state = || (0, Vec::new(), false, Vec::new());
+            let (busy, (count, variables, live, checkpoints)) = if busy {
+                (true, idle_state())
             } else {
                 match tokio::time::timeout(Duration::from_millis(200), peek).await {
                     Ok(state) => (false, state),
-                    Err(_) => (true, (0, Vec::new())),
+                    Err(_) => (true, idle_state()),
                 }
             };
             out.push(SessionInfo {
@@ -348,6 +382,9 @@ impl SessionTable {
                 busy,
                 execution_count: count,
                 variables,
+                live,
+                checkpoints,
+                memory_bytes: session.memory_bytes(),
             });
         }
         out.sort_by(|a, b| {

@@ -245,6 +245,16 @@ impl Session {
         if result.status == Status::Ok && request.language != Language::Shell {
             if let Some(done) = done {
                 apply(&mut state, request.language, &done, &mut result);
+                // Variables are shared across languages: a live Python
+                // namespace gets another language's new values next.
+                #[cfg(target_os = "linux")]
+                if state.live.is_some() {
+                    for k in &result.vars.changed {
+                        if let Some(v) = state.vars.get(k).cloned() {
+                            state.pending_vars.insert(k.clone(), v);
+                        }
+                    }
+                }
             }
         }
         self.push_history(&mut state, &request, &result);

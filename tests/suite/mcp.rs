@@ -234,11 +234,13 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
         names,
         [
             "aggregate_context",
+            "checkpoint_session",
             "close_session",
             "create_session",
             "execute_code",
             "list_sessions",
-            "reset_session"
+            "reset_session",
+            "restore_session"
         ]
     );
     for t in &tools {
@@ -1546,11 +1548,11 @@ fn every_advertised_method_answers_and_set_level_filters_logs() {
     assert_eq!(answer(1).0["result"], json!({}));
     send(request(2, "tools/list", json!({})));
     let (list, _) = answer(2);
-    // The five session tools and aggregate_context (no files or models
+    // The seven session tools and aggregate_context (no files or models
     // configured).
     assert_eq!(
         list["result"]["tools"].as_array().unwrap().len(),
-        6,
+        8,
         "{list}"
     );
 
@@ -1904,4 +1906,69 @@ async fn serve_offers_configured_models_to_cells() {
     );
     assert_eq!(seen[0].body["model"], "m-1");
     client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn live_python_sessions_keep_objects_roll_back_and_checkpoint_over_mcp() {
+    let s = stdio_server(&[]).await;
+    let tools = tools(&s.client).await;
+    let v = output_validator(&tools);
+    for t in ["checkpoint_session", "restore_session"] {
+        assert!(tool(&tools, t).description.is_some());
+    }
+    let created = call(&s.client, "create_session", json!({})).await;
+    let id = created.structured_content.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let py = |code: &str| json!({"language": "python", "code": code, "session_id": id});
+    let (r, e, _) = exec(
+        &s.client,
+        py("import re\nrx = re.compile('a+')\nitems = [1]"),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["state"], "kept", "{r:#}");
+    assert_conforms(&v, &r);
+    let cp = call(
+        &s.client,
+        "checkpoint_session",
+        json!({"session_id": id, "name": "start"}),
+    )
+    .await;
+    assert_eq!(cp.is_error, Some(false), "{cp:?}");
+    assert_eq!(cp.structured_content.unwrap()["done"], "checkpointed");
+    let (r, e, _) = exec(&s.client, py("items.append(2)\nitems.append(1/0)")).await;
+    assert!(e, "{r:#}");
+    assert_eq!(r["state"], "rolled_back", "{r:#}");
+    assert_conforms(&v, &r);
+    let (r, _, _) = exec(
+        &s.client,
+        py("items.append(3)\n[rx.match('aa').group(), items]"),
+    )
+    .await;
+    assert_eq!(r["value"], json!(["aa", [1, 3]]), "{r:#}");
+    let list = call(&s.client, "list_sessions", json!({})).await;
+    let list = list.structured_content.unwrap();
+    let me = &list["sessions"][0];
+    assert_eq!(me["live"], true, "{list:#}");
+    assert_eq!(me["checkpoints"], json!(["start"]), "{list:#}");
+    assert!(me["memory_bytes"].as_u64().unwrap() > 0, "{list:#}");
+    let back = call(
+        &s.client,
+        "restore_session",
+        json!({"session_id": id, "name": "start"}),
+    )
+    .await;
+    assert_eq!(back.is_error, Some(false), "{back:?}");
+    let (r, _, _) = exec(&s.client, py("items")).await;
+    assert_eq!(r["value"], json!([1]), "{r:#}");
+    let missing = call(
+        &s.client,
+        "restore_session",
+        json!({"session_id": id, "name": "other"}),
+    )
+    .await;
+    assert_eq!(missing.is_error, Some(true));
+    s.client.cancel().await.unwrap();
 }
