@@ -5,6 +5,7 @@ mod faults;
 mod files;
 mod fuzz_corpus;
 mod isolation;
+mod joining;
 mod macos;
 mod mcp;
 mod models;

@@ -543,6 +543,17 @@ impl CellGroup {
         ]
     }
 
+    /// [`Self::join_fds`], borrowed (to pass to a process that forks the
+    /// child, which joins by writing `0` to each).
+    pub fn join_borrowed(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        vec![
+            self.session.dir.memory_tasks.as_fd(),
+            self.dir.pids_tasks.as_fd(),
+            self.dir.cpu_tasks.as_fd(),
+        ]
+    }
+
     /// Move the single-threaded process `pid` (in this process's PID
     /// namespace) into the group.
     pub fn adopt(&self, pid: i32) -> Result<(), CgroupError> {
