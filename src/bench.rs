@@ -431,22 +431,50 @@ pub(crate) fn tree_rss_kb(root: u32) -> u64 {
             procs.push((pid, ppid, rss));
         }
     }
+    let tree = descendants(root, &procs);
+    procs
+        .iter()
+        .filter(|(pid, _, _)| tree.contains(pid))
+        .map(|(_, _, rss)| rss)
+        .sum()
+}
+
+/// `root` and every process beneath it, from (pid, ppid, _) rows.
+fn descendants(root: u32, procs: &[(u32, u32, u64)]) -> Vec<u32> {
     let mut tree = vec![root];
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        for (pid, ppid, _) in &procs {
+        for (pid, ppid, _) in procs {
             if *ppid == parent && !tree.contains(pid) {
                 tree.push(*pid);
             }
         }
         i += 1;
     }
-    procs
-        .iter()
-        .filter(|(pid, _, _)| tree.contains(pid))
-        .map(|(_, _, rss)| rss)
-        .sum()
+    tree
+}
+
+/// The pids of `root` and every process beneath it.
+pub(crate) fn tree_pids(root: u32) -> Vec<u32> {
+    let mut procs = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0);
+            procs.push((pid, ppid, 0));
+        }
+    }
+    descendants(root, &procs)
 }
 
 /// Supervisor + pool memory with 16 idle sessions that each ran one Python

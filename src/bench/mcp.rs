@@ -283,11 +283,29 @@ pub async fn run(n: usize) -> Result<String, String> {
     // The server gives back freed memory once idle (see `serve`).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let kb = tree_rss_kb(served.pid);
+    let pss = tree_pss_kb(served.pid);
     let _ = writeln!(
         out,
-        "mcp serve + pools, {IDLE_SESSIONS} idle sessions: {:.1} MiB RSS (goal <= 60 MiB)",
-        kb as f64 / 1024.0
+        "mcp serve + pools, {IDLE_SESSIONS} idle sessions: {:.1} MiB RSS (goal <= 60 MiB); {:.1} MiB PSS (pages shared between its processes, such as the engine binary's, counted once)",
+        kb as f64 / 1024.0,
+        pss as f64 / 1024.0
     );
     served.stop().await;
     Ok(out)
+}
+
+/// Proportional set size of a process and all its descendants, in KiB: a
+/// page shared by k processes counts 1/k in each, so the sum counts the
+/// pages of the binary that every one of them maps once.
+fn tree_pss_kb(root: u32) -> u64 {
+    super::tree_pids(root)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
 }

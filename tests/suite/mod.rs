@@ -1,3 +1,4 @@
+mod bench_mcp;
 mod cli;
 mod clients;
 pub mod common;
