@@ -214,6 +214,12 @@ impl ForkServer {
     ) -> Result<ForkServer, String> {
         let loaded = crate::profiles::Profile::load(profile).map_err(|e| e.to_string())?;
         let cgroup = sup.cgroup_for(loaded.layers.cgroup)?;
+        // With session cgroups every cell is forked for it and joins its
+        // groups itself (see `spawn`): spares would only wait.
+        #[cfg(target_os = "linux")]
+        let spares = if sup.groups.is_some() { 0 } else { SPARES };
+        #[cfg(not(target_os = "linux"))]
+        let spares = SPARES;
         let dir = tempfile::Builder::new()
             .prefix(&format!(
                 "{}{}-",
@@ -269,7 +275,7 @@ impl ForkServer {
             ours.as_fd(),
             &Control::Init {
                 plan: Box::new(plan),
-                spares: SPARES,
+                spares,
             },
             &[],
         )

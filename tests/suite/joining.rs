@@ -1,8 +1,8 @@
 //! A cell forked by a warm parent (a Python zygote, the Rhai fork server)
 //! joins its session's and its own cgroups itself, before it runs any
-//! code: the Python cell finds itself in them, the Rhai cell's CPU time is
-//! read from its own cell group, and both still do when the session's
-//! cells follow one another.
+//! code: the Python cell finds itself in them, and the Rhai cell's worker is
+//! in its cell group while it runs (forked for it: with session cgroups the
+//! fork server keeps no spares, which would have to be moved by pid).
 
 use super::common::{self, *};
 use cellbox::{CellRequest, Language, SessionConfig, Status, Supervisor};
@@ -123,6 +123,8 @@ async fn a_fork_server_cell_joins_its_cell_cgroup_itself() {
     let status = sup.pool_status().await;
     assert!(status.rhai_fork_server, "no fork server");
     assert!(status.session_cgroups, "no session cgroups");
+    // Every cell is forked for it: no spares wait.
+    assert_eq!(status.rhai_spares, 0, "{status:?}");
     // A cell that runs until it is dropped; while it runs, its worker is
     // in its cell group.
     let running = tokio::spawn({
