@@ -332,6 +332,8 @@ impl Server {
                         unsafe { libc::_exit(crate::exit::Exit::Sandbox.code().into()) }
                     }
                 }
+                #[cfg(not(target_os = "linux"))]
+                let _ = join;
                 super::compat::set_name(name);
                 let code = match child_setup(&theirs, &out_w, &err_w) {
                     Ok(()) => match super::spawn::take_protocol_channel() {
