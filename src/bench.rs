@@ -2,6 +2,8 @@
 //! the same run, reported as ratios (these machines are noisy; absolute
 //! numbers from different runs do not compare).
 
+pub mod mcp;
+
 use crate::cli::EXIT_INTERNAL;
 use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
 use std::fmt::Write as _;
@@ -16,7 +18,7 @@ pub struct Figures {
     pub per_sec: f64,
 }
 
-fn figures(mut samples: Vec<Duration>, wall: Duration) -> Figures {
+pub(crate) fn figures(mut samples: Vec<Duration>, wall: Duration) -> Figures {
     samples.sort();
     let pick = |q: f64| {
         let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
@@ -29,12 +31,12 @@ fn figures(mut samples: Vec<Duration>, wall: Duration) -> Figures {
     }
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 /// One spawn + wait of a program, timed.
-fn spawn_once(argv: &[&str]) -> Result<Duration, String> {
+pub(crate) fn spawn_once(argv: &[&str]) -> Result<Duration, String> {
     let (prog, args) = argv.split_first().ok_or("empty baseline command")?;
     let t = Instant::now();
     let st = std::process::Command::new(prog)
@@ -133,7 +135,7 @@ pub async fn cells(
 /// each sample: what one sample leaves running (a worker exiting, a spare
 /// being made) is not charged to the next, and each starts the way a cell
 /// called between an agent's steps does.
-const SETTLE: Duration = Duration::from_millis(2);
+pub(crate) const SETTLE: Duration = Duration::from_millis(2);
 
 /// `n` trivial cells, each followed by a spawn + wait of `baseline`, so both
 /// are measured on the same machine at the same moments (a noisy neighbour
@@ -234,11 +236,19 @@ pub struct BenchArgs {
     /// Languages to measure.
     #[arg(long = "lang", default_values_t = vec!["rhai".to_string()])]
     pub langs: Vec<String>,
+    /// Measure `cellbox serve` over stdio through an MCP client instead.
+    #[arg(long)]
+    pub mcp: bool,
 }
 
 /// `cellbox bench`: print the report.
 pub async fn cli_main(args: BenchArgs) -> ExitCode {
-    match run(args.iterations, &args.langs).await {
+    let report = if args.mcp {
+        mcp::run(args.iterations).await
+    } else {
+        run(args.iterations, &args.langs).await
+    };
+    match report {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS
@@ -394,7 +404,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
 }
 
 /// Resident set size of a process and all its descendants, in KiB.
-fn tree_rss_kb(root: u32) -> u64 {
+pub(crate) fn tree_rss_kb(root: u32) -> u64 {
     let mut procs = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
@@ -421,22 +431,50 @@ fn tree_rss_kb(root: u32) -> u64 {
             procs.push((pid, ppid, rss));
         }
     }
+    let tree = descendants(root, &procs);
+    procs
+        .iter()
+        .filter(|(pid, _, _)| tree.contains(pid))
+        .map(|(_, _, rss)| rss)
+        .sum()
+}
+
+/// `root` and every process beneath it, from (pid, ppid, _) rows.
+fn descendants(root: u32, procs: &[(u32, u32, u64)]) -> Vec<u32> {
     let mut tree = vec![root];
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        for (pid, ppid, _) in &procs {
+        for (pid, ppid, _) in procs {
             if *ppid == parent && !tree.contains(pid) {
                 tree.push(*pid);
             }
         }
         i += 1;
     }
-    procs
-        .iter()
-        .filter(|(pid, _, _)| tree.contains(pid))
-        .map(|(_, _, rss)| rss)
-        .sum()
+    tree
+}
+
+/// The pids of `root` and every process beneath it.
+pub(crate) fn tree_pids(root: u32) -> Vec<u32> {
+    let mut procs = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0);
+            procs.push((pid, ppid, 0));
+        }
+    }
+    descendants(root, &procs)
 }
 
 /// Supervisor + pool memory with 16 idle sessions that each ran one Python

@@ -223,8 +223,10 @@ pub fn serve(
         }
         if ctl_ready {
             match recv(server.ctl.as_fd()) {
-                Ok(Some((Control::Spawn { id, limits }, _))) => {
-                    let sent = match server.fork_cell(&limits, CELL_NAME) {
+                // The fds attached to a spawn, if any, are the `tasks` files
+                // of the cgroups the child joins.
+                Ok(Some((Control::Spawn { id, limits }, join))) => {
+                    let sent = match server.fork_cell(&limits, CELL_NAME, &join) {
                         Ok(child) => {
                             child.send(&server.ctl, &Control::Spawned { id, pid: child.pid })
                         }
@@ -280,7 +282,7 @@ impl Server {
     /// Make a spare and hand it over. A spare that cannot be made is not an
     /// error here: the next cell asks with `spawn` and learns why.
     fn spare(&mut self, limits: &crate::plan::Rlimits) {
-        if let Ok(child) = self.fork_cell(limits, SPARE_NAME) {
+        if let Ok(child) = self.fork_cell(limits, SPARE_NAME, &[]) {
             let msg = Control::Spare {
                 pid: child.pid,
                 limits: *limits,
@@ -299,7 +301,16 @@ impl Server {
         0
     }
 
-    fn fork_cell(&mut self, limits: &crate::plan::Rlimits, name: &CStr) -> Result<Child, String> {
+    /// Fork a child. It first joins the cgroups whose `tasks` files are
+    /// open on `join` (a thread moving itself, which the kernel does
+    /// without the global lock that moving another process by its pid
+    /// takes); one that cannot exits before it runs anything.
+    fn fork_cell(
+        &mut self,
+        limits: &crate::plan::Rlimits,
+        name: &CStr,
+        join: &[OwnedFd],
+    ) -> Result<Child, String> {
         let (sock, theirs) = UnixStream::pair()
             .map_err(|e| format!("failed to create a protocol socket pair: {e}"))?;
         let pipe = || {
@@ -314,6 +325,15 @@ impl Server {
         match unsafe { nix::unistd::fork() } {
             Ok(nix::unistd::ForkResult::Child) => {
                 let _ = self.mask.thread_unblock();
+                #[cfg(target_os = "linux")]
+                for fd in join {
+                    if super::linux::cgroup::join_fd(fd.as_raw_fd()).is_err() {
+                        // SAFETY: as below: end the child at once.
+                        unsafe { libc::_exit(crate::exit::Exit::Sandbox.code().into()) }
+                    }
+                }
+                #[cfg(not(target_os = "linux"))]
+                let _ = join;
                 super::compat::set_name(name);
                 let code = match child_setup(&theirs, &out_w, &err_w) {
                     Ok(()) => match super::spawn::take_protocol_channel() {

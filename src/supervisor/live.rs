@@ -57,7 +57,6 @@ struct Shared {
 pub(crate) struct StateProc {
     ctl: OwnedFd,
     pidfd: OwnedFd,
-    host_pid: i32,
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
     next_id: AtomicU64,
@@ -72,7 +71,6 @@ pub(crate) struct StateProc {
 impl std::fmt::Debug for StateProc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateProc")
-            .field("pid", &self.host_pid)
             .field("dead", &self.is_dead())
             .finish_non_exhaustive()
     }
@@ -97,24 +95,26 @@ impl StateProc {
                 .map(OwnedFd::from)
                 .map_err(|e| format!("failed to open /dev/null: {e}"))
         };
+        // It joins the session's group itself, first thing, as a zygote's
+        // child does (before any of the session's code runs in it).
+        let join = session.join_fds().map_err(|e| e.to_string())?;
+        let join: Vec<_> = join.iter().map(|f| f.as_fd()).collect();
         let (_pid, pidfd, in_flight) = zygote
             .spawn(
                 theirs,
-                null()?,
-                null()?,
+                (null()?, null()?),
                 wire::CellSetup {
                     scratch: scratch.to_string_lossy().into_owned(),
                     rlimits: *rlimits,
                     state: true,
                 },
+                &join,
                 deadline,
             )
             .await
             .map_err(|e| e.to_string())?;
-        let host = super::tenancy::groups_pid(&pidfd)?;
-        session.adopt(host).map_err(|e| e.to_string())?;
         let (ctl, _ns_pid) = await_ready(ours).await?;
-        Self::serve(ctl, pidfd, host, zygote, *rlimits, Some(in_flight))
+        Self::serve(ctl, pidfd, zygote, *rlimits, Some(in_flight))
     }
 
     /// Take over a state process that says `ready` on `ours`, found among
@@ -130,14 +130,16 @@ impl StateProc {
             .ok_or_else(|| format!("the state process {ns_pid} is not among the session's"))?;
         let pidfd = process::pidfd_open(host)
             .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
+        // Moved by us: a state process has run the session's code, and a
+        // descriptor of a `tasks` file in its hands could move any process
+        // it can name (another session's too) into a group that is emptied.
         session.adopt(host).map_err(|e| e.to_string())?;
-        Self::serve(ctl, pidfd, host, zygote, rlimits, None)
+        Self::serve(ctl, pidfd, zygote, rlimits, None)
     }
 
     fn serve(
         ctl: AsyncFd<OwnedFd>,
         pidfd: OwnedFd,
-        host_pid: i32,
         zygote: Arc<Zygote>,
         rlimits: Rlimits,
         in_flight: Option<super::zygote::InFlight>,
@@ -152,7 +154,6 @@ impl StateProc {
         Ok(Arc::new(StateProc {
             ctl: ours,
             pidfd,
-            host_pid,
             shared,
             dead,
             next_id: AtomicU64::new(1),
@@ -189,11 +190,11 @@ impl StateProc {
     /// Fork the process of one cell (its protocol socket, stdout and
     /// stderr): its pid in the zygote's namespace, and our end of the
     /// channel its successor will say `ready` on.
+    /// The supervisor moves it into its cell's group (see [`Self::adopt`]
+    /// for why it is not handed the group's files).
     pub(crate) async fn run(
         &self,
-        proto: OwnedFd,
-        out: OwnedFd,
-        err: OwnedFd,
+        (proto, out, err): (OwnedFd, OwnedFd, OwnedFd),
         rlimits: &Rlimits,
         deadline: tokio::time::Instant,
     ) -> Result<(i32, OwnedFd), String> {
@@ -203,12 +204,13 @@ impl StateProc {
         let (next_ours, next_theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create a state process channel: {e}"))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let fds = [proto.as_fd(), out.as_fd(), err.as_fd(), next_theirs.as_fd()];
         let rx = self.ask(
             &StateMsg::Run {
                 id,
                 rlimits: *rlimits,
             },
-            &[proto.as_fd(), out.as_fd(), err.as_fd(), next_theirs.as_fd()],
+            &fds,
         );
         drop((proto, out, err, next_theirs));
         let within = (tokio::time::Instant::now() + ANSWER_WITHIN).min(deadline);

@@ -13,12 +13,6 @@ use crate::sandbox::linux::groups::SessionGroup;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::sandbox::linux::groups::{CellGroup, TreeUsage};
 
-/// The pid (in our namespace) of the process behind a pidfd.
-#[cfg(target_os = "linux")]
-pub(crate) fn groups_pid(pidfd: &std::os::fd::OwnedFd) -> Result<i32, String> {
-    crate::sandbox::linux::groups::pidfd_pid(pidfd).map_err(|e| e.to_string())
-}
-
 /// Elsewhere there are no cell groups: a stand-in that is never made.
 #[cfg(not(target_os = "linux"))]
 #[derive(Debug)]
@@ -35,7 +29,7 @@ impl CellGroup {
     pub(crate) fn join_fds(&self) -> Vec<std::os::fd::RawFd> {
         match *self {}
     }
-    pub(crate) fn adopt(&self, _pid: i32) -> Result<(), String> {
+    pub(crate) fn join_borrowed(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
         match *self {}
     }
     pub(crate) fn end(&self, _within: std::time::Duration) -> Result<(), String> {
@@ -50,11 +44,6 @@ impl CellGroup {
     pub(crate) fn set_max_processes(&self, _n: u64) -> Result<(), String> {
         match *self {}
     }
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn groups_pid(_pidfd: &std::os::fd::OwnedFd) -> Result<i32, String> {
-    Err("no cell groups on this system".into())
 }
 
 /// Made at the session's first cell, shared by its cells and sub-cells.

@@ -7,7 +7,7 @@ use crate::sandbox::forkserver::{self, Control};
 use crate::sandbox::process::Reaped;
 use crate::util::lock;
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -214,6 +214,12 @@ impl ForkServer {
     ) -> Result<ForkServer, String> {
         let loaded = crate::profiles::Profile::load(profile).map_err(|e| e.to_string())?;
         let cgroup = sup.cgroup_for(loaded.layers.cgroup)?;
+        // With session cgroups every cell is forked for it and joins its
+        // groups itself (see `spawn`): spares would only wait.
+        #[cfg(target_os = "linux")]
+        let spares = if sup.groups.is_some() { 0 } else { SPARES };
+        #[cfg(not(target_os = "linux"))]
+        let spares = SPARES;
         let dir = tempfile::Builder::new()
             .prefix(&format!(
                 "{}{}-",
@@ -269,7 +275,7 @@ impl ForkServer {
             ours.as_fd(),
             &Control::Init {
                 plan: Box::new(plan),
-                spares: SPARES,
+                spares,
             },
             &[],
         )
@@ -355,13 +361,22 @@ impl ForkServer {
     /// sandboxing do not compete with the cell for the CPUs. The wait for
     /// a fork ends at [`STALL_WITHIN`] (the server is then stalled and
     /// replaced) or at the cell's `deadline`, whichever comes first.
+    /// A child for a cell with `limits`: a spare when one fits and the
+    /// child joins no cgroup, else forked now, joining the cgroups whose
+    /// `tasks` files are `join` before it runs anything (a spare would
+    /// have to be moved by its pid, which waits for the kernel's global
+    /// lock: an RCU grace period when it was idle, far longer than a fork).
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         limits: &Rlimits,
+        join: &[BorrowedFd<'_>],
         deadline: tokio::time::Instant,
     ) -> Result<(Forked, Option<Refill>), String> {
         if self.is_dead() {
             return Err("the fork server is not running".into());
+        }
+        if !join.is_empty() {
+            return self.spawn_now(limits, join, deadline).await;
         }
         let (spare, dropped, left) = {
             let mut s = lock(&self.shared);
@@ -379,6 +394,16 @@ impl ForkServer {
             }
             return Ok((f, Some(Refill(self.clone()))));
         }
+        self.spawn_now(limits, &[], deadline).await
+    }
+
+    /// Ask the server for a child now (see [`Self::spawn`]).
+    async fn spawn_now(
+        self: &Arc<Self>,
+        limits: &Rlimits,
+        join: &[BorrowedFd<'_>],
+        deadline: tokio::time::Instant,
+    ) -> Result<(Forked, Option<Refill>), String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.shared).pending.insert(id, tx);
@@ -387,7 +412,7 @@ impl ForkServer {
             limits: *limits,
         };
         let asked = std::time::Instant::now();
-        if let Err(e) = self.control(&msg, Some(id)) {
+        if let Err(e) = self.control_with(&msg, Some(id), join) {
             return Err(format!("failed to reach the fork server: {e}"));
         }
         let stall_at = tokio::time::Instant::from_std(asked) + STALL_WITHIN;
@@ -411,8 +436,18 @@ impl ForkServer {
 
     /// Send one control message; a failed send means the server is gone.
     fn control(&self, msg: &Control, id: Option<u64>) -> std::io::Result<()> {
+        self.control_with(msg, id, &[])
+    }
+
+    /// [`Self::control`] with `fds` attached.
+    fn control_with(
+        &self,
+        msg: &Control,
+        id: Option<u64>,
+        fds: &[BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
         let ctl = crate::util::lock(&self.ctl);
-        let r = forkserver::send(ctl.as_fd(), msg, &[]);
+        let r = forkserver::send(ctl.as_fd(), msg, fds);
         if r.is_err() {
             if let Some(id) = id {
                 lock(&self.shared).pending.remove(&id);

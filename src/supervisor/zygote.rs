@@ -398,9 +398,9 @@ impl Zygote {
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         sock: OwnedFd,
-        out: OwnedFd,
-        err: OwnedFd,
+        (out, err): (OwnedFd, OwnedFd),
         setup: zygote::CellSetup,
+        join: &[std::os::fd::BorrowedFd<'_>],
         deadline: tokio::time::Instant,
     ) -> Result<(i32, OwnedFd, InFlight), SpawnError> {
         let scratch = Path::new(&setup.scratch);
@@ -432,17 +432,20 @@ impl Zygote {
         let asked = Instant::now();
         let sent = {
             let ctl = lock(&self.ctl);
-            zygote::send(
-                ctl.as_fd(),
-                &msg,
-                &[
-                    sock.as_fd(),
-                    out.as_fd(),
-                    err.as_fd(),
-                    ruleset.as_fd(),
-                    setup.as_fd(),
-                ],
-            )
+            // After the cell's five, the cgroup `tasks` files the child
+            // joins itself (see `join` in zygote.py): a thread moving
+            // itself skips the kernel's global lock that moving another
+            // process by its pid takes, whose wait is a whole RCU grace
+            // period (most of a warm cell) when the lock was idle.
+            let mut fds = vec![
+                sock.as_fd(),
+                out.as_fd(),
+                err.as_fd(),
+                ruleset.as_fd(),
+                setup.as_fd(),
+            ];
+            fds.extend_from_slice(join);
+            zygote::send(ctl.as_fd(), &msg, &fds)
         };
         drop((sock, out, err, ruleset, setup));
         if let Err(e) = sent {

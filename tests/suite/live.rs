@@ -170,3 +170,41 @@ async fn a_lost_state_process_is_reseeded_from_json_variables_and_definitions() 
     );
     assert_eq!(r.state, Some(StateOutcome::Kept));
 }
+
+#[tokio::test]
+async fn a_live_cell_runs_in_its_cell_group_and_the_state_in_its_sessions() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let read = "import os\n(open('/proc/self/cgroup').read(), os.getppid())";
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = py_in(&s, read).await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.state, Some(StateOutcome::Kept));
+        seen.push(r.value.clone());
+    }
+    let pids_of = |v: &serde_json::Value| -> String {
+        let text = v[0].as_str().unwrap();
+        text.lines()
+            .find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == "pids"))
+            })
+            .unwrap_or_else(|| panic!("no pids line in {text}"))
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    for v in &seen {
+        // …/s<k>/c<m>: the cell's own group beneath its session's.
+        let path = pids_of(v);
+        let last = path.rsplit('/').next().unwrap();
+        assert!(last.starts_with('c'), "{path}");
+    }
+    // Each later cell is the child of the state process the one before
+    // left, not of the zygote (PID 1).
+    assert!(seen[1][1].as_i64().unwrap() > 1, "{seen:?}");
+    assert_ne!(seen[1][1], seen[2][1], "{seen:?}");
+}

@@ -1,3 +1,4 @@
+mod bench_mcp;
 mod cli;
 mod clients;
 pub mod common;
@@ -5,6 +6,7 @@ mod faults;
 mod files;
 mod fuzz_corpus;
 mod isolation;
+mod joining;
 mod live;
 mod macos;
 mod mcp;

@@ -458,7 +458,13 @@ async fn a_cancelled_cell_leaves_no_process() {
 /// gets a child forked for it.
 /// A supervisor with its pools started, and its fork server's pid.
 async fn with_fork_server() -> (Supervisor, u32) {
-    let sup = supervisor();
+    // Without session cgroups: with them, every cell is forked for it
+    // (and joins its groups itself), and the server keeps no spares.
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .session_cgroups(false)
+        .build()
+        .unwrap();
     sup.start_pools().await.unwrap();
     let server = sup
         .pool_status()

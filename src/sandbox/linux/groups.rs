@@ -502,6 +502,28 @@ impl SessionGroup {
         Ok(())
     }
 
+    /// Descriptors of the session's own `tasks` files (memory, pids, cpu),
+    /// for a process that joins the session's group itself by writing `0`
+    /// to each (a live Python session's state process; see
+    /// [`CellGroup::join_borrowed`] for why a process moves itself).
+    pub fn join_fds(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        let memory = self
+            .dir
+            .memory_tasks
+            .try_clone()
+            .map_err(CgroupError::io("share", &self.dir.memory))?;
+        let mut fds = vec![memory];
+        for dir in [&self.dir.pids, &self.dir.cpu] {
+            let tasks = dir.join("tasks");
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tasks)
+                .map_err(CgroupError::io("open", &tasks))?;
+            fds.push(OwnedFd::from(f));
+        }
+        Ok(fds)
+    }
+
     /// Bytes of memory the session holds now (its processes and the pages
     /// of its files).
     pub fn memory_bytes(&self) -> Option<u64> {
@@ -565,6 +587,17 @@ impl CellGroup {
             self.session.dir.memory_tasks.as_raw_fd(),
             self.dir.pids_tasks.as_raw_fd(),
             self.dir.cpu_tasks.as_raw_fd(),
+        ]
+    }
+
+    /// [`Self::join_fds`], borrowed (to pass to a process that forks the
+    /// child, which joins by writing `0` to each).
+    pub fn join_borrowed(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        vec![
+            self.session.dir.memory_tasks.as_fd(),
+            self.dir.pids_tasks.as_fd(),
+            self.dir.cpu_tasks.as_fd(),
         ]
     }
 

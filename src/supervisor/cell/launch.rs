@@ -7,7 +7,7 @@ use super::{plan, profile_name, CellSpec};
 use crate::protocol::Backend;
 use crate::sandbox::{process, spawn, SandboxPlan};
 use crate::supervisor::result::{CellResult, ErrorKind};
-use crate::supervisor::tenancy::{groups_pid, CellGroup};
+use crate::supervisor::tenancy::CellGroup;
 use crate::supervisor::{Inner, Language};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -379,7 +379,7 @@ async fn start_live(
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let (ns_pid, next) = state
-        .run(worker_sock.into(), out_w, err_w, &limits, deadline)
+        .run((worker_sock.into(), out_w, err_w), &limits, deadline)
         .await?;
     *lock(&live.next) = Some(next);
     let rx = state.exit_of(ns_pid);
@@ -392,7 +392,8 @@ async fn start_live(
             .try_clone()
             .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
     );
-    // Into its cgroup before it is sent any code.
+    // Into its cgroup before it is sent any code, moved by us (see
+    // `StateProc::adopt`).
     group.adopt(host).map_err(|e| e.to_string())?;
     live.running.store(true, SeqCst);
     let report = state.zygote().cell_report();
@@ -429,16 +430,20 @@ async fn start_zygote(
         // one session's processes could stop another's from forking.
         limits.max_processes = u64::MAX;
     }
+    // The child joins its cgroup itself, before it reads its setup (so
+    // before it is sent any code); one that cannot exits.
+    let join: Vec<std::os::fd::BorrowedFd<'_>> =
+        group.map(CellGroup::join_borrowed).unwrap_or_default();
     let (pid, pidfd, in_flight) = z
         .spawn(
             worker_fd,
-            out_w,
-            err_w,
+            (out_w, err_w),
             crate::sandbox::zygote::CellSetup {
                 scratch: plan.scratch.to_string_lossy().into_owned(),
                 rlimits: limits,
                 state: false,
             },
+            &join,
             deadline,
         )
         .await?;
@@ -447,12 +452,6 @@ async fn start_zygote(
             .try_clone()
             .map_err(|e| Failed(format!("failed to keep the worker's pidfd: {e}")))?,
     );
-    // Into its cgroup before it is sent any code.
-    if let Some(g) = group {
-        groups_pid(&pidfd)
-            .and_then(|p| g.adopt(p).map_err(|e| e.to_string()))
-            .map_err(Failed)?;
-    }
     let rx = z.exit_of(pid);
     Ok(Started {
         pid,
@@ -479,16 +478,15 @@ async fn start_forked(
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
 ) -> Result<(Started, std::os::unix::net::UnixStream), String> {
-    let (f, refill) = fs.spawn(limits, deadline).await?;
+    // A child joins its cgroup itself before it runs anything.
+    let join: Vec<std::os::fd::BorrowedFd<'_>> =
+        group.map(CellGroup::join_borrowed).unwrap_or_default();
+    let (f, refill) = fs.spawn(limits, &join, deadline).await?;
     let guard = process::KillOnDrop::pidfd(
         f.pidfd
             .try_clone()
             .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
     );
-    // Into its cgroup before it is sent any code.
-    if let Some(g) = group {
-        g.adopt(groups_pid(&f.pidfd)?).map_err(|e| e.to_string())?;
-    }
     let rx = fs.exit_of(f.pid);
     let started = Started {
         pid: f.pid,

@@ -33,7 +33,7 @@ _fprog = _Fprog(len(_filter_bytes) // 8, ctypes.addressof(_filter_buf))
 # Each per-cell rlimit: its key in a cell's setup and its resource, as the
 # supervisor names them (src/plan/rlimits.rs).
 _RLIMITS = [(name, getattr(resource, res)) for name, res in _ZC["rlimits"]]
-_ANC_SPACE = _socket.CMSG_SPACE(8 * 4)
+_ANC_SPACE = _socket.CMSG_SPACE(16 * 4)
 
 
 # How a cell ended is measured and reported without a Python object holding
@@ -121,6 +121,14 @@ def _child(fds):
         _signal.set_wakeup_fd(-1)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         _CTL.detach()  # fd 3 is about to become the cell's protocol socket
+        # Into the cell's cgroups first (the `tasks` files after the five):
+        # this single thread moves itself, which the kernel does without the
+        # global lock a move by pid takes.
+        for fd in fds[5:]:
+            if posix.write(fd, b"0") != 1:
+                raise OSError("could not join the cell's cgroup")
+            posix.close(fd)
+        fds = fds[:5]
         posix.setsid()
         null = posix.open("/dev/null", posix.O_RDONLY)
         sock, out, err, rules, setup_fd = fds
@@ -334,8 +342,7 @@ def _live_keep():
     try:
         pid = posix.fork()
     except OSError:
-        posix.close(nxt)
-        return
+        pid = -1
     if pid:
         posix.close(nxt)
         return
@@ -356,7 +363,7 @@ def _live_keep():
 
 def _spawn(msg, fds, cells):
     cid = msg.get("id")
-    if type(cid) is not int or len(fds) != 5:
+    if type(cid) is not int or len(fds) not in (5, 8):
         for fd in fds:
             posix.close(fd)
         _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed spawn message"})

@@ -1,0 +1,311 @@
+//! `cellbox bench --mcp`: `cellbox serve` over stdio as a child, driven by
+//! rmcp's client the way an agent calls it, beside a bare
+//! `/usr/bin/python3 -c pass` and the library measured in the same run.
+
+use super::{cells, figures, ms, spawn_once, tree_rss_kb, Figures, SETTLE};
+use crate::{Language, Supervisor};
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The interpreter of the bare baseline.
+const BARE_PYTHON: &str = "/usr/bin/python3";
+
+/// How long one call may take before the run is given up.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Sessions held open for the memory figure.
+const IDLE_SESSIONS: usize = 16;
+
+/// A `serve` child and the client connected to it.
+pub struct Served {
+    client: RunningService<RoleClient, ()>,
+    pid: u32,
+}
+
+impl Served {
+    /// Start `binary serve` with `args` and initialize.
+    pub async fn start(binary: &Path, args: &[&str]) -> Result<Served, String> {
+        let mut cmd = tokio::process::Command::new(binary);
+        cmd.arg("serve").args(args);
+        let (transport, _) = TokioChildProcess::builder(cmd)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {} serve: {e}", binary.display()))?;
+        let pid = transport.id().ok_or("the server has no pid")?;
+        let client = tokio::time::timeout(PATIENCE, ().serve(transport))
+            .await
+            .map_err(|_| "the server did not answer initialize".to_owned())?
+            .map_err(|e| format!("initialize: {e}"))?;
+        Ok(Served { client, pid })
+    }
+
+    pub fn peer(&self) -> Peer<RoleClient> {
+        self.client.peer().clone()
+    }
+
+    /// Close the connection; the server exits when its stdin closes.
+    pub async fn stop(self) {
+        let _ = self.client.cancel().await;
+    }
+}
+
+fn obj(v: Value) -> JsonObject {
+    match v {
+        Value::Object(m) => m,
+        _ => JsonObject::new(),
+    }
+}
+
+/// One tool call; a call that fails or reports an error is an error.
+pub async fn call(
+    peer: &Peer<RoleClient>,
+    tool: &'static str,
+    args: Value,
+) -> Result<CallToolResult, String> {
+    let fut = peer.call_tool(CallToolRequestParams::new(tool).with_arguments(obj(args)));
+    let r = match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(format!("{tool}: {e}")),
+        Err(_) => return Err(format!("{tool}: no answer within {PATIENCE:?}")),
+    };
+    if r.is_error == Some(true) {
+        return Err(format!("{tool} failed: {:?}", r.content));
+    }
+    Ok(r)
+}
+
+async fn timed(
+    peer: &Peer<RoleClient>,
+    tool: &'static str,
+    args: Value,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    call(peer, tool, args).await?;
+    Ok(t.elapsed())
+}
+
+/// Samples of one line of the report, with the time they took in all.
+#[derive(Default)]
+struct Series {
+    samples: Vec<Duration>,
+    total: Duration,
+}
+
+impl Series {
+    fn push(&mut self, d: Duration) {
+        self.samples.push(d);
+        self.total += d;
+    }
+
+    fn figures(self) -> Figures {
+        figures(self.samples, self.total)
+    }
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-9)
+}
+
+/// Create a session; its id.
+pub async fn create_session(peer: &Peer<RoleClient>) -> Result<String, String> {
+    let r = call(peer, "create_session", json!({})).await?;
+    r.structured_content
+        .as_ref()
+        .and_then(|s| s["session_id"].as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| "create_session gave no session id".to_owned())
+}
+
+/// `n` sessionless Python `pass` cells through `peer` at `concurrency`.
+async fn mcp_throughput(
+    peer: &Peer<RoleClient>,
+    n: usize,
+    concurrency: usize,
+) -> Result<Figures, String> {
+    let t0 = Instant::now();
+    let per = n.div_ceil(concurrency.max(1));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let peer = peer.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut s = Vec::with_capacity(per);
+            for _ in 0..per {
+                s.push(
+                    timed(
+                        &peer,
+                        "execute_code",
+                        json!({"language": "python", "code": "pass"}),
+                    )
+                    .await?,
+                );
+            }
+            Ok::<_, String>(s)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    Ok(figures(all, t0.elapsed()))
+}
+
+/// The MCP report: `serve` (this binary) driven over stdio, `n` samples a
+/// line, interleaved with the bare baseline.
+pub async fn run(n: usize) -> Result<String, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let served = Served::start(&me, &["--python", BARE_PYTHON]).await?;
+    let peer = served.peer();
+    let mut out = String::new();
+    let py = |code: &str| json!({"language": "python", "code": code});
+    // Warm-up: the pools are started by `serve`, the first cells of each
+    // kind pay for what is made once (the probe, a session's worker).
+    let session = create_session(&peer).await?;
+    let in_session = json!({"language": "python", "code": "pass", "session_id": session});
+    for _ in 0..5 {
+        call(&peer, "list_sessions", json!({})).await?;
+        call(&peer, "execute_code", py("pass")).await?;
+        call(&peer, "execute_code", in_session.clone()).await?;
+        call(
+            &peer,
+            "execute_code",
+            json!({"language": "rhai", "code": "1"}),
+        )
+        .await?;
+    }
+    let bare = [BARE_PYTHON, "-c", "pass"];
+    let (mut list, mut base, mut pass, mut sess, mut rhai) = (
+        Series::default(),
+        Series::default(),
+        Series::default(),
+        Series::default(),
+        Series::default(),
+    );
+    for _ in 0..n {
+        tokio::time::sleep(SETTLE).await;
+        list.push(timed(&peer, "list_sessions", json!({})).await?);
+        tokio::time::sleep(SETTLE).await;
+        base.push(tokio::task::block_in_place(|| spawn_once(&bare))?);
+        tokio::time::sleep(SETTLE).await;
+        pass.push(timed(&peer, "execute_code", py("pass")).await?);
+        tokio::time::sleep(SETTLE).await;
+        sess.push(timed(&peer, "execute_code", in_session.clone()).await?);
+        tokio::time::sleep(SETTLE).await;
+        rhai.push(
+            timed(
+                &peer,
+                "execute_code",
+                json!({"language": "rhai", "code": "1"}),
+            )
+            .await?,
+        );
+    }
+    let (list, base, pass, sess, rhai) = (
+        list.figures(),
+        base.figures(),
+        pass.figures(),
+        sess.figures(),
+        rhai.figures(),
+    );
+    let _ = writeln!(
+        out,
+        "mcp: serve over stdio, rmcp client, {n} of each in turn with spawn+wait {BARE_PYTHON} -c pass"
+    );
+    let _ = writeln!(
+        out,
+        "baseline {BARE_PYTHON} -c pass      p50 {}  p99 {}",
+        ms(base.p50),
+        ms(base.p99)
+    );
+    let _ = writeln!(
+        out,
+        "mcp list_sessions (round trip)     p50 {}  p99 {}",
+        ms(list.p50),
+        ms(list.p99)
+    );
+    for (what, f) in [("no session", &pass), ("in a session", &sess)] {
+        let _ = writeln!(
+            out,
+            "mcp execute_code python pass, {what:12} p50 {}  p99 {}  (p50 = {:.2}x bare python3 -c pass; goal <= 0.20x)",
+            ms(f.p50),
+            ms(f.p99),
+            ratio(f.p50, base.p50)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "mcp execute_code rhai 1, no session   p50 {}  p99 {}  (p50 = {:.2}x list_sessions; goal <= 1.5x)",
+        ms(rhai.p50),
+        ms(rhai.p99),
+        ratio(rhai.p50, list.p50)
+    );
+
+    // Throughput: through serve, then the library in this process (the
+    // same cells, the same concurrency).
+    let cells_n = 200;
+    let through = mcp_throughput(&peer, cells_n, 2).await?;
+    let lib = Supervisor::builder()
+        .warm(true)
+        .python(BARE_PYTHON)
+        .build()
+        .map_err(|e| e.to_string())?;
+    lib.start_pools().await.map_err(|e| e.to_string())?;
+    cells(&lib, Language::Python, "pass", 20, 2).await?;
+    let direct = cells(&lib, Language::Python, "pass", cells_n, 2).await?;
+    drop(lib);
+    let _ = writeln!(
+        out,
+        "mcp {cells_n} python cells, concurrency 2: {:.0} cells/s vs the library's {:.0} cells/s ({:.0}%; goal >= 90%)",
+        through.per_sec,
+        direct.per_sec,
+        100.0 * through.per_sec / direct.per_sec.max(1e-9)
+    );
+
+    // Memory: the server and everything it started, with sessions idle
+    // that each ran a cell.
+    let mut ids = vec![session];
+    while ids.len() < IDLE_SESSIONS {
+        ids.push(create_session(&peer).await?);
+    }
+    for id in &ids {
+        call(
+            &peer,
+            "execute_code",
+            json!({"language": "python", "code": "x = 1", "session_id": id}),
+        )
+        .await?;
+    }
+    // The server gives back freed memory once idle (see `serve`).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kb = tree_rss_kb(served.pid);
+    let pss = tree_pss_kb(served.pid);
+    let _ = writeln!(
+        out,
+        "mcp serve + pools, {IDLE_SESSIONS} idle sessions: {:.1} MiB RSS (goal <= 60 MiB); {:.1} MiB PSS (pages shared between its processes, such as the engine binary's, counted once)",
+        kb as f64 / 1024.0,
+        pss as f64 / 1024.0
+    );
+    served.stop().await;
+    Ok(out)
+}
+
+/// Proportional set size of a process and all its descendants, in KiB: a
+/// page shared by k processes counts 1/k in each, so the sum counts the
+/// pages of the binary that every one of them maps once.
+fn tree_pss_kb(root: u32) -> u64 {
+    super::tree_pids(root)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
