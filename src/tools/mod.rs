@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod declared;
+pub mod upstream;
 
 pub use config::{ToolDecl, ToolsConfig};
 pub use declared::SupervisorSlot;
