@@ -2,6 +2,8 @@
 //! of their own: the file tools ([`crate::files`]) and `aggregate_context`
 //! ([`crate::context`]).
 
+#[cfg(target_os = "linux")]
+pub mod bench;
 pub mod config;
 pub mod declared;
 pub mod upstream;

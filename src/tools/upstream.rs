@@ -443,17 +443,17 @@ mod tests {
 
     #[test]
     fn results_become_values() {
-        let ok = CallToolResult::success(vec![rmcp::model::Content::text("{\"n\": 3}")]);
+        let ok = CallToolResult::success(vec![rmcp::model::ContentBlock::text("{\"n\": 3}")]);
         assert_eq!(
             result_value("s.t", ok).ok(),
             Some(serde_json::json!({"n": 3}))
         );
-        let text = CallToolResult::success(vec![rmcp::model::Content::text("plain")]);
+        let text = CallToolResult::success(vec![rmcp::model::ContentBlock::text("plain")]);
         assert_eq!(
             result_value("s.t", text).ok(),
             Some(Value::String("plain".into()))
         );
-        let err = CallToolResult::error(vec![rmcp::model::Content::text("boom")]);
+        let err = CallToolResult::error(vec![rmcp::model::ContentBlock::text("boom")]);
         let e = result_value("s.t", err).err().unwrap_or_default();
         assert!(e.contains("s.t") && e.contains("boom"), "{e}");
     }

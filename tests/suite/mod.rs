@@ -15,4 +15,5 @@ mod soak;
 mod supervisor;
 mod tenancy;
 mod tools;
+mod upstream;
 mod zygote;
