@@ -225,7 +225,7 @@ fn generate_tree(
                 std::io::BufWriter::new(std::fs::File::create(dir.join(format!("f{f:03}.txt")))?);
             for l in 0..lines {
                 k += 1;
-                if k % 1000 == 0 {
+                if k.is_multiple_of(1000) {
                     writeln!(w, "line {l} of file {f}: the needle_{k} is here")?;
                 } else {
                     writeln!(w, "line {l} of file {f}: lorem ipsum dolor sit amet {k}")?;
