@@ -421,6 +421,40 @@ mod tests {
         assert!(rc.validate(&bad).unwrap_err().contains("language"));
     }
 
+    struct NoTools;
+    impl ToolSource for NoTools {
+        fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability> {
+            Box::pin(async move { Err(SourceError::Unknown(tool.to_owned())) })
+        }
+        fn list(&self) -> SourceFuture<'_, Vec<Capability>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+    }
+
+    #[test]
+    fn dotted_names_belong_to_tool_sources() {
+        let h = |_c: CallContext, _a: Map<String, Value>| async { Ok(Value::Null) };
+        assert!(Capability::new("gh.search-issues", "", json!({"type": "object"}), h).is_ok());
+        for bad in ["gh.", ".x", "1gh.x", "gh.x y", "gh..x y"] {
+            assert!(
+                Capability::new(bad, "", json!({"type": "object"}), h).is_err(),
+                "{bad}"
+            );
+        }
+        let mut r = Registry::with_builtins();
+        r.register(Capability::source("gh", "", Arc::new(NoTools)).unwrap())
+            .unwrap();
+        assert!(r.get("gh").is_none(), "a source is not a capability");
+        assert!(r.source_of("gh.search").is_some_and(|(_, t)| t == "search"));
+        assert!(r.source_of("other.search").is_none());
+        assert!(r.may_name("gh.*") && r.may_name("gh.search") && r.may_name("emit"));
+        assert!(!r.may_name("gh") && !r.may_name("other.*") && !r.may_name("gh.a b"));
+        assert!(matches!(
+            r.register(Capability::source("gh", "", Arc::new(NoTools)).unwrap()),
+            Err(CapabilityError::Duplicate(_))
+        ));
+    }
+
     #[test]
     fn rejects_bad_definitions() {
         let h = |_c: CallContext, _a: Map<String, Value>| async { Ok(Value::Null) };

@@ -152,5 +152,22 @@ headers = { Authorization = { env = "W_TOKEN", prefix = "Bearer " }, X-A = "b" }
         .unwrap();
         assert!(e.to_string().contains("shell"), "{e}");
         assert!(toml::from_str::<F>("[tools.x]\nkind = \"ftp\"\ndescription = \"\"\n").is_err());
+        let f: F = toml::from_str(
+            "[tools.gh]\nkind = \"mcp\"\nurl = \"https://h/mcp\"\ntoken_env = \"GH\"\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            &f.tools["gh"],
+            ToolDecl::Mcp {
+                url: Some(_),
+                token_env: Some(_),
+                timeout_ms: 30_000,
+                ..
+            }
+        ));
+        let e = toml::from_str::<F>("[tools.gh]\nkind = \"mcp\"\ncommand = [\"x\"]\nargv = []\n")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("argv"), "{e}");
     }
 }
