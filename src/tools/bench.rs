@@ -160,7 +160,8 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
         .and_then(|b| b.build())
         .map_err(|e| e.to_string())?;
     let mut policy = Policy::deny_all().allow("up.*");
-    policy.max_tool_calls = u32::try_from(n + 1).unwrap_or(u32::MAX);
+    // One session runs every bench cell: 3 loops of n calls, and one.
+    policy.max_tool_calls = u32::try_from(3 * n + 1).unwrap_or(u32::MAX);
     policy.max_calls = policy.max_tool_calls;
     let session = sup
         .session(SessionConfig {
