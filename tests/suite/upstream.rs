@@ -352,3 +352,36 @@ try { tools::fake::fail(); } catch (err) { denied = err.message; }
     let o = outcomes(&r);
     assert!(o.contains(&("fake.echo".into(), "ok".into())), "{o:?}");
 }
+
+#[test]
+fn upstream_serve_accepts_server_names_in_policy_allow_without_starting_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |allow: &str| {
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[tools.fake]\nkind = \"mcp\"\ncommand = [\"/nonexistent/cellbox-upstream\"]\n\
+                 [policy]\nallow = [{allow}]\n"
+            ),
+        )
+        .unwrap();
+        // stdin at EOF: serve starts, finds no MCP session, and exits.
+        std::process::Command::new(bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(&cfg)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let ok = serve("\"fake.*\", \"fake.echo\"");
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(ok.status.success(), "{err}");
+    assert!(!err.contains("policy.allow"), "{err}");
+    let bad = serve("\"fake.*\", \"other.*\"");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "{err}");
+    assert!(err.contains("unknown capability \"other.*\""), "{err}");
+    assert!(err.contains("fake.*"), "{err}");
+}
