@@ -28,6 +28,7 @@ pub(super) fn opening(
     spec: &CellSpec,
     backend: Backend,
     plan: Option<SandboxPlan>,
+    sourced: Vec<crate::protocol::CapabilitySpec>,
 ) -> (Option<ToWorker>, Option<ToWorker>) {
     let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
         ToWorker::Start(Start {
@@ -35,7 +36,12 @@ pub(super) fn opening(
             code: spec.code.clone(),
             vars: spec.vars.clone(),
             definitions: spec.definitions.clone(),
-            capabilities: sup.registry.iter().map(|c| c.spec()).collect(),
+            capabilities: sup
+                .registry
+                .iter()
+                .map(|c| c.spec())
+                .chain(sourced)
+                .collect(),
             limits: spec.limits.script_limits(),
             max_frame_bytes: spec.limits.max_frame_bytes,
         })
