@@ -400,6 +400,11 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         }
     }
     out.push_str(&crate::models::bench::round_trip(n).await?);
+    #[cfg(target_os = "linux")]
+    {
+        out.push_str(&crate::tools::bench::upstream_round_trip(n).await?);
+        out.push_str(&crate::tools::bench::search_vs_rg(5).await?);
+    }
     Ok(out)
 }
 

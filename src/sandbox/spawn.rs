@@ -48,6 +48,32 @@ pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroups: Ve
     }
 }
 
+/// A long-lived helper process of the supervisor (an upstream tool server):
+/// it starts a new session, so the supervisor can kill its whole process
+/// group, and gets a parent-death SIGKILL.
+pub fn prepare_helper(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let supervisor = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (setsid, prctl, getppid); it allocates
+    // nothing and touches no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if u32::try_from(libc::getppid()).ok() != Some(supervisor) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Take ownership of the protocol channel on fd 3 (worker side). Fails if
 /// fd 3 is not an open socket, so a worker started by hand says so clearly.
 pub fn take_protocol_channel() -> std::io::Result<std::os::unix::net::UnixStream> {

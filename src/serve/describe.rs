@@ -243,6 +243,31 @@ pub struct Facts<'a> {
     pub cells_memory: Option<u64>,
 }
 
+/// The allowed tools of upstream MCP servers, as the policy names them
+/// (`SERVER.*` or `SERVER.TOOL`; the servers are not started to list them).
+fn upstream_entries(
+    sup: &Supervisor,
+    policy: &crate::Policy,
+) -> Vec<(String, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for source in sup.tool_sources() {
+        let server = source.name();
+        for name in &policy.allow {
+            if name.split_once('.').is_some_and(|(s, _)| s == server) {
+                out.push((
+                    name.clone(),
+                    format!(
+                        "{} (call tools.{server}.TOOL(name=value) or tool_call(\"{server}.TOOL\", {{...}}))",
+                        source.description()
+                    ),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+    out
+}
+
 impl Facts<'_> {
     pub fn new<'a>(
         sup: &Supervisor,
@@ -261,6 +286,7 @@ impl Facts<'_> {
                     .unwrap_or_default();
                 (c.name().to_owned(), c.description().to_owned(), params)
             })
+            .chain(upstream_entries(sup, &settings.session.policy))
             .collect();
         let python = if settings.languages.contains(&Language::Python) {
             sup.python().map_err(String::from)

@@ -206,9 +206,15 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
     let sup = b.build().map_err(|e| e.to_string())?;
     #[cfg(target_os = "linux")]
     let _ = slot.set(sup.downgrade());
-    let known: Vec<&str> = sup.capabilities().map(|c| c.name()).collect();
+    // An upstream server's tools are not listed here: SERVER.TOOL and
+    // SERVER.* of a declared one are accepted without starting it.
+    let known: Vec<String> = sup
+        .capabilities()
+        .map(|c| c.name().to_owned())
+        .chain(sup.tool_sources().map(|c| format!("{}.*", c.name())))
+        .collect();
     for name in &settings.session.policy.allow {
-        if !known.contains(&name.as_str()) {
+        if !sup.knows(name) {
             return Err(format!(
                 "policy.allow (--allow): unknown capability {name:?}; known: {}",
                 known.join(", ")

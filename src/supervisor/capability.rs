@@ -27,6 +27,33 @@ pub(crate) enum Handler {
     Host(Arc<HostFn>),
     /// A query to a configured model (see `crate::models`).
     Model(ModelOp),
+    /// The tools `NAME.TOOL` of an upstream server (registered apart).
+    Source(Arc<dyn ToolSource>),
+}
+
+/// What a [`ToolSource`] returns.
+pub type SourceFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, SourceError>> + Send + 'a>>;
+
+/// Tools named `SERVER.TOOL` that a supervisor learns only by asking
+/// (an upstream MCP server): registered under `SERVER` with
+/// [`Capability::source`], looked up when a cell first calls one.
+pub trait ToolSource: Send + Sync {
+    /// The capability `SERVER.TOOL` (schema-checked by the supervisor,
+    /// counted as a host tool call), starting the source if need be.
+    fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability>;
+    /// Every tool of the source, starting it if need be.
+    fn list(&self) -> SourceFuture<'_, Vec<Capability>>;
+}
+
+/// A [`ToolSource`] lookup failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SourceError {
+    /// The source has no such tool.
+    #[error("{0}")]
+    Unknown(String),
+    /// The source could not be reached.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// The model capabilities.
@@ -79,6 +106,19 @@ fn valid_name(name: &str) -> bool {
         && name.len() <= 64
 }
 
+/// `SERVER.TOOL`: a valid SERVER, and a TOOL of letters, digits, '_', '-'
+/// and '.' (as MCP names its tools), at most 128 bytes in all.
+fn valid_dotted_name(name: &str) -> bool {
+    name.split_once('.').is_some_and(|(server, tool)| {
+        valid_name(server)
+            && !tool.is_empty()
+            && tool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            && name.len() <= 128
+    })
+}
+
 impl Capability {
     fn build(
         name: &str,
@@ -86,7 +126,8 @@ impl Capability {
         schema: Value,
         handler: Handler,
     ) -> Result<Self, CapabilityError> {
-        if !valid_name(name) {
+        let host = matches!(handler, Handler::Host(_));
+        if !(valid_name(name) || host && valid_dotted_name(name)) {
             return Err(CapabilityError::BadName(name.to_owned()));
         }
         if schema.get("type").and_then(Value::as_str) != Some("object") {
@@ -133,6 +174,20 @@ impl Capability {
             });
         }
         Ok(cap)
+    }
+
+    /// A source of tools named `NAME.TOOL` (see [`ToolSource`]).
+    pub fn source(
+        name: &str,
+        description: &str,
+        source: Arc<dyn ToolSource>,
+    ) -> Result<Self, CapabilityError> {
+        Capability::build(
+            name,
+            description,
+            json!({"type": "object"}),
+            Handler::Source(source),
+        )
     }
 
     pub fn name(&self) -> &str {
@@ -208,6 +263,8 @@ impl Capability {
 #[derive(Debug, Clone)]
 pub struct Registry {
     caps: BTreeMap<String, Capability>,
+    /// Tool sources by server name: their tools are `SERVER.TOOL`.
+    sources: BTreeMap<String, Capability>,
 }
 
 impl Registry {
@@ -242,7 +299,10 @@ impl Registry {
         for cap in builtins.into_iter().flatten() {
             caps.insert(cap.name.clone(), cap);
         }
-        Registry { caps }
+        Registry {
+            caps,
+            sources: BTreeMap::new(),
+        }
     }
 
     /// Register `model_query` and `model_query_batched`.
@@ -296,11 +356,40 @@ impl Registry {
     }
 
     pub fn register(&mut self, cap: Capability) -> Result<(), CapabilityError> {
-        if self.caps.contains_key(&cap.name) {
+        if self.caps.contains_key(&cap.name) || self.sources.contains_key(&cap.name) {
             return Err(CapabilityError::Duplicate(cap.name));
         }
-        self.caps.insert(cap.name.clone(), cap);
+        if matches!(cap.handler, Handler::Source(_)) {
+            self.sources.insert(cap.name.clone(), cap);
+        } else {
+            self.caps.insert(cap.name.clone(), cap);
+        }
         Ok(())
+    }
+
+    /// The source of `SERVER.TOOL` and TOOL, when SERVER is a registered
+    /// tool source.
+    pub fn source_of<'a>(&self, name: &'a str) -> Option<(Arc<dyn ToolSource>, &'a str)> {
+        let (server, tool) = name.split_once('.')?;
+        match &self.sources.get(server)?.handler {
+            Handler::Source(s) => Some((s.clone(), tool)),
+            _ => None,
+        }
+    }
+
+    /// The names (and descriptions) of the registered tool sources.
+    pub fn sources(&self) -> impl Iterator<Item = &Capability> {
+        self.sources.values()
+    }
+
+    /// True when `name` is a capability, or `SERVER.TOOL` / `SERVER.*` of
+    /// a tool source (its tools are not looked up: the source is not
+    /// started).
+    pub fn may_name(&self, name: &str) -> bool {
+        self.caps.contains_key(name)
+            || name.split_once('.').is_some_and(|(server, tool)| {
+                self.sources.contains_key(server) && (tool == "*" || valid_dotted_name(name))
+            })
     }
 
     pub fn get(&self, name: &str) -> Option<&Capability> {
@@ -330,6 +419,40 @@ mod tests {
         assert!(rc.validate(&bad).is_err());
         bad.remove("language");
         assert!(rc.validate(&bad).unwrap_err().contains("language"));
+    }
+
+    struct NoTools;
+    impl ToolSource for NoTools {
+        fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability> {
+            Box::pin(async move { Err(SourceError::Unknown(tool.to_owned())) })
+        }
+        fn list(&self) -> SourceFuture<'_, Vec<Capability>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+    }
+
+    #[test]
+    fn dotted_names_belong_to_tool_sources() {
+        let h = |_c: CallContext, _a: Map<String, Value>| async { Ok(Value::Null) };
+        assert!(Capability::new("gh.search-issues", "", json!({"type": "object"}), h).is_ok());
+        for bad in ["gh.", ".x", "1gh.x", "gh.x y", "gh..x y"] {
+            assert!(
+                Capability::new(bad, "", json!({"type": "object"}), h).is_err(),
+                "{bad}"
+            );
+        }
+        let mut r = Registry::with_builtins();
+        r.register(Capability::source("gh", "", Arc::new(NoTools)).unwrap())
+            .unwrap();
+        assert!(r.get("gh").is_none(), "a source is not a capability");
+        assert!(r.source_of("gh.search").is_some_and(|(_, t)| t == "search"));
+        assert!(r.source_of("other.search").is_none());
+        assert!(r.may_name("gh.*") && r.may_name("gh.search") && r.may_name("emit"));
+        assert!(!r.may_name("gh") && !r.may_name("other.*") && !r.may_name("gh.a b"));
+        assert!(matches!(
+            r.register(Capability::source("gh", "", Arc::new(NoTools)).unwrap()),
+            Err(CapabilityError::Duplicate(_))
+        ));
     }
 
     #[test]

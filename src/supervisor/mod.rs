@@ -24,7 +24,9 @@ mod warm;
 #[cfg(target_os = "linux")]
 mod zygote;
 
-pub use capability::{CallContext, Capability, CapabilityError, Registry};
+pub use capability::{
+    CallContext, Capability, CapabilityError, Registry, SourceError, SourceFuture, ToolSource,
+};
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use limits::{LimitOverrides, Limits};
 pub use policy::{
@@ -817,6 +819,18 @@ impl Supervisor {
     /// The capabilities this supervisor knows.
     pub fn capabilities(&self) -> impl Iterator<Item = &Capability> {
         self.inner.registry.iter()
+    }
+
+    /// The tool sources (upstream servers) this supervisor knows; their
+    /// tools are `SERVER.TOOL`, found when first called.
+    pub fn tool_sources(&self) -> impl Iterator<Item = &Capability> {
+        self.inner.registry.sources()
+    }
+
+    /// True when a policy may name `name`: a capability, or `SERVER.TOOL`
+    /// or `SERVER.*` of a tool source (which is not started to check).
+    pub fn knows(&self, name: &str) -> bool {
+        self.inner.registry.may_name(name)
     }
 
     /// Start the warm workers now (the Rhai fork server and every zygote of

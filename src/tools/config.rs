@@ -10,6 +10,11 @@
 //!   supervisor (cells have no network). A header value may come from an
 //!   environment variable of the supervisor (`{ env = "VAR" }`), which never
 //!   reaches a cell.
+//! - `kind = "mcp"`: an upstream MCP server, `command = ["prog", ...]`
+//!   (stdio) or `url = "http://..."` (streamable HTTP, with an optional
+//!   bearer token from the environment variable `token_env`). Its tools
+//!   become capabilities `NAME.TOOL` with their own schemas (see
+//!   [`super::upstream`]).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -57,6 +62,25 @@ pub enum ToolDecl {
         url: String,
         #[serde(default)]
         headers: BTreeMap<String, HeaderValue>,
+        #[serde(default = "default_timeout")]
+        timeout_ms: u64,
+        #[serde(default = "default_output")]
+        max_output_bytes: usize,
+    },
+    /// An upstream MCP server: its tools become `NAME.TOOL`.
+    Mcp {
+        #[serde(default)]
+        description: String,
+        /// Program and arguments of a server spoken to over stdio.
+        #[serde(default)]
+        command: Vec<String>,
+        /// URL of a server spoken to over streamable HTTP.
+        #[serde(default)]
+        url: Option<String>,
+        /// The environment variable of the supervisor holding a bearer
+        /// token for `url` (it never reaches a cell).
+        #[serde(default)]
+        token_env: Option<String>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_output")]
@@ -128,5 +152,22 @@ headers = { Authorization = { env = "W_TOKEN", prefix = "Bearer " }, X-A = "b" }
         .unwrap();
         assert!(e.to_string().contains("shell"), "{e}");
         assert!(toml::from_str::<F>("[tools.x]\nkind = \"ftp\"\ndescription = \"\"\n").is_err());
+        let f: F = toml::from_str(
+            "[tools.gh]\nkind = \"mcp\"\nurl = \"https://h/mcp\"\ntoken_env = \"GH\"\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            &f.tools["gh"],
+            ToolDecl::Mcp {
+                url: Some(_),
+                token_env: Some(_),
+                timeout_ms: 30_000,
+                ..
+            }
+        ));
+        let e = toml::from_str::<F>("[tools.gh]\nkind = \"mcp\"\ncommand = [\"x\"]\nargv = []\n")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("argv"), "{e}");
     }
 }

@@ -21,8 +21,10 @@ pub enum DeclaredError {
     },
     #[error("tools.{name}.argv: empty")]
     EmptyArgv { name: String },
-    #[error("tools.{name}.url: only http:// URLs are supported (got {url:?})")]
+    #[error("tools.{name}.url: only http:// and https:// URLs are supported (got {url:?})")]
     Url { name: String, url: String },
+    #[error(transparent)]
+    Upstream(#[from] super::upstream::UpstreamError),
     #[error("tools.{name}: failed to build the HTTP client")]
     Client {
         name: String,
@@ -215,7 +217,7 @@ pub fn capabilities(
                 timeout_ms,
                 max_output_bytes,
             } => {
-                if !url.starts_with("http://") {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(DeclaredError::Url {
                         name: name.clone(),
                         url,
@@ -242,6 +244,23 @@ pub fn capabilities(
                     )
                 })
                 .map_err(bad)?
+            }
+            ToolDecl::Mcp {
+                description,
+                command,
+                url,
+                token_env,
+                timeout_ms,
+                max_output_bytes,
+            } => {
+                let target = super::upstream::Target::new(name, command, url, token_env)?;
+                super::upstream::capability(
+                    name,
+                    &description,
+                    target,
+                    timeout_ms,
+                    max_output_bytes,
+                )?
             }
         };
         caps.push(cap);

@@ -2,8 +2,11 @@
 //! of their own: the file tools ([`crate::files`]) and `aggregate_context`
 //! ([`crate::context`]).
 
+#[cfg(target_os = "linux")]
+pub mod bench;
 pub mod config;
 pub mod declared;
+pub mod upstream;
 
 pub use config::{ToolDecl, ToolsConfig};
 pub use declared::SupervisorSlot;

@@ -149,12 +149,65 @@ fn register_capabilities(engine: &mut Engine, caps: &[CapabilitySpec], chan: Rc<
             });
         }
     }
+    register_tool_modules(engine, caps, &chan);
     // `invoke(name)` / `invoke(name, #{args})` for any name, known or not
     // (`call` is a Rhai keyword); `tool_call` is the same under the name
     // both languages share.
     for fname in ["invoke", "tool_call"] {
         register_invoke(engine, fname, chan.clone());
     }
+}
+
+/// `tools::SERVER::TOOL(#{args})` and `tools::SERVER::TOOL()` for each
+/// tool `SERVER.TOOL` of an upstream server (a TOOL that is no Rhai name is
+/// called with `tool_call` only).
+fn register_tool_modules(
+    engine: &mut Engine,
+    caps: &[CapabilitySpec],
+    chan: &Rc<RefCell<Channel>>,
+) {
+    use rhai::{FuncRegistration, Module, NativeCallContext};
+    let mut servers: std::collections::BTreeMap<&str, Module> = std::collections::BTreeMap::new();
+    for spec in caps {
+        let Some((server, tool)) = spec.name.split_once('.') else {
+            continue;
+        };
+        if !tool.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || tool.starts_with(|c: char| c.is_ascii_digit())
+        {
+            continue;
+        }
+        let m = servers.entry(server).or_default();
+        let (name, c) = (spec.name.clone(), chan.clone());
+        FuncRegistration::new(tool).set_into_module(
+            m,
+            move |ctx: NativeCallContext, args: rhai::Map| -> Result<Dynamic, Box<EvalAltResult>> {
+                let pos = ctx.call_position();
+                let v = to_json(&Dynamic::from_map(args), 0)
+                    .map_err(|e| reply_error(ReplyErrorKind::InvalidArgs, &e, pos))?;
+                let map = match v {
+                    Value::Object(m) => m,
+                    _ => Map::new(),
+                };
+                do_call(&c, &name, map, pos)
+            },
+        );
+        let (name, c) = (spec.name.clone(), chan.clone());
+        FuncRegistration::new(tool).set_into_module(
+            m,
+            move |ctx: NativeCallContext| -> Result<Dynamic, Box<EvalAltResult>> {
+                do_call(&c, &name, Map::new(), ctx.call_position())
+            },
+        );
+    }
+    if servers.is_empty() {
+        return;
+    }
+    let mut tools = Module::new();
+    for (server, m) in servers {
+        tools.set_sub_module(server, m);
+    }
+    engine.register_static_module("tools", tools.into());
 }
 
 fn register_invoke(engine: &mut Engine, fname: &str, chan: Rc<RefCell<Channel>>) {

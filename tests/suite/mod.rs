@@ -18,4 +18,5 @@ mod soak;
 mod supervisor;
 mod tenancy;
 mod tools;
+mod upstream;
 mod zygote;

@@ -4,7 +4,7 @@
 use super::conversation::Outcome;
 use super::{new_run_id, CellSpec};
 use crate::protocol::{Call, Reply, ReplyError};
-use crate::supervisor::capability::{CallContext, Handler};
+use crate::supervisor::capability::{CallContext, Handler, SourceError};
 use crate::supervisor::result::{CallRecord, CellResult, ErrorKind, RunInfo, Status};
 use crate::supervisor::{Inner, Language};
 use serde_json::{json, Map, Value};
@@ -80,10 +80,48 @@ pub(super) async fn handle_call(
         record("unknown", Some(msg.clone()), result);
         return Ok((err("unknown", msg), true));
     }
-    let Some(cap) = sup.registry.get(&call.cap) else {
-        let msg = format!("unknown capability {:?}", call.cap);
-        record("unknown", Some(msg.clone()), result);
-        return Ok((err("unknown", msg), true));
+    let found;
+    let cap = match sup.registry.get(&call.cap) {
+        Some(cap) => cap,
+        None => {
+            // `SERVER.TOOL` of a tool source: the policy first, so a denied
+            // call never starts the source.
+            let Some((source, tool)) = sup.registry.source_of(&call.cap) else {
+                let msg = format!("unknown capability {:?}", call.cap);
+                record("unknown", Some(msg.clone()), result);
+                return Ok((err("unknown", msg), true));
+            };
+            if !spec.policy.permits(&call.cap) {
+                let msg = format!(
+                    "capability {:?} is not allowed by this session's policy",
+                    call.cap
+                );
+                record("denied", Some(msg.clone()), result);
+                return Ok((err("denied", msg), true));
+            }
+            let looked_up = tokio::time::timeout(
+                deadline.saturating_duration_since(Instant::now()),
+                source.tool(tool),
+            )
+            .await;
+            found = match looked_up {
+                Ok(Ok(cap)) => cap,
+                Ok(Err(SourceError::Unknown(msg))) => {
+                    record("unknown", Some(msg.clone()), result);
+                    return Ok((err("unknown", msg), true));
+                }
+                Ok(Err(SourceError::Failed(msg))) => {
+                    record("failed", Some(msg.clone()), result);
+                    return Ok((err("failed", msg), false));
+                }
+                Err(_) => {
+                    let msg = format!("{}: the tool server did not start in time", call.cap);
+                    record("failed", Some(msg.clone()), result);
+                    return Ok((err("failed", msg), false));
+                }
+            };
+            &found
+        }
     };
     if !spec.policy.permits(&call.cap) {
         let msg = format!(
@@ -163,6 +201,7 @@ pub(super) async fn handle_call(
                 )),
             }
         }
+        Handler::Source(_) => Err(("unknown".into(), format!("{} is a tool server", call.cap))),
     };
     match outcome {
         Ok(v) => {
@@ -262,4 +301,40 @@ async fn run_sub_cell(
             format!("sub-cell ended with status {}: {msg}", sub.status),
         ))
     }
+}
+
+/// The tools of the tool sources whose names the policy allows (each such
+/// source is started to list them), as a cell's start frame names them.
+/// A source that cannot be listed in time is left out: its tools are still
+/// called by name, with a clear error if it cannot be reached.
+pub(super) async fn source_specs(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    deadline: Instant,
+) -> Vec<crate::protocol::CapabilitySpec> {
+    let mut out = Vec::new();
+    for source in sup.registry.sources() {
+        let server = source.name();
+        let named = spec
+            .policy
+            .allow
+            .iter()
+            .any(|a| a.split_once('.').is_some_and(|(s, _)| s == server));
+        let Handler::Source(s) = &source.handler else {
+            continue;
+        };
+        if !named {
+            continue;
+        }
+        let within = deadline.saturating_duration_since(Instant::now());
+        if let Ok(Ok(tools)) = tokio::time::timeout(within, s.list()).await {
+            out.extend(
+                tools
+                    .iter()
+                    .filter(|c| spec.policy.permits(c.name()))
+                    .map(|c| c.spec()),
+            );
+        }
+    }
+    out
 }

@@ -29,6 +29,7 @@ pub(super) fn opening(
     spec: &CellSpec,
     backend: Backend,
     plan: Option<SandboxPlan>,
+    sourced: Vec<crate::protocol::CapabilitySpec>,
 ) -> (Option<ToWorker>, Option<ToWorker>) {
     let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
         let (vars, definitions) =
@@ -38,7 +39,12 @@ pub(super) fn opening(
             code: spec.code.clone(),
             vars,
             definitions,
-            capabilities: sup.registry.iter().map(|c| c.spec()).collect(),
+            capabilities: sup
+                .registry
+                .iter()
+                .map(|c| c.spec())
+                .chain(sourced)
+                .collect(),
             limits: spec.limits.script_limits(),
             max_frame_bytes: spec.limits.max_frame_bytes,
         })

@@ -344,7 +344,14 @@ async fn life(
             return Err(format!("failed to watch the worker process: {e}"));
         }
     };
-    let (setup, start) = opening(sup, spec, backend, plan);
+    // Rhai's per-tool functions need the tools of the upstream servers
+    // the policy names (listing them starts the servers).
+    let sourced = if spec.language == Language::Rhai {
+        calls::source_specs(sup, spec, deadline).await
+    } else {
+        Vec::new()
+    };
+    let (setup, start) = opening(sup, spec, backend, plan, sourced);
     let conv = Conversation::new(handshake, setup, start);
     let outcome = converse(sup, spec, result, sock, &exit, deadline, conv).await;
     // A live session's cell that succeeded has forked its successor: it

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fake_model;
+pub mod fake_upstream;
 pub mod procs;
 pub mod serve;
 

@@ -1,0 +1,460 @@
+//! Upstream MCP servers (`[tools.NAME] kind = "mcp"`): their tools become
+//! capabilities `NAME.TOOL` with their own input schemas.
+//!
+//! A server is started (or connected to) on the first call of one of its
+//! tools, or when its tools are listed; a server that died is started
+//! again on the next call (a call in flight when it dies fails). A stdio
+//! server runs in a process group of its own, killed with the supervisor:
+//! when the last handle on the [`Upstream`] goes (the supervisor's
+//! registry), the group is killed and the server reaped.
+
+use crate::supervisor::{Capability, SourceError, SourceFuture, ToolSource};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RunningService, ServiceError};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// How an upstream server is reached.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A program spoken to over its stdin and stdout.
+    Stdio(Vec<String>),
+    /// Streamable HTTP; the bearer token is read from `token_env` when
+    /// connecting.
+    Http {
+        url: String,
+        token_env: Option<String>,
+    },
+}
+
+/// An upstream server could not be declared.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error(
+        "tools.{name}: give either command = [\"prog\", ...] or url = \"http://...\", not {what}"
+    )]
+    Target { name: String, what: &'static str },
+    #[error("tools.{name}.url: only http:// and https:// URLs are supported (got {url:?})")]
+    Url { name: String, url: String },
+    #[error("tools.{name}: {source}")]
+    Capability {
+        name: String,
+        #[source]
+        source: crate::supervisor::CapabilityError,
+    },
+}
+
+impl Target {
+    /// The target of `[tools.NAME]` from its `command`, `url` and `token_env`.
+    pub fn new(
+        name: &str,
+        command: Vec<String>,
+        url: Option<String>,
+        token_env: Option<String>,
+    ) -> Result<Target, UpstreamError> {
+        let bad = |what| UpstreamError::Target {
+            name: name.to_owned(),
+            what,
+        };
+        match (command.is_empty(), url) {
+            (false, None) if token_env.is_some() => Err(bad("token_env without url")),
+            (false, None) => Ok(Target::Stdio(command)),
+            (true, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(UpstreamError::Url {
+                        name: name.to_owned(),
+                        url,
+                    });
+                }
+                Ok(Target::Http { url, token_env })
+            }
+            (true, None) => Err(bad("neither")),
+            (false, Some(_)) => Err(bad("both")),
+        }
+    }
+}
+
+/// How one server is called.
+#[derive(Debug)]
+struct Settings {
+    server: String,
+    target: Target,
+    timeout: Duration,
+    max_output: usize,
+}
+
+/// One upstream MCP server, connected when first needed.
+pub struct Upstream {
+    settings: Arc<Settings>,
+    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+}
+
+/// A live connection: the client, the server's tools as capabilities, and
+/// (stdio) the server's process.
+struct Conn {
+    settings: Arc<Settings>,
+    service: RunningService<RoleClient, ()>,
+    tools: BTreeMap<String, Capability>,
+    dead: AtomicBool,
+    child: Option<Helper>,
+}
+
+/// The process of a stdio server: its group is killed and it is reaped
+/// when dropped.
+struct Helper {
+    child: Mutex<std::process::Child>,
+}
+
+impl Helper {
+    fn exited(&self) -> bool {
+        match self.child.lock() {
+            Ok(mut c) => !matches!(c.try_wait(), Ok(None)),
+            Err(_) => true,
+        }
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let Ok(child) = self.child.get_mut() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            // The server started a session of its own: its pid is its group.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = child.kill();
+        // SIGKILL was sent: the wait is short.
+        let _ = child.wait();
+    }
+}
+
+impl Conn {
+    fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+            || self.service.is_closed()
+            || self.child.as_ref().is_some_and(Helper::exited)
+    }
+
+    async fn call(&self, tool: &str, args: Map<String, Value>) -> Result<Value, String> {
+        let s = &self.settings;
+        let name = format!("{}.{tool}", s.server);
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        let reply = match tokio::time::timeout(s.timeout, self.service.call_tool(params)).await {
+            Err(_) => {
+                return Err(format!(
+                    "{name}: the upstream MCP server did not answer within {} ms",
+                    s.timeout.as_millis()
+                ))
+            }
+            Ok(Err(e)) => {
+                let gone = matches!(
+                    e,
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                ) || self.service.is_closed();
+                if gone {
+                    self.dead.store(true, Ordering::Relaxed);
+                    return Err(format!(
+                        "{name}: the upstream MCP server went away during the call \
+                         (it is started again on the next call): {e}"
+                    ));
+                }
+                return Err(format!("{name}: the upstream MCP server failed: {e}"));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let value = result_value(&name, reply)?;
+        let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
+        if size > s.max_output {
+            return Err(format!(
+                "{name}: the result is {size} bytes, over the limit of {} bytes",
+                s.max_output
+            ));
+        }
+        Ok(value)
+    }
+}
+
+/// What a cell gets from a tool's result: its structured content when
+/// given, else its text (parsed when it is JSON; a list when there are
+/// several pieces). An `isError` result is an error with the text.
+fn result_value(name: &str, r: CallToolResult) -> Result<Value, String> {
+    let pieces: Vec<Value> = r
+        .content
+        .iter()
+        .map(|c| match c.as_text() {
+            Some(t) => Value::String(t.text.clone()),
+            None => serde_json::to_value(c).unwrap_or(Value::Null),
+        })
+        .collect();
+    if r.is_error == Some(true) {
+        let text: Vec<String> = pieces
+            .iter()
+            .map(|p| match p {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        return Err(format!(
+            "{name}: the tool reported an error: {}",
+            text.join("\n")
+        ));
+    }
+    if let Some(v) = r.structured_content {
+        return Ok(v);
+    }
+    let parse = |v: Value| match v {
+        Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        other => other,
+    };
+    let mut pieces = pieces;
+    Ok(match pieces.len() {
+        0 => Value::Null,
+        1 => parse(pieces.remove(0)),
+        _ => Value::Array(pieces.into_iter().map(parse).collect()),
+    })
+}
+
+impl Upstream {
+    pub fn new(server: &str, target: Target, timeout_ms: u64, max_output: usize) -> Upstream {
+        Upstream {
+            settings: Arc::new(Settings {
+                server: server.to_owned(),
+                target,
+                timeout: Duration::from_millis(timeout_ms.max(1)),
+                max_output,
+            }),
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The live connection, made (again) if there is none or it died.
+    async fn connect(&self) -> Result<Arc<Conn>, String> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c.is_dead() {
+                return Ok(c.clone());
+            }
+        }
+        // The old one (and its process) goes first.
+        *slot = None;
+        let c = tokio::time::timeout(self.settings.timeout, start(self.settings.clone()))
+            .await
+            .map_err(|_| {
+                format!(
+                    "the upstream MCP server did not start within {} ms",
+                    self.settings.timeout.as_millis()
+                )
+            })??;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    fn failed(&self, tool: &str, e: String) -> SourceError {
+        SourceError::Failed(format!("{}.{tool}: {e}", self.settings.server))
+    }
+}
+
+type Pipes = (tokio::process::ChildStdout, tokio::process::ChildStdin);
+
+/// Start a stdio server in a process group of its own.
+fn spawn(argv: &[String]) -> Result<(Helper, Pipes), String> {
+    let (prog, args) = argv.split_first().ok_or("the command is empty")?;
+    let mut cmd = std::process::Command::new(prog);
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    crate::sandbox::spawn::prepare_helper(&mut cmd);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the upstream MCP server {prog:?}: {e}"))?;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let helper = Helper {
+        child: Mutex::new(child),
+    };
+    let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
+        return Err("the upstream MCP server's stdio could not be piped".into());
+    };
+    let io = |e: std::io::Error| format!("the upstream MCP server's stdio: {e}");
+    let stdin = tokio::process::ChildStdin::from_std(stdin).map_err(io)?;
+    let stdout = tokio::process::ChildStdout::from_std(stdout).map_err(io)?;
+    Ok((helper, (stdout, stdin)))
+}
+
+/// Connect to the server and learn its tools.
+async fn start(settings: Arc<Settings>) -> Result<Arc<Conn>, String> {
+    let (service, child) = match &settings.target {
+        Target::Stdio(argv) => {
+            let (helper, transport) = spawn(argv)?;
+            let service = ().serve(transport).await.map_err(|e| {
+                format!(
+                    "the upstream MCP server {:?} did not complete the MCP handshake: {e}",
+                    argv[0]
+                )
+            })?;
+            (service, Some(helper))
+        }
+        Target::Http { url, token_env } => {
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            if let Some(var) = token_env {
+                let token = std::env::var(var).map_err(|_| {
+                    format!("the environment variable {var} (token_env) is not set")
+                })?;
+                config = config.auth_header(token);
+            }
+            let transport = StreamableHttpClientTransport::from_config(config);
+            let service = ()
+                .serve(transport)
+                .await
+                .map_err(|e| format!("cannot connect to the upstream MCP server at {url}: {e}"))?;
+            (service, None)
+        }
+    };
+    let listed = service
+        .list_all_tools()
+        .await
+        .map_err(|e| format!("listing the upstream MCP server's tools failed: {e}"))?;
+    let conn = Arc::new_cyclic(|weak: &Weak<Conn>| {
+        let mut tools = BTreeMap::new();
+        for t in listed {
+            let tool = t.name.to_string();
+            let name = format!("{}.{tool}", settings.server);
+            let schema = Value::Object((*t.input_schema).clone());
+            let weak = weak.clone();
+            let handler_tool = tool.clone();
+            let cap = Capability::new(
+                &name,
+                t.description.as_deref().unwrap_or(""),
+                schema,
+                move |_ctx, args| {
+                    let weak = weak.clone();
+                    let tool = handler_tool.clone();
+                    async move {
+                        match weak.upgrade() {
+                            Some(conn) => conn.call(&tool, args).await,
+                            None => Err(format!("{tool}: the upstream MCP server was shut down")),
+                        }
+                    }
+                },
+            );
+            match cap {
+                Ok(cap) => {
+                    tools.insert(tool, cap);
+                }
+                Err(e) => {
+                    tracing::warn!("upstream MCP server {}: tool skipped: {e}", settings.server)
+                }
+            }
+        }
+        Conn {
+            settings: settings.clone(),
+            service,
+            tools,
+            dead: AtomicBool::new(false),
+            child,
+        }
+    });
+    Ok(conn)
+}
+
+impl ToolSource for Upstream {
+    fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability> {
+        Box::pin(async move {
+            let conn = self.connect().await.map_err(|e| self.failed(tool, e))?;
+            match conn.tools.get(tool) {
+                Some(cap) => Ok(cap.clone()),
+                None => Err(SourceError::Unknown(format!(
+                    "unknown capability \"{}.{tool}\": the upstream MCP server {} has no tool \
+                     {tool:?} (its tools: {})",
+                    self.settings.server,
+                    self.settings.server,
+                    conn.tools.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))),
+            }
+        })
+    }
+
+    fn list(&self) -> SourceFuture<'_, Vec<Capability>> {
+        Box::pin(async move {
+            let conn = self
+                .connect()
+                .await
+                .map_err(|e| SourceError::Failed(format!("{}: {e}", self.settings.server)))?;
+            Ok(conn.tools.values().cloned().collect())
+        })
+    }
+}
+
+/// The capability standing for the upstream server `name` (its tools are
+/// looked up through it).
+pub fn capability(
+    name: &str,
+    description: &str,
+    target: Target,
+    timeout_ms: u64,
+    max_output: usize,
+) -> Result<Capability, UpstreamError> {
+    let up = Arc::new(Upstream::new(name, target, timeout_ms, max_output));
+    let description = if description.is_empty() {
+        format!("the tools of the upstream MCP server {name}")
+    } else {
+        description.to_owned()
+    };
+    Capability::source(name, &description, up).map_err(|source| UpstreamError::Capability {
+        name: name.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_checked() {
+        assert!(matches!(
+            Target::new("g", vec!["x".into()], None, None),
+            Ok(Target::Stdio(_))
+        ));
+        assert!(matches!(
+            Target::new("g", vec![], Some("https://h/mcp".into()), Some("T".into())),
+            Ok(Target::Http { .. })
+        ));
+        let e = Target::new("g", vec![], None, None)
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("tools.g")));
+        assert!(Target::new("g", vec!["x".into()], Some("http://h".into()), None).is_err());
+        assert!(Target::new("g", vec![], Some("ftp://h".into()), None).is_err());
+        assert!(Target::new("g", vec!["x".into()], None, Some("T".into())).is_err());
+    }
+
+    #[test]
+    fn results_become_values() {
+        let ok = CallToolResult::success(vec![rmcp::model::ContentBlock::text("{\"n\": 3}")]);
+        assert_eq!(
+            result_value("s.t", ok).ok(),
+            Some(serde_json::json!({"n": 3}))
+        );
+        let text = CallToolResult::success(vec![rmcp::model::ContentBlock::text("plain")]);
+        assert_eq!(
+            result_value("s.t", text).ok(),
+            Some(Value::String("plain".into()))
+        );
+        let err = CallToolResult::error(vec![rmcp::model::ContentBlock::text("boom")]);
+        let e = result_value("s.t", err).err().unwrap_or_default();
+        assert!(e.contains("s.t") && e.contains("boom"), "{e}");
+    }
+}

@@ -1,0 +1,138 @@
+//! A fake upstream MCP server (rmcp's server side), served over stdio by
+//! `examples/fake_mcp_upstream.rs` and over streamable HTTP by the tests.
+//!
+//! Tools: `echo {text}` (JSON text), `add {a, b}` (structured), `count
+//! {items}` (plain text), `fail` (an `isError` result), `crash` (the server
+//! exits mid-call), `hang` (never answers), `garbage` (writes a line that is
+//! not JSON to stdout and never answers), `pid` (the server's pid), `spawn_child` (a `sleep
+//! 1000` in the server's process group, which outlives the server unless
+//! the group is killed).
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+#[derive(Clone, Default)]
+pub struct FakeUpstream;
+
+fn schema(v: Value) -> Arc<Map<String, Value>> {
+    match v {
+        Value::Object(m) => Arc::new(m),
+        _ => Arc::new(Map::new()),
+    }
+}
+
+fn tools() -> Vec<Tool> {
+    vec![
+        Tool::new(
+            "echo",
+            "Echo text back as JSON.",
+            schema(
+                json!({"type": "object", "properties": {"text": {"type": "string"}},
+                          "required": ["text"]}),
+            ),
+        ),
+        Tool::new(
+            "add",
+            "Add two numbers.",
+            schema(
+                json!({"type": "object", "properties": {"a": {"type": "number"},
+                          "b": {"type": "number"}}, "required": ["a", "b"]}),
+            ),
+        ),
+        Tool::new(
+            "count",
+            "Count items.",
+            schema(
+                json!({"type": "object", "properties": {"items": {"type": "array"}},
+                          "required": ["items"]}),
+            ),
+        ),
+        Tool::new("fail", "Fail.", schema(json!({"type": "object"}))),
+        Tool::new("crash", "Exit mid-call.", schema(json!({"type": "object"}))),
+        Tool::new("hang", "Never answer.", schema(json!({"type": "object"}))),
+        Tool::new(
+            "garbage",
+            "Write something that is not JSON.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
+            "pid",
+            "The server's pid.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
+            "spawn_child",
+            "Start `sleep 1000` in the server's process group; its pid.",
+            schema(json!({"type": "object"})),
+        ),
+    ]
+}
+
+impl ServerHandler for FakeUpstream {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("fake-upstream", "0.0.1"))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        let r = match request.name.as_ref() {
+            "echo" => CallToolResult::success(vec![ContentBlock::text(
+                json!({"echo": args.get("text")}).to_string(),
+            )]),
+            "add" => {
+                let n = |k: &str| args.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+                CallToolResult::structured(json!({"sum": n("a") + n("b")}))
+            }
+            "count" => {
+                let n = args
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                CallToolResult::success(vec![ContentBlock::text(format!("{n} items"))])
+            }
+            "fail" => CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]),
+            "crash" => std::process::exit(3),
+            "hang" => std::future::pending().await,
+            "garbage" => {
+                {
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(b"this is not JSON at all\n");
+                    let _ = out.flush();
+                }
+                std::future::pending().await
+            }
+            "pid" => CallToolResult::structured(json!({"pid": std::process::id()})),
+            "spawn_child" => match std::process::Command::new("sleep")
+                .arg("1000")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+            {
+                Ok(c) => CallToolResult::structured(json!({"pid": c.id()})),
+                Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+            },
+            other => return Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
+        };
+        Ok(r.into())
+    }
+}

@@ -1,0 +1,387 @@
+//! Upstream MCP servers as tools (`kind = "mcp"`): a fake rmcp server over
+//! stdio (examples/fake_mcp_upstream.rs) and over streamable HTTP on
+//! 127.0.0.1, called from Python and Rhai cells under the policy and the
+//! tool-call budget; its failures (missing, isError, crash mid-call, hang,
+//! not JSON) caught in the cell; restarted after it died; gone with the
+//! supervisor.
+
+use super::common::fake_upstream::FakeUpstream;
+use super::common::{bin, config};
+use cellbox::tools::{SupervisorSlot, ToolsConfig};
+use cellbox::{CellRequest, Language, Status, Supervisor};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The fake upstream program, built beside the cellbox binary (built here
+/// when a filtered `cargo test` did not build the examples).
+fn fake_program() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = bin().parent().unwrap().to_path_buf();
+            let exe = dir.join("examples").join("fake_mcp_upstream");
+            if !exe.is_file() {
+                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let st = std::process::Command::new(cargo)
+                    .args(["build", "--release", "--example", "fake_mcp_upstream"])
+                    .arg("--manifest-path")
+                    .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+                    .status()
+                    .unwrap();
+                assert!(st.success(), "building the fake upstream failed: {st}");
+            }
+            assert!(exe.is_file(), "{} is missing", exe.display());
+            exe
+        })
+        .clone()
+}
+
+fn supervisor_with(tools_toml: &str) -> Supervisor {
+    #[derive(serde::Deserialize)]
+    struct F {
+        tools: ToolsConfig,
+    }
+    let f: F = toml::from_str(tools_toml).unwrap();
+    let slot = SupervisorSlot::default();
+    let mut b = Supervisor::builder().worker_exe(bin());
+    for cap in cellbox::tools::host_and_declared(&Default::default(), &f.tools, &slot).unwrap() {
+        b = b.capability(cap).unwrap();
+    }
+    let sup = b.build().unwrap();
+    let _ = slot.set(sup.downgrade());
+    sup
+}
+
+fn stdio_supervisor(extra: &str) -> Supervisor {
+    supervisor_with(&format!(
+        "[tools.fake]\nkind = \"mcp\"\ncommand = [{:?}]\ntimeout_ms = 3000\n{extra}",
+        fake_program().to_string_lossy()
+    ))
+}
+
+async fn py(sup: &Supervisor, code: &str, allow: &[&str]) -> cellbox::CellResult {
+    sup.run(CellRequest::new(Language::Python, code), config(allow))
+        .await
+}
+
+const ERR: &str = r#"
+def err(f):
+    try:
+        f()
+        return None
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+"#;
+
+fn outcomes(r: &cellbox::CellResult) -> Vec<(String, String)> {
+    r.calls
+        .iter()
+        .map(|c| (c.cap.clone(), c.outcome.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_python_cell_calls_three_tools_in_a_loop() {
+    let sup = stdio_supervisor("");
+    let code = r#"
+summary = []
+for i in range(3):
+    e = tools.fake.echo(text="n%d" % i)
+    s = tool_call("fake.add", {"a": i, "b": 10})
+    c = tools.fake.count(items=list(range(i)))
+    summary.append([e["echo"], s["sum"], c])
+batch = tool_call_batched([("fake.add", {"a": 1, "b": 2}), ("fake.add", {"a": "x", "b": 2})])
+{"summary": summary, "batch": batch}
+"#;
+    let r = py(&sup, code, &["fake.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value["summary"],
+        json!([
+            ["n0", 10.0, "0 items"],
+            ["n1", 11.0, "1 items"],
+            ["n2", 12.0, "2 items"]
+        ])
+    );
+    assert_eq!(r.value["batch"][0], json!({"sum": 3.0}));
+    assert_eq!(r.value["batch"][1]["type"], "ValueError", "{r:?}");
+    let o = outcomes(&r);
+    for tool in ["fake.echo", "fake.add", "fake.count"] {
+        assert!(
+            o.iter().filter(|(c, out)| c == tool && out == "ok").count() >= 3,
+            "{o:?}"
+        );
+    }
+    assert!(
+        o.contains(&("fake.add".into(), "invalid_args".into())),
+        "{o:?}"
+    );
+    // Each call that reached the upstream counts against max_tool_calls.
+    let models = r.models.expect("tool use is reported");
+    assert_eq!(models.cell.tool_calls, 10, "{models:?}");
+
+    // The budget ends the cell when spent.
+    let mut c = config(&["fake.*"]);
+    c.policy.max_tool_calls = 2;
+    let r = sup
+        .run(
+            CellRequest::new(
+                Language::Python,
+                "for i in range(5):\n    tools.fake.echo(text='x')\n",
+            ),
+            c,
+        )
+        .await;
+    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
+    assert!(r.error.unwrap().message.contains("max_tool_calls"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_policy_denies_a_tool_and_names_are_known_without_starting() {
+    // A server that cannot start: a denied call must not try to.
+    let sup = stdio_supervisor(
+        "[tools.missing]\nkind = \"mcp\"\ncommand = [\"/nonexistent/cellbox-upstream\"]\n",
+    );
+    assert!(sup.knows("fake.*"));
+    assert!(sup.knows("fake.echo"));
+    assert!(sup.knows("missing.anything"));
+    assert!(!sup.knows("other.*"));
+    assert!(!sup.knows("fake"));
+    let code = format!(
+        "{ERR}\n{{'echo': tools.fake.echo(text='ok'), 'add': err(lambda: tools.fake.add(a=1, b=2)), \
+         'missing': err(lambda: tools.missing.x()), 'count': err(lambda: tool_call('fake.count', {{'items': []}}))}}"
+    );
+    let r = py(&sup, &code, &["fake.echo"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    assert_eq!(v["echo"], json!({"echo": "ok"}));
+    for k in ["add", "missing", "count"] {
+        assert_eq!(v[k][0], "PermissionError", "{k}: {v}");
+        assert!(
+            v[k][1].as_str().unwrap().contains("not allowed"),
+            "{k}: {v}"
+        );
+    }
+    let o = outcomes(&r);
+    assert!(o.contains(&("fake.add".into(), "denied".into())), "{o:?}");
+    assert!(o.contains(&("missing.x".into(), "denied".into())), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_failures_are_catchable_and_name_the_server_and_tool() {
+    let sup = stdio_supervisor(
+        "[tools.missing]\nkind = \"mcp\"\ncommand = [\"/nonexistent/cellbox-upstream\"]\n",
+    );
+    let code = format!(
+        r#"{ERR}
+before = tools.fake.pid()["pid"]
+out = {{
+ "fail": err(lambda: tools.fake.fail()),
+ "hang": err(lambda: tools.fake.hang()),
+ "garbage": err(lambda: tools.fake.garbage()),
+ "unknown": err(lambda: tools.fake.no_such_tool()),
+ "schema": err(lambda: tools.fake.echo(text=3)),
+ "missing": err(lambda: tools.missing.anything(q=1)),
+ "crash": err(lambda: tools.fake.crash()),
+}}
+after = tools.fake.pid()["pid"]
+out["restarted"] = before != after
+out["echo"] = tools.fake.echo(text="again")
+out
+"#
+    );
+    let r = py(&sup, &code, &["fake.*", "missing.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    let says = |k: &str, kind: &str, words: &[&str]| {
+        assert_eq!(v[k][0], kind, "{k}: {v}");
+        let m = v[k][1].as_str().unwrap();
+        for w in words {
+            assert!(m.contains(w), "{k}: {m:?} lacks {w:?}");
+        }
+    };
+    says(
+        "fail",
+        "RuntimeError",
+        &["fake.fail", "it failed on purpose"],
+    );
+    says(
+        "hang",
+        "RuntimeError",
+        &["fake.hang", "did not answer within 3000 ms"],
+    );
+    says(
+        "garbage",
+        "RuntimeError",
+        &["fake.garbage", "did not answer"],
+    );
+    says(
+        "unknown",
+        "PermissionError",
+        &["fake.no_such_tool", "has no tool"],
+    );
+    says("schema", "ValueError", &["fake.echo", "text"]);
+    says(
+        "missing",
+        "RuntimeError",
+        &[
+            "missing.anything",
+            "cannot start",
+            "/nonexistent/cellbox-upstream",
+        ],
+    );
+    says(
+        "crash",
+        "RuntimeError",
+        &["fake.crash", "went away during the call"],
+    );
+    assert_eq!(v["restarted"], true, "{v}");
+    assert_eq!(v["echo"], json!({"echo": "again"}));
+}
+
+fn alive(pid: i64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie is dead: only its exit status is left.
+        Ok(stat) => !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_no_orphan_after_the_supervisor_is_dropped() {
+    let sup = stdio_supervisor("");
+    let r = py(
+        &sup,
+        "[tools.fake.pid()['pid'], tools.fake.spawn_child()['pid']]",
+        &["fake.*"],
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let pid = r.value[0].as_i64().unwrap();
+    // Its child does not end when the server's stdin closes: only the kill
+    // of the server's process group ends it.
+    let child = r.value[1].as_i64().unwrap();
+    assert!(alive(pid) && alive(child), "the upstream is not running");
+    drop(sup);
+    // Dropping the supervisor kills and reaps the upstream; a cell's
+    // worker may still be finishing on a helper thread, so wait a while.
+    let mut gone = false;
+    for _ in 0..200 {
+        if !alive(pid) && !alive(child) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        gone,
+        "the upstream {pid} or its child {child} outlived the supervisor"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_over_streamable_http_with_a_bearer_token() {
+    let url = cellbox::tools::bench::serve_mcp_http(FakeUpstream, Some("up-s3cret".into()))
+        .await
+        .unwrap();
+    std::env::set_var("CELLBOX_TEST_UPSTREAM_TOKEN", "up-s3cret");
+    let sup = supervisor_with(&format!(
+        r#"
+[tools.remote]
+kind = "mcp"
+url = "{url}"
+token_env = "CELLBOX_TEST_UPSTREAM_TOKEN"
+timeout_ms = 3000
+[tools.nokey]
+kind = "mcp"
+url = "{url}"
+token_env = "CELLBOX_TEST_UPSTREAM_TOKEN_UNSET"
+"#
+    ));
+    let code = format!(
+        "{ERR}\nimport os\n{{'add': tools.remote.add(a=2, b=3), 'echo': tool_call('remote.echo', {{'text': 'hi'}}), \
+         'fail': err(lambda: tools.remote.fail()), 'nokey': err(lambda: tools.nokey.echo(text='x')), \
+         'env': os.environ.get('CELLBOX_TEST_UPSTREAM_TOKEN')}}"
+    );
+    let r = py(&sup, &code, &["remote.*", "nokey.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    assert_eq!(v["add"], json!({"sum": 5.0}));
+    assert_eq!(v["echo"], json!({"echo": "hi"}));
+    assert_eq!(v["fail"][0], "RuntimeError");
+    assert!(
+        v["fail"][1].as_str().unwrap().contains("remote.fail"),
+        "{v}"
+    );
+    assert_eq!(v["nokey"][0], "RuntimeError");
+    assert!(
+        v["nokey"][1]
+            .as_str()
+            .unwrap()
+            .contains("CELLBOX_TEST_UPSTREAM_TOKEN_UNSET"),
+        "{v}"
+    );
+    assert_eq!(v["env"], Value::Null, "the token reached the cell");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_rhai_per_tool_functions() {
+    let sup = stdio_supervisor("");
+    let code = r#"
+let e = tools::fake::echo(#{text: "rhai"});
+let s = tools::fake::add(#{a: 1, b: 2});
+let p = tools::fake::pid();
+let denied = "";
+try { tools::fake::fail(); } catch (err) { denied = err.message; }
+#{echo: e.echo, sum: s.sum, pid: type_of(p.pid), fail: denied}
+"#;
+    let r = sup
+        .run(CellRequest::new(Language::Rhai, code), config(&["fake.*"]))
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value["echo"], "rhai");
+    assert_eq!(r.value["sum"], 3.0);
+    assert_eq!(r.value["pid"], "i64");
+    assert!(
+        r.value["fail"].as_str().unwrap().contains("fake.fail"),
+        "{r:?}"
+    );
+    let o = outcomes(&r);
+    assert!(o.contains(&("fake.echo".into(), "ok".into())), "{o:?}");
+}
+
+#[test]
+fn upstream_serve_accepts_server_names_in_policy_allow_without_starting_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |allow: &str| {
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[tools.fake]\nkind = \"mcp\"\ncommand = [\"/nonexistent/cellbox-upstream\"]\n\
+                 [policy]\nallow = [{allow}]\n"
+            ),
+        )
+        .unwrap();
+        // stdin at EOF: serve starts, finds no MCP session, and exits.
+        std::process::Command::new(bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(&cfg)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let ok = serve("\"fake.*\", \"fake.echo\"");
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(ok.status.success(), "{err}");
+    assert!(!err.contains("policy.allow"), "{err}");
+    let bad = serve("\"fake.*\", \"other.*\"");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "{err}");
+    assert!(err.contains("unknown capability \"other.*\""), "{err}");
+    assert!(err.contains("fake.*"), "{err}");
+}
