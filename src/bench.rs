@@ -397,6 +397,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         }
         if language == Language::Python {
             out.push_str(&idle_memory(&warm).await?);
+            out.push_str(&live_sessions(n, &warm, &cold).await?);
         }
     }
     out.push_str(&crate::models::bench::round_trip(n).await?);
@@ -584,6 +585,79 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
                 "bwrap baseline unavailable ({e}); .ci/bench installs bubblewrap"
             );
         }
+    }
+    Ok(out)
+}
+
+/// A `pass` cell in a live Python session that has grown: after ten stdlib
+/// imports, holding a 100,000-element list, holding about 100 MB of live
+/// objects; each sample alternated with a bare `python3 -c pass`, as
+/// ratios (goal <= 0.3x, flat as the session grows).
+async fn live_sessions(n: usize, warm: &Supervisor, cold: &Supervisor) -> Result<String, String> {
+    let exe = match cold.python() {
+        Ok(py) => py.executable.to_string_lossy().into_owned(),
+        Err(e) => return Ok(format!("live python sessions: not measured: {e}\n")),
+    };
+    let grown = [
+        ("fresh", "pass"),
+        (
+            "10 stdlib imports",
+            "import json, os, time, re, collections, itertools, functools, datetime, decimal, fractions",
+        ),
+        ("a 100,000-element list", "big = list(range(100_000))"),
+        (
+            "~100 MB of live objects",
+            "blob = [bytes(1 << 20) for _ in range(100)]\nobjs = [{'i': i, 's': str(i)} for i in range(100_000)]",
+        ),
+    ];
+    let mut out = String::new();
+    let session = warm
+        .session(SessionConfig {
+            policy: Policy::deny_all(),
+            ..SessionConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
+    for (what, setup) in grown {
+        let r = session.run(CellRequest::new(Language::Python, setup)).await;
+        if r.status != Status::Ok {
+            return Err(format!(
+                "a benchmark cell failed: {} {:?}",
+                r.status, r.error
+            ));
+        }
+        let (mut cells, mut base) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut tc, mut tb) = (Duration::ZERO, Duration::ZERO);
+        let mut kept = true;
+        for _ in 0..n {
+            tokio::time::sleep(SETTLE).await;
+            let t = Instant::now();
+            let r = session
+                .run(CellRequest::new(Language::Python, "pass"))
+                .await;
+            let d = t.elapsed();
+            if r.status != Status::Ok {
+                return Err(format!(
+                    "a benchmark cell failed: {} {:?}",
+                    r.status, r.error
+                ));
+            }
+            kept &= r.state == Some(crate::StateOutcome::Kept);
+            tc += d;
+            cells.push(d);
+            tokio::time::sleep(SETTLE).await;
+            let d = tokio::task::block_in_place(|| spawn_once(&[&exe, "-c", "pass"]))?;
+            tb += d;
+            base.push(d);
+        }
+        let (c, b) = (figures(cells, tc), figures(base, tb));
+        let _ = writeln!(
+            out,
+            "python cell in a live session after {what}: p50 {} vs python3 -c pass {}  (p50 = {:.2}x; goal <= 0.3x){}",
+            ms(c.p50),
+            ms(b.p50),
+            c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9),
+            if kept { "" } else { "  NOT LIVE: a cell ran without the live namespace" }
+        );
     }
     Ok(out)
 }
