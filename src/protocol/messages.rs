@@ -104,6 +104,10 @@ pub struct Start {
     pub capabilities: Vec<CapabilitySpec>,
     pub limits: ScriptLimits,
     pub max_frame_bytes: usize,
+    /// Python: package directories appended to `sys.path` (the profile's
+    /// `[python] paths`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_paths: Vec<String>,
 }
 
 /// What kind of failure a capability call met, as told to the script. A

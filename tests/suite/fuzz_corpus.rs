@@ -202,6 +202,7 @@ fn write_protocol_seeds() {
                     max_map_len: 100_000,
                 },
                 max_frame_bytes: 8 << 20,
+                python_paths: Vec::new(),
             }),
         ),
         (

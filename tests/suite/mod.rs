@@ -8,6 +8,7 @@ mod isolation;
 mod macos;
 mod mcp;
 mod models;
+mod notebook;
 mod python;
 mod rhai;
 mod scratch;

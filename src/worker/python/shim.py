@@ -481,6 +481,39 @@ def _run_code(code, g):
     return result
 
 
+# ---------------------------------------------------------------- packages
+
+# Numeric libraries start one thread per core unless told otherwise; a cell
+# has a process limit and one core's worth of CPU time.
+_PACKAGE_ENV = (("OPENBLAS_NUM_THREADS", "1"), ("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"), ("MPLBACKEND", "Agg"))
+
+
+def _use_packages(paths):
+    """The profile's package directories on sys.path (before the scratch
+    dir, which a cell's own modules come from) and the environment the
+    numeric and plotting libraries read. Nothing without package paths."""
+    if not paths:
+        return
+    if type(paths) is not list or any(type(p) is not str for p in paths):
+        raise _ProtocolError("the start frame has a malformed python_paths field")
+    _st["python_paths"] = paths
+    import os
+
+    for k, v in _PACKAGE_ENV:
+        os.environ.setdefault(k, v)
+    try:
+        cwd = posix.getcwd()
+    except OSError:
+        cwd = None
+    if cwd is not None and "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = cwd + "/.matplotlib"
+    at = len(sys.path) - 1 if sys.path and sys.path[-1] == cwd else len(sys.path)
+    for p in paths:
+        if p not in sys.path:
+            sys.path.insert(at, p)
+            at += 1
+
+
 def _execute(start, out):
     """Everything that runs cell-controlled code, under the deadline."""
     code = start.get("code")
@@ -489,6 +522,7 @@ def _execute(start, out):
     caps = start.get("capabilities") or []
     if type(code) is not str or type(carried) is not dict or type(definitions) is not list or type(caps) is not list:
         raise _ProtocolError("the start frame has a malformed code, vars, definitions or capabilities field")
+    _use_packages(start.get("python_paths"))
     reserved = out["reserved"]
     for spec in caps:
         if type(spec) is not dict or type(spec.get("name")) is not str or type(spec.get("params")) is not list:
@@ -870,8 +904,25 @@ def _record_failure(out, exc):
     else:
         out["status"] = "error"
     out["error"] = info = _error_info(exc)
+    if issubclass(t, ImportError) and type(getattr(exc, "name", None)) is str:
+        _explain_missing_module(exc, info)
     if out["limit"] == "memory" and not info["message"]:
         info["message"] = "out of memory"  # MemoryError() says nothing itself
+
+
+def _explain_missing_module(exc, info):
+    """A module that is not found: say where modules are looked up."""
+    if not issubclass(type(exc), ModuleNotFoundError):
+        return
+    paths = _st.get("python_paths") or ()
+    if paths:
+        where = "the standard library, the package paths of the sandbox profile (%s) and the scratch directory" % ", ".join(map(_clean, paths))
+    else:
+        where = "the standard library and the scratch directory (the sandbox profile names no package paths; its [python] paths adds some)"
+    note = "cellbox: modules are found in " + where
+    info["message"] = (info["message"] + " (" + note + ")") if info["message"] else note
+    if type(info.get("traceback")) is str:
+        info["traceback"] += note + "\n"
 
 
 # ---- tracebacks: the cell's own lines, no frame of the shim
