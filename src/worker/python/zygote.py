@@ -46,6 +46,7 @@ def _preload():
         return
     import os
 
+    _install_backend()
     for k, v in _PACKAGE_ENV:
         os.environ.setdefault(k, v)
     for p in paths:
