@@ -162,10 +162,24 @@ fn structured(text: String, value: Value, is_error: bool) -> CallToolResult {
 /// structuredContent, a bounded readable rendering as content (see
 /// [`fit`]), isError for every status but ok.
 pub fn cell_tool_result(r: &CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
-    let f = fit::fit(r, verbose).map_err(|e| {
+    // Display items travel as content blocks (see `display`), not inside
+    // the structured budget.
+    let lean;
+    let fitted = if r.display.is_empty() {
+        r
+    } else {
+        lean = CellResult {
+            display: Vec::new(),
+            ..r.clone()
+        };
+        &lean
+    };
+    let f = fit::fit(fitted, verbose).map_err(|e| {
         ErrorData::internal_error(format!("failed to encode the cell result: {e}"), None)
     })?;
-    Ok(structured(f.text, f.structured, r.status != Status::Ok))
+    let mut tool = structured(f.text, f.structured, r.status != Status::Ok);
+    super::display::attach(r, &mut tool);
+    Ok(tool)
 }
 
 /// One chunk of a cell's output to the client, as a log notification

@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod describe;
+pub mod display;
 pub mod fit;
 pub mod gate;
 pub mod handler;
