@@ -18,7 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Bytes one upload may write by default.
-pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 8 << 20;
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 << 20;
 /// Bytes one download may return by default: as base64 it stays well
 /// within the 1 MiB response the strictest official MCP client accepts.
 pub const DEFAULT_MAX_DOWNLOAD_BYTES: u64 = 512 << 10;

@@ -266,3 +266,270 @@ async fn display_items_are_capped_and_what_was_left_out_is_said() {
         "{r:?}"
     );
 }
+
+// ---------------------------------------------------------------- over MCP
+
+mod over_mcp {
+    use super::*;
+    use rmcp::model::{CallToolRequestParams, CallToolResult};
+    use rmcp::service::RunningService;
+    use rmcp::transport::TokioChildProcess;
+    use rmcp::{RoleClient, ServiceExt};
+    use serde_json::Value;
+
+    type Client = RunningService<RoleClient, ()>;
+
+    async fn serve(args: &[&str]) -> Client {
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.arg("serve").args(args);
+        let transport = TokioChildProcess::new(cmd).unwrap();
+        ().serve(transport).await.unwrap()
+    }
+
+    async fn call(c: &Client, tool: &'static str, args: Value) -> CallToolResult {
+        let Value::Object(m) = args else {
+            panic!("arguments must be an object")
+        };
+        c.call_tool(CallToolRequestParams::new(tool).with_arguments(m))
+            .await
+            .unwrap()
+    }
+
+    fn text(r: &CallToolResult) -> String {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn session(c: &Client) -> String {
+        let r = call(c, "create_session", json!({})).await;
+        r.structured_content.unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn files_go_in_and_out_of_a_session() {
+        let c = serve(&[]).await;
+        let names: Vec<String> = c
+            .list_all_tools()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        for t in ["upload_file", "download_file", "list_files"] {
+            assert!(names.iter().any(|n| n == t), "{t} not in {names:?}");
+        }
+        let id = session(&c).await;
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "data/in.txt", "content": "hello from the client"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "blob.bin", "content": "AAH/", "encoding": "base64"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        // The next cell reads both, and writes a file of its own.
+        let code = "a = open('data/in.txt').read()\nb = list(open('blob.bin', 'rb').read())\n\
+                    open('out.bin', 'wb').write(bytes([0, 159, 146, 150]))\n\
+                    open('note.txt', 'w').write(a.upper())\n[a, b]";
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert_eq!(
+            r.structured_content.unwrap()["value"],
+            json!(["hello from the client", [0, 1, 255]])
+        );
+        let r = call(
+            &c,
+            "download_file",
+            json!({"session_id": id, "path": "note.txt"}),
+        )
+        .await;
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(v["encoding"], "utf-8", "{v}");
+        assert_eq!(v["content"], "HELLO FROM THE CLIENT");
+        let r = call(
+            &c,
+            "download_file",
+            json!({"session_id": id, "path": "out.bin"}),
+        )
+        .await;
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(v["encoding"], "base64", "{v}");
+        assert_eq!(
+            decode_b64(v["content"].as_str().unwrap()),
+            [0, 159, 146, 150]
+        );
+        let r = call(&c, "list_files", json!({"session_id": id})).await;
+        let v = r.structured_content.clone().unwrap();
+        let entries: Vec<(String, String)> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["type"].as_str().unwrap().to_owned(),
+                )
+            })
+            .filter(|(n, _)| !n.starts_with('.'))
+            .collect();
+        let want: Vec<(String, String)> = [
+            ("blob.bin", "file"),
+            ("data", "directory"),
+            ("note.txt", "file"),
+            ("out.bin", "file"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(entries, want, "{v}");
+        let r = call(&c, "list_files", json!({"session_id": id, "path": "data"})).await;
+        assert_eq!(r.structured_content.unwrap()["entries"][0]["size"], 21);
+    }
+
+    #[tokio::test]
+    async fn bad_file_requests_get_clear_errors() {
+        let c = serve(&["--max-output", "4096"]).await;
+        let id = session(&c).await;
+        // A cell makes a symlink out of the directory.
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python",
+                   "code": "import os\nos.symlink('/etc/passwd', 'link')\nos.symlink('/tmp', 'dirlink')"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let big = "x".repeat((4 << 20) + 1);
+        let cases: Vec<(&'static str, Value, &str)> = vec![
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "../x", "content": "a"}),
+                "'..' is not allowed",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "/etc/x", "content": "a"}),
+                "an absolute path",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "link", "content": "a"}),
+                "symlink",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "dirlink/x", "content": "a"}),
+                "symlink",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "big", "content": big}),
+                "max_upload_bytes",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "b", "content": "!!", "encoding": "base64"}),
+                "invalid base64",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "b", "content": "a", "encoding": "latin-1"}),
+                "unknown encoding",
+            ),
+            (
+                "download_file",
+                json!({"session_id": id, "path": "link"}),
+                "symlink",
+            ),
+            (
+                "download_file",
+                json!({"session_id": id, "path": "../../etc/passwd"}),
+                "'..' is not allowed",
+            ),
+            (
+                "download_file",
+                json!({"session_id": id, "path": "missing"}),
+                "not found",
+            ),
+            (
+                "list_files",
+                json!({"session_id": id, "path": "dirlink"}),
+                "symlink",
+            ),
+            (
+                "list_files",
+                json!({"session_id": "s-nonesuch"}),
+                "no session",
+            ),
+            (
+                "download_file",
+                json!({"session_id": "s-nonesuch", "path": "a"}),
+                "no session",
+            ),
+        ];
+        for (tool, args, want) in cases {
+            let r = call(&c, tool, args.clone()).await;
+            let t = text(&r);
+            assert_eq!(r.is_error, Some(true), "{tool} {args:.200}: {t}");
+            assert!(t.contains(want), "{tool}: {t:?} should say {want:?}");
+        }
+        // Nothing was written through the symlinks.
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python",
+                   "code": "import os\nsorted(n for n in os.listdir('.') if not n.startswith('.'))"}),
+        )
+        .await;
+        assert_eq!(
+            r.structured_content.unwrap()["value"],
+            json!(["dirlink", "link"])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rich_value_is_image_content() {
+        let c = serve(&[]).await;
+        let code = "class P:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(30)\nP()";
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let content = serde_json::to_value(&r.content).unwrap();
+        let image = content
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "image")
+            .unwrap_or_else(|| panic!("no image content: {content}"));
+        assert_eq!(image["mimeType"], "image/png");
+        assert_eq!(
+            &decode_b64(image["data"].as_str().unwrap())[..8],
+            b"\x89PNG\r\n\x1a\n"
+        );
+        let s = r.structured_content.unwrap();
+        let index = s["display"][0]["content_index"].as_u64().unwrap() as usize;
+        assert_eq!(content[index]["type"], "image", "{s}");
+        assert!(s["display"][0].get("data").is_none(), "sent once: {s}");
+    }
+}
