@@ -65,6 +65,9 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
     let id = json!({"type": "string", "description": "The session's id (create_session)."});
     let path = json!({"type": "string", "description": "A path relative to the session's working directory: no '..', no absolute path, no symlink on the way."});
     let annotations = ToolAnnotations::new().open_world(false);
+    let output = schema(
+        json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+    );
     vec![
         Tool::new(
             "upload_file",
@@ -86,6 +89,7 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
                 "additionalProperties": false
             })),
         )
+        .with_raw_output_schema(output.clone())
         .with_annotations(annotations.clone().read_only(false).idempotent(true)),
         Tool::new(
             "download_file",
@@ -101,6 +105,7 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
                 "additionalProperties": false
             })),
         )
+        .with_raw_output_schema(output.clone())
         .with_annotations(annotations.clone().read_only(true)),
         Tool::new(
             "list_files",
@@ -113,6 +118,7 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
                 "additionalProperties": false
             })),
         )
+        .with_raw_output_schema(output)
         .with_annotations(annotations.read_only(true)),
     ]
 }

@@ -236,9 +236,12 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
             "aggregate_context",
             "close_session",
             "create_session",
+            "download_file",
             "execute_code",
+            "list_files",
             "list_sessions",
-            "reset_session"
+            "reset_session",
+            "upload_file"
         ]
     );
     for t in &tools {
