@@ -195,7 +195,8 @@ mod tests {
         r#"{"timeout_ms":30000,"max_output_bytes":1048576,"max_script_bytes":1048576,"#,
         r#""max_frame_bytes":8388608,"max_operations":50000000,"max_call_levels":64,"#,
         r#""max_expr_depth":64,"max_string_bytes":16777216,"max_array_len":1000000,"#,
-        r#""max_map_len":100000,"cpu_seconds":60,"memory_bytes":1073741824,"#,
+        r#""max_map_len":100000,"max_display_bytes":327680,"max_display_item_bytes":262144,"#,
+        r#""cpu_seconds":60,"memory_bytes":1073741824,"#,
         r#""max_processes":64,"max_open_files":256,"max_file_size_bytes":67108864}"#
     );
 
