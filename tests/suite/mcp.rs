@@ -1549,11 +1549,11 @@ fn every_advertised_method_answers_and_set_level_filters_logs() {
     assert_eq!(answer(1).0["result"], json!({}));
     send(request(2, "tools/list", json!({})));
     let (list, _) = answer(2);
-    // The five session tools and aggregate_context (no files or models
-    // configured).
+    // The five session tools, the three session file tools and
+    // aggregate_context (no files or models configured).
     assert_eq!(
         list["result"]["tools"].as_array().unwrap().len(),
-        6,
+        9,
         "{list}"
     );
 
