@@ -337,6 +337,8 @@ fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done
         definitions: Vec::new(),
         error: Some(error),
         limit,
+        display: Vec::new(),
+        display_dropped: Vec::new(),
     }
 }
 
@@ -435,6 +437,8 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
         definitions,
         error: None,
         limit: None,
+        display: Vec::new(),
+        display_dropped: Vec::new(),
     }
 }
 

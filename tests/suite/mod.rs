@@ -10,6 +10,7 @@ mod joining;
 mod macos;
 mod mcp;
 mod models;
+mod notebook;
 mod python;
 mod rhai;
 mod scratch;

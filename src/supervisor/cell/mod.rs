@@ -383,6 +383,7 @@ pub(crate) fn classify(
                 }
             }
             result.vars.dropped = done.dropped.clone();
+            super::display::take(limits, result, &done);
             Some(done)
         }
         Outcome::Timeout => {
