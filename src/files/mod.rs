@@ -22,6 +22,7 @@
 //! `allow_hardlinks = true` (for trees whose owner knows where every link
 //! points).
 
+pub mod session;
 mod tools;
 mod walk;
 

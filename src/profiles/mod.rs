@@ -11,6 +11,10 @@
 //! names, non-empty reasons, no syscall both allowed and denied, …). Every
 //! error names the source, the key and the problem.
 
+mod python;
+
+pub use python::PythonPackages;
+
 use crate::plan::Rlimits;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -305,6 +309,10 @@ pub struct Profile {
     pub filesystem: Filesystem,
     pub network: Network,
     pub seccomp: SeccompSpec,
+    /// Python package directories and preloaded modules (see
+    /// [`PythonPackages`]); empty: the standard library only.
+    #[serde(default, skip_serializing_if = "PythonPackages::is_empty")]
+    pub python: PythonPackages,
     /// Where the profile came from (`built-in rhai` or a file path).
     #[serde(skip)]
     pub source: String,
@@ -440,6 +448,9 @@ impl Profile {
         }
         self.validate_limits()?;
         self.validate_paths()?;
+        if let Some((key, problem)) = self.python.problem() {
+            return Err(self.invalid(key, problem));
+        }
         self.validate_seccomp()
     }
 

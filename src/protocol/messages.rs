@@ -45,7 +45,50 @@ pub struct ScriptLimits {
     pub max_string_bytes: usize,
     pub max_array_len: usize,
     pub max_map_len: usize,
+    /// Python: bytes of `display` items (base64 or UTF-8 text) kept in all,
+    /// and for one item.
+    #[serde(default = "default_display_bytes")]
+    pub max_display_bytes: usize,
+    #[serde(default = "default_display_item_bytes")]
+    pub max_display_item_bytes: usize,
 }
+
+fn default_display_bytes() -> usize {
+    DEFAULT_MAX_DISPLAY_BYTES
+}
+
+fn default_display_item_bytes() -> usize {
+    DEFAULT_MAX_DISPLAY_ITEM_BYTES
+}
+
+/// Bytes of display items a cell keeps by default: with the rest of a
+/// result, an MCP response stays within the 1 MiB the strictest official
+/// client accepts.
+pub const DEFAULT_MAX_DISPLAY_BYTES: usize = 320 * 1024;
+/// Bytes of one display item by default.
+pub const DEFAULT_MAX_DISPLAY_ITEM_BYTES: usize = 256 * 1024;
+
+/// A rich value a cell shows (like Jupyter's display_data): a matplotlib
+/// figure, or the `_repr_png_` / `_repr_html_` / `_repr_markdown_` of its
+/// last value. `data` is base64 for an image, the text itself otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisplayItem {
+    pub mime: String,
+    pub data: String,
+}
+
+/// A display item left out of the result, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisplayDropped {
+    pub mime: String,
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// The MIME types a display item may have.
+pub const DISPLAY_MIMES: &[&str] = &["image/png", "text/html", "text/markdown"];
 
 /// A definition (functions, classes, imports) carried in a session, as the
 /// source that recreates it.
@@ -104,6 +147,10 @@ pub struct Start {
     pub capabilities: Vec<CapabilitySpec>,
     pub limits: ScriptLimits,
     pub max_frame_bytes: usize,
+    /// Python: package directories appended to `sys.path` (the profile's
+    /// `[python] paths`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_paths: Vec<String>,
 }
 
 /// What kind of failure a capability call met, as told to the script. A
@@ -264,6 +311,12 @@ pub struct Done {
     /// Which limit, when `status` is `limit_exceeded`.
     #[serde(default)]
     pub limit: Option<String>,
+    /// Rich values the cell showed (Python).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub display: Vec<DisplayItem>,
+    /// Those left out (over a limit, or a failing `_repr_*_`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub display_dropped: Vec<DisplayDropped>,
     /// A cell of a live Python session: what it did to the live namespace
     /// (`vars` then holds the JSON values of the rebound names only).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -15,8 +15,18 @@
 //!                             ◀──   call {id, cap, args}   (any number)
 //!   reply {id, ok|error}      ──▶
 //!                             ◀──   emit / log             (any number)
-//!                             ◀──   done {status, value, vars, error}
+//!                             ◀──   done {status, value, vars, error,
+//!                                          display, display_dropped}
 //! ```
+//!
+//! `done.display` (Python) lists the rich values the cell showed, in order:
+//! `{mime, data}` with `mime` one of `image/png` (data in base64),
+//! `text/html`, `text/markdown`; `done.display_dropped` the ones left out,
+//! `{mime, bytes, reason}`. Both are absent when empty. The caps come in
+//! `start.limits` (`max_display_bytes`, `max_display_item_bytes`) and the
+//! supervisor checks them again. `start.python_paths` names the package
+//! directories a Python cell appends to `sys.path` (the profile's
+//! `[python] paths`).
 
 mod codec;
 mod messages;

@@ -51,6 +51,9 @@ pub enum ZygoteMsg {
     Setup {
         interpreter: String,
         plan: Box<SandboxPlan>,
+        /// Package paths for `sys.path` and modules to import ahead of time.
+        #[serde(default)]
+        python: crate::profiles::PythonPackages,
     },
     Ready {
         report: SandboxReport,
@@ -291,7 +294,7 @@ pub fn cell_filter() -> Result<Vec<u8>, String> {
 /// name of the resource it sets (`RLIMIT_CPU`, ... as in Python's
 /// `resource` module), in the order to set them, and the exit code of a
 /// child whose sandbox could not be applied.
-pub fn python_config() -> Result<String, String> {
+pub fn python_config(python: &crate::profiles::PythonPackages) -> Result<String, String> {
     let filter = cell_filter()?;
     let hex: String = filter.iter().map(|b| format!("{b:02x}")).collect();
     let num =
@@ -302,6 +305,8 @@ pub fn python_config() -> Result<String, String> {
         "nr_landlock_restrict_self": num("landlock_restrict_self")?,
         "exit_sandbox": crate::exit::Exit::Sandbox.raw(),
         "rlimits": rlimit_names(),
+        "python_paths": python.path_strings(),
+        "preload": python.preload,
     })
     .to_string())
 }
@@ -382,7 +387,8 @@ mod tests {
     /// it is sent with.
     #[test]
     fn the_python_config_names_every_rlimit_of_a_cell_setup() {
-        let c: serde_json::Value = serde_json::from_str(&python_config().unwrap()).unwrap();
+        let c: serde_json::Value =
+            serde_json::from_str(&python_config(&Default::default()).unwrap()).unwrap();
         assert_eq!(
             c["rlimits"],
             serde_json::json!([
@@ -408,7 +414,8 @@ mod tests {
 
     #[test]
     fn python_config_carries_the_sandbox_exit_code() {
-        let config: serde_json::Value = serde_json::from_str(&python_config().unwrap()).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_str(&python_config(&Default::default()).unwrap()).unwrap();
         assert_eq!(config["exit_sandbox"], 6);
         assert!(config["cell_filter"].is_string());
     }

@@ -264,6 +264,10 @@ pub struct SessionsSection {
     /// Sessions one principal may hold at once; by default all of
     /// `max_sessions` with one principal, half of it with several.
     pub max_sessions_per_principal: Option<usize>,
+    /// Bytes one `upload_file` may write into a session's working directory.
+    pub max_upload_bytes: u64,
+    /// Bytes one `download_file` may return.
+    pub max_download_bytes: u64,
 }
 
 impl Default for SessionsSection {
@@ -272,6 +276,10 @@ impl Default for SessionsSection {
             max_sessions: 16,
             idle_expiry_seconds: 1800,
             max_sessions_per_principal: None,
+            max_upload_bytes: 4 << 20,
+            // As base64, well within the 1 MiB response the strictest
+            // official MCP client accepts.
+            max_download_bytes: 512 << 10,
         }
     }
 }
@@ -353,6 +361,9 @@ pub struct Settings {
     pub max_sessions: usize,
     pub max_sessions_per_principal: usize,
     pub idle_expiry: Duration,
+    /// Size limits of `upload_file` and `download_file`.
+    pub max_upload_bytes: u64,
+    pub max_download_bytes: u64,
     pub max_concurrency: usize,
     pub max_queue: usize,
     pub max_queue_per_principal: usize,
@@ -726,6 +737,8 @@ impl ServeConfig {
             max_sessions: self.sessions.max_sessions,
             max_sessions_per_principal,
             idle_expiry: Duration::from_secs(self.sessions.idle_expiry_seconds),
+            max_upload_bytes: self.sessions.max_upload_bytes,
+            max_download_bytes: self.sessions.max_download_bytes,
             max_concurrency: s.max_concurrency,
             max_queue: s.max_queue,
             max_queue_per_principal,

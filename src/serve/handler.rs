@@ -169,10 +169,24 @@ fn structured(text: String, value: Value, is_error: bool) -> CallToolResult {
 /// structuredContent, a bounded readable rendering as content (see
 /// [`fit`]), isError for every status but ok.
 pub fn cell_tool_result(r: &CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
-    let f = fit::fit(r, verbose).map_err(|e| {
+    // Display items travel as content blocks (see `display`), not inside
+    // the structured budget.
+    let lean;
+    let fitted = if r.display.is_empty() {
+        r
+    } else {
+        lean = CellResult {
+            display: Vec::new(),
+            ..r.clone()
+        };
+        &lean
+    };
+    let f = fit::fit(fitted, verbose).map_err(|e| {
         ErrorData::internal_error(format!("failed to encode the cell result: {e}"), None)
     })?;
-    Ok(structured(f.text, f.structured, r.status != Status::Ok))
+    let mut tool = structured(f.text, f.structured, r.status != Status::Ok);
+    super::display::attach(r, &mut tool);
+    Ok(tool)
 }
 
 /// One chunk of a cell's output to the client, as a log notification
@@ -473,6 +487,10 @@ impl CellboxServer {
                 schema::session_done(),
             ),
         ];
+        #[cfg(target_os = "linux")]
+        tools.extend(super::session_files::tools(super::session_files::limits(
+            &st.settings,
+        )));
         tools.extend(direct_tools(&st.sup));
         tools
     }
@@ -763,10 +781,41 @@ impl CellboxServer {
                 });
                 Ok(structured(text, value, false))
             }
+            #[cfg(target_os = "linux")]
+            name if super::session_files::TOOLS.contains(&name) => {
+                let args = args.unwrap_or_default();
+                let id = args
+                    .get("session_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ErrorData::invalid_params(format!("{name} needs a session_id"), None)
+                    })?
+                    .to_owned();
+                let lease = match sessions.lease(principal, &id) {
+                    Ok(l) => l,
+                    Err(e) => return Ok(tool_error(e.to_string())),
+                };
+                // After the session's running cell, before its next one.
+                let lane = lease.lane.clone();
+                let _turn = lane.lock().await;
+                let dir = match lease.session.scratch_dir() {
+                    Ok(d) => d.to_path_buf(),
+                    Err(e) => return Ok(tool_error(e.to_string())),
+                };
+                let limits = super::session_files::limits(&self.state.settings);
+                let name = name.to_owned();
+                tokio::task::spawn_blocking(move || {
+                    super::session_files::call(&name, &dir, limits, args)
+                })
+                .await
+                .map_err(|e| ErrorData::internal_error(format!("{e}"), None))?
+                .map_err(|m| ErrorData::invalid_params(m, None))
+            }
             other => Err(ErrorData::invalid_params(
                 format!(
                     "unknown tool {other:?}: use execute_code, create_session, reset_session, \
-                     close_session, list_sessions, checkpoint_session or restore_session"
+                     close_session, list_sessions, checkpoint_session, restore_session, \
+                     upload_file, download_file or list_files"
                 ),
                 None,
             )),

@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod describe;
+pub mod display;
 pub mod fit;
 pub mod gate;
 pub mod handler;
@@ -34,6 +35,8 @@ pub mod lines;
 pub mod listener;
 pub mod principal;
 pub mod schema;
+#[cfg(target_os = "linux")]
+pub mod session_files;
 pub mod sessions;
 
 pub use config::{ServeArgs, ServeConfig, Settings, Transport};

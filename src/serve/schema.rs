@@ -159,6 +159,37 @@ pub fn cell_result() -> Map<String, Value> {
                 "additionalProperties": false
             })),
             "final_answer": {"description": "What the script passed to answer(...), or null."},
+            "display": {
+                "type": "array",
+                "description": "Rich values the cell showed (matplotlib figures; _repr_png_, \
+                                _repr_html_, _repr_markdown_ of the last value): each is the \
+                                content block content_index (an image, or text).",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "mime": {"type": "string"},
+                        "data": {"type": "string"},
+                        "bytes": count,
+                        "content_index": count
+                    },
+                    "required": ["mime"],
+                    "additionalProperties": false
+                }
+            },
+            "display_dropped": {
+                "type": "array",
+                "description": "Display items left out, with the reason (a size limit).",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "mime": {"type": "string"},
+                        "bytes": count,
+                        "reason": {"type": "string"}
+                    },
+                    "required": ["mime", "bytes", "reason"],
+                    "additionalProperties": false
+                }
+            },
             "vars": {
                 "type": "object",
                 "properties": {

@@ -28,6 +28,10 @@ pub struct Limits {
     pub max_string_bytes: usize,
     pub max_array_len: usize,
     pub max_map_len: usize,
+    /// Python: bytes of `display` items (figures, rich values; base64 for
+    /// images) a cell keeps in all, and for one item.
+    pub max_display_bytes: usize,
+    pub max_display_item_bytes: usize,
     /// OS: the cell's rlimits, keys of this table like the others (any
     /// left out keeps its default).
     #[serde(flatten, deserialize_with = "rlimits_over_defaults")]
@@ -51,6 +55,8 @@ impl Default for Limits {
             max_string_bytes: 16 * 1024 * 1024,
             max_array_len: 1_000_000,
             max_map_len: 100_000,
+            max_display_bytes: crate::protocol::DEFAULT_MAX_DISPLAY_BYTES,
+            max_display_item_bytes: crate::protocol::DEFAULT_MAX_DISPLAY_ITEM_BYTES,
             rlimits: Rlimits::default(),
         }
     }
@@ -102,6 +108,10 @@ impl Limits {
             max_string_bytes: self.max_string_bytes.min(other.max_string_bytes),
             max_array_len: self.max_array_len.min(other.max_array_len),
             max_map_len: self.max_map_len.min(other.max_map_len),
+            max_display_bytes: self.max_display_bytes.min(other.max_display_bytes),
+            max_display_item_bytes: self
+                .max_display_item_bytes
+                .min(other.max_display_item_bytes),
             rlimits: self.rlimits.min(&other.rlimits),
         }
     }
@@ -125,6 +135,8 @@ impl Limits {
             max_string_bytes: self.max_string_bytes,
             max_array_len: self.max_array_len,
             max_map_len: self.max_map_len,
+            max_display_bytes: self.max_display_bytes,
+            max_display_item_bytes: self.max_display_item_bytes,
         }
     }
 }
@@ -183,7 +195,8 @@ mod tests {
         r#"{"timeout_ms":30000,"max_output_bytes":1048576,"max_script_bytes":1048576,"#,
         r#""max_frame_bytes":8388608,"max_operations":50000000,"max_call_levels":64,"#,
         r#""max_expr_depth":64,"max_string_bytes":16777216,"max_array_len":1000000,"#,
-        r#""max_map_len":100000,"cpu_seconds":60,"memory_bytes":1073741824,"#,
+        r#""max_map_len":100000,"max_display_bytes":327680,"max_display_item_bytes":262144,"#,
+        r#""cpu_seconds":60,"memory_bytes":1073741824,"#,
         r#""max_processes":64,"max_open_files":256,"max_file_size_bytes":67108864}"#
     );
 

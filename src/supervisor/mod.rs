@@ -6,6 +6,7 @@
 pub mod agent;
 mod capability;
 mod cell;
+mod display;
 mod events;
 mod limits;
 #[cfg(target_os = "linux")]

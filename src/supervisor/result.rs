@@ -305,6 +305,15 @@ pub struct CellResult {
     pub error: Option<ScriptError>,
     /// What the script passed to `answer(...)`, if anything.
     pub final_answer: Option<Value>,
+    /// Rich values the cell showed: matplotlib figures and the
+    /// `_repr_png_` / `_repr_html_` / `_repr_markdown_` of its last value
+    /// (`data` is base64 for an image).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub display: Vec<crate::protocol::DisplayItem>,
+    /// Display items left out, with the reason (a size limit, a failing
+    /// `_repr_*_`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub display_dropped: Vec<crate::protocol::DisplayDropped>,
     pub vars: VarsReport,
     pub calls: Vec<CallRecord>,
     pub usage: Usage,
@@ -502,6 +511,8 @@ impl CellResult {
             value_repr: None,
             error: None,
             final_answer: None,
+            display: Vec::new(),
+            display_dropped: Vec::new(),
             vars: VarsReport::default(),
             calls: Vec::new(),
             usage: Usage::default(),

@@ -169,6 +169,8 @@ struct Launch {
     answer_timeout: Duration,
     stall_timeout: Duration,
     cgroup: Option<Arc<crate::sandbox::linux::cgroup::CellCgroup>>,
+    /// The profile's package paths and preloaded modules.
+    python: crate::profiles::PythonPackages,
 }
 
 impl Zygote {
@@ -187,6 +189,7 @@ impl Zygote {
             answer_timeout,
             stall_timeout,
             cgroup,
+            python,
         } = launch;
         let answer_timeout = *answer_timeout;
         let stall_timeout = *stall_timeout;
@@ -221,6 +224,7 @@ impl Zygote {
         let setup = ZygoteMsg::Setup {
             interpreter: interpreter.to_owned(),
             plan: Box::new(plan),
+            python: python.clone(),
         };
         zygote::send(ours.as_fd(), &setup, &[])
             .map_err(|e| format!("failed to send the zygote its setup: {e}"))?;
@@ -806,6 +810,7 @@ impl Pools {
         }
         let mut plan = SandboxPlan::new(&profile, self.root().to_path_buf(), ceiling);
         plan.read_only.extend(py.read_only.iter().cloned());
+        plan.read_only.extend(profile.python.paths.iter().cloned());
         plan.exec.push(py.executable.clone());
         *plan.seccomp = zygote::zygote_seccomp(&plan.seccomp);
         let launch = Launch {
@@ -817,6 +822,7 @@ impl Pools {
                 crate::profiles::LayerMode::Off => None,
                 mode => sup.cgroup_for(mode).map(|_| sup.cells_cgroup.clone())?,
             },
+            python: profile.python.clone(),
         };
         let name = profile_name.to_owned();
         let runtime = tokio::runtime::Handle::current();

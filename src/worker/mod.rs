@@ -327,18 +327,25 @@ fn run_zygote(late: Option<String>) -> i32 {
             return EXIT_PROTOCOL;
         }
     };
-    let (interpreter, plan) = match zygote::recv::<ZygoteMsg>(ctl.as_fd(), zygote::MAX_PACKET_BYTES)
-    {
-        Ok(Some((ZygoteMsg::Setup { interpreter, plan }, _))) => (interpreter, plan),
-        Ok(_) => {
-            eprintln!("cellbox zygote: expected a setup message");
-            return EXIT_PROTOCOL;
-        }
-        Err(e) => {
-            eprintln!("cellbox zygote: failed to read the setup message: {e}");
-            return EXIT_PROTOCOL;
-        }
-    };
+    let (interpreter, plan, python) =
+        match zygote::recv::<ZygoteMsg>(ctl.as_fd(), zygote::MAX_PACKET_BYTES) {
+            Ok(Some((
+                ZygoteMsg::Setup {
+                    interpreter,
+                    plan,
+                    python,
+                },
+                _,
+            ))) => (interpreter, plan, python),
+            Ok(_) => {
+                eprintln!("cellbox zygote: expected a setup message");
+                return EXIT_PROTOCOL;
+            }
+            Err(e) => {
+                eprintln!("cellbox zygote: failed to read the setup message: {e}");
+                return EXIT_PROTOCOL;
+            }
+        };
     let fail = |layer: Layer, message: String| {
         let _ = zygote::send(
             ctl.as_fd(),
@@ -353,7 +360,7 @@ fn run_zygote(late: Option<String>) -> i32 {
     if let Some(message) = late {
         return fail(Layer::Hygiene, message);
     }
-    let config = match zygote::python_config() {
+    let config = match zygote::python_config(&python) {
         Ok(c) => c,
         Err(e) => return fail(Layer::Seccomp, e),
     };

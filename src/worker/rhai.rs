@@ -338,6 +338,8 @@ fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done
         error: Some(error),
         limit,
         live: None,
+        display: Vec::new(),
+        display_dropped: Vec::new(),
     }
 }
 
@@ -437,6 +439,8 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
         error: None,
         limit: None,
         live: None,
+        display: Vec::new(),
+        display_dropped: Vec::new(),
     }
 }
 

@@ -200,8 +200,11 @@ fn write_protocol_seeds() {
                     max_string_bytes: 1 << 20,
                     max_array_len: 100_000,
                     max_map_len: 100_000,
+                    max_display_bytes: 320 * 1024,
+                    max_display_item_bytes: 256 * 1024,
                 },
                 max_frame_bytes: 8 << 20,
+                python_paths: Vec::new(),
             }),
         ),
         (
@@ -297,6 +300,8 @@ fn write_protocol_seeds() {
                 }),
                 limit: None,
                 live: None,
+                display: vec![],
+                display_dropped: vec![],
             })),
         ),
     ];

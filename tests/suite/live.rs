@@ -208,3 +208,78 @@ async fn a_live_cell_runs_in_its_cell_group_and_the_state_in_its_sessions() {
     assert!(seen[1][1].as_i64().unwrap() > 1, "{seen:?}");
     assert_ne!(seen[1][1], seen[2][1], "{seen:?}");
 }
+
+#[tokio::test]
+async fn a_live_cell_shows_its_own_rich_values_only() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "class H:\n    def _repr_html_(self):\n        return '<b>hi</b>'\nh = H()\nh",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.display.len(), 1, "{r:?}");
+    assert_eq!(r.state, Some(StateOutcome::Kept));
+    let r = py_in(&s, "1").await;
+    assert!(
+        r.display.is_empty(),
+        "the last cell's items are not shown again: {r:?}"
+    );
+    let r = py_in(&s, "h").await;
+    assert_eq!(r.display.len(), 1, "the kept object still shows: {r:?}");
+}
+
+/// One session's cell cannot signal or read another session's state
+/// process (or its checkpoints): they share the zygote's PID namespace, so
+/// it tries every pid there.
+#[tokio::test]
+async fn a_cell_cannot_reach_another_sessions_state_process() {
+    let sup = supervisor();
+    let victim = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &victim,
+        "secret = object()\nmark = 'victim-state'\ncheckpoint('c')",
+    )
+    .await;
+    assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+    let attacker = sup.session(SessionConfig::default()).unwrap();
+    py_in(&attacker, "x = 1").await;
+    let r = py_in(
+        &attacker,
+        r#"
+import os
+me = os.getpid()
+read = []
+for pid in range(1, 4096):
+    for f in ("environ", "cmdline", "maps", "mem"):
+        try:
+            with open("/proc/%d/%s" % (pid, f), "rb") as fh:
+                if pid != me and b"victim-state" in fh.read(1 << 20):
+                    read.append(pid)
+        except OSError:
+            pass
+read
+"#,
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        r.value,
+        json!([]),
+        "another session's memory was read: {r:?}"
+    );
+    // SIGKILL to every pid: its own session's processes may go (its state
+    // processes are in its own Landlock domain), never the victim's.
+    let _ = py_in(
+        &attacker,
+        "import os, signal\nfor pid in range(1, 4096):\n    if pid != os.getpid():\n        try: os.kill(pid, signal.SIGKILL)\n        except OSError: pass",
+    )
+    .await;
+    let r = py_in(&victim, "[mark, type(secret).__name__]").await;
+    assert_eq!(r.value, json!(["victim-state", "object"]), "{r:?}");
+    assert_eq!(r.state, Some(StateOutcome::Kept));
+    assert!(r.notes.is_empty(), "{r:?}");
+    victim.restore("c").await.unwrap();
+    assert_eq!(py_in(&victim, "mark").await.value, json!("victim-state"));
+}

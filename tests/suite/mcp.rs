@@ -237,10 +237,13 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
             "checkpoint_session",
             "close_session",
             "create_session",
+            "download_file",
             "execute_code",
+            "list_files",
             "list_sessions",
             "reset_session",
-            "restore_session"
+            "restore_session",
+            "upload_file"
         ]
     );
     for t in &tools {
@@ -1548,11 +1551,11 @@ fn every_advertised_method_answers_and_set_level_filters_logs() {
     assert_eq!(answer(1).0["result"], json!({}));
     send(request(2, "tools/list", json!({})));
     let (list, _) = answer(2);
-    // The seven session tools and aggregate_context (no files or models
-    // configured).
+    // The seven session tools, the three session file tools and
+    // aggregate_context (no files or models configured).
     assert_eq!(
         list["result"]["tools"].as_array().unwrap().len(),
-        8,
+        11,
         "{list}"
     );
 

@@ -11,6 +11,7 @@ mod live;
 mod macos;
 mod mcp;
 mod models;
+mod notebook;
 mod python;
 mod rhai;
 mod scratch;

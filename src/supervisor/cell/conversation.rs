@@ -286,6 +286,7 @@ mod tests {
             capabilities: Vec::new(),
             limits: crate::supervisor::Limits::default().script_limits(),
             max_frame_bytes: 1 << 20,
+            python_paths: Vec::new(),
         })
     }
 

@@ -47,10 +47,22 @@ pub(super) fn opening(
                 .collect(),
             limits: spec.limits.script_limits(),
             max_frame_bytes: spec.limits.max_frame_bytes,
+            python_paths: python_paths(sup, spec),
         })
     });
     let setup = plan.map(|plan| ToWorker::Setup(Setup { backend, plan }));
     (setup, start)
+}
+
+/// The profile's package paths for a Python cell (none for other
+/// languages, or when the profile cannot be loaded: the plan reports that).
+fn python_paths(sup: &Inner, spec: &CellSpec) -> Vec<String> {
+    if spec.language != crate::supervisor::Language::Python {
+        return Vec::new();
+    }
+    sup.profile(&super::profile_name(sup, spec))
+        .map(|p| p.python.path_strings())
+        .unwrap_or_default()
 }
 
 /// Drive `conv` over the worker's protocol socket until the cell's end:

@@ -406,6 +406,7 @@ pub(crate) fn classify(
                 }
             }
             result.vars.dropped = done.dropped.clone();
+            super::display::take(limits, result, &done);
             Some(done)
         }
         Outcome::Timeout => {

@@ -21,6 +21,7 @@ pub(super) fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, Sand
         Language::Python => {
             let py = sup.python()?;
             plan.read_only.extend(py.read_only.iter().cloned());
+            plan.read_only.extend(profile.python.paths.iter().cloned());
             plan.exec.push(py.executable.clone());
             let precompiled = sup.precompiled_shim().map(|p| {
                 plan.read_only.push(p.clone());

@@ -481,6 +481,164 @@ def _run_code(code, g):
     return result
 
 
+# ---------------------------------------------------------------- packages
+
+# Numeric libraries start one thread per core unless told otherwise; a cell
+# has a process limit and one core's worth of CPU time.
+_PACKAGE_ENV = (("OPENBLAS_NUM_THREADS", "1"), ("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"), ("MPLBACKEND", "module://_cellbox_backend"))
+
+
+def _notebook_start(start):
+    """Packages and display limits of this cell, from its start frame."""
+    # A live session's state process carries the last cell's items along.
+    _display["items"] = []
+    _display["dropped"] = []
+    _display["total"] = 0
+    limits = start.get("limits")
+    if type(limits) is dict:
+        for key in ("max_display_bytes", "max_display_item_bytes"):
+            v = limits.get(key)
+            if type(v) is int and v >= 0:
+                _display[key] = min(v, _st["max"] // 4)
+    _use_packages(start.get("python_paths"))
+
+
+def _use_packages(paths):
+    """The profile's package directories on sys.path (before the scratch
+    dir, which a cell's own modules come from) and the environment the
+    numeric and plotting libraries read. Nothing without package paths."""
+    if not paths:
+        return
+    if type(paths) is not list or any(type(p) is not str for p in paths):
+        raise _ProtocolError("the start frame has a malformed python_paths field")
+    _st["python_paths"] = paths
+    _install_backend()
+    import os
+
+    for k, v in _PACKAGE_ENV:
+        os.environ.setdefault(k, v)
+    try:
+        cwd = posix.getcwd()
+    except OSError:
+        cwd = None
+    if cwd is not None and "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = cwd + "/.matplotlib"
+    at = len(sys.path) - 1 if sys.path and sys.path[-1] == cwd else len(sys.path)
+    for p in paths:
+        if p not in sys.path:
+            sys.path.insert(at, p)
+            at += 1
+
+
+# ---------------------------------------------------------------- display
+
+# Rich values for the result's `display` list (like Jupyter's display_data):
+# figures a cell made with matplotlib, and the _repr_png_ / _repr_html_ /
+# _repr_markdown_ of its last value. Images travel as base64. The byte
+# limits (of the base64 or UTF-8 text) come with the start frame; what does
+# not fit is listed in `display_dropped`.
+_display = {"items": [], "dropped": [], "total": 0, "max_display_bytes": 327680, "max_display_item_bytes": 262144}
+_REPR_MIMES = (("_repr_png_", "image/png"), ("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"))
+
+
+def _display_add(mime, data):
+    """Keep one display item (`data`: base64 for an image, else text)."""
+    n = len(data) if data.isascii() else len(data.encode("utf-8", "replace"))
+    if n > _display["max_display_item_bytes"]:
+        reason = "larger than max_display_item_bytes (%d)" % _display["max_display_item_bytes"]
+    elif _display["total"] + n > _display["max_display_bytes"]:
+        reason = "over max_display_bytes (%d) for the whole cell" % _display["max_display_bytes"]
+    else:
+        _display["items"].append({"mime": mime, "data": _clean(data)})
+        _display["total"] += n
+        return
+    _display["dropped"].append({"mime": mime, "bytes": n, "reason": reason})
+
+
+def _b64(data):
+    import binascii
+
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def _display_value(value):
+    """The rich representations of the cell's last value. A _repr_*_
+    method is the cell's code: it runs under the cell's deadline."""
+    for method, mime in _REPR_MIMES:
+        try:
+            f = getattr(value, method, None)
+            if f is None or type(value) is type:
+                continue
+            data = f()
+        except CellTimeout:
+            raise
+        except Exception as e:
+            _display["dropped"].append({"mime": mime, "bytes": 0, "reason": "%s() raised %s" % (method, _type_name(type(e)))})
+            continue
+        if type(data) is tuple and data:
+            data = data[0]  # (data, metadata)
+        if data is None:
+            continue
+        if mime == "image/png" and type(data) is bytes:
+            data = _b64(data)
+        if type(data) is not str:
+            _display["dropped"].append({"mime": mime, "bytes": 0, "reason": "%s() returned %s, not %s" % (method, _type_name(type(data)), "bytes" if mime == "image/png" else "str")})
+            continue
+        _display_add(mime, data)
+
+
+def _display_figures():
+    """Every open matplotlib figure as a PNG, in order; then closed (as
+    Jupyter shows a figure left open at the end of a cell)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    import io
+
+    for num in plt.get_fignums():
+        buf = io.BytesIO()
+        plt.figure(num).savefig(buf, format="png")
+        _display_add("image/png", _b64(buf.getvalue()))
+    plt.close("all")
+
+
+# matplotlib's backend for cells (MPLBACKEND=module://_cellbox_backend):
+# Agg, with plt.show() sending the open figures to `display`.
+_BACKEND_SRC = '''
+from matplotlib.backends.backend_agg import _BackendAgg
+from matplotlib.backend_bases import _Backend
+
+
+@_Backend.export
+class _BackendCellbox(_BackendAgg):
+    @staticmethod
+    def show(*args, **kwargs):
+        _cellbox_show()
+'''
+
+
+class _BackendFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "_cellbox_backend":
+            return None
+        return type(sys.__spec__)(name, _BackendFinder)
+
+    @staticmethod
+    def create_module(spec):
+        return None
+
+    @staticmethod
+    def exec_module(module):
+        module.__dict__["_cellbox_show"] = _display_figures
+        exec(compile(_BACKEND_SRC, "<cellbox matplotlib backend>", "exec", 0, True), module.__dict__)
+
+
+def _install_backend():
+    if _BackendFinder not in sys.meta_path:
+        sys.meta_path.append(_BackendFinder)
+
+
 def _execute(start, out):
     """Everything that runs cell-controlled code, under the deadline."""
     code = start.get("code")
@@ -489,6 +647,7 @@ def _execute(start, out):
     caps = start.get("capabilities") or []
     if type(code) is not str or type(carried) is not dict or type(definitions) is not list or type(caps) is not list:
         raise _ProtocolError("the start frame has a malformed code, vars, definitions or capabilities field")
+    _notebook_start(start)
     reserved = out["reserved"]
     for spec in caps:
         if type(spec) is not dict or type(spec.get("name")) is not str or type(spec.get("params")) is not list:
@@ -553,6 +712,7 @@ def _execute(start, out):
         g["restore"] = installed["restore"] = _live_request("restore", out)
     try:
         _run_statements(code, g, flags, out)
+        _display_figures()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -577,6 +737,7 @@ def _run_statements(code, g, flags, out):
             co = compile(_ast.Expression(node.value), _CELL, "eval", _AWAIT | flags, True)
             value = _run_code(co, g)
             if value is not None:
+                _display_value(value)
                 try:
                     out["value"] = _to_json(value)
                     # Exact JSON types only (checked): their repr() calls
@@ -657,8 +818,8 @@ def _live_done(out):
             except Exception:
                 threads = 0
     data = (
-        '{"t":"done","status":"%s","value":%s,"repr":%s,"vars":{%s},"dropped":[],"definitions":%s,"error":%s,"limit":%s,"live":{"changed":%s,"deleted":%s,"threads":%d,"checkpoint":%s,"restore":%s}}'
-        % (out["status"], out["value"], out.get("repr", "null"), ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]), _dumps(changed), _dumps(deleted), threads, _dumps(out["requests"].get("checkpoint")), _dumps(out["requests"].get("restore")))
+        '{"t":"done","status":"%s","value":%s,"repr":%s,"vars":{%s},"dropped":[],"definitions":%s,"error":%s,"limit":%s,"live":{"changed":%s,"deleted":%s,"threads":%d,"checkpoint":%s,"restore":%s}%s}'
+        % (out["status"], out["value"], out.get("repr", "null"), ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]), _dumps(changed), _dumps(deleted), threads, _dumps(out["requests"].get("checkpoint")), _dumps(out["requests"].get("restore")), _display_fields())
     ).encode("utf-8")
     if len(data) > _st["max"]:
         # The mirror's values go first: the namespace itself is live.
@@ -723,9 +884,20 @@ def _done_frame(out):
 
 def _assemble(out, items, dropped, definitions):
     return (
-        '{"t":"done","status":"%s","value":%s,"repr":%s,"vars":{%s},"dropped":%s,"definitions":%s,"error":%s,"limit":%s}'
-        % (out["status"], out["value"], out.get("repr", "null"), ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(dropped), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]))
+        '{"t":"done","status":"%s","value":%s,"repr":%s,"vars":{%s},"dropped":%s,"definitions":%s,"error":%s,"limit":%s%s}'
+        % (out["status"], out["value"], out.get("repr", "null"), ",".join(_dumps(k) + ":" + v for k, v in items), _dumps(dropped), _dumps(definitions), _dumps(out["error"]), _dumps(out["limit"]), _display_fields())
     ).encode("utf-8")
+
+
+def _display_fields():
+    """The `display` and `display_dropped` fields of `done` (none when
+    empty)."""
+    text = ""
+    if _display["items"]:
+        text += ',"display":' + _dumps(_display["items"])
+    if _display["dropped"]:
+        text += ',"display_dropped":' + _dumps(_display["dropped"])
+    return text
 
 
 def _fallback_done(message):
@@ -951,8 +1123,25 @@ def _record_failure(out, exc):
     else:
         out["status"] = "error"
     out["error"] = info = _error_info(exc)
+    if issubclass(t, ImportError) and type(getattr(exc, "name", None)) is str:
+        _explain_missing_module(exc, info)
     if out["limit"] == "memory" and not info["message"]:
         info["message"] = "out of memory"  # MemoryError() says nothing itself
+
+
+def _explain_missing_module(exc, info):
+    """A module that is not found: say where modules are looked up."""
+    if not issubclass(type(exc), ModuleNotFoundError):
+        return
+    paths = _st.get("python_paths") or ()
+    if paths:
+        where = "the standard library, the package paths of the sandbox profile (%s) and the scratch directory" % ", ".join(map(_clean, paths))
+    else:
+        where = "the standard library and the scratch directory (the sandbox profile names no package paths; its [python] paths adds some)"
+    note = "cellbox: modules are found in " + where
+    info["message"] = (info["message"] + " (" + note + ")") if info["message"] else note
+    if type(info.get("traceback")) is str:
+        info["traceback"] += note + "\n"
 
 
 # ---- tracebacks: the cell's own lines, no frame of the shim

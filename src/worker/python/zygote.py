@@ -36,6 +36,32 @@ _RLIMITS = [(name, getattr(resource, res)) for name, res in _ZC["rlimits"]]
 _ANC_SPACE = _socket.CMSG_SPACE(16 * 4)
 
 
+def _preload():
+    """The profile's package paths on sys.path and its `preload` modules
+    imported once, so that every cell forked later finds them ready. A
+    module that fails to import is reported and left out: a cell that
+    imports it sees the error itself."""
+    paths = _ZC.get("python_paths") or []
+    if not paths:
+        return
+    import os
+
+    _install_backend()
+    for k, v in _PACKAGE_ENV:
+        os.environ.setdefault(k, v)
+    for p in paths:
+        if p not in sys.path:
+            sys.path.append(p)
+    for name in _ZC.get("preload") or []:
+        try:
+            __import__(name)
+        except BaseException as e:
+            posix.write(2, ("cellbox zygote: failed to preload %s: %s: %s\n" % (name, type(e).__name__, _clean(str(e)))).encode("utf-8", "replace"))
+
+
+_preload()
+
+
 # How a cell ended is measured and reported without a Python object holding
 # it: wait4 fills these buffers, snprintf writes the report from them, and
 # all are zeroed once it is sent (with a second, all-zero report through the

@@ -1,0 +1,535 @@
+//! Notebook extras: package paths and preloaded modules from the profile,
+//! rich display values (figures, `_repr_*_`), files in and out of a session
+//! over MCP.
+
+use super::common::*;
+use cellbox::{CellResult, Language, SessionConfig, Status, Supervisor};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+/// Debian's package directory, where `python3-numpy` and
+/// `python3-matplotlib` install (.ci/run installs both).
+const DIST_PACKAGES: &str = "/usr/lib/python3/dist-packages";
+
+fn require_package(module: &str, deb: &str) {
+    let ok = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            &format!("import sys; sys.path.append({DIST_PACKAGES:?}); import {module}"),
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "this test needs {module}: apt-get install {deb} (.ci/run does)"
+    );
+}
+
+/// The built-in python profile plus a `[python]` section.
+fn packages_profile(dir: &Path, preload: &[&str]) -> PathBuf {
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/sandbox-profiles/python.toml"
+    ))
+    .unwrap();
+    let preload: Vec<String> = preload.iter().map(|m| format!("{m:?}")).collect();
+    let text = format!(
+        "{base}\n[python]\npaths = [{DIST_PACKAGES:?}]\npreload = [{}]\n",
+        preload.join(", ")
+    );
+    let path = dir.join("python-packages.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn with_packages(dir: &Path, preload: &[&str], warm: bool) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .warm(warm)
+        .profile(
+            Language::Python,
+            packages_profile(dir, preload).to_string_lossy(),
+        )
+        .build()
+        .unwrap()
+}
+
+fn hygiene(r: &CellResult) -> String {
+    layer_detail(r, "hygiene")
+}
+
+const NUMPY_CELL: &str = "import numpy as np\na = np.arange(12).reshape(3, 4)\n\
+    [int(a.sum()), list(a.shape), float((a @ a.T).trace()), np.__file__.startswith('/usr/lib/python3/dist-packages')]";
+
+fn assert_numpy_ran(r: &CellResult) {
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!([66, [3, 4], 506.0, true]), "{r:?}");
+}
+
+#[tokio::test]
+async fn numpy_from_the_profiles_package_path_in_a_cold_cell() {
+    require_package("numpy", "python3-numpy");
+    let dir = tempfile::tempdir().unwrap();
+    let sup = with_packages(dir.path(), &[], false);
+    let r = run_py(&sup, NUMPY_CELL).await;
+    assert_numpy_ran(&r);
+    assert!(!hygiene(&r).contains("zygote"), "{r:?}");
+    // The thread count numeric libraries read is set for the cell.
+    let r = run_py(
+        &sup,
+        "import os\n[os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('MPLBACKEND')]",
+    )
+    .await;
+    assert_eq!(r.value, json!(["1", "module://_cellbox_backend"]), "{r:?}");
+}
+
+#[tokio::test]
+async fn numpy_preloaded_by_the_zygote_in_warm_cells() {
+    require_package("numpy", "python3-numpy");
+    let dir = tempfile::tempdir().unwrap();
+    let sup = with_packages(dir.path(), &["numpy"], true);
+    let s = sup.session(SessionConfig::default()).unwrap();
+    // Before any import in the cell, numpy is there: the zygote imported it.
+    let r = py_in(&s, "import sys\n'numpy' in sys.modules").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(hygiene(&r).contains("Python zygote"), "not warm: {r:?}");
+    assert_eq!(r.value, json!(true), "{r:?}");
+    for _ in 0..2 {
+        let r = py_in(&s, NUMPY_CELL).await;
+        assert_numpy_ran(&r);
+        assert!(hygiene(&r).contains("Python zygote"), "not warm: {r:?}");
+    }
+    // One BLAS thread: the cell is a single thread after a matrix product.
+    let r = py_in(
+        &s,
+        "import numpy as np, threading\nm = np.ones((300, 300))\n_ = m @ m\nimport os\nlen(os.listdir('/proc/self/task'))",
+    )
+    .await;
+    assert_eq!(r.value, json!(1), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_missing_module_names_the_package_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let sup = with_packages(dir.path(), &[], false);
+    let r = run_py(&sup, "import no_such_module_here").await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let e = r.error.clone().unwrap();
+    assert_eq!(e.kind, "ModuleNotFoundError", "{r:?}");
+    assert!(e.message.contains("no_such_module_here"), "{e:?}");
+    assert!(e.message.contains(DIST_PACKAGES), "{e:?}");
+    // Without package paths, the message says how to add some.
+    let r = run_py(&supervisor(), "import no_such_module_here").await;
+    let e = r.error.clone().unwrap();
+    assert!(e.message.contains("[python] paths"), "{e:?}");
+}
+
+#[tokio::test]
+async fn a_profile_with_a_bad_package_entry_is_refused_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(packages_profile(dir.path(), &[])).unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        base.replace("preload = []", "preload = [\"os; import x\"]"),
+    )
+    .unwrap();
+    let e = cellbox::profiles::Profile::load(&bad.to_string_lossy()).unwrap_err();
+    assert!(e.to_string().contains("python.preload[0]"), "{e}");
+}
+
+fn decode_b64(data: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .unwrap_or_else(|e| panic!("not base64 ({e}): {data:.80}"))
+}
+
+/// The PNG signature, then an IHDR chunk: (width, height).
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert!(png.len() > 33, "{} bytes", png.len());
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG signature");
+    assert_eq!(&png[8..12], &13u32.to_be_bytes(), "IHDR length");
+    assert_eq!(&png[12..16], b"IHDR");
+    let w = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let h = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    (w, h)
+}
+
+const FIGURES: &str = "import matplotlib.pyplot as plt\n\
+    plt.plot([1, 2, 3], [1, 4, 9])\nplt.show()\n\
+    fig = plt.figure(figsize=(2, 1))\nplt.bar([1, 2], [3, 4])\n\
+    'drawn'";
+
+#[tokio::test]
+async fn matplotlib_figures_come_back_as_png() {
+    require_package("matplotlib", "python3-matplotlib");
+    let dir = tempfile::tempdir().unwrap();
+    for warm in [false, true] {
+        let sup = with_packages(dir.path(), &[], warm);
+        let s = sup.session(SessionConfig::default()).unwrap();
+        let r = py_in(&s, FIGURES).await;
+        assert_eq!(r.status, Status::Ok, "warm={warm}: {r:?}");
+        assert_eq!(hygiene(&r).contains("Python zygote"), warm, "{r:?}");
+        assert_eq!(r.value, json!("drawn"));
+        // plt.show() sent the first figure; the second was left open.
+        assert_eq!(r.display.len(), 2, "{:?}", r.display_dropped);
+        assert!(r.display.iter().all(|d| d.mime == "image/png"));
+        assert_eq!(png_size(&decode_b64(&r.display[0].data)), (640, 480));
+        assert_eq!(png_size(&decode_b64(&r.display[1].data)), (200, 100));
+        assert!(r.display_dropped.is_empty(), "{r:?}");
+        // Closed once shown: the next cell shows nothing more.
+        let r = py_in(
+            &s,
+            "import matplotlib.pyplot as plt\nlen(plt.get_fignums())",
+        )
+        .await;
+        assert_eq!(r.value, json!(0), "{r:?}");
+        assert!(r.display.is_empty(), "{r:?}");
+    }
+}
+
+const RICH: &str = r#"
+class Table:
+    def _repr_html_(self):
+        return "<table><tr><td>1</td></tr></table>"
+    def _repr_markdown_(self):
+        return "| a |\n|---|\n| 1 |"
+    def _repr_png_(self):
+        return b"\x89PNG\r\n\x1a\n" + b"\0" * 40
+Table()
+"#;
+
+#[tokio::test]
+async fn rich_reprs_of_the_last_value_are_displayed() {
+    let r = run_py(&supervisor(), RICH).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let mimes: Vec<_> = r.display.iter().map(|d| d.mime.as_str()).collect();
+    assert_eq!(mimes, ["image/png", "text/html", "text/markdown"], "{r:?}");
+    assert_eq!(&decode_b64(&r.display[0].data)[..4], b"\x89PNG");
+    assert_eq!(r.display[1].data, "<table><tr><td>1</td></tr></table>");
+    assert!(
+        r.value_repr
+            .as_deref()
+            .unwrap_or("")
+            .contains("Table object"),
+        "{r:?}"
+    );
+    // A failing _repr_html_ is said, and the cell still succeeds.
+    let r = run_py(
+        &supervisor(),
+        "class Bad:\n    def _repr_html_(self):\n        raise ValueError('no')\nBad()",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(r.display.is_empty());
+    assert!(r.display_dropped[0].reason.contains("ValueError"), "{r:?}");
+}
+
+#[tokio::test]
+async fn display_items_are_capped_and_what_was_left_out_is_said() {
+    let sup = supervisor();
+    let limits = cellbox::Limits {
+        max_display_bytes: 3000,
+        max_display_item_bytes: 2000,
+        ..cellbox::Limits::default()
+    };
+    let config = SessionConfig {
+        limits,
+        ..SessionConfig::default()
+    };
+    let s = sup.session(config).unwrap();
+    let code = "class H:\n    def __init__(self, n): self.n = n\n    def _repr_html_(self): return 'x' * self.n\n";
+    let r = py_in(&s, &format!("{code}H(2500)")).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(r.display.is_empty(), "{r:?}");
+    assert_eq!(r.display_dropped.len(), 1, "{r:?}");
+    assert_eq!(r.display_dropped[0].bytes, 2500);
+    assert!(
+        r.display_dropped[0]
+            .reason
+            .contains("max_display_item_bytes (2000)"),
+        "{r:?}"
+    );
+    // Within the item cap, over the total: the second one goes.
+    let r = py_in(
+        &s,
+        &format!("{code}class Two:\n    def _repr_html_(self): return 'h' * 1800\n    def _repr_markdown_(self): return 'm' * 1800\nTwo()"),
+    )
+    .await;
+    assert_eq!(r.display.len(), 1, "{r:?}");
+    assert_eq!(r.display[0].mime, "text/html");
+    assert!(
+        r.display_dropped[0]
+            .reason
+            .contains("max_display_bytes (3000)"),
+        "{r:?}"
+    );
+}
+
+// ---------------------------------------------------------------- over MCP
+
+mod over_mcp {
+    use super::*;
+    use rmcp::model::{CallToolRequestParams, CallToolResult};
+    use rmcp::service::RunningService;
+    use rmcp::transport::TokioChildProcess;
+    use rmcp::{RoleClient, ServiceExt};
+    use serde_json::Value;
+
+    type Client = RunningService<RoleClient, ()>;
+
+    async fn serve(args: &[&str]) -> Client {
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.arg("serve").args(args);
+        let transport = TokioChildProcess::new(cmd).unwrap();
+        ().serve(transport).await.unwrap()
+    }
+
+    async fn call(c: &Client, tool: &'static str, args: Value) -> CallToolResult {
+        let Value::Object(m) = args else {
+            panic!("arguments must be an object")
+        };
+        c.call_tool(CallToolRequestParams::new(tool).with_arguments(m))
+            .await
+            .unwrap()
+    }
+
+    fn text(r: &CallToolResult) -> String {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn session(c: &Client) -> String {
+        let r = call(c, "create_session", json!({})).await;
+        r.structured_content.unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn files_go_in_and_out_of_a_session() {
+        let c = serve(&[]).await;
+        let names: Vec<String> = c
+            .list_all_tools()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        for t in ["upload_file", "download_file", "list_files"] {
+            assert!(names.iter().any(|n| n == t), "{t} not in {names:?}");
+        }
+        let id = session(&c).await;
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "data/in.txt", "content": "hello from the client"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "blob.bin", "content": "AAH/", "encoding": "base64"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        // The next cell reads both, and writes a file of its own.
+        let code = "a = open('data/in.txt').read()\nb = list(open('blob.bin', 'rb').read())\n\
+                    open('out.bin', 'wb').write(bytes([0, 159, 146, 150]))\n\
+                    open('note.txt', 'w').write(a.upper())\n[a, b]";
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert_eq!(
+            r.structured_content.unwrap()["value"],
+            json!(["hello from the client", [0, 1, 255]])
+        );
+        let r = call(
+            &c,
+            "download_file",
+            json!({"session_id": id, "path": "note.txt"}),
+        )
+        .await;
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(v["encoding"], "utf-8", "{v}");
+        assert_eq!(v["content"], "HELLO FROM THE CLIENT");
+        let r = call(
+            &c,
+            "download_file",
+            json!({"session_id": id, "path": "out.bin"}),
+        )
+        .await;
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(v["encoding"], "base64", "{v}");
+        assert_eq!(
+            decode_b64(v["content"].as_str().unwrap()),
+            [0, 159, 146, 150]
+        );
+        let r = call(&c, "list_files", json!({"session_id": id})).await;
+        let v = r.structured_content.clone().unwrap();
+        let entries: Vec<(String, String)> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["type"].as_str().unwrap().to_owned(),
+                )
+            })
+            .filter(|(n, _)| !n.starts_with('.'))
+            .collect();
+        let want: Vec<(String, String)> = [
+            ("blob.bin", "file"),
+            ("data", "directory"),
+            ("note.txt", "file"),
+            ("out.bin", "file"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(entries, want, "{v}");
+        let r = call(&c, "list_files", json!({"session_id": id, "path": "data"})).await;
+        assert_eq!(r.structured_content.unwrap()["entries"][0]["size"], 21);
+    }
+
+    #[tokio::test]
+    async fn bad_file_requests_get_clear_errors() {
+        let c = serve(&["--max-output", "4096"]).await;
+        let id = session(&c).await;
+        // A cell makes a symlink out of the directory.
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python",
+                   "code": "import os\nos.symlink('/etc/passwd', 'link')\nos.symlink('/tmp', 'dirlink')"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let big = "x".repeat((4 << 20) + 1);
+        let cases: Vec<(&'static str, Value, &str)> = vec![
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "../x", "content": "a"}),
+                "'..' is not allowed",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "/etc/x", "content": "a"}),
+                "an absolute path",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "link", "content": "a"}),
+                "symlink",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "dirlink/x", "content": "a"}),
+                "symlink",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "big", "content": big}),
+                "max_upload_bytes",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "b", "content": "!!", "encoding": "base64"}),
+                "invalid base64",
+            ),
+            (
+                "upload_file",
+                json!({"session_id": id, "path": "b", "content": "a", "encoding": "latin-1"}),
+                "unknown encoding",
+            ),
+            (
+                "download_file",
+                json!({"session_id": id, "path": "link"}),
+                "symlink",
+            ),
+            (
+                "download_file",
+                json!({"session_id": id, "path": "../../etc/passwd"}),
+                "'..' is not allowed",
+            ),
+            (
+                "download_file",
+                json!({"session_id": id, "path": "missing"}),
+                "not found",
+            ),
+            (
+                "list_files",
+                json!({"session_id": id, "path": "dirlink"}),
+                "symlink",
+            ),
+            (
+                "list_files",
+                json!({"session_id": "s-nonesuch"}),
+                "no session",
+            ),
+            (
+                "download_file",
+                json!({"session_id": "s-nonesuch", "path": "a"}),
+                "no session",
+            ),
+        ];
+        for (tool, args, want) in cases {
+            let r = call(&c, tool, args.clone()).await;
+            let t = text(&r);
+            assert_eq!(r.is_error, Some(true), "{tool} {args:.200}: {t}");
+            assert!(t.contains(want), "{tool}: {t:?} should say {want:?}");
+        }
+        // Nothing was written through the symlinks.
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python",
+                   "code": "import os\nsorted(n for n in os.listdir('.') if not n.startswith('.'))"}),
+        )
+        .await;
+        assert_eq!(
+            r.structured_content.unwrap()["value"],
+            json!(["dirlink", "link"])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rich_value_is_image_content() {
+        let c = serve(&[]).await;
+        let code = "class P:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(30)\nP()";
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let content = serde_json::to_value(&r.content).unwrap();
+        let image = content
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "image")
+            .unwrap_or_else(|| panic!("no image content: {content}"));
+        assert_eq!(image["mimeType"], "image/png");
+        assert_eq!(
+            &decode_b64(image["data"].as_str().unwrap())[..8],
+            b"\x89PNG\r\n\x1a\n"
+        );
+        let s = r.structured_content.unwrap();
+        let index = s["display"][0]["content_index"].as_u64().unwrap() as usize;
+        assert_eq!(content[index]["type"], "image", "{s}");
+        assert!(s["display"][0].get("data").is_none(), "sent once: {s}");
+    }
+}
