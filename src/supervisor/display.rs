@@ -94,6 +94,7 @@ mod tests {
             definitions: vec![],
             error: None,
             limit: None,
+            live: None,
             display: vec![
                 item("image/png", "iVBORw=="),
                 item("text/html", "<b>x</b>"),
