@@ -50,6 +50,10 @@ async fn objects_of_every_kind_survive_and_a_failed_cell_rolls_back() {
         "n = 3\nimport ctypes\nctypes.string_at(0)",
         "n = 4\nimport os\nos._exit(3)",
         "n = 5\nwhile True: pass",
+        "n = 6\nimport os, time\nfor _ in range(1000):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)",
+        "n = 7\nx = bytearray(3 << 30)",
+        "n = 8\nimport os\nos.close(3)",
+        "n = 9\nimport sys\nsys.modules.clear()\nraise SystemExit(2)",
     ] {
         let r = s
             .run(
@@ -282,4 +286,52 @@ read
     assert!(r.notes.is_empty(), "{r:?}");
     victim.restore("c").await.unwrap();
     assert_eq!(py_in(&victim, "mark").await.value, json!("victim-state"));
+}
+
+/// A session's live namespace is memory of the cells' cgroup while it is
+/// open, and given back when it closes.
+#[tokio::test]
+async fn a_closed_sessions_live_memory_is_given_back() {
+    let sup = supervisor();
+    let usage = |sup: &cellbox::Supervisor| {
+        let sup = sup.clone();
+        async move {
+            let path = sup
+                .pool_status()
+                .await
+                .cells_memory_cgroup
+                .expect("a cells cgroup");
+            let dir = path.rsplit(' ').next().unwrap().to_owned();
+            std::fs::read_to_string(format!("{dir}/memory.usage_in_bytes"))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        }
+    };
+    let s = sup.session(SessionConfig::default()).unwrap();
+    py_in(&s, "x = 1").await;
+    let before = usage(&sup).await;
+    let r = py_in(
+        &s,
+        "blob = bytearray(300 << 20)\nfor i in range(0, len(blob), 4096): blob[i] = 1",
+    )
+    .await;
+    assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+    let held = s.memory_bytes().expect("the session's memory");
+    assert!(held > 250 << 20, "{held}");
+    assert!(usage(&sup).await > before + (250 << 20));
+    drop(s);
+    let mut after = usage(&sup).await;
+    for _ in 0..100 {
+        if after < before + (50 << 20) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        after = usage(&sup).await;
+    }
+    assert!(
+        after < before + (50 << 20),
+        "before {before}, after {after}"
+    );
 }
