@@ -251,6 +251,13 @@ def _state_main():
         _st["wake"] = (wake_r, wake_w)
         _signal.set_wakeup_fd(wake_w)
         _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+        # Every object the namespace holds now is left alone by the cyclic
+        # collector (gc.freeze): a cell forked from here that collects would
+        # otherwise touch each one and copy the whole heap page by page.
+        # Cycles that become garbage later are kept until the session ends.
+        import gc
+
+        gc.freeze()
         _zsend({"op": "ready", "pid": posix.getpid()})
         poller = select.poll()
         poller.register(_FD, select.POLLIN)
