@@ -231,17 +231,27 @@ fn main() -> ExitCode {
     // surfaces.
     let (mut passed, mut failed) = (0, 0);
     let mut ran = 0;
-    for warm in [false, true] {
+    // And the live-session path: each Python attack as the middle cell of
+    // a live session, in a cell forked from the session's state process.
+    for (warm, live) in [(false, false), (true, false), (true, true)] {
         let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
         opts.filter = filter.clone();
         opts.progress = true;
         opts.warm = warm;
+        opts.live = live;
+        if live {
+            opts.langs = vec![Lang::Python];
+        }
         let chosen = opts.select(attacks.clone());
         if chosen.is_empty() {
-            break;
+            continue;
         }
         ran += chosen.len();
-        let path = if warm { "warm path" } else { "fresh worker" };
+        let path = match (warm, live) {
+            (_, true) => "live Python session",
+            (true, _) => "warm path",
+            _ => "fresh worker",
+        };
         eprintln!("security suite: {path}");
         match security::run_suite(chosen, &opts) {
             Ok(report) => {

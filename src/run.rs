@@ -28,6 +28,13 @@ pub struct RunArgs {
     /// fresh worker.
     #[arg(long)]
     pub warm: bool,
+    /// Run the script as the second cell of a live Python session: a first
+    /// cell fills the session's state process with objects, the script runs
+    /// in a cell forked from it, and a last cell runs after it (its output
+    /// is appended to the script's). The escape suite attacks state
+    /// processes this way.
+    #[arg(long, hide = true, requires = "warm")]
+    pub live_session: bool,
     /// The script file, or `-` for stdin.
     pub file: String,
 }
@@ -54,6 +61,7 @@ pub async fn cli_main(args: RunArgs) -> ExitCode {
         opts,
         json,
         warm,
+        live_session,
         file,
     } = args;
     let file = file.as_str();
@@ -88,7 +96,19 @@ pub async fn cli_main(args: RunArgs) -> ExitCode {
     request.forward = if json { Forward::No } else { Forward::Head };
     request.cancel = Some(cancel.clone());
     let mut sigint = sigint_stream();
-    let result = interruptible(sup.run(request, config), &cancel, sigint.as_mut()).await;
+    let result = if live_session {
+        if language != crate::Language::Python {
+            return usage("--live-session runs Python cells only");
+        }
+        let session = match crate::security::staged::Staged::open(&sup, config).await {
+            Ok(s) => s,
+            Err(e) => return usage(e),
+        };
+        let result = interruptible(session.run(request), &cancel, sigint.as_mut()).await;
+        session.finish(result).await
+    } else {
+        interruptible(sup.run(request, config), &cancel, sigint.as_mut()).await
+    };
     if json {
         if let Err(code) = print_json(&result) {
             return code;

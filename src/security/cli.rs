@@ -41,6 +41,11 @@ pub struct SecurityTestArgs {
     /// long-lived surfaces use, instead of a fresh worker per cell.
     #[arg(long)]
     pub warm: bool,
+    /// Attack live Python sessions: each Python attack runs as the middle
+    /// cell of a live session, in a cell forked from its state process
+    /// (implies --warm; only Python attacks run).
+    #[arg(long)]
+    pub live: bool,
     /// The cellbox binary to attack (default: the `cellbox` front binary
     /// next to this one, else this one).
     #[arg(long, value_name = "PATH")]
@@ -71,7 +76,8 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
     opts.jobs = args.jobs;
     opts.allow = args.allow;
     opts.progress = args.progress;
-    opts.warm = args.warm;
+    opts.warm = args.warm || args.live;
+    opts.live = args.live;
     if let Some(l) = &args.lang {
         match l.parse::<Lang>() {
             Ok(l) => opts.langs.push(l),
@@ -80,6 +86,13 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
                 return ExitCode::from(EXIT_USAGE);
             }
         }
+    }
+    if opts.live {
+        if opts.langs.iter().any(|l| *l != Lang::Python) {
+            eprintln!("cellbox security-test: --live attacks Python sessions; drop --lang or give --lang python");
+            return ExitCode::from(EXIT_USAGE);
+        }
+        opts.langs = vec![Lang::Python];
     }
     let attacks = match &args.attacks_dir {
         Some(d) => load_dir(d),
