@@ -100,7 +100,7 @@ pub async fn cli_main(args: RunArgs) -> ExitCode {
         if language != crate::Language::Python {
             return usage("--live-session runs Python cells only");
         }
-        let session = match crate::security::staged::Staged::open(&sup, config).await {
+        let mut session = match crate::security::staged::Staged::open(&sup, config).await {
             Ok(s) => s,
             Err(e) => return usage(e),
         };

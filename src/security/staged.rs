@@ -30,6 +30,7 @@ const AFTER: &str = "print('cbx-after', _cbx_thing.n if '_cbx_thing' in globals(
 /// A live session whose first cell has run.
 pub struct Staged {
     session: Session,
+    forward: crate::Forward,
 }
 
 impl Staged {
@@ -58,20 +59,25 @@ impl Staged {
                     .into(),
             );
         }
-        Ok(Staged { session })
+        Ok(Staged {
+            session,
+            forward: crate::Forward::No,
+        })
     }
 
     /// Run the script's cell.
-    pub async fn run(&self, request: CellRequest) -> CellResult {
+    pub async fn run(&mut self, request: CellRequest) -> CellResult {
+        self.forward = request.forward;
         self.session.run(request).await
     }
 
     /// Run the last cell and append its output to the script's result.
     pub async fn finish(self, mut result: CellResult) -> CellResult {
-        let after = self
-            .session
-            .run(CellRequest::new(Language::Python, AFTER))
-            .await;
+        let mut request = CellRequest::new(Language::Python, AFTER);
+        // Printed as it runs when the script's output was (the appended
+        // text is then in the result for --json only).
+        request.forward = self.forward;
+        let after = self.session.run(request).await;
         for (into, from) in [
             (&mut result.stdout, &after.stdout),
             (&mut result.stderr, &after.stderr),
