@@ -335,3 +335,31 @@ async fn a_closed_sessions_live_memory_is_given_back() {
         "before {before}, after {after}"
     );
 }
+
+/// A session's state process is forked from the cell before it (or from a
+/// checkpoint): the hundredth one must run as the first did. Each used to
+/// serve from inside its predecessor's call stack, so a session failed with
+/// a sandbox error after about two hundred successful cells.
+#[tokio::test]
+async fn a_long_session_keeps_a_shallow_stack_and_keeps_running() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let depth = "import inspect\nlen(inspect.stack())";
+    let r = py_in(&s, &format!("n = 0\ncheckpoint('start')\n{depth}")).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let first = r.value.clone();
+    for i in 1..=300 {
+        let r = py_in(&s, "n += 1").await;
+        assert_eq!(r.status, Status::Ok, "cell {i}: {r:?}");
+        assert_eq!(r.state, Some(StateOutcome::Kept), "cell {i}: {r:?}");
+        if i % 60 == 0 {
+            // A restore makes the state process from a checkpoint's copy.
+            s.restore("start").await.unwrap();
+            let r = py_in(&s, "n = 60 * 1000").await;
+            assert_eq!(r.status, Status::Ok, "after restore {i}: {r:?}");
+        }
+    }
+    let r = py_in(&s, depth).await;
+    assert_eq!(r.value, first, "the stack grew over the session: {r:?}");
+    assert_eq!(py_in(&s, "n").await.value, json!(60 * 1000));
+}

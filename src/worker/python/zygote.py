@@ -230,67 +230,83 @@ def _child(fds):
 # result.
 
 
+class _NewState(BaseException):
+    """Raised in a fresh fork that is to serve as a state process (a
+    successor made by a cell that succeeded, or a checkpoint's copy): it
+    unwinds the stack it was forked with (the previous state process's loop
+    and the cell's frames) back to `_state_main`, so a session's hundredth
+    state process runs as shallow a stack as its first."""
+
+
 def _state_main():
     """Serve a state process's control channel on fd 3. Never returns."""
-    global _CTL
-    try:
-        _st["live"] = True
-        _CTL = _socket.socket(fileno=_FD)
-        posix.set_inheritable(_FD, False)
-        if "rl0" not in _st:
-            _st["rl0"] = [(res, resource.getrlimit(res)) for _, res in _RLIMITS]
-        else:
-            for res, (soft, hard) in _st["rl0"]:
-                try:
-                    resource.setrlimit(res, (soft, resource.getrlimit(res)[1]))
-                except (OSError, ValueError):
-                    pass
-        wake_r, wake_w = posix.pipe()
-        posix.set_blocking(wake_r, False)
-        posix.set_blocking(wake_w, False)
-        _st["wake"] = (wake_r, wake_w)
-        _signal.set_wakeup_fd(wake_w)
-        _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
-        # Every object the namespace holds now is left alone by the cyclic
-        # collector (gc.freeze): a cell forked from here that collects would
-        # otherwise touch each one and copy the whole heap page by page.
-        # Cycles that become garbage later are kept until the session ends.
-        import gc
+    while True:
+        try:
+            _state_serve()
+        except _NewState:
+            continue
+        except BaseException:
+            posix._exit(_EXIT_SANDBOX)
 
-        gc.freeze()
-        _zsend({"op": "ready", "pid": posix.getpid()})
-        poller = select.poll()
-        poller.register(_FD, select.POLLIN)
-        poller.register(wake_r, select.POLLIN)
-        cells = {}
-        while True:
-            for fd, ev in poller.poll():
-                if fd == wake_r:
-                    try:
-                        while posix.read(wake_r, 512):
-                            pass
-                    except BlockingIOError:
+
+def _state_serve():
+    """One state process's loop; `_NewState` leaves it for the next."""
+    global _CTL
+    _st["live"] = True
+    _CTL = _socket.socket(fileno=_FD)
+    posix.set_inheritable(_FD, False)
+    if "rl0" not in _st:
+        _st["rl0"] = [(res, resource.getrlimit(res)) for _, res in _RLIMITS]
+    else:
+        for res, (soft, hard) in _st["rl0"]:
+            try:
+                resource.setrlimit(res, (soft, resource.getrlimit(res)[1]))
+            except (OSError, ValueError):
+                pass
+    wake_r, wake_w = posix.pipe()
+    posix.set_blocking(wake_r, False)
+    posix.set_blocking(wake_w, False)
+    _st["wake"] = (wake_r, wake_w)
+    _signal.set_wakeup_fd(wake_w)
+    _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+    # Every object the namespace holds now is left alone by the cyclic
+    # collector (gc.freeze): a cell forked from here that collects would
+    # otherwise touch each one and copy the whole heap page by page.
+    # Cycles that become garbage later are kept until the session ends.
+    import gc
+
+    gc.freeze()
+    _zsend({"op": "ready", "pid": posix.getpid()})
+    poller = select.poll()
+    poller.register(_FD, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    cells = {}
+    while True:
+        for fd, ev in poller.poll():
+            if fd == wake_r:
+                try:
+                    while posix.read(wake_r, 512):
                         pass
-                    continue
-                msg, fds = _zrecv()
-                if msg is None:
-                    for pid in cells:
-                        try:
-                            posix.kill(pid, _signal.SIGKILL)
-                        except OSError:
-                            pass
-                    posix._exit(0)
-                op = msg.get("op")
-                if op == "run":
-                    _live_run(msg, fds, cells)
-                elif op == "clone":
-                    _live_clone(msg, fds)
-                else:
-                    for f in fds:
-                        posix.close(f)
-            _reap(cells)
-    except BaseException:
-        posix._exit(_EXIT_SANDBOX)
+                except BlockingIOError:
+                    pass
+                continue
+            msg, fds = _zrecv()
+            if msg is None:
+                for pid in cells:
+                    try:
+                        posix.kill(pid, _signal.SIGKILL)
+                    except OSError:
+                        pass
+                posix._exit(0)
+            op = msg.get("op")
+            if op == "run":
+                _live_run(msg, fds, cells)
+            elif op == "clone":
+                _live_clone(msg, fds)
+            else:
+                for f in fds:
+                    posix.close(f)
+        _reap(cells)
 
 
 def _live_forked():
@@ -361,7 +377,7 @@ def _live_clone(msg, fds):
             posix.close(fds[0])
         except BaseException:
             posix._exit(_EXIT_SANDBOX)
-        _state_main()
+        raise _NewState()
     posix.close(fds[0])
 
 
@@ -391,7 +407,7 @@ def _live_keep():
         posix.close(nxt)
     except BaseException:
         posix._exit(_EXIT_SANDBOX)
-    _state_main()
+    raise _NewState()
 
 
 def _spawn(msg, fds, cells):
