@@ -61,7 +61,7 @@ pub enum PythonState {
 #[derive(Debug)]
 struct Checkpoint {
     state: Arc<super::live::StateProc>,
-    vars: Namespace,
+    vars: Arc<Namespace>,
     definitions: Vec<(Language, Definition)>,
 }
 
@@ -77,7 +77,10 @@ pub struct HistoryEntry {
 
 #[derive(Debug, Default)]
 struct State {
-    vars: Namespace,
+    /// The JSON namespace (a live session's mirror), shared with the cell
+    /// that runs and the checkpoints until it changes: a session holding a
+    /// large value does not copy it per cell.
+    vars: Arc<Namespace>,
     definitions: Vec<(Language, Definition)>,
     history: Vec<HistoryEntry>,
     execution_count: u64,
@@ -574,7 +577,7 @@ impl Session {
 
     /// The current namespace variables.
     pub async fn vars(&self) -> Namespace {
-        self.inner.state.lock().await.vars.clone()
+        Namespace::clone(&self.inner.state.lock().await.vars)
     }
 
     /// Names defined by carried definitions (functions, classes, imports).
@@ -600,7 +603,7 @@ impl Session {
         if state.live.is_some() {
             state.pending_vars.insert(name.to_owned(), value.clone());
         }
-        state.vars.insert(name.to_owned(), value);
+        Arc::make_mut(&mut state.vars).insert(name.to_owned(), value);
         Ok(())
     }
 
@@ -620,7 +623,7 @@ impl Session {
     /// directory's files stay).
     pub async fn reset(&self) {
         let mut state = self.inner.state.lock().await;
-        state.vars.clear();
+        state.vars = Arc::default();
         state.definitions.clear();
         #[cfg(target_os = "linux")]
         {
@@ -691,7 +694,7 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
             state.definitions.push((language, d.clone()));
         }
     }
-    state.vars = done
+    let mut vars: Namespace = done
         .vars
         .iter()
         .filter(|(k, _)| valid_var_name(k))
@@ -699,9 +702,10 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
         .collect();
     for d in &done.definitions {
         for n in &d.names {
-            state.vars.remove(n);
+            vars.remove(n);
         }
     }
+    state.vars = Arc::new(vars);
     result.vars.changed = changed;
     result.vars.deleted = deleted;
 }
@@ -740,21 +744,21 @@ fn apply_live(
     for name in &report.changed {
         match done.vars.get(name) {
             Some(v) if valid_var_name(name) => {
-                state.vars.insert(name.clone(), v.clone());
+                Arc::make_mut(&mut state.vars).insert(name.clone(), v.clone());
             }
             _ => {
-                state.vars.remove(name);
+                Arc::make_mut(&mut state.vars).remove(name);
             }
         }
     }
     for name in &report.deleted {
-        state.vars.remove(name);
+        Arc::make_mut(&mut state.vars).remove(name);
     }
     for d in &done.definitions {
         if !d.names.is_empty() {
             state.definitions.push((Language::Python, d.clone()));
             for n in &d.names {
-                state.vars.remove(n);
+                Arc::make_mut(&mut state.vars).remove(n);
             }
         }
     }

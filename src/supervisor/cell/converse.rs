@@ -33,7 +33,7 @@ pub(super) fn opening(
 ) -> (Option<ToWorker>, Option<ToWorker>) {
     let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
         let (vars, definitions) =
-            live_part(spec).unwrap_or_else(|| (spec.vars.clone(), spec.definitions.clone()));
+            live_part(spec).unwrap_or_else(|| (Map::clone(&spec.vars), spec.definitions.clone()));
         ToWorker::Start(Start {
             language: spec.language.as_str().to_owned(),
             code: spec.code.clone(),

@@ -43,7 +43,8 @@ pub(crate) struct CellSpec {
     pub code: String,
     /// For `Language::Shell` via `exec`: the program and its arguments.
     pub argv: Option<Vec<String>>,
-    pub vars: Map<String, Value>,
+    /// Shared with the session (see its `State::vars`).
+    pub vars: std::sync::Arc<Map<String, Value>>,
     pub definitions: Vec<Definition>,
     pub limits: Limits,
     /// The limits the session and call asked for, before the profile's
@@ -106,7 +107,7 @@ impl CellSpec {
             language,
             code: code.into(),
             argv: None,
-            vars: Map::new(),
+            vars: Default::default(),
             definitions: Vec::new(),
             limits: session.limits.clone(),
             asked: None,
@@ -147,8 +148,8 @@ impl CellSpec {
         self
     }
 
-    pub(crate) fn vars(mut self, vars: Map<String, Value>) -> CellSpec {
-        self.vars = vars;
+    pub(crate) fn vars(mut self, vars: impl Into<std::sync::Arc<Map<String, Value>>>) -> CellSpec {
+        self.vars = vars.into();
         self
     }
 
