@@ -37,6 +37,9 @@ use tokio::sync::oneshot;
 /// How long a state process may take to answer (fork a cell, say `ready`).
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
+/// How long what a live cell left behind may take to die once killed.
+const TREE_END_WITHIN: Duration = Duration::from_secs(10);
+
 /// How a cell ended when its state process vanished before reporting it.
 const LOST: Reaped = Reaped {
     code: None,
@@ -57,6 +60,9 @@ struct Shared {
 pub(crate) struct StateProc {
     ctl: OwnedFd,
     pidfd: OwnedFd,
+    /// Its pid in our PID namespace (kept while a cell's leftovers are
+    /// killed: see [`LiveCell::end_others`]).
+    host: i32,
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
     next_id: AtomicU64,
@@ -114,11 +120,19 @@ impl StateProc {
             .await
             .map_err(|e| e.to_string())?;
         let (ctl, _ns_pid) = await_ready(ours).await?;
-        Self::serve(ctl, pidfd, zygote, *rlimits, Some(in_flight))
+        let host = crate::sandbox::linux::groups::pidfd_pid(&pidfd).map_err(|e| e.to_string())?;
+        Self::serve(ctl, pidfd, host, zygote, *rlimits, Some(in_flight))
     }
 
     /// Take over a state process that says `ready` on `ours`, found among
-    /// the session's processes, into the session's group.
+    /// the session's processes. It is in the session's group already: it
+    /// was forked there (by a state process, or by a cell, which runs in
+    /// the session's group too), so it is never moved. Moving another
+    /// process by pid takes the kernel's global cgroup lock, which waits
+    /// for an RCU grace period (milliseconds) when it was idle; and a state
+    /// process is never handed a `tasks` descriptor to move itself: it has
+    /// run the session's code, and such a descriptor could move any process
+    /// it can name (another session's too) into a group that is emptied.
     async fn adopt(
         ours: OwnedFd,
         zygote: Arc<Zygote>,
@@ -130,16 +144,13 @@ impl StateProc {
             .ok_or_else(|| format!("the state process {ns_pid} is not among the session's"))?;
         let pidfd = process::pidfd_open(host)
             .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
-        // Moved by us: a state process has run the session's code, and a
-        // descriptor of a `tasks` file in its hands could move any process
-        // it can name (another session's too) into a group that is emptied.
-        session.adopt(host).map_err(|e| e.to_string())?;
-        Self::serve(ctl, pidfd, zygote, rlimits, None)
+        Self::serve(ctl, pidfd, host, zygote, rlimits, None)
     }
 
     fn serve(
         ctl: AsyncFd<OwnedFd>,
         pidfd: OwnedFd,
+        host: i32,
         zygote: Arc<Zygote>,
         rlimits: Rlimits,
         in_flight: Option<super::zygote::InFlight>,
@@ -154,6 +165,7 @@ impl StateProc {
         Ok(Arc::new(StateProc {
             ctl: ours,
             pidfd,
+            host,
             shared,
             dead,
             next_id: AtomicU64::new(1),
@@ -161,6 +173,11 @@ impl StateProc {
             rlimits,
             _in_flight: in_flight,
         }))
+    }
+
+    /// Its pid in our PID namespace.
+    pub(crate) fn host_pid(&self) -> i32 {
+        self.host
     }
 
     pub(crate) fn is_dead(&self) -> bool {
@@ -391,6 +408,10 @@ pub(crate) struct LiveCell {
     /// Why the cell did not run on the live namespace or could not keep
     /// it, for the result's notes.
     pub(crate) notes: Mutex<Vec<String>>,
+    /// The session's other state processes (its first one, its
+    /// checkpoints), by pid in our namespace: spared when what the cell
+    /// left in the session's group is killed.
+    pub(crate) spare: Vec<i32>,
 }
 
 impl std::fmt::Debug for LiveCell {
@@ -404,7 +425,31 @@ impl LiveCell {
         lock(&self.notes).push(n.into());
     }
 
-    /// After a cell that succeeded: its successor, into the session's group.
+    /// After the cell's process is gone: kill whatever else it left in the
+    /// session's group (a live cell runs there, beside the state
+    /// processes), sparing the session's state processes. A cell of a live
+    /// session has no process bound of its own: the session's holds.
+    pub(crate) async fn end_others(&self, session: Option<Arc<SessionGroup>>) {
+        let Some(session) = session else {
+            return;
+        };
+        let mut keep = self.spare.clone();
+        for s in [lock(&self.state).clone(), lock(&self.kept).clone()]
+            .into_iter()
+            .flatten()
+        {
+            keep.push(s.host_pid());
+        }
+        let ended =
+            tokio::task::spawn_blocking(move || session.end_others(&keep, TREE_END_WITHIN)).await;
+        match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("a live cell's processes outlived it: {e}"),
+            Err(e) => tracing::warn!("failed to end a live cell's processes: {e}"),
+        }
+    }
+
+    /// After a cell that succeeded: its successor.
     pub(crate) async fn take_over(&self, session: Option<&SessionGroup>) {
         let next = lock(&self.next).take();
         let state = lock(&self.state).clone();

@@ -290,8 +290,15 @@ impl Session {
             state.live_root = None;
             lost = true;
         }
+        let spare = state
+            .live_root
+            .iter()
+            .chain(state.checkpoints.values().map(|c| &c.state))
+            .map(|s| s.host_pid())
+            .collect();
         let cell = super::live::LiveCell {
             pending_vars: std::mem::take(&mut state.pending_vars),
+            spare,
             ..Default::default()
         };
         if lost {

@@ -176,7 +176,7 @@ async fn a_lost_state_process_is_reseeded_from_json_variables_and_definitions() 
 }
 
 #[tokio::test]
-async fn a_live_cell_runs_in_its_cell_group_and_the_state_in_its_sessions() {
+async fn a_live_cell_runs_in_its_sessions_group_and_what_it_leaves_is_killed() {
     let sup = supervisor();
     let s = sup.session(SessionConfig::default()).unwrap();
     let read = "import os\n(open('/proc/self/cgroup').read(), os.getppid())";
@@ -202,15 +202,44 @@ async fn a_live_cell_runs_in_its_cell_group_and_the_state_in_its_sessions() {
             .to_owned()
     };
     for v in &seen {
-        // …/s<k>/c<m>: the cell's own group beneath its session's.
+        // …/s<k>: the session's group, beside its state processes (a cell
+        // is never moved by pid).
         let path = pids_of(v);
         let last = path.rsplit('/').next().unwrap();
-        assert!(last.starts_with('c'), "{path}");
+        assert!(last.starts_with('s'), "{path}");
     }
     // Each later cell is the child of the state process the one before
     // left, not of the zygote (PID 1).
     assert!(seen[1][1].as_i64().unwrap() > 1, "{seen:?}");
     assert_ne!(seen[1][1], seen[2][1], "{seen:?}");
+    // What a cell leaves running (a detached child) is killed when it
+    // ends, whether it kept its namespace or not; the state lives on.
+    let leave = |fail: bool| {
+        format!(
+            "import os, time\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n\
+             open('stray', 'w').write(str(pid))\nkept = 1\n{}",
+            if fail { "raise ValueError('after a stray')" } else { "" }
+        )
+    };
+    let check = "import os\ntry:\n    os.kill(int(open('stray').read()), 0)\n    alive = True\n\
+                 except ProcessLookupError:\n    alive = False\nalive";
+    for fail in [false, true] {
+        let r = py_in(&s, &leave(fail)).await;
+        let want = if fail {
+            StateOutcome::RolledBack
+        } else {
+            StateOutcome::Kept
+        };
+        assert_eq!(r.state, Some(want), "{r:?}");
+        let r = py_in(&s, check).await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(
+            r.value,
+            json!(false),
+            "a stray outlived its cell (failed: {fail})"
+        );
+    }
+    assert_eq!(py_in(&s, "kept").await.value, json!(1));
 }
 
 #[tokio::test]

@@ -23,11 +23,16 @@
 //! pids group is empty (not when its first process says so), and its CPU
 //! time is read here, never taken from the worker.
 //!
-//! A cell's processes join by writing to `tasks` (one thread: the forked
-//! child that joins is single-threaded; see [`super::cgroup`] on why not
-//! `cgroup.procs`), from the child between fork and exec ([`CellGroup::join_fds`])
-//! or, for a child forked by a zygote or the fork server, from here by its
-//! pid before it is sent any code ([`CellGroup::adopt`]).
+//! A cell's processes join by writing `0` to `tasks` descriptors (one
+//! thread: the forked child that joins is single-threaded; see
+//! [`super::cgroup`] on why not `cgroup.procs`), from the child itself
+//! before it runs any code ([`CellGroup::join_fds`]): nothing is moved by
+//! pid, which takes the kernel's global cgroup lock and waits for an RCU
+//! grace period (milliseconds) when it was idle. A live Python session's
+//! state processes, and the cells forked from them, live in the session's
+//! own group (they are never handed a `tasks` descriptor, having run the
+//! session's code); what such a cell leaves is killed by
+//! [`SessionGroup::end_others`], sparing the state processes.
 //!
 //! Session groups are kept for reuse once empty (a sessionless call is a
 //! session of one cell, and making a memory cgroup costs as much as a warm
@@ -483,25 +488,6 @@ impl SessionGroup {
         })
     }
 
-    /// Move the single-threaded process `pid` (in this process's PID
-    /// namespace) into the session's own groups, out of any cell's: a
-    /// Python session's state process, which outlives the cell it came
-    /// from and is killed with the session.
-    pub fn adopt(&self, pid: i32) -> Result<(), CgroupError> {
-        let text = pid.to_string();
-        nix::unistd::write(&self.dir.memory_tasks, text.as_bytes()).map_err(|e| {
-            CgroupError::Busy(format!(
-                "cannot move process {pid} into its session's cgroup: {e}"
-            ))
-        })?;
-        for dir in [&self.dir.pids, &self.dir.cpu] {
-            let tasks = dir.join("tasks");
-            std::fs::write(&tasks, text.as_bytes())
-                .map_err(CgroupError::io(format!("write {pid} to"), &tasks))?;
-        }
-        Ok(())
-    }
-
     /// Descriptors of the session's own `tasks` files (memory, pids, cpu),
     /// for a process that joins the session's group itself by writing `0`
     /// to each (a live Python session's state process; see
@@ -522,6 +508,49 @@ impl SessionGroup {
             fds.push(OwnedFd::from(f));
         }
         Ok(fds)
+    }
+
+    /// Kill every process directly in the session's own group except
+    /// those in `keep`, and wait until only they are left (at most
+    /// `within`): what a live Python session's cell left behind (its cell
+    /// runs in the session's group, beside the state processes in `keep`;
+    /// see `supervisor::live`). Nothing in the session can fork meanwhile:
+    /// its `pids.max` is 0 until the others are gone, then what it was.
+    pub fn end_others(&self, keep: &[i32], within: Duration) -> Result<(), CgroupError> {
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        let others = || -> Vec<i32> {
+            procs(&self.dir.pids)
+                .into_iter()
+                .filter(|p| *p != me && !keep.contains(p))
+                .collect()
+        };
+        if others().is_empty() {
+            return Ok(());
+        }
+        let max_path = self.dir.pids.join("pids.max");
+        let before =
+            std::fs::read_to_string(&max_path).map_err(CgroupError::io("read", &max_path))?;
+        put(&self.dir.pids_max, "0", &max_path)?;
+        let end = Instant::now() + within;
+        let outcome = loop {
+            let left = others();
+            if left.is_empty() {
+                break Ok(());
+            }
+            if Instant::now() >= end {
+                break Err(CgroupError::Busy(format!(
+                    "{} process(es) of {} still there after {within:?}",
+                    left.len(),
+                    self.dir.pids.display()
+                )));
+            }
+            for pid in left {
+                let _ = crate::sandbox::process::kill_pid(pid);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        put(&self.dir.pids_max, before.trim(), &max_path)?;
+        outcome
     }
 
     /// Bytes of memory the session holds now (its processes and the pages
@@ -599,24 +628,6 @@ impl CellGroup {
             self.dir.pids_tasks.as_fd(),
             self.dir.cpu_tasks.as_fd(),
         ]
-    }
-
-    /// Move the single-threaded process `pid` (in this process's PID
-    /// namespace) into the group.
-    pub fn adopt(&self, pid: i32) -> Result<(), CgroupError> {
-        let text = pid.to_string();
-        for fd in [
-            &self.session.dir.memory_tasks,
-            &self.dir.pids_tasks,
-            &self.dir.cpu_tasks,
-        ] {
-            nix::unistd::write(fd, text.as_bytes()).map_err(|e| {
-                CgroupError::Busy(format!(
-                    "cannot move process {pid} into its cell's cgroup: {e}"
-                ))
-            })?;
-        }
-        Ok(())
     }
 
     /// Allow the cell `n` processes at once (threads count); `u64::MAX`:

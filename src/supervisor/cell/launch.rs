@@ -351,14 +351,18 @@ async fn start_live(
     use crate::supervisor::live::{host_pid, StateProc};
     use crate::util::lock;
     use std::sync::atomic::Ordering::SeqCst;
-    let group = group.ok_or("the cell has no cgroup")?;
+    // The cell runs in the session's group, beside its state processes,
+    // not in the cell's own (see `LiveCell::end_others`): a move by pid
+    // costs the kernel's global cgroup lock.
+    group.ok_or("the cell has no cgroup")?;
     let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
     let session = spec
         .share
         .session(sup, asked)
         .ok_or("the session has no cgroup")?;
     let mut limits = plan.limits;
-    // The cell's pids cgroup bounds its processes (see `start_zygote`).
+    // The session's pids cgroup bounds its processes (not RLIMIT_NPROC,
+    // which counts every cell's: see `start_zygote`).
     limits.max_processes = u64::MAX;
     let current = lock(&live.state).clone().filter(|s| !s.is_dead());
     let state = match current {
@@ -392,9 +396,6 @@ async fn start_live(
             .try_clone()
             .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
     );
-    // Into its cgroup before it is sent any code, moved by us (see
-    // `StateProc::adopt`).
-    group.adopt(host).map_err(|e| e.to_string())?;
     live.running.store(true, SeqCst);
     let report = state.zygote().cell_report();
     let started = Started {

@@ -373,6 +373,15 @@ async fn life(
     };
     let done = matches!(outcome, Outcome::Done(_));
     let reaped = end::end(ending, &exit, done, group.as_ref()).await;
+    #[cfg(target_os = "linux")]
+    if let Some(live) = spec
+        .live
+        .as_ref()
+        .filter(|l| l.running.load(std::sync::atomic::Ordering::SeqCst))
+    {
+        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+        live.end_others(spec.share.session(sup, asked)).await;
+    }
     let (stdout, stderr) = streams.collect().await;
     result.record_end(stdout, stderr, reaped.as_ref().ok());
     let exec = spec.language == Language::Shell;
