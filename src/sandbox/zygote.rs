@@ -68,6 +68,11 @@ pub enum ZygoteMsg {
     /// only: the zygote never sees a cell's scratch dir or limits).
     Spawn {
         id: u64,
+        /// The child is a session's first state process: its process
+        /// group outlives it (its successors share it), so the zygote does
+        /// not kill that group when it ends.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        state: bool,
     },
     Spawned {
         id: u64,

@@ -88,11 +88,6 @@ struct State {
     /// variables set from outside since its last cell.
     #[cfg(target_os = "linux")]
     live: Option<Arc<super::live::StateProc>>,
-    /// The session's first state process, the zygote's child: every later
-    /// one shares its process group, which the zygote kills when it ends,
-    /// so it is kept (idle) for as long as the session is live.
-    #[cfg(target_os = "linux")]
-    live_root: Option<Arc<super::live::StateProc>>,
     #[cfg(target_os = "linux")]
     pending_vars: Namespace,
     #[cfg(target_os = "linux")]
@@ -281,20 +276,16 @@ impl Session {
             return None;
         }
         let mut lost = false;
-        if state.live.as_ref().is_some_and(|s| s.is_dead())
-            || state.live_root.as_ref().is_some_and(|s| s.is_dead())
-        {
+        if state.live.as_ref().is_some_and(|s| s.is_dead()) {
             // Lost (its zygote or its first state process gone): the next
             // state process is seeded from the JSON mirror.
             state.live = None;
-            state.live_root = None;
             lost = true;
         }
         let spare = state
-            .live_root
-            .iter()
-            .chain(state.checkpoints.values().map(|c| &c.state))
-            .map(|s| s.host_pid())
+            .checkpoints
+            .values()
+            .map(|c| c.state.host_pid())
             .collect();
         let cell = super::live::LiveCell {
             pending_vars: std::mem::take(&mut state.pending_vars),
@@ -328,9 +319,6 @@ impl Session {
         let kept = lock(&live.kept).take();
         result.notes.extend(lock(&live.notes).drain(..));
         let previous = lock(&live.state).take();
-        if live.fresh.load(SeqCst) {
-            state.live_root = previous.clone();
-        }
         if !ran_live {
             // It ran in a process of its own: the carried namespace is the
             // truth now, and a state process (if any) is out of date.
@@ -374,7 +362,6 @@ impl Session {
                     // The new state process never got the namespace the
                     // cell's start frame seeded: the next cell seeds one.
                     state.live = None;
-                    state.live_root = None;
                 } else {
                     state.live = previous;
                 }
@@ -635,7 +622,6 @@ impl Session {
         #[cfg(target_os = "linux")]
         {
             state.live = None;
-            state.live_root = None;
             state.pending_vars.clear();
         }
     }

@@ -429,10 +429,11 @@ impl Zygote {
         self.cells.fetch_add(1, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let in_flight = InFlight(self.in_flight.clone());
+        let state = setup.state;
         // The cell's own data goes in a pipe only the forked child reads.
         let setup = zygote::setup_pipe(&setup)
             .map_err(|e| Failed(format!("failed to pass the cell its setup: {e}")))?;
-        let msg = ZygoteMsg::Spawn { id };
+        let msg = ZygoteMsg::Spawn { id, state };
         let asked = Instant::now();
         let sent = {
             let ctl = lock(&self.ctl);

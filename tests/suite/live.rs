@@ -221,8 +221,12 @@ async fn a_live_cell_runs_in_its_sessions_group_and_what_it_leaves_is_killed() {
             if fail { "raise ValueError('after a stray')" } else { "" }
         )
     };
-    let check = "import os\ntry:\n    os.kill(int(open('stray').read()), 0)\n    alive = True\n\
-                 except ProcessLookupError:\n    alive = False\nalive";
+    // (Killed, it may still be a zombie for a moment, until the zygote
+    // reaps it: a live one is still there after two seconds.)
+    let check = "import os, time\npid = int(open('stray').read())\nalive = True\n\
+                 for _ in range(200):\n    try:\n        os.kill(pid, 0)\n    \
+                 except ProcessLookupError:\n        alive = False\n        break\n    \
+                 time.sleep(0.01)\nalive";
     for fail in [false, true] {
         let r = py_in(&s, &leave(fail)).await;
         let want = if fail {
@@ -240,6 +244,19 @@ async fn a_live_cell_runs_in_its_sessions_group_and_what_it_leaves_is_killed() {
         );
     }
     assert_eq!(py_in(&s, "kept").await.value, json!(1));
+    // Between cells the session holds one process: its state process (the
+    // first one, and each one a later cell replaced, are gone).
+    // (A replaced one is killed, not waited for: it may take a moment.)
+    let procs = format!("/sys/fs/cgroup/pids{}/cgroup.procs", pids_of(&seen[0]));
+    let mut held = String::new();
+    for _ in 0..200 {
+        held = std::fs::read_to_string(&procs).unwrap();
+        if held.lines().count() == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(held.lines().count(), 1, "{procs}: {held}");
 }
 
 #[tokio::test]

@@ -198,8 +198,9 @@ ok
     let ra = a_run.await.unwrap();
     assert_eq!(ra.status, Status::Ok, "{ra:?}");
     let held: u64 = ra.stdout.trim().parse().unwrap();
-    // Its own bound holds (the cell's first process counts too).
-    assert!((40..64).contains(&held), "A held {held} more processes");
+    // Its own bound holds (the cell's first process counts too; a cell of
+    // a live session has one more, for the state process it leaves).
+    assert!((40..=64).contains(&held), "A held {held} more processes");
     assert_eq!(rb.status, Status::Ok, "{rb:?}");
     assert_eq!(rb.value, serde_json::json!(30), "B could not fork: {rb:?}");
 }

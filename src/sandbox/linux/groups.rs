@@ -211,6 +211,7 @@ impl Groups {
         };
         dir.bound(memory_bytes, max_processes)?;
         Ok(SessionGroup {
+            saved_max: Mutex::new(None),
             groups: self.clone(),
             dir,
         })
@@ -462,6 +463,9 @@ impl Drop for CellDir {
 pub struct SessionGroup {
     groups: Arc<Groups>,
     dir: Arc<SessionDir>,
+    /// The session's `pids.max` while a live cell's bound replaces it
+    /// ([`Self::bound_live_cell`]).
+    saved_max: Mutex<Option<String>>,
 }
 
 impl SessionGroup {
@@ -524,12 +528,21 @@ impl SessionGroup {
                 .filter(|p| *p != me && !keep.contains(p))
                 .collect()
         };
-        if others().is_empty() {
-            return Ok(());
-        }
         let max_path = self.dir.pids.join("pids.max");
-        let before =
-            std::fs::read_to_string(&max_path).map_err(CgroupError::io("read", &max_path))?;
+        let saved = lock(&self.saved_max).take();
+        if others().is_empty() {
+            return match saved {
+                Some(v) => put(&self.dir.pids_max, &v, &max_path),
+                None => Ok(()),
+            };
+        }
+        let before = match saved {
+            Some(v) => v,
+            None => std::fs::read_to_string(&max_path)
+                .map_err(CgroupError::io("read", &max_path))?
+                .trim()
+                .to_owned(),
+        };
         put(&self.dir.pids_max, "0", &max_path)?;
         let end = Instant::now() + within;
         let outcome = loop {
@@ -549,8 +562,30 @@ impl SessionGroup {
             }
             std::thread::sleep(Duration::from_micros(200));
         };
-        put(&self.dir.pids_max, before.trim(), &max_path)?;
+        put(&self.dir.pids_max, &before, &max_path)?;
         outcome
+    }
+
+    /// Bound a live cell's processes: it runs in the session's own group,
+    /// beside `held` state processes, and may have `max_processes` at once
+    /// (itself included) and one more, the state process it leaves; never
+    /// more than the session's bound. [`Self::end_others`] puts the
+    /// session's bound back.
+    pub fn bound_live_cell(&self, held: u64, max_processes: u64) -> Result<(), CgroupError> {
+        let max_path = self.dir.pids.join("pids.max");
+        let mut saved = lock(&self.saved_max);
+        let session = match saved.as_ref() {
+            Some(v) => v.clone(),
+            None => std::fs::read_to_string(&max_path)
+                .map_err(CgroupError::io("read", &max_path))?
+                .trim()
+                .to_owned(),
+        };
+        let want = held.saturating_add(max_processes).saturating_add(1);
+        let n = session.parse::<u64>().map_or(want, |p| p.min(want));
+        put(&self.dir.pids_max, &n.to_string(), &max_path)?;
+        *saved = Some(session);
+        Ok(())
     }
 
     /// Bytes of memory the session holds now (its processes and the pages

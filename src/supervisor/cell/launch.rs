@@ -382,6 +382,15 @@ async fn start_live(
         .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
+    // Its process bound, on the session's group for the cell's time (the
+    // session's own bound is put back when it ends).
+    let held = 1 + live.spare.len() as u64;
+    session
+        .bound_live_cell(
+            held,
+            crate::supervisor::tenancy::cell_processes(&spec.limits),
+        )
+        .map_err(|e| e.to_string())?;
     let (ns_pid, next) = state
         .run((worker_sock.into(), out_w, err_w), &limits, deadline)
         .await?;

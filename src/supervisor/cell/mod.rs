@@ -374,11 +374,9 @@ async fn life(
     let done = matches!(outcome, Outcome::Done(_));
     let reaped = end::end(ending, &exit, done, group.as_ref()).await;
     #[cfg(target_os = "linux")]
-    if let Some(live) = spec
-        .live
-        .as_ref()
-        .filter(|l| l.running.load(std::sync::atomic::Ordering::SeqCst))
-    {
+    if let Some(live) = &spec.live {
+        // (Also when it did not get to run there: the session's own process
+        // bound is put back.)
         let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
         live.end_others(spec.share.session(sup, asked)).await;
     }

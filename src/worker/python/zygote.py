@@ -425,6 +425,8 @@ def _spawn(msg, fds, cells):
     for fd in fds:
         posix.close(fd)
     cells[pid] = cid
+    if msg.get("state") is True:
+        _states.add(pid)
     try:
         pidfd = posix.pidfd_open(pid)
     except OSError as e:
@@ -437,6 +439,10 @@ def _spawn(msg, fds, cells):
         posix.close(pidfd)
 
 
+# The zygote's children that are a session's first state process.
+_states = set()
+
+
 def _reap(cells):
     while True:
         try:
@@ -446,13 +452,18 @@ def _reap(cells):
         if info is None or not info.si_pid:
             return
         pid = info.si_pid
-        if pid in cells:
+        if pid in cells and pid not in _states:
             # Whatever the cell left in its group goes first; the leader is
             # still unreaped, so its pid and group id are not reused yet.
+            # Not for a session's first state process: the later ones,
+            # forked from its cells, share its group and outlive it (the
+            # supervisor ends what a live cell leaves, and a session's
+            # processes with its cgroup).
             try:
                 posix.killpg(pid, _signal.SIGKILL)
             except OSError:
                 pass
+        _states.discard(pid)
         if cells.pop(pid, None) is None:
             posix.waitpid(pid, 0)
             continue  # an orphan a cell left behind
