@@ -10,5 +10,9 @@ fn main() -> ExitCode {
     if let Some(code) = cellbox::cli::early_exec() {
         return code;
     }
+    #[cfg(target_os = "linux")]
+    if let Some(code) = cellbox::run::early_run() {
+        return code;
+    }
     cellbox::cli::hand_to_engine()
 }
