@@ -225,7 +225,7 @@ pub fn early_run() -> Option<ExitCode> {
     let RunOnly {
         command: RunCommand::Run(args),
     } = <RunOnly as clap::Parser>::try_parse().ok()?;
-    one_shot_rhai(&args)
+    one_shot_shell(&args).or_else(|| one_shot_rhai(&args))
 }
 
 fn read_source(file: &str, max: usize) -> Result<String, String> {

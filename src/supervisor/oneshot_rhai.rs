@@ -441,7 +441,7 @@ impl Talk {
             record("denied", Some(msg.clone()));
             return Ok((err("denied", msg), true));
         }
-        if let Err(msg) = cap.validate(&call.args) {
+        if let Some(msg) = args_problem(&cap.handler, &call.args) {
             let msg = format!("invalid arguments for {:?}: {msg}", call.cap);
             record("invalid_args", Some(msg.clone()));
             return Ok((err("invalid_args", msg), false));
@@ -499,6 +499,36 @@ impl Talk {
     }
 }
 
+/// What is wrong with the arguments of a call to `emit` or `answer`, in the
+/// words the schema validator of the library path uses for their schemas
+/// (an object with one required key and no other): checked here without
+/// it, which keeps the schema compiler out of the small `cellbox` binary.
+/// Any other capability is not performed here.
+fn args_problem(handler: &Handler, args: &Map<String, Value>) -> Option<String> {
+    let key = match handler {
+        Handler::Emit => "event",
+        Handler::Answer => "value",
+        _ => return None,
+    };
+    let mut errors = Vec::new();
+    let extra: Vec<String> = args
+        .keys()
+        .filter(|k| k.as_str() != key)
+        .map(|k| format!("'{k}'"))
+        .collect();
+    if !extra.is_empty() {
+        let verb = if extra.len() == 1 { "was" } else { "were" };
+        errors.push(format!(
+            "Additional properties are not allowed ({} {verb} unexpected)",
+            extra.join(", ")
+        ));
+    }
+    if !args.contains_key(key) {
+        errors.push(format!("\"{key}\" is a required property"));
+    }
+    (!errors.is_empty()).then(|| errors.join("; "))
+}
+
 /// The deadline came before a frame could be written.
 struct Late;
 
@@ -533,4 +563,54 @@ fn send_within(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arguments of `emit` and `answer` are judged as the schema
+    /// validator judges them, in its words.
+    #[test]
+    fn builtin_arguments_are_checked_as_their_schemas_check_them() {
+        let registry = Registry::with_builtins();
+        for (name, key) in [("emit", "event"), ("answer", "value")] {
+            let cap = registry.get(name).unwrap();
+            assert_eq!(
+                cap.schema(),
+                &json!({"type": "object", "properties": {key: {}}, "required": [key],
+                        "additionalProperties": false}),
+                "{name}'s schema is the shape args_problem knows"
+            );
+            let cases = [
+                json!({}),
+                json!({key: 1}),
+                json!({key: null, "bad": 1}),
+                json!({"bad": 1}),
+                json!({"a": 1, "b": [2], "c": {}}),
+                json!({key: "x", "z": 1, "a": 2}),
+            ];
+            for args in cases {
+                let args = args.as_object().unwrap().clone();
+                let ours = args_problem(&cap.handler, &args);
+                let theirs = cap.validate(&args).err();
+                assert_eq!(ours, theirs, "{name} {args:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_emit_and_answer_run_here() {
+        let policy = Policy::deny_all().allow("emit").allow("answer");
+        let config = SessionConfig {
+            policy: policy.clone(),
+            ..SessionConfig::default()
+        };
+        assert!(eligible(&config));
+        let config = SessionConfig {
+            policy: policy.allow("run_cell"),
+            ..SessionConfig::default()
+        };
+        assert!(!eligible(&config));
+    }
 }
