@@ -525,8 +525,9 @@ fn cell_main(
         Program::Exec(argv) => *argv,
         Program::InProcess(run) => {
             // This process is a copy of the caller's (never shared memory):
-            // its environment is its own to replace, as a worker's is.
-            linux::hygiene::set_environment(&linux::cell_environment(plan));
+            // its environment is its own to replace, as a worker's is, and
+            // what the caller's held is wiped from its memory.
+            linux::hygiene::replace_inherited_environment(&linux::cell_environment(plan));
             let code = run(control);
             let _ = std::io::stdout().flush();
             let _ = std::io::stderr().flush();

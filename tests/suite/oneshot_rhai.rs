@@ -272,3 +272,78 @@ fn what_needs_the_supervisor_takes_the_library_path() {
     let v: Value = serde_json::from_slice(&warm.stdout).unwrap();
     assert_eq!(v["value"], 42, "{v}");
 }
+
+/// The cell is a copy of the CLI process, not a program executed afresh:
+/// the environment the CLI had (an API key in it) is gone from its
+/// environment and from its memory.
+#[test]
+fn the_callers_environment_is_not_in_the_cell() {
+    if !nix::unistd::geteuid().is_root() {
+        // Reading another id's memory needs root; the cell runs as nobody.
+        eprintln!("skipped: needs root to read the cell's memory");
+        return;
+    }
+    let secret = format!("cbx-secret-{}", std::process::id());
+    let mut child = Command::new(bin())
+        .args(["run", "--timeout", "20", "--max-operations", "0", "-"])
+        .env("CBX_TEST_SECRET", &secret)
+        .env_remove("CELLBOX_RUN")
+        .env_remove("CELLBOX_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        let mut si = child.stdin.take().unwrap();
+        si.write_all(b"loop {}").unwrap();
+    }
+    let parent = child.id().to_string();
+    // The cell: our child's child, named cellbox-cell once it runs code.
+    let mut cell = None;
+    for _ in 0..2000 {
+        cell = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let ppid = status.lines().find(|l| l.starts_with("PPid:"))?;
+            let named = status.lines().next()? == "Name:\tcellbox-cell";
+            (named && ppid.split_whitespace().nth(1)? == parent).then(|| e.path())
+        });
+        if cell.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let cell = cell.expect("the cell process appears");
+    let environ = std::fs::read(cell.join("environ")).unwrap();
+    let found_env = String::from_utf8_lossy(&environ).contains(&secret);
+    // Every readable mapping of its memory.
+    let maps = std::fs::read_to_string(cell.join("maps")).unwrap();
+    let mut mem = std::fs::File::open(cell.join("mem")).unwrap();
+    let mut found_mem = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        use std::io::{Read, Seek, SeekFrom};
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        if buf.windows(secret.len()).any(|w| w == secret.as_bytes()) {
+            found_mem.push(line.to_owned());
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!found_env, "the secret is in the cell's /proc/PID/environ");
+    assert!(found_mem.is_empty(), "the secret is in {found_mem:?}");
+}
