@@ -120,7 +120,11 @@ enum Program<'a> {
     /// a protocol frame (`ready` or `sandbox_error`) on fd 3, which the
     /// function then goes on speaking the worker protocol on. Its return is
     /// the cell's exit code.
-    InProcess(&'a mut dyn FnMut(UnixStream) -> i32),
+    InProcess {
+        run: &'a mut dyn FnMut(UnixStream) -> i32,
+        /// Called first in the cell, while the parent writes its id maps.
+        prepare: Option<fn()>,
+    },
 }
 
 /// Start `argv` (its program an absolute path listed in `plan.exec`) as a
@@ -141,14 +145,17 @@ pub fn spawn(
 /// sharing our memory) once every layer is in place, instead of executing a
 /// program. The cell reports on fd 3 in protocol frames (`ready`, or
 /// `sandbox_error` and exit), then `run` gets fd 3 and its return is the
-/// cell's exit code (stdout and stderr are flushed first). Call only while
-/// the process has one thread.
+/// cell's exit code (stdout and stderr are flushed first). `prepare`, if
+/// any, is called in the cell first, while this process writes its id maps
+/// (trusted work that `run` would otherwise do first, e.g. building an
+/// interpreter). Call only while the process has one thread.
 pub fn spawn_in_process(
     plan: &SandboxPlan,
     cgroup: Option<RawFd>,
+    prepare: Option<fn()>,
     run: &mut dyn FnMut(UnixStream) -> i32,
 ) -> Result<Cell, SpawnError> {
-    spawn_program(plan, Program::InProcess(run), cgroup)
+    spawn_program(plan, Program::InProcess { run, prepare }, cgroup)
 }
 
 fn spawn_program(
@@ -448,7 +455,7 @@ fn cell_main(
     // SAFETY: fd 3 was just placed and belongs to nothing else in this
     // process.
     let control = unsafe { UnixStream::from_raw_fd(3) };
-    let framed = matches!(program, Program::InProcess(_));
+    let framed = matches!(program, Program::InProcess { .. });
     let send = |msg: &Report| {
         let bytes = if framed {
             let frame = match msg {
@@ -500,6 +507,16 @@ fn cell_main(
             (start, None)
         }
         Namespaces::Cloned(names) => {
+            // While the parent writes the maps: what the code run in this
+            // process builds before anything else (its own, trusted work,
+            // on the other CPU meanwhile).
+            if let Program::InProcess {
+                prepare: Some(prepare),
+                ..
+            } = program
+            {
+                prepare();
+            }
             // The maps must exist before hygiene: it hands the scratch
             // directory to the cell's ids.
             if let Err(e) = namespaces::wait_for_parent(&control) {
@@ -523,7 +540,7 @@ fn cell_main(
     send(&Report::Ready(report));
     let argv = match program {
         Program::Exec(argv) => *argv,
-        Program::InProcess(run) => {
+        Program::InProcess { run, .. } => {
             // This process is a copy of the caller's (never shared memory):
             // its environment is its own to replace, as a worker's is, and
             // what the caller's held is wiped from its memory.

@@ -124,8 +124,12 @@ fn run_planned(
         Some(start) => crate::worker::run_rhai_in_cell(stream, start),
         None => crate::exit::Exit::Internal.raw(),
     };
-    let spawned =
-        oneshot::spawn_in_process(&plan, cgroup.as_ref().map(|c| c.procs_fd()), &mut body);
+    let spawned = oneshot::spawn_in_process(
+        &plan,
+        cgroup.as_ref().map(|c| c.procs_fd()),
+        Some(crate::worker::prewarm_rhai),
+        &mut body,
+    );
     match spawned {
         Ok(cell) => {
             let talk = Talk::new(

@@ -240,6 +240,13 @@ pub(crate) fn run_rhai_in_cell(
     rhai::run_cell(chan, start)
 }
 
+/// Build what every Rhai cell's engine needs (its standard package), ahead
+/// of [`run_rhai_in_cell`].
+#[cfg(target_os = "linux")]
+pub(crate) fn prewarm_rhai() {
+    rhai::prewarm();
+}
+
 /// One cell, from the `setup` frame to `done`, on an open protocol channel.
 /// Returns the worker's exit code.
 fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {
