@@ -347,3 +347,58 @@ fn the_callers_environment_is_not_in_the_cell() {
     assert!(!found_env, "the secret is in the cell's /proc/PID/environ");
     assert!(found_mem.is_empty(), "the secret is in {found_mem:?}");
 }
+
+#[test]
+fn profiles_as_on_the_library_path() {
+    let v = same_on_both_paths(&["--profile", "rhai"], "1");
+    assert_eq!(v["status"], "ok", "{v}");
+    let missing = same_on_both_paths(&["--profile", "/no/such/profile.toml"], "1");
+    assert_eq!(missing["status"], "sandbox_error", "{missing}");
+}
+
+/// Ctrl-C kills the cell; its result (status `killed`) keeps what it
+/// printed, on both paths.
+#[test]
+fn ctrl_c_kills_the_cell_and_keeps_its_output() {
+    use std::io::{BufRead, BufReader};
+    let mut ends = Vec::new();
+    for library in [false, true] {
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--max-operations", "0", "--timeout", "30", "-"])
+            .env_remove("CELLBOX_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if library {
+            cmd.env("CELLBOX_RUN", "supervisor");
+        } else {
+            cmd.env_remove("CELLBOX_RUN");
+        }
+        let mut child = cmd.spawn().unwrap();
+        {
+            let mut si = child.stdin.take().unwrap();
+            si.write_all(b"print(\"started\"); loop {}").unwrap();
+        }
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert_eq!(first, "started\n", "library path: {library}");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(
+            err.contains("interrupted"),
+            "library path: {library}: {err}"
+        );
+        ends.push((status.code(), rest, err));
+    }
+    assert_eq!(ends[0], ends[1]);
+    assert_eq!(ends[0].0, Some(4), "{:?}", ends[0]);
+}
