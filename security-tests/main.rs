@@ -266,6 +266,35 @@ fn main() -> ExitCode {
             }
         }
     }
+    // A Rhai cell that needs nothing of the supervisor (no `run_cell`) is
+    // run by the CLI itself: the cell runs the engine in a copy of the CLI
+    // process, which answers its calls. The Rhai attacks again, that way.
+    let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
+    opts.filter = filter.clone();
+    opts.progress = true;
+    opts.allow = "emit,answer".into();
+    let chosen: Vec<_> = opts
+        .select(attacks.clone())
+        .into_iter()
+        .filter(|a| a.lang == Lang::Rhai)
+        .collect();
+    if !chosen.is_empty() {
+        ran += chosen.len();
+        let path = "rhai in the CLI process";
+        eprintln!("security suite: {path}");
+        match security::run_suite(chosen, &opts) {
+            Ok(report) => {
+                println!("== {path}");
+                print!("{}", report.table(110));
+                passed += report.passed();
+                failed += report.failed();
+            }
+            Err(e) => {
+                eprintln!("security suite ({path}): {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     match tenancy::run(Path::new(env!("CARGO_BIN_EXE_cellbox")), filter.as_deref()) {
         Ok((p, f, n)) => {
             passed += p;

@@ -586,6 +586,54 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
             );
         }
     }
+    // The one-shot Rhai CLI (`run x.rhai`: no server, no pool) beside bwrap
+    // with a /dev and a /proc of its own, as the cell has; alternated.
+    let script = dir.path().join("x.rhai");
+    std::fs::write(&script, "40 + 2\n").map_err(|e| e.to_string())?;
+    let script = script.to_string_lossy().into_owned();
+    let run_argv = [exe.as_str(), "run", script.as_str()];
+    let bwrap_dev_proc = [
+        "bwrap",
+        "--unshare-all",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "/bin/true",
+    ];
+    match baseline_spawn_pair(&run_argv, &bwrap_dev_proc, n) {
+        Ok((run, b)) => {
+            let _ = writeln!(
+                out,
+                "cellbox run x.rhai (one-shot)     p50 {}  p99 {}",
+                ms(run.p50),
+                ms(run.p99)
+            );
+            let _ = writeln!(
+                out,
+                "bwrap ... --dev --proc /bin/true  p50 {}  p99 {}  (cellbox run x.rhai p50 = {:.2}x bwrap; goal <= 1x)",
+                ms(b.p50),
+                ms(b.p99),
+                run.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+            );
+        }
+        Err(e) => {
+            let run = baseline_spawn(&run_argv, n)?;
+            let _ = writeln!(
+                out,
+                "cellbox run x.rhai (one-shot)     p50 {}  p99 {}",
+                ms(run.p50),
+                ms(run.p99)
+            );
+            let _ = writeln!(
+                out,
+                "bwrap baseline for run x.rhai unavailable ({e}); .ci/bench installs bubblewrap"
+            );
+        }
+    }
     Ok(out)
 }
 

@@ -123,7 +123,9 @@ fn before_runtime(command: &Command) -> Option<ExitCode> {
         Command::Exec(ExecArgs { opts, json, argv }) => {
             Some(cellbox::cli::cmd_exec(opts.clone(), *json, argv.clone()))
         }
-        Command::Run(args) => cellbox::run::one_shot_shell(args),
+        Command::Run(args) => {
+            cellbox::run::one_shot_shell(args).or_else(|| cellbox::run::one_shot_rhai(args))
+        }
         _ => None,
     }
 }

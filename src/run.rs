@@ -162,6 +162,92 @@ pub fn one_shot_shell(args: &RunArgs) -> Option<ExitCode> {
     Some(ExitCode::from(result.status.exit_code()))
 }
 
+/// `cellbox run` of a Rhai cell, run from this process: cloned into its
+/// namespaces from here, the engine running in the cell itself, its calls
+/// answered by a blocking loop (see [`crate::supervisor::oneshot_rhai`]).
+/// `None` when the cell is not a Rhai cell, or needs what only the library
+/// path has: `--warm`, a config file (models, file and declared tools), a
+/// policy that allows `run_cell`; or with `CELLBOX_RUN=supervisor`, which
+/// asks for the library path (to compare, or to rule this one out).
+#[cfg(target_os = "linux")]
+pub fn one_shot_rhai(args: &RunArgs) -> Option<ExitCode> {
+    let (opts, json, file) = (&args.opts, args.json, args.file.as_str());
+    if args.warm
+        || opts.config.is_some()
+        || std::env::var_os("CELLBOX_RUN").is_some_and(|v| v == "supervisor")
+    {
+        return None;
+    }
+    if let Some(problem) = script_path_problem(file) {
+        return Some(usage(problem));
+    }
+    let path = (file != "-").then(|| Path::new(file));
+    if pick_language(opts, path).ok()? != Language::Rhai {
+        return None;
+    }
+    let config = match session_config(opts) {
+        Ok(c) => c,
+        Err(e) => return Some(usage(e)),
+    };
+    // Decided before stdin is read: the library path reads it otherwise.
+    if !crate::supervisor::oneshot_rhai::eligible(&config) {
+        return None;
+    }
+    let code = match read_source(file, config.limits.max_script_bytes) {
+        Ok(c) => c,
+        Err(e) => return Some(usage(e)),
+    };
+    if let Some(e) = Language::Rhai.code_error(&code) {
+        return Some(usage(format!("{file}: {e}")));
+    }
+    let events = match events_sink(opts) {
+        Ok(s) => s,
+        Err(e) => return Some(usage(e)),
+    };
+    let forward = if json { Forward::No } else { Forward::Head };
+    let how = crate::supervisor::oneshot::OneShot::rhai()
+        .forwarding(forward)
+        .interruptible();
+    let result = crate::supervisor::oneshot_rhai::run(&code, how, config, &events);
+    if json {
+        if let Err(code) = print_json(&result) {
+            return Some(code);
+        }
+    } else {
+        print_result(&result, false, true);
+    }
+    Some(ExitCode::from(result.status.exit_code()))
+}
+
+/// `cellbox run ...` read by a parser of `run` alone, when it is a cell
+/// this process runs itself ([`one_shot_shell`], [`one_shot_rhai`]);
+/// `None` for anything else (the full command line then parses it, and
+/// gives the canonical message for what it rejects).
+#[cfg(target_os = "linux")]
+pub fn early_run() -> Option<ExitCode> {
+    #[derive(clap::Parser)]
+    #[command(name = "cellbox")]
+    struct RunOnly {
+        #[command(subcommand)]
+        command: RunCommand,
+    }
+    #[derive(clap::Subcommand)]
+    enum RunCommand {
+        Run(RunArgs),
+    }
+    if std::env::args_os().nth(1).as_deref() != Some(std::ffi::OsStr::new("run")) {
+        return None;
+    }
+    // Diagnostics are set up by the full command line.
+    if std::env::var_os("CELLBOX_LOG").is_some() {
+        return None;
+    }
+    let RunOnly {
+        command: RunCommand::Run(args),
+    } = <RunOnly as clap::Parser>::try_parse().ok()?;
+    one_shot_shell(&args).or_else(|| one_shot_rhai(&args))
+}
+
 fn read_source(file: &str, max: usize) -> Result<String, String> {
     let mut bytes = Vec::new();
     let limit = (max as u64).saturating_add(1);

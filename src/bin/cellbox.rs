@@ -10,5 +10,14 @@ fn main() -> ExitCode {
     if let Some(code) = cellbox::cli::early_exec() {
         return code;
     }
+    // `run` of a Rhai or shell cell, run from this process. Only beside
+    // its engine: a front binary alone runs `exec` and says what is
+    // missing for anything else.
+    #[cfg(target_os = "linux")]
+    if cellbox::cli::find_engine().is_ok() {
+        if let Some(code) = cellbox::run::early_run() {
+            return code;
+        }
+    }
     cellbox::cli::hand_to_engine()
 }

@@ -40,6 +40,7 @@ use super::SandboxFailure;
 use super::{Layer, SandboxError, SandboxPlan, SandboxReport};
 use crate::exit::Exit;
 use crate::profiles::LayerMode;
+use crate::protocol::{encode_frame, FromWorker, Ready, DEFAULT_MAX_FRAME_BYTES};
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -110,6 +111,22 @@ enum Namespaces {
     Without(LayerMode, String),
 }
 
+/// What a one-shot cell runs once its sandbox is in place.
+enum Program<'a> {
+    /// Execute this program (its path listed in `plan.exec`); the report is
+    /// one JSON [`Report`] on fd 3, then EOF at exec.
+    Exec(&'a [String]),
+    /// Run this function in the cell itself, handing it fd 3; the report is
+    /// a protocol frame (`ready` or `sandbox_error`) on fd 3, which the
+    /// function then goes on speaking the worker protocol on. Its return is
+    /// the cell's exit code.
+    InProcess {
+        run: &'a mut dyn FnMut(UnixStream) -> i32,
+        /// Called first in the cell, while the parent writes its id maps.
+        prepare: Option<fn()>,
+    },
+}
+
 /// Start `argv` (its program an absolute path listed in `plan.exec`) as a
 /// one-shot cell under `plan`. Call only while the process has one thread.
 ///
@@ -118,6 +135,32 @@ enum Namespaces {
 pub fn spawn(
     plan: &SandboxPlan,
     argv: &[String],
+    cgroup: Option<RawFd>,
+) -> Result<Cell, SpawnError> {
+    spawn_program(plan, Program::Exec(argv), cgroup)
+}
+
+/// Start a one-shot cell under `plan` that runs `run` in its own process
+/// (a copy of this one, made by a plain clone into the namespaces, not
+/// sharing our memory) once every layer is in place, instead of executing a
+/// program. The cell reports on fd 3 in protocol frames (`ready`, or
+/// `sandbox_error` and exit), then `run` gets fd 3 and its return is the
+/// cell's exit code (stdout and stderr are flushed first). `prepare`, if
+/// any, is called in the cell first, while this process writes its id maps
+/// (trusted work that `run` would otherwise do first, e.g. building an
+/// interpreter). Call only while the process has one thread.
+pub fn spawn_in_process(
+    plan: &SandboxPlan,
+    cgroup: Option<RawFd>,
+    prepare: Option<fn()>,
+    run: &mut dyn FnMut(UnixStream) -> i32,
+) -> Result<Cell, SpawnError> {
+    spawn_program(plan, Program::InProcess { run, prepare }, cgroup)
+}
+
+fn spawn_program(
+    plan: &SandboxPlan,
+    mut program: Program<'_>,
     cgroup: Option<RawFd>,
 ) -> Result<Cell, SpawnError> {
     let threads = linux::sys::thread_count()
@@ -144,7 +187,10 @@ pub fn spawn(
 
     // Namespaces, the fast way: a child sharing our memory that maps itself.
     let way = clone_way();
-    if plan.layers.namespaces != LayerMode::Off && way != CloneWay::ParentMaps {
+    // A cell that runs in its own copy of this process cannot share our
+    // memory: it takes the usual way.
+    let shares_memory = matches!(program, Program::Exec(_));
+    if plan.layers.namespaces != LayerMode::Off && way != CloneWay::ParentMaps && shares_memory {
         if ids.root && !plan.scratch_in_cell {
             // The child is not root on the host and cannot hand the scratch
             // directory over itself.
@@ -163,7 +209,7 @@ pub fn spawn(
                 names,
                 refused: way == CloneWay::SelfMapsRefused,
             };
-            cell_main(plan, ids, &view, ns, fds, argv, cgroup)
+            cell_main(plan, ids, &view, ns, fds, &mut program, cgroup)
         });
         drop(child_end);
         match cloned {
@@ -205,7 +251,7 @@ pub fn spawn(
                 &view,
                 Namespaces::Cloned(names),
                 [null.as_fd(), out_w.as_fd(), err_w.as_fd(), sync.as_fd()],
-                argv,
+                &mut program,
                 cgroup,
             ),
             Err(e) if e.before_clone() && plan.layers.namespaces == LayerMode::BestEffort => {
@@ -253,7 +299,7 @@ pub fn spawn(
             &view,
             without,
             [null.as_fd(), out_w.as_fd(), err_w.as_fd(), child.as_fd()],
-            argv,
+            &mut program,
             cgroup,
         ),
     }
@@ -396,7 +442,7 @@ fn cell_main(
     view: &linux::view::FsView,
     ns: Namespaces,
     fds: [BorrowedFd<'_>; 4],
-    argv: &[String],
+    program: &mut Program<'_>,
     cgroup: Option<RawFd>,
 ) -> ! {
     // Before the fds move: placing them may reuse the cgroup's number.
@@ -409,8 +455,20 @@ fn cell_main(
     // SAFETY: fd 3 was just placed and belongs to nothing else in this
     // process.
     let control = unsafe { UnixStream::from_raw_fd(3) };
+    let framed = matches!(program, Program::InProcess { .. });
     let send = |msg: &Report| {
-        if let Ok(bytes) = serde_json::to_vec(msg) {
+        let bytes = if framed {
+            let frame = match msg {
+                Report::Ready(report) => FromWorker::Ready(Ready {
+                    report: report.clone(),
+                }),
+                Report::SandboxError(f) => FromWorker::SandboxError(f.clone()),
+            };
+            encode_frame(&frame, DEFAULT_MAX_FRAME_BYTES).ok()
+        } else {
+            serde_json::to_vec(msg).ok()
+        };
+        if let Some(bytes) = bytes {
             let _ = (&control).write_all(&bytes);
         }
     };
@@ -449,6 +507,16 @@ fn cell_main(
             (start, None)
         }
         Namespaces::Cloned(names) => {
+            // While the parent writes the maps: what the code run in this
+            // process builds before anything else (its own, trusted work,
+            // on the other CPU meanwhile).
+            if let Program::InProcess {
+                prepare: Some(prepare),
+                ..
+            } = program
+            {
+                prepare();
+            }
             // The maps must exist before hygiene: it hands the scratch
             // directory to the cell's ids.
             if let Err(e) = namespaces::wait_for_parent(&control) {
@@ -470,6 +538,19 @@ fn cell_main(
         Err(e) => fail(e),
     };
     send(&Report::Ready(report));
+    let argv = match program {
+        Program::Exec(argv) => *argv,
+        Program::InProcess { run, .. } => {
+            // This process is a copy of the caller's (never shared memory):
+            // its environment is its own to replace, as a worker's is, and
+            // what the caller's held is wiped from its memory.
+            linux::hygiene::replace_inherited_environment(&linux::cell_environment(plan));
+            let code = run(control);
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().flush();
+            exit_now(code)
+        }
+    };
     let err = linux::exec::exec_in(argv, &linux::cell_environment(plan));
     eprintln!(
         "cellbox: failed to execute {}: {err}",

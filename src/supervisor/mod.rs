@@ -13,6 +13,8 @@ mod limits;
 mod live;
 #[cfg(target_os = "linux")]
 pub mod oneshot;
+#[cfg(target_os = "linux")]
+pub mod oneshot_rhai;
 mod output;
 mod policy;
 mod pool_status;

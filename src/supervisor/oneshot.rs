@@ -62,6 +62,16 @@ impl OneShot {
         }
     }
 
+    /// A Rhai cell (run by [`super::oneshot_rhai`]: the cell runs the
+    /// engine itself, it executes no program).
+    pub fn rhai() -> OneShot {
+        OneShot {
+            argv: Vec::new(),
+            forward: super::Forward::No,
+            interruptible: false,
+        }
+    }
+
     /// The same, killed by Ctrl-C (see [`OneShot::interruptible`]).
     pub fn interruptible(mut self) -> OneShot {
         self.interruptible = true;
@@ -137,7 +147,7 @@ fn run_planned(
                 crate::sandbox::linux::cgroup::layer_report(cgroup.as_ref(), plan.layers.cgroup);
             match oneshot::spawn(&plan, &argv, cgroup.as_ref().map(|c| c.procs_fd())) {
                 Ok(c) => {
-                    supervise(c, limits, cell, deadline, result);
+                    supervise(c, limits, cell, deadline, result, Control::Report);
                     if let Some(report) = result.sandbox.as_mut() {
                         report.layers.push(layer);
                     }
@@ -164,7 +174,7 @@ fn run_planned(
 /// RLIMIT_AS does not bound their sum. Only root can make one; otherwise, or
 /// when it fails, each process is still bounded on its own (an error when
 /// the profile requires the layer).
-fn cell_cgroup(
+pub(super) fn cell_cgroup(
     mode: crate::profiles::LayerMode,
     bytes: u64,
 ) -> Result<Option<crate::sandbox::linux::cgroup::CellCgroup>, CgroupError> {
@@ -208,7 +218,7 @@ fn plan_for(
 }
 
 /// A random number for a name no one else picks (not a secret).
-fn random_u64() -> u64 {
+pub(super) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     std::collections::hash_map::RandomState::new()
         .build_hasher()
@@ -309,7 +319,7 @@ fn set_nonblocking(fd: &impl AsFd) -> nix::Result<()> {
 }
 
 /// Milliseconds until `until`, rounded up, for poll.
-fn poll_timeout(until: Instant) -> PollTimeout {
+pub(super) fn poll_timeout(until: Instant) -> PollTimeout {
     let left = until.saturating_duration_since(Instant::now());
     let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
@@ -323,14 +333,29 @@ const DRAIN_WITHIN: Duration = Duration::from_millis(500);
 /// How long a killed cell may take to be gone.
 const KILL_WITHIN: Duration = Duration::from_secs(10);
 
-/// Supervise a started cell to its end and fill in `result`.
-fn supervise(
+/// What the cell's fd 3 carries.
+pub(super) enum Control {
+    /// One JSON [`Report`], then EOF when it executes its program.
+    Report,
+    /// The worker protocol, spoken with a cell that runs its code in its
+    /// own process (see [`super::oneshot_rhai`]).
+    Protocol(Box<super::oneshot_rhai::Talk>),
+}
+
+/// How long a cell that said `done` may take to exit by itself (as on the
+/// library path).
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Supervise a started cell to its end and fill in `result`. A cell that
+/// speaks the protocol ends with its `done`, if it sent one.
+pub(super) fn supervise(
     cell: Cell,
     limits: &Limits,
     how: &OneShot,
     deadline: Instant,
     result: &mut CellResult,
-) {
+    mut mode: Control,
+) -> Option<Box<crate::protocol::Done>> {
     let forward = how.forward;
     // Blocked only now: the cell (cloned before) keeps its own mask.
     let sigint = how.interruptible.then(Interrupt::take).flatten();
@@ -352,7 +377,9 @@ fn supervise(
     let mut exited = false;
     let mut timed_out = false;
     let mut interrupted = false;
-    while !exited && !interrupted {
+    // A protocol cell's conversation ended (with its `done`, or badly).
+    let mut finished: Option<Outcome> = None;
+    while !exited && !interrupted && finished.is_none() {
         if Instant::now() >= deadline {
             timed_out = true;
             break;
@@ -398,12 +425,31 @@ fn supervise(
             match w {
                 0 => out.pump(&mut buf),
                 1 => err.pump(&mut buf),
-                2 => read_report(&mut control, &mut report, &mut buf),
+                2 => match &mut mode {
+                    Control::Report => read_report(&mut control, &mut report, &mut buf),
+                    Control::Protocol(talk) => {
+                        if finished.is_none() {
+                            finished = talk.pump(&mut control, &mut buf, deadline);
+                        }
+                    }
+                },
                 _ => interrupted = true,
             }
         }
     }
-    if timed_out || interrupted {
+    if matches!(finished, Some(Outcome::Done(_))) && !exited {
+        // It said `done`: it exits by itself, within a grace.
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        let until = Instant::now() + EXIT_GRACE;
+        while Instant::now() < until {
+            match nix::poll::poll(&mut fds, poll_timeout(until)) {
+                Ok(n) if n > 0 => break,
+                Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    if timed_out || interrupted || finished.is_some() {
         let _ = process::kill_group(pid);
         let _ = process::pidfd_kill(pidfd.as_fd());
         let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
@@ -419,7 +465,13 @@ fn supervise(
     // The cell is gone (a zombie until reaped, so its pid and process group
     // id stay ours): take the rest of its report, then anything it left in
     // its group dies too.
-    read_report(&mut control, &mut report, &mut buf);
+    match &mut mode {
+        Control::Report => read_report(&mut control, &mut report, &mut buf),
+        Control::Protocol(talk) if finished.is_none() && !timed_out && !interrupted => {
+            finished = talk.after_exit(&mut control, &mut buf);
+        }
+        Control::Protocol(_) => {}
+    }
     let _ = process::kill_group(pid);
     let reaped = process::reap(pid);
     let until = Instant::now() + DRAIN_WITHIN;
@@ -444,6 +496,18 @@ fn supervise(
     }
 
     drop(sigint);
+    if let Control::Protocol(talk) = mode {
+        let outcome = if interrupted {
+            Outcome::interrupted()
+        } else if timed_out {
+            Outcome::Timeout
+        } else {
+            finished.unwrap_or(Outcome::Exited)
+        };
+        let outcome = talk.end(outcome, result);
+        result.record_end(out.capture, err.capture, reaped.as_ref().ok());
+        return classify(limits, false, result, outcome);
+    }
     let outcome = if interrupted {
         Outcome::interrupted()
     } else if timed_out {
@@ -471,7 +535,7 @@ fn supervise(
     }
     result.record_end(out.capture, err.capture, reaped.as_ref().ok());
     // A program: it says nothing of how it ended but its exit.
-    classify(limits, true, result, outcome);
+    classify(limits, true, result, outcome)
 }
 
 /// Read what the control socket has; drop it at EOF.

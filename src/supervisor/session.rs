@@ -703,6 +703,13 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
     result.vars.deleted = deleted;
 }
 
+/// What the result of a fresh session's first cell, ended `ok` with
+/// `done`, says of the variables (a cell run once without a session).
+#[cfg(target_os = "linux")]
+pub(crate) fn apply_first(language: Language, done: &Done, result: &mut CellResult) {
+    apply(&mut State::default(), language, done, result);
+}
+
 /// A checkpoint's name: 1 to 64 letters, digits, `_`, `-` or `.`.
 fn valid_checkpoint_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()

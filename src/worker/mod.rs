@@ -225,6 +225,28 @@ fn run_forked_worker(stream: std::os::unix::net::UnixStream, limits: &crate::pla
     })
 }
 
+/// A Rhai cell run in a one-shot cell's own process (see
+/// [`crate::sandbox::oneshot::spawn_in_process`]): it is sandboxed already
+/// and has its `start` in memory; it speaks the protocol on `stream` from
+/// its first call to `done`. Returns its exit code.
+#[cfg(target_os = "linux")]
+pub(crate) fn run_rhai_in_cell(
+    stream: std::os::unix::net::UnixStream,
+    start: crate::protocol::Start,
+) -> i32 {
+    let mut chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
+    chan.set_max_frame(start.max_frame_bytes);
+    let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);
+    rhai::run_cell(chan, start)
+}
+
+/// Build what every Rhai cell's engine needs (its standard package), ahead
+/// of [`run_rhai_in_cell`].
+#[cfg(target_os = "linux")]
+pub(crate) fn prewarm_rhai() {
+    rhai::prewarm();
+}
+
 /// One cell, from the `setup` frame to `done`, on an open protocol channel.
 /// Returns the worker's exit code.
 fn run_worker(stream: std::os::unix::net::UnixStream) -> i32 {

@@ -12,6 +12,8 @@ mod macos;
 mod mcp;
 mod models;
 mod notebook;
+#[cfg(target_os = "linux")]
+mod oneshot_rhai;
 mod python;
 mod rhai;
 mod scratch;

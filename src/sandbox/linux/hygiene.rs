@@ -55,6 +55,41 @@ pub fn set_environment(vars: &[(&str, OsString)]) {
     }
 }
 
+/// Replace the environment with exactly `vars` in a process that is a copy
+/// of its caller (cloned, not executed afresh), and zero the strings of the
+/// environment it had: they would stay in its memory, and in what
+/// `/proc/self/environ` shows, whatever the caller held there (an API key).
+/// Single-threaded processes only.
+pub fn replace_inherited_environment(vars: &[(&str, OsString)]) {
+    let old = environment_strings();
+    set_environment(vars);
+    for (at, len) in old {
+        // SAFETY: `at` points at `len` bytes of a string of the environment
+        // this process had, which no entry of the environment refers to any
+        // more (every variable was removed; the new ones are copies made by
+        // setenv). It is the process's own writable memory (the initial
+        // stack, or the heap for variables set since), and the process has
+        // one thread, so nothing reads it meanwhile.
+        unsafe { std::ptr::write_bytes(at, 0, len) };
+    }
+}
+
+/// The strings of the environment (address, length without the NUL).
+fn environment_strings() -> Vec<(*mut libc::c_char, usize)> {
+    let mut out = Vec::new();
+    // SAFETY: `environ` is libc's NULL-terminated array of pointers to
+    // NUL-terminated strings; nothing changes it while this single-threaded
+    // process reads it.
+    unsafe {
+        let mut entry = libc::environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            out.push((*entry, libc::strlen(*entry)));
+            entry = entry.add(1);
+        }
+    }
+    out
+}
+
 /// Who applies hygiene.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Caller {

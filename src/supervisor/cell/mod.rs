@@ -16,8 +16,13 @@ mod models;
 mod plan;
 mod streams;
 
-use conversation::Conversation;
+pub(crate) use conversation::Conversation;
 pub(crate) use conversation::Outcome;
+// The one-shot Rhai path drives the same conversation and call checks.
+#[cfg(target_os = "linux")]
+pub(crate) use calls::MAX_CAP_NAME_BYTES;
+#[cfg(target_os = "linux")]
+pub(crate) use conversation::{Handshake, Step};
 use converse::{converse, opening};
 use launch::{Launch, Launched};
 use streams::Streams;
