@@ -226,61 +226,40 @@ fn main() -> ExitCode {
         }
         eprintln!("security suite: self-check passed");
     }
-    // Both paths a cell can take: a fresh worker (one-shot CLI) and the
-    // warm path (fork server / pre-started interpreters) of long-lived
-    // surfaces.
+    // Every path a cell can take: a fresh worker (one-shot CLI); the warm
+    // path (fork server / pre-started interpreters) of long-lived surfaces;
+    // a live Python session (each Python attack as the middle cell of one,
+    // forked from the session's state process); and a Rhai cell that needs
+    // nothing of the supervisor (no `run_cell`), which the CLI runs itself
+    // (the engine in a copy of the CLI process, which answers its calls).
     let (mut passed, mut failed) = (0, 0);
     let mut ran = 0;
-    // And the live-session path: each Python attack as the middle cell of
-    // a live session, in a cell forked from the session's state process.
-    for (warm, live) in [(false, false), (true, false), (true, true)] {
+    let base = || {
         let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
         opts.filter = filter.clone();
         opts.progress = true;
-        opts.warm = warm;
-        opts.live = live;
-        if live {
-            opts.langs = vec![Lang::Python];
-        }
+        opts
+    };
+    let mut paths = Vec::new();
+    paths.push(("fresh worker", base()));
+    let mut warm = base();
+    warm.warm = true;
+    paths.push(("warm path", warm));
+    let mut live = base();
+    live.warm = true;
+    live.live = true;
+    live.langs = vec![Lang::Python];
+    paths.push(("live Python session", live));
+    let mut in_cli = base();
+    in_cli.allow = "emit,answer".into();
+    in_cli.langs = vec![Lang::Rhai];
+    paths.push(("rhai in the CLI process", in_cli));
+    for (path, opts) in paths {
         let chosen = opts.select(attacks.clone());
         if chosen.is_empty() {
             continue;
         }
         ran += chosen.len();
-        let path = match (warm, live) {
-            (_, true) => "live Python session",
-            (true, _) => "warm path",
-            _ => "fresh worker",
-        };
-        eprintln!("security suite: {path}");
-        match security::run_suite(chosen, &opts) {
-            Ok(report) => {
-                println!("== {path}");
-                print!("{}", report.table(110));
-                passed += report.passed();
-                failed += report.failed();
-            }
-            Err(e) => {
-                eprintln!("security suite ({path}): {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    // A Rhai cell that needs nothing of the supervisor (no `run_cell`) is
-    // run by the CLI itself: the cell runs the engine in a copy of the CLI
-    // process, which answers its calls. The Rhai attacks again, that way.
-    let mut opts = SuiteOptions::new(env!("CARGO_BIN_EXE_cellbox"));
-    opts.filter = filter.clone();
-    opts.progress = true;
-    opts.allow = "emit,answer".into();
-    let chosen: Vec<_> = opts
-        .select(attacks.clone())
-        .into_iter()
-        .filter(|a| a.lang == Lang::Rhai)
-        .collect();
-    if !chosen.is_empty() {
-        ran += chosen.len();
-        let path = "rhai in the CLI process";
         eprintln!("security suite: {path}");
         match security::run_suite(chosen, &opts) {
             Ok(report) => {
