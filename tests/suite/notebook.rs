@@ -533,3 +533,47 @@ mod over_mcp {
         assert!(s["display"][0].get("data").is_none(), "sent once: {s}");
     }
 }
+
+/// A live session keeps numpy arrays (and a view sharing one's memory)
+/// between cells and rolls them back whole, and a matplotlib figure made in
+/// one cell can be drawn on and shown in a later one, with both packages
+/// imported ahead of time by the zygote.
+#[tokio::test]
+async fn numpy_arrays_and_figures_live_across_cells_with_preloaded_packages() {
+    require_package("numpy", "python3-numpy");
+    require_package("matplotlib", "python3-matplotlib");
+    let dir = tempfile::tempdir().unwrap();
+    let sup = with_packages(dir.path(), &["numpy", "matplotlib.pyplot"], true);
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "import sys\nready = 'numpy' in sys.modules and 'matplotlib.pyplot' in sys.modules\n\
+         import numpy as np\na = np.arange(1_000_000, dtype=np.float64)\nview = a[::2]\nready",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(true), "not preloaded: {r:?}");
+    assert_eq!(r.state, Some(cellbox::StateOutcome::Kept), "{r:?}");
+    let r = py_in(&s, "a *= 2\nfloat(view[1])").await;
+    assert_eq!(r.value, json!(4.0), "{r:?}");
+    let r = py_in(&s, "a[:] = -1\nraise RuntimeError('undo me')").await;
+    assert_eq!(r.state, Some(cellbox::StateOutcome::RolledBack), "{r:?}");
+    let r = py_in(&s, "[float(a.sum()), view.base is a, float(view[1])]").await;
+    assert_eq!(r.value, json!([999_999_000_000.0, true, 4.0]), "{r:?}");
+    let r = py_in(
+        &s,
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(2, 1))\n\
+         ax.plot(a[:10])\nplt.close(fig)\n'kept'",
+    )
+    .await;
+    assert_eq!(r.value, json!("kept"), "{r:?}");
+    assert!(r.display.is_empty(), "{r:?}");
+    // The figure object lives on: drawn on again and rendered a cell later.
+    let r = py_in(
+        &s,
+        "import io\nax.plot(view[:10])\nbuf = io.BytesIO()\nfig.savefig(buf, format='png')\n\
+         [buf.getvalue()[:4] == b'\\x89PNG', len(ax.lines), [float(x) for x in fig.get_size_inches()]]",
+    )
+    .await;
+    assert_eq!(r.value, json!([true, 2, [2.0, 1.0]]), "{r:?}");
+}
