@@ -311,6 +311,61 @@ mod over_mcp {
             .to_owned()
     }
 
+    /// Uploads land in the session's scratch directory, so they count
+    /// against its quota with the files its cells write: past it, an
+    /// upload is refused with a clear error and nothing of it is left.
+    #[tokio::test]
+    async fn uploads_count_against_the_sessions_scratch_quota() {
+        let c = serve(&["--session-scratch-bytes", "1048576"]).await;
+        let id = session(&c).await;
+        let chunk = "x".repeat(400 << 10);
+        for name in ["a.txt", "b.txt"] {
+            let r = call(
+                &c,
+                "upload_file",
+                json!({"session_id": id, "path": name, "content": chunk}),
+            )
+            .await;
+            assert_eq!(r.is_error, Some(false), "{name}: {}", text(&r));
+        }
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "c.txt", "content": chunk}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(true), "a third 400 KiB fits in 1 MiB?");
+        let why = text(&r);
+        assert!(why.contains("c.txt"), "{why}");
+        assert!(
+            why.contains("scratch space is full"),
+            "the error does not say the session is full: {why}"
+        );
+        // What was written of it is given back (the file is left empty),
+        // and the session carries on: a cell frees room, and the upload
+        // then fits.
+        let code = "import os\nleft = {n: os.path.getsize(n) for n in os.listdir('.')}\n\
+                    os.remove('a.txt')\nleft";
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert_eq!(
+            r.structured_content.unwrap()["value"],
+            json!({"a.txt": 400 << 10, "b.txt": 400 << 10, "c.txt": 0})
+        );
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "c.txt", "content": chunk}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    }
+
     #[tokio::test]
     async fn files_go_in_and_out_of_a_session() {
         let c = serve(&[]).await;
