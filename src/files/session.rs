@@ -55,7 +55,12 @@ pub enum SessionFileError {
     Base64(String),
     #[error("unknown encoding {0:?}: use \"utf-8\" or \"base64\"")]
     Encoding(String),
-    #[error("failed to {verb} {path:?}")]
+    #[error(
+        "{path:?}: the session's scratch space is full (its quota); remove files first \
+         (the file is left empty)"
+    )]
+    Full { path: String },
+    #[error("failed to {verb} {path:?}: {source}")]
     Io {
         verb: &'static str,
         path: String,
@@ -348,7 +353,15 @@ impl SessionDir {
             source,
         };
         file.set_len(0).map_err(io)?;
-        file.write_all(&bytes).map_err(io)?;
+        if let Err(e) = file.write_all(&bytes) {
+            // What was written of it is given back (through the descriptor:
+            // never a path, which a cell could have swapped meanwhile).
+            let _ = file.set_len(0);
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) => SessionFileError::Full { path: shown },
+                _ => io(e),
+            });
+        }
         Ok(json!({"path": shown, "bytes": bytes.len()}))
     }
 

@@ -311,6 +311,61 @@ mod over_mcp {
             .to_owned()
     }
 
+    /// Uploads land in the session's scratch directory, so they count
+    /// against its quota with the files its cells write: past it, an
+    /// upload is refused with a clear error and nothing of it is left.
+    #[tokio::test]
+    async fn uploads_count_against_the_sessions_scratch_quota() {
+        let c = serve(&["--session-scratch-bytes", "1048576"]).await;
+        let id = session(&c).await;
+        let chunk = "x".repeat(400 << 10);
+        for name in ["a.txt", "b.txt"] {
+            let r = call(
+                &c,
+                "upload_file",
+                json!({"session_id": id, "path": name, "content": chunk}),
+            )
+            .await;
+            assert_eq!(r.is_error, Some(false), "{name}: {}", text(&r));
+        }
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "c.txt", "content": chunk}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(true), "a third 400 KiB fits in 1 MiB?");
+        let why = text(&r);
+        assert!(why.contains("c.txt"), "{why}");
+        assert!(
+            why.contains("scratch space is full"),
+            "the error does not say the session is full: {why}"
+        );
+        // What was written of it is given back (the file is left empty),
+        // and the session carries on: a cell frees room, and the upload
+        // then fits.
+        let code = "import os\nleft = {n: os.path.getsize(n) for n in os.listdir('.')}\n\
+                    os.remove('a.txt')\nleft";
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"session_id": id, "language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert_eq!(
+            r.structured_content.unwrap()["value"],
+            json!({"a.txt": 400 << 10, "b.txt": 400 << 10, "c.txt": 0})
+        );
+        let r = call(
+            &c,
+            "upload_file",
+            json!({"session_id": id, "path": "c.txt", "content": chunk}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    }
+
     #[tokio::test]
     async fn files_go_in_and_out_of_a_session() {
         let c = serve(&[]).await;
@@ -532,4 +587,48 @@ mod over_mcp {
         assert_eq!(content[index]["type"], "image", "{s}");
         assert!(s["display"][0].get("data").is_none(), "sent once: {s}");
     }
+}
+
+/// A live session keeps numpy arrays (and a view sharing one's memory)
+/// between cells and rolls them back whole, and a matplotlib figure made in
+/// one cell can be drawn on and shown in a later one, with both packages
+/// imported ahead of time by the zygote.
+#[tokio::test]
+async fn numpy_arrays_and_figures_live_across_cells_with_preloaded_packages() {
+    require_package("numpy", "python3-numpy");
+    require_package("matplotlib", "python3-matplotlib");
+    let dir = tempfile::tempdir().unwrap();
+    let sup = with_packages(dir.path(), &["numpy", "matplotlib.pyplot"], true);
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "import sys\nready = 'numpy' in sys.modules and 'matplotlib.pyplot' in sys.modules\n\
+         import numpy as np\na = np.arange(1_000_000, dtype=np.float64)\nview = a[::2]\nready",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(true), "not preloaded: {r:?}");
+    assert_eq!(r.state, Some(cellbox::StateOutcome::Kept), "{r:?}");
+    let r = py_in(&s, "a *= 2\nfloat(view[1])").await;
+    assert_eq!(r.value, json!(4.0), "{r:?}");
+    let r = py_in(&s, "a[:] = -1\nraise RuntimeError('undo me')").await;
+    assert_eq!(r.state, Some(cellbox::StateOutcome::RolledBack), "{r:?}");
+    let r = py_in(&s, "[float(a.sum()), view.base is a, float(view[1])]").await;
+    assert_eq!(r.value, json!([999_999_000_000.0, true, 4.0]), "{r:?}");
+    let r = py_in(
+        &s,
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(2, 1))\n\
+         ax.plot(a[:10])\nplt.close(fig)\n'kept'",
+    )
+    .await;
+    assert_eq!(r.value, json!("kept"), "{r:?}");
+    assert!(r.display.is_empty(), "{r:?}");
+    // The figure object lives on: drawn on again and rendered a cell later.
+    let r = py_in(
+        &s,
+        "import io\nax.plot(view[:10])\nbuf = io.BytesIO()\nfig.savefig(buf, format='png')\n\
+         [buf.getvalue()[:4] == b'\\x89PNG', len(ax.lines), [float(x) for x in fig.get_size_inches()]]",
+    )
+    .await;
+    assert_eq!(r.value, json!([true, 2, [2.0, 1.0]]), "{r:?}");
 }
