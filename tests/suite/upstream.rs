@@ -21,7 +21,17 @@ fn fake_program() -> PathBuf {
         .get_or_init(|| {
             let dir = bin().parent().unwrap().to_path_buf();
             let exe = dir.join("examples").join("fake_mcp_upstream");
-            if !exe.is_file() {
+            let modified =
+                |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            let newest_source = [
+                "examples/fake_mcp_upstream.rs",
+                "tests/suite/common/fake_upstream.rs",
+            ]
+            .iter()
+            .filter_map(|p| modified(&src.join(p)))
+            .max();
+            if modified(&exe) < newest_source {
                 let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
                 let st = std::process::Command::new(cargo)
                     .args(["build", "--release", "--example", "fake_mcp_upstream"])
@@ -214,7 +224,15 @@ out
     says(
         "garbage",
         "RuntimeError",
-        &["fake.garbage", "did not answer"],
+        &[
+            "fake.garbage",
+            "upstream fake wrote output that is not JSON-RPC: \"this is not JSON at all\"",
+            "(not JSON: ",
+        ],
+    );
+    assert!(
+        !v["garbage"][1].as_str().unwrap().contains("did not answer"),
+        "{v}"
     );
     says(
         "unknown",
@@ -384,4 +402,77 @@ fn upstream_serve_accepts_server_names_in_policy_allow_without_starting_them() {
     assert!(!bad.status.success(), "{err}");
     assert!(err.contains("unknown capability \"other.*\""), "{err}");
     assert!(err.contains("fake.*"), "{err}");
+}
+
+/// A server that writes on stdout a line that is not JSON-RPC ends its
+/// connection at once: the call in flight (or the handshake, for a banner)
+/// fails with the line quoted, not after the timeout; a line over the cap
+/// is not buffered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_output_that_is_not_json_rpc_fails_the_call_at_once() {
+    // A timeout no test waits for: a call that waited would fail the test
+    // by its message ("did not answer"), not by the clock.
+    let sup = supervisor_with(&format!(
+        "[tools.fake]\nkind = \"mcp\"\ncommand = [{prog:?}]\ntimeout_ms = 120000\n\
+         [tools.banner]\nkind = \"mcp\"\ncommand = [{prog:?}, \"--banner\"]\ntimeout_ms = 120000\n",
+        prog = fake_program().to_string_lossy()
+    ));
+    let code = format!(
+        r#"{ERR}
+out = {{
+ "json": err(lambda: tools.fake.json_not_rpc()),
+ "huge": err(lambda: tools.fake.huge()),
+ "garbage": err(lambda: tools.fake.garbage()),
+ "banner": err(lambda: tools.banner.echo(text="x")),
+ "banner_again": err(lambda: tools.banner.echo(text="x")),
+}}
+out["echo"] = tools.fake.echo(text="after")
+out
+"#
+    );
+    let r = py(&sup, &code, &["fake.*", "banner.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    let says = |k: &str, words: &[&str]| {
+        assert_eq!(v[k][0], "RuntimeError", "{k}: {v}");
+        let m = v[k][1].as_str().unwrap();
+        for w in words {
+            assert!(m.contains(w), "{k}: {m:?} lacks {w:?}");
+        }
+        assert!(!m.contains("did not answer"), "{k}: {m:?}");
+    };
+    says(
+        "json",
+        &[
+            "fake.json_not_rpc: upstream fake wrote output that is not JSON-RPC",
+            r#""{\"hello\": \"world\"}""#,
+            "JSON, but not a JSON-RPC 2.0 message",
+        ],
+    );
+    says(
+        "huge",
+        &[
+            "fake.huge: upstream fake wrote a line of more than 4194304 bytes on stdout",
+            "\"xxxxxxxx",
+        ],
+    );
+    assert!(v["huge"][1].as_str().unwrap().len() < 1000, "{v}");
+    says(
+        "garbage",
+        &["fake.garbage: upstream fake wrote output that is not JSON-RPC"],
+    );
+    for k in ["banner", "banner_again"] {
+        says(
+            k,
+            &[
+                "banner.echo: upstream banner wrote output that is not JSON-RPC",
+                r#""fake upstream 0.0.1 starting""#,
+                "before the MCP handshake completed",
+            ],
+        );
+    }
+    // The server was started again after each fault.
+    assert_eq!(v["echo"], json!({"echo": "after"}));
+    let o = outcomes(&r);
+    assert!(o.contains(&("fake.huge".into(), "failed".into())), "{o:?}");
 }
