@@ -31,6 +31,8 @@ pub enum Target {
     Http {
         url: String,
         token_env: Option<String>,
+        /// Root certificates trusted besides the built-in ones (`ca_file`).
+        roots: Vec<reqwest::Certificate>,
     },
 }
 
@@ -52,6 +54,25 @@ pub enum UpstreamError {
 }
 
 impl Target {
+    /// This target trusting `roots` (`ca_file`, only with `url`).
+    pub fn with_roots(
+        self,
+        name: &str,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Target, UpstreamError> {
+        match self {
+            Target::Http { url, token_env, .. } => Ok(Target::Http {
+                url,
+                token_env,
+                roots,
+            }),
+            Target::Stdio(_) => Err(UpstreamError::Target {
+                name: name.to_owned(),
+                what: "ca_file without url",
+            }),
+        }
+    }
+
     /// The target of `[tools.NAME]` from its `command`, `url` and `token_env`.
     pub fn new(
         name: &str,
@@ -73,7 +94,11 @@ impl Target {
                         url,
                     });
                 }
-                Ok(Target::Http { url, token_env })
+                Ok(Target::Http {
+                    url,
+                    token_env,
+                    roots: Vec::new(),
+                })
             }
             (true, None) => Err(bad("neither")),
             (false, Some(_)) => Err(bad("both")),
@@ -342,7 +367,11 @@ async fn start(
             })?;
             (service, Some((helper, fault)))
         }
-        Target::Http { url, token_env } => {
+        Target::Http {
+            url,
+            token_env,
+            roots,
+        } => {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             if let Some(var) = token_env {
                 let token = std::env::var(var).map_err(|_| {
@@ -350,11 +379,26 @@ async fn start(
                 })?;
                 config = config.auth_header(token);
             }
-            let transport = StreamableHttpClientTransport::from_config(config);
-            let service = ()
-                .serve(transport)
-                .await
-                .map_err(|e| format!("cannot connect to the upstream MCP server at {url}: {e}"))?;
+            let client =
+                super::declared::client_with_roots(reqwest::Client::builder(), roots.clone())
+                    .build()
+                    .map_err(|e| format!("failed to build the HTTP client: {e}"))?;
+            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
+            let service = match ().serve(transport).await {
+                Ok(s) => s,
+                Err(e) => {
+                    // rmcp's error does not keep the request's cause (a
+                    // refused certificate): one plain request shows it.
+                    let cause = match client.get(url.as_str()).send().await {
+                        Err(e) => format!(" ({})", super::declared::error_chain(&e)),
+                        Ok(_) => String::new(),
+                    };
+                    return Err(format!(
+                        "cannot connect to the upstream MCP server at {url}: {}{cause}",
+                        super::declared::error_chain(&e)
+                    ));
+                }
+            };
             (service, None)
         }
     };

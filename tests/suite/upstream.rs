@@ -11,7 +11,7 @@ use cellbox::tools::{SupervisorSlot, ToolsConfig};
 use cellbox::{CellRequest, Language, Status, Supervisor};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The fake upstream program, built beside the cellbox binary (built here
 /// when a filtered `cargo test` did not build the examples).
@@ -475,4 +475,145 @@ out
     assert_eq!(v["echo"], json!({"echo": "after"}));
     let o = outcomes(&r);
     assert!(o.contains(&("fake.huge".into(), "failed".into())), "{o:?}");
+}
+
+/// A TLS front on 127.0.0.1 for the plain server at `backend` (host:port),
+/// with a certificate for 127.0.0.1 signed by itself: its port and the
+/// certificate's PEM.
+async fn tls_front(backend: String) -> (u16, String) {
+    use tokio_rustls::rustls;
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let pem = cert.pem();
+    let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key_der.into())
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                // A client that refuses the certificate ends here.
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(&backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    (port, pem)
+}
+
+/// https for `kind = "http"` and for `kind = "mcp"` with a url: trusted
+/// with `ca_file`; without it the call fails with a certificate error
+/// naming the tool; a missing or non-PEM `ca_file` is refused at startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_https_with_ca_file() {
+    let mcp = cellbox::tools::bench::serve_mcp_http(FakeUpstream, None)
+        .await
+        .unwrap();
+    let mcp_backend = mcp
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let http_backend = super::tools::fake_server()
+        .trim_start_matches("http://")
+        .to_owned();
+    let (mcp_port, pem) = tls_front(mcp_backend).await;
+    let (http_port, http_pem) = tls_front(http_backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, format!("{pem}{http_pem}")).unwrap();
+    let sup = supervisor_with(&format!(
+        r#"
+[tools.remote]
+kind = "mcp"
+url = "https://127.0.0.1:{mcp_port}/mcp"
+ca_file = {ca:?}
+timeout_ms = 120000
+[tools.untrusted]
+kind = "mcp"
+url = "https://127.0.0.1:{mcp_port}/mcp"
+timeout_ms = 120000
+[tools.post]
+kind = "http"
+description = "post"
+url = "https://127.0.0.1:{http_port}/x"
+ca_file = {ca:?}
+timeout_ms = 120000
+[tools.post_untrusted]
+kind = "http"
+description = "post"
+url = "https://127.0.0.1:{http_port}/x"
+timeout_ms = 120000
+"#
+    ));
+    let code = format!(
+        "{ERR}\n{{'add': tools.remote.add(a=2, b=3), 'post': tool_call('post', {{'q': 1}}), \
+         'untrusted': err(lambda: tools.untrusted.echo(text='x')), \
+         'post_untrusted': err(lambda: tool_call('post_untrusted', {{'q': 1}}))}}"
+    );
+    let r = py(
+        &sup,
+        &code,
+        &["remote.*", "untrusted.*", "post", "post_untrusted"],
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    assert_eq!(v["add"], json!({"sum": 5.0}));
+    assert_eq!(v["post"]["got"], json!({"q": 1}), "{v}");
+    for (k, tool) in [
+        ("untrusted", "untrusted.echo"),
+        ("post_untrusted", "post_untrusted"),
+    ] {
+        assert_eq!(v[k][0], "RuntimeError", "{k}: {v}");
+        let m = v[k][1].as_str().unwrap();
+        assert!(m.contains(tool), "{k}: {m}");
+        assert!(m.to_lowercase().contains("certificate"), "{k}: {m}");
+    }
+
+    // A missing or non-PEM ca_file is refused at startup, naming the key.
+    #[derive(serde::Deserialize)]
+    struct F {
+        tools: ToolsConfig,
+    }
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    for (path, words) in [
+        (dir.path().join("missing.pem"), "failed to read"),
+        (not_pem, "holds no PEM certificate"),
+    ] {
+        for kind in ["kind = \"mcp\"", "kind = \"http\"\ndescription = \"\""] {
+            let f: F = toml::from_str(&format!(
+                "[tools.t]\n{kind}\nurl = \"https://127.0.0.1:9/x\"\nca_file = {path:?}\n"
+            ))
+            .unwrap();
+            let e = cellbox::tools::host_and_declared(
+                &Default::default(),
+                &f.tools,
+                &SupervisorSlot::default(),
+            )
+            .err()
+            .unwrap()
+            .to_string();
+            assert!(e.contains("tools.t.ca_file"), "{e}");
+            assert!(e.contains(words), "{e}");
+            assert!(e.contains(&path.display().to_string()), "{e}");
+        }
+    }
 }
