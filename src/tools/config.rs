@@ -62,6 +62,9 @@ pub enum ToolDecl {
         url: String,
         #[serde(default)]
         headers: BTreeMap<String, HeaderValue>,
+        /// PEM file of extra root certificates trusted for `url`.
+        #[serde(default)]
+        ca_file: Option<std::path::PathBuf>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_output")]
@@ -81,6 +84,9 @@ pub enum ToolDecl {
         /// token for `url` (it never reaches a cell).
         #[serde(default)]
         token_env: Option<String>,
+        /// PEM file of extra root certificates trusted for `url`.
+        #[serde(default)]
+        ca_file: Option<std::path::PathBuf>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_output")]

@@ -25,6 +25,19 @@ pub enum DeclaredError {
     Url { name: String, url: String },
     #[error(transparent)]
     Upstream(#[from] super::upstream::UpstreamError),
+    #[error("tools.{name}.ca_file: failed to read {path}")]
+    CaFile {
+        name: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tools.{name}.ca_file: {path} holds no PEM certificate{why}")]
+    CaPem {
+        name: String,
+        path: std::path::PathBuf,
+        why: String,
+    },
     #[error("tools.{name}: failed to build the HTTP client")]
     Client {
         name: String,
@@ -154,7 +167,7 @@ async fn post(
     let mut resp = req
         .send()
         .await
-        .map_err(|e| format!("POST {url} failed: {e}"))?;
+        .map_err(|e| format!("POST {url} failed: {}", error_chain(&e)))?;
     let status = resp.status();
     let mut body = Vec::new();
     while let Some(chunk) = resp
@@ -172,6 +185,56 @@ async fn post(
         return Err(format!("POST {url}: HTTP {status}: {text}"));
     }
     serde_json::from_slice(&body).map_err(|e| format!("the response of {url} is not JSON: {e}"))
+}
+
+/// The root certificates of `ca_file`, read at startup.
+pub fn read_ca(
+    name: &str,
+    path: &std::path::Path,
+) -> Result<Vec<reqwest::Certificate>, DeclaredError> {
+    let pem = std::fs::read(path).map_err(|source| DeclaredError::CaFile {
+        name: name.to_owned(),
+        path: path.to_owned(),
+        source,
+    })?;
+    let bad = |why: String| DeclaredError::CaPem {
+        name: name.to_owned(),
+        path: path.to_owned(),
+        why,
+    };
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Ok(certs),
+        Ok(_) => Err(bad(String::new())),
+        Err(e) => Err(bad(format!(": {}", error_chain(&e)))),
+    }
+}
+
+/// An error and its causes, joined (a TLS failure is a cause of a
+/// request's error).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// A client trusting the roots of `ca_file` besides the built-in ones.
+pub fn client_with_roots(
+    builder: reqwest::ClientBuilder,
+    roots: Vec<reqwest::Certificate>,
+) -> reqwest::ClientBuilder {
+    #[cfg(feature = "tls")]
+    let builder = builder.tls_certs_merge(roots);
+    #[cfg(not(feature = "tls"))]
+    let _ = roots;
+    builder
 }
 
 /// Every declared tool as a capability.
@@ -214,6 +277,7 @@ pub fn capabilities(
                 schema,
                 url,
                 headers,
+                ca_file,
                 timeout_ms,
                 max_output_bytes,
             } => {
@@ -223,7 +287,11 @@ pub fn capabilities(
                         url,
                     });
                 }
-                let client = reqwest::Client::builder()
+                let roots = match &ca_file {
+                    Some(p) => read_ca(name, p)?,
+                    None => Vec::new(),
+                };
+                let client = client_with_roots(reqwest::Client::builder(), roots)
                     .timeout(Duration::from_millis(timeout_ms))
                     .redirect(reqwest::redirect::Policy::none())
                     .no_proxy()
@@ -234,14 +302,17 @@ pub fn capabilities(
                     })?;
                 let headers: Vec<(String, HeaderValue)> = headers.into_iter().collect();
                 let schema = serde_json::to_value(schema).unwrap_or(json!({}));
+                let tool = name.clone();
                 Capability::new(name, &description, schema, move |_ctx, args| {
-                    post(
+                    let call = post(
                         client.clone(),
                         url.clone(),
                         headers.clone(),
                         max_output_bytes,
                         args,
-                    )
+                    );
+                    let tool = tool.clone();
+                    async move { call.await.map_err(|e| format!("{tool}: {e}")) }
                 })
                 .map_err(bad)?
             }
@@ -250,10 +321,14 @@ pub fn capabilities(
                 command,
                 url,
                 token_env,
+                ca_file,
                 timeout_ms,
                 max_output_bytes,
             } => {
-                let target = super::upstream::Target::new(name, command, url, token_env)?;
+                let mut target = super::upstream::Target::new(name, command, url, token_env)?;
+                if let Some(p) = &ca_file {
+                    target = target.with_roots(name, read_ca(name, p)?)?;
+                }
                 super::upstream::capability(
                     name,
                     &description,

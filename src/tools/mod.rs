@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod config;
 pub mod declared;
+mod stdio_tap;
 pub mod upstream;
 
 pub use config::{ToolDecl, ToolsConfig};

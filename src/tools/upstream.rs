@@ -31,6 +31,8 @@ pub enum Target {
     Http {
         url: String,
         token_env: Option<String>,
+        /// Root certificates trusted besides the built-in ones (`ca_file`).
+        roots: Vec<reqwest::Certificate>,
     },
 }
 
@@ -52,6 +54,25 @@ pub enum UpstreamError {
 }
 
 impl Target {
+    /// This target trusting `roots` (`ca_file`, only with `url`).
+    pub fn with_roots(
+        self,
+        name: &str,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Target, UpstreamError> {
+        match self {
+            Target::Http { url, token_env, .. } => Ok(Target::Http {
+                url,
+                token_env,
+                roots,
+            }),
+            Target::Stdio(_) => Err(UpstreamError::Target {
+                name: name.to_owned(),
+                what: "ca_file without url",
+            }),
+        }
+    }
+
     /// The target of `[tools.NAME]` from its `command`, `url` and `token_env`.
     pub fn new(
         name: &str,
@@ -73,7 +94,11 @@ impl Target {
                         url,
                     });
                 }
-                Ok(Target::Http { url, token_env })
+                Ok(Target::Http {
+                    url,
+                    token_env,
+                    roots: Vec::new(),
+                })
             }
             (true, None) => Err(bad("neither")),
             (false, Some(_)) => Err(bad("both")),
@@ -104,6 +129,8 @@ struct Conn {
     tools: BTreeMap<String, Capability>,
     dead: AtomicBool,
     child: Option<Helper>,
+    /// (stdio) What the reader of the server's stdout stopped at.
+    fault: Option<super::stdio_tap::Fault>,
 }
 
 /// The process of a stdio server: its group is killed and it is reaped
@@ -146,11 +173,26 @@ impl Conn {
             || self.child.as_ref().is_some_and(Helper::exited)
     }
 
+    /// What ended the connection, when the server wrote something that is
+    /// not JSON-RPC.
+    fn fault(&self) -> Option<&String> {
+        self.fault.as_ref().and_then(|f| f.get())
+    }
+
     async fn call(&self, tool: &str, args: Map<String, Value>) -> Result<Value, String> {
         let s = &self.settings;
         let name = format!("{}.{tool}", s.server);
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
-        let reply = match tokio::time::timeout(s.timeout, self.service.call_tool(params)).await {
+        let reply = tokio::time::timeout(s.timeout, self.service.call_tool(params)).await;
+        if !matches!(reply, Ok(Ok(_))) {
+            if let Some(fault) = self.fault() {
+                self.dead.store(true, Ordering::Relaxed);
+                return Err(format!(
+                    "{name}: {fault} (the server is started again on the next call)"
+                ));
+            }
+        }
+        let reply = match reply {
             Err(_) => {
                 return Err(format!(
                     "{name}: the upstream MCP server did not answer within {} ms",
@@ -248,14 +290,23 @@ impl Upstream {
         }
         // The old one (and its process) goes first.
         *slot = None;
-        let c = tokio::time::timeout(self.settings.timeout, start(self.settings.clone()))
-            .await
-            .map_err(|_| {
-                format!(
-                    "the upstream MCP server did not start within {} ms",
-                    self.settings.timeout.as_millis()
-                )
-            })??;
+        let fault = super::stdio_tap::Fault::default();
+        let started = tokio::time::timeout(
+            self.settings.timeout,
+            start(self.settings.clone(), fault.clone()),
+        )
+        .await;
+        if !matches!(started, Ok(Ok(_))) {
+            if let Some(fault) = fault.get() {
+                return Err(format!("{fault} (before the MCP handshake completed)"));
+            }
+        }
+        let c = started.map_err(|_| {
+            format!(
+                "the upstream MCP server did not start within {} ms",
+                self.settings.timeout.as_millis()
+            )
+        })??;
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -265,10 +316,15 @@ impl Upstream {
     }
 }
 
-type Pipes = (tokio::process::ChildStdout, tokio::process::ChildStdin);
+type Pipes = (tokio::io::DuplexStream, tokio::process::ChildStdin);
 
-/// Start a stdio server in a process group of its own.
-fn spawn(argv: &[String]) -> Result<(Helper, Pipes), String> {
+/// Start a stdio server in a process group of its own; its stdout is read
+/// through [`super::stdio_tap`], which records in `fault` the first line
+/// that is not JSON-RPC.
+fn spawn(settings: &Settings, fault: &super::stdio_tap::Fault) -> Result<(Helper, Pipes), String> {
+    let Target::Stdio(argv) = &settings.target else {
+        return Err("not a stdio server".into());
+    };
     let (prog, args) = argv.split_first().ok_or("the command is empty")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(args)
@@ -290,23 +346,32 @@ fn spawn(argv: &[String]) -> Result<(Helper, Pipes), String> {
     let io = |e: std::io::Error| format!("the upstream MCP server's stdio: {e}");
     let stdin = tokio::process::ChildStdin::from_std(stdin).map_err(io)?;
     let stdout = tokio::process::ChildStdout::from_std(stdout).map_err(io)?;
+    let cap = super::stdio_tap::line_cap(settings.max_output);
+    let stdout = super::stdio_tap::tap(&settings.server, stdout, cap, fault);
     Ok((helper, (stdout, stdin)))
 }
 
 /// Connect to the server and learn its tools.
-async fn start(settings: Arc<Settings>) -> Result<Arc<Conn>, String> {
+async fn start(
+    settings: Arc<Settings>,
+    fault: super::stdio_tap::Fault,
+) -> Result<Arc<Conn>, String> {
     let (service, child) = match &settings.target {
         Target::Stdio(argv) => {
-            let (helper, transport) = spawn(argv)?;
+            let (helper, transport) = spawn(&settings, &fault)?;
             let service = ().serve(transport).await.map_err(|e| {
                 format!(
                     "the upstream MCP server {:?} did not complete the MCP handshake: {e}",
                     argv[0]
                 )
             })?;
-            (service, Some(helper))
+            (service, Some((helper, fault)))
         }
-        Target::Http { url, token_env } => {
+        Target::Http {
+            url,
+            token_env,
+            roots,
+        } => {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             if let Some(var) = token_env {
                 let token = std::env::var(var).map_err(|_| {
@@ -314,14 +379,30 @@ async fn start(settings: Arc<Settings>) -> Result<Arc<Conn>, String> {
                 })?;
                 config = config.auth_header(token);
             }
-            let transport = StreamableHttpClientTransport::from_config(config);
-            let service = ()
-                .serve(transport)
-                .await
-                .map_err(|e| format!("cannot connect to the upstream MCP server at {url}: {e}"))?;
+            let client =
+                super::declared::client_with_roots(reqwest::Client::builder(), roots.clone())
+                    .build()
+                    .map_err(|e| format!("failed to build the HTTP client: {e}"))?;
+            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
+            let service = match ().serve(transport).await {
+                Ok(s) => s,
+                Err(e) => {
+                    // rmcp's error does not keep the request's cause (a
+                    // refused certificate): one plain request shows it.
+                    let cause = match client.get(url.as_str()).send().await {
+                        Err(e) => format!(" ({})", super::declared::error_chain(&e)),
+                        Ok(_) => String::new(),
+                    };
+                    return Err(format!(
+                        "cannot connect to the upstream MCP server at {url}: {}{cause}",
+                        super::declared::error_chain(&e)
+                    ));
+                }
+            };
             (service, None)
         }
     };
+    let (child, fault) = child.unzip();
     let listed = service
         .list_all_tools()
         .await
@@ -364,6 +445,7 @@ async fn start(settings: Arc<Settings>) -> Result<Arc<Conn>, String> {
             tools,
             dead: AtomicBool::new(false),
             child,
+            fault,
         }
     });
     Ok(conn)

@@ -11,7 +11,7 @@ use std::net::TcpListener;
 
 /// A fake tool server: answers each POST with a JSON echo of its body and
 /// its Authorization header; `/text` answers with something not JSON.
-fn fake_server() -> String {
+pub(crate) fn fake_server() -> String {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {

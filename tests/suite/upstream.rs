@@ -11,7 +11,7 @@ use cellbox::tools::{SupervisorSlot, ToolsConfig};
 use cellbox::{CellRequest, Language, Status, Supervisor};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The fake upstream program, built beside the cellbox binary (built here
 /// when a filtered `cargo test` did not build the examples).
@@ -21,7 +21,17 @@ fn fake_program() -> PathBuf {
         .get_or_init(|| {
             let dir = bin().parent().unwrap().to_path_buf();
             let exe = dir.join("examples").join("fake_mcp_upstream");
-            if !exe.is_file() {
+            let modified =
+                |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            let newest_source = [
+                "examples/fake_mcp_upstream.rs",
+                "tests/suite/common/fake_upstream.rs",
+            ]
+            .iter()
+            .filter_map(|p| modified(&src.join(p)))
+            .max();
+            if modified(&exe) < newest_source {
                 let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
                 let st = std::process::Command::new(cargo)
                     .args(["build", "--release", "--example", "fake_mcp_upstream"])
@@ -214,7 +224,15 @@ out
     says(
         "garbage",
         "RuntimeError",
-        &["fake.garbage", "did not answer"],
+        &[
+            "fake.garbage",
+            "upstream fake wrote output that is not JSON-RPC: \"this is not JSON at all\"",
+            "(not JSON: ",
+        ],
+    );
+    assert!(
+        !v["garbage"][1].as_str().unwrap().contains("did not answer"),
+        "{v}"
     );
     says(
         "unknown",
@@ -384,4 +402,218 @@ fn upstream_serve_accepts_server_names_in_policy_allow_without_starting_them() {
     assert!(!bad.status.success(), "{err}");
     assert!(err.contains("unknown capability \"other.*\""), "{err}");
     assert!(err.contains("fake.*"), "{err}");
+}
+
+/// A server that writes on stdout a line that is not JSON-RPC ends its
+/// connection at once: the call in flight (or the handshake, for a banner)
+/// fails with the line quoted, not after the timeout; a line over the cap
+/// is not buffered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_output_that_is_not_json_rpc_fails_the_call_at_once() {
+    // A timeout no test waits for: a call that waited would fail the test
+    // by its message ("did not answer"), not by the clock.
+    let sup = supervisor_with(&format!(
+        "[tools.fake]\nkind = \"mcp\"\ncommand = [{prog:?}]\ntimeout_ms = 120000\n\
+         [tools.banner]\nkind = \"mcp\"\ncommand = [{prog:?}, \"--banner\"]\ntimeout_ms = 120000\n",
+        prog = fake_program().to_string_lossy()
+    ));
+    let code = format!(
+        r#"{ERR}
+out = {{
+ "json": err(lambda: tools.fake.json_not_rpc()),
+ "huge": err(lambda: tools.fake.huge()),
+ "garbage": err(lambda: tools.fake.garbage()),
+ "banner": err(lambda: tools.banner.echo(text="x")),
+ "banner_again": err(lambda: tools.banner.echo(text="x")),
+}}
+out["echo"] = tools.fake.echo(text="after")
+out
+"#
+    );
+    let r = py(&sup, &code, &["fake.*", "banner.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    let says = |k: &str, words: &[&str]| {
+        assert_eq!(v[k][0], "RuntimeError", "{k}: {v}");
+        let m = v[k][1].as_str().unwrap();
+        for w in words {
+            assert!(m.contains(w), "{k}: {m:?} lacks {w:?}");
+        }
+        assert!(!m.contains("did not answer"), "{k}: {m:?}");
+    };
+    says(
+        "json",
+        &[
+            "fake.json_not_rpc: upstream fake wrote output that is not JSON-RPC",
+            r#""{\"hello\": \"world\"}""#,
+            "JSON, but not a JSON-RPC 2.0 message",
+        ],
+    );
+    says(
+        "huge",
+        &[
+            "fake.huge: upstream fake wrote a line of more than 4194304 bytes on stdout",
+            "\"xxxxxxxx",
+        ],
+    );
+    assert!(v["huge"][1].as_str().unwrap().len() < 1000, "{v}");
+    says(
+        "garbage",
+        &["fake.garbage: upstream fake wrote output that is not JSON-RPC"],
+    );
+    for k in ["banner", "banner_again"] {
+        says(
+            k,
+            &[
+                "banner.echo: upstream banner wrote output that is not JSON-RPC",
+                r#""fake upstream 0.0.1 starting""#,
+                "before the MCP handshake completed",
+            ],
+        );
+    }
+    // The server was started again after each fault.
+    assert_eq!(v["echo"], json!({"echo": "after"}));
+    let o = outcomes(&r);
+    assert!(o.contains(&("fake.huge".into(), "failed".into())), "{o:?}");
+}
+
+/// A TLS front on 127.0.0.1 for the plain server at `backend` (host:port),
+/// with a certificate for 127.0.0.1 signed by itself: its port and the
+/// certificate's PEM.
+async fn tls_front(backend: String) -> (u16, String) {
+    use tokio_rustls::rustls;
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let pem = cert.pem();
+    let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key_der.into())
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                // A client that refuses the certificate ends here.
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(&backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    (port, pem)
+}
+
+/// https for `kind = "http"` and for `kind = "mcp"` with a url: trusted
+/// with `ca_file`; without it the call fails with a certificate error
+/// naming the tool; a missing or non-PEM `ca_file` is refused at startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_https_with_ca_file() {
+    let mcp = cellbox::tools::bench::serve_mcp_http(FakeUpstream, None)
+        .await
+        .unwrap();
+    let mcp_backend = mcp
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let http_backend = super::tools::fake_server()
+        .trim_start_matches("http://")
+        .to_owned();
+    let (mcp_port, pem) = tls_front(mcp_backend).await;
+    let (http_port, http_pem) = tls_front(http_backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, format!("{pem}{http_pem}")).unwrap();
+    let sup = supervisor_with(&format!(
+        r#"
+[tools.remote]
+kind = "mcp"
+url = "https://127.0.0.1:{mcp_port}/mcp"
+ca_file = {ca:?}
+timeout_ms = 120000
+[tools.untrusted]
+kind = "mcp"
+url = "https://127.0.0.1:{mcp_port}/mcp"
+timeout_ms = 120000
+[tools.post]
+kind = "http"
+description = "post"
+url = "https://127.0.0.1:{http_port}/x"
+ca_file = {ca:?}
+timeout_ms = 120000
+[tools.post_untrusted]
+kind = "http"
+description = "post"
+url = "https://127.0.0.1:{http_port}/x"
+timeout_ms = 120000
+"#
+    ));
+    let code = format!(
+        "{ERR}\n{{'add': tools.remote.add(a=2, b=3), 'post': tool_call('post', {{'q': 1}}), \
+         'untrusted': err(lambda: tools.untrusted.echo(text='x')), \
+         'post_untrusted': err(lambda: tool_call('post_untrusted', {{'q': 1}}))}}"
+    );
+    let r = py(
+        &sup,
+        &code,
+        &["remote.*", "untrusted.*", "post", "post_untrusted"],
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = &r.value;
+    assert_eq!(v["add"], json!({"sum": 5.0}));
+    assert_eq!(v["post"]["got"], json!({"q": 1}), "{v}");
+    for (k, tool) in [
+        ("untrusted", "untrusted.echo"),
+        ("post_untrusted", "post_untrusted"),
+    ] {
+        assert_eq!(v[k][0], "RuntimeError", "{k}: {v}");
+        let m = v[k][1].as_str().unwrap();
+        assert!(m.contains(tool), "{k}: {m}");
+        assert!(m.to_lowercase().contains("certificate"), "{k}: {m}");
+    }
+
+    // A missing or non-PEM ca_file is refused at startup, naming the key.
+    #[derive(serde::Deserialize)]
+    struct F {
+        tools: ToolsConfig,
+    }
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    for (path, words) in [
+        (dir.path().join("missing.pem"), "failed to read"),
+        (not_pem, "holds no PEM certificate"),
+    ] {
+        for kind in ["kind = \"mcp\"", "kind = \"http\"\ndescription = \"\""] {
+            let f: F = toml::from_str(&format!(
+                "[tools.t]\n{kind}\nurl = \"https://127.0.0.1:9/x\"\nca_file = {path:?}\n"
+            ))
+            .unwrap();
+            let e = cellbox::tools::host_and_declared(
+                &Default::default(),
+                &f.tools,
+                &SupervisorSlot::default(),
+            )
+            .err()
+            .unwrap()
+            .to_string();
+            assert!(e.contains("tools.t.ca_file"), "{e}");
+            assert!(e.contains(words), "{e}");
+            assert!(e.contains(&path.display().to_string()), "{e}");
+        }
+    }
 }

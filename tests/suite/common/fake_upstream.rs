@@ -4,7 +4,9 @@
 //! Tools: `echo {text}` (JSON text), `add {a, b}` (structured), `count
 //! {items}` (plain text), `fail` (an `isError` result), `crash` (the server
 //! exits mid-call), `hang` (never answers), `garbage` (writes a line that is
-//! not JSON to stdout and never answers), `pid` (the server's pid), `spawn_child` (a `sleep
+//! not JSON to stdout and never answers), `json_not_rpc` (writes a JSON
+//! line that is not a JSON-RPC message and never answers), `huge` (writes
+//! a 6 MiB line and never answers), `pid` (the server's pid), `spawn_child` (a `sleep
 //! 1000` in the server's process group, which outlives the server unless
 //! the group is killed).
 
@@ -62,6 +64,16 @@ fn tools() -> Vec<Tool> {
             schema(json!({"type": "object"})),
         ),
         Tool::new(
+            "json_not_rpc",
+            "Write JSON that is not JSON-RPC.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
+            "huge",
+            "Write a line of 6 MiB.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
             "pid",
             "The server's pid.",
             schema(json!({"type": "object"})),
@@ -72,6 +84,17 @@ fn tools() -> Vec<Tool> {
             schema(json!({"type": "object"})),
         ),
     ]
+}
+
+/// Write `bytes` on stdout beside rmcp's messages, and never answer.
+async fn raw_and_hang(bytes: Vec<u8>) -> CallToolResult {
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&bytes);
+        let _ = out.flush();
+    }
+    std::future::pending().await
 }
 
 impl ServerHandler for FakeUpstream {
@@ -112,14 +135,12 @@ impl ServerHandler for FakeUpstream {
             "fail" => CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]),
             "crash" => std::process::exit(3),
             "hang" => std::future::pending().await,
-            "garbage" => {
-                {
-                    use std::io::Write;
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(b"this is not JSON at all\n");
-                    let _ = out.flush();
-                }
-                std::future::pending().await
+            "garbage" => raw_and_hang(b"this is not JSON at all\n".to_vec()).await,
+            "json_not_rpc" => raw_and_hang(b"{\"hello\": \"world\"}\n".to_vec()).await,
+            "huge" => {
+                let mut line = vec![b'x'; 6 << 20];
+                line.push(b'\n');
+                raw_and_hang(line).await
             }
             "pid" => CallToolResult::structured(json!({"pid": std::process::id()})),
             "spawn_child" => match std::process::Command::new("sleep")
