@@ -26,7 +26,8 @@ mod warm;
 mod zygote;
 
 pub use capability::{
-    CallContext, Capability, CapabilityError, Registry, SourceError, SourceFuture, ToolSource,
+    ArgsError, CallContext, CallError, Capability, CapabilityError, Registry, SourceError,
+    SourceFuture, ToolSource,
 };
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use limits::{LimitOverrides, Limits};
