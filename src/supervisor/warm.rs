@@ -114,6 +114,20 @@ impl PoolError {
     }
 }
 
+/// `worker_exe MODE` as a pool parent (the fork server, a zygote) starts:
+/// a clean environment, no stdin or stdout, its stderr ours.
+pub(crate) fn pool_parent_command(worker_exe: &Path, mode: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(worker_exe);
+    cmd.arg(mode)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    cmd
+}
+
 /// A process that forks cell workers and reports how they ended (the Rhai
 /// fork server, a Python zygote).
 pub(crate) trait ForkingParent: Send + Sync {
@@ -334,14 +348,7 @@ impl ForkServer {
         );
         let (ours, theirs) = forkserver::seqpacket_pair()
             .map_err(PoolError::io("create the fork server channel"))?;
-        let mut cmd = std::process::Command::new(worker_exe);
-        cmd.arg(crate::worker::FORKSERVER_ARG)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("LANG", "C.UTF-8")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit());
+        let mut cmd = pool_parent_command(worker_exe, crate::worker::FORKSERVER_ARG);
         crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs, cgroup.into_iter().collect());
         // Fork from a thread that lives as long as this handle: the server's
         // parent-death signal fires when the *thread* that forked it ends,

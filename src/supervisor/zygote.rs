@@ -188,14 +188,7 @@ impl Zygote {
         let stall_timeout = *stall_timeout;
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(PoolError::io("create the zygote channel"))?;
-        let mut cmd = std::process::Command::new(worker_exe);
-        cmd.arg(crate::worker::ZYGOTE_ARG)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("LANG", "C.UTF-8")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit());
+        let mut cmd = super::warm::pool_parent_command(worker_exe, crate::worker::ZYGOTE_ARG);
         crate::sandbox::spawn::prepare_worker(
             &mut cmd,
             &theirs,
