@@ -98,6 +98,56 @@ async fn timed_cell(
     Ok(t.elapsed())
 }
 
+/// One Rhai cell in `session` (two minutes at most), timed; a cell that
+/// does not end `ok` is an error.
+pub(crate) async fn timed_session_cell(
+    session: &crate::Session,
+    code: String,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    let r = session
+        .run(CellRequest::new(Language::Rhai, code).timeout(Duration::from_secs(120)))
+        .await;
+    if r.status != Status::Ok {
+        return Err(format!(
+            "the bench cell ended {}: {:?}",
+            r.status,
+            r.error.map(|e| e.message)
+        ));
+    }
+    Ok(t.elapsed())
+}
+
+/// A measurement's p50 and p99, as the report lines show them.
+pub(crate) fn p50_p99(f: &Figures) -> String {
+    format!("p50 {}  p99 {}", ms(f.p50), ms(f.p99))
+}
+
+/// `n` samples of `a` and of `b` in turn, each after a [`SETTLE`] pause,
+/// so both are measured at the same moments (a noisy neighbour slows both,
+/// not one block of samples).
+async fn in_turn<A, B, FA, FB>(n: usize, mut a: A, mut b: B) -> Result<(Figures, Figures), String>
+where
+    A: FnMut() -> FA,
+    B: FnMut() -> FB,
+    FA: std::future::Future<Output = Result<Duration, String>>,
+    FB: std::future::Future<Output = Result<Duration, String>>,
+{
+    let (mut sa, mut sb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..n {
+        tokio::time::sleep(SETTLE).await;
+        let d = a().await?;
+        ta += d;
+        sa.push(d);
+        tokio::time::sleep(SETTLE).await;
+        let d = b().await?;
+        tb += d;
+        sb.push(d);
+    }
+    Ok((figures(sa, ta), figures(sb, tb)))
+}
+
 /// `n` trivial cells through the library at `concurrency`.
 pub async fn cells(
     sup: &Supervisor,
@@ -151,19 +201,12 @@ pub async fn cells_alternating(
         policy: Policy::deny_all(),
         ..SessionConfig::default()
     };
-    let (mut cells, mut base) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut tc, mut tb) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..n {
-        tokio::time::sleep(SETTLE).await;
-        let d = timed_cell(sup, language, code, &config).await?;
-        tc += d;
-        cells.push(d);
-        tokio::time::sleep(SETTLE).await;
-        let d = tokio::task::block_in_place(|| spawn_once(baseline))?;
-        tb += d;
-        base.push(d);
-    }
-    Ok((figures(cells, tc), figures(base, tb)))
+    in_turn(
+        n,
+        || timed_cell(sup, language, code, &config),
+        || async { tokio::task::block_in_place(|| spawn_once(baseline)) },
+    )
+    .await
 }
 
 /// `n` trivial cells on `a` and on `b` in turn, so both are measured at
@@ -179,19 +222,12 @@ pub async fn cells_ab(
         policy: Policy::deny_all(),
         ..SessionConfig::default()
     };
-    let (mut fa, mut fb) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..n {
-        tokio::time::sleep(SETTLE).await;
-        let d = timed_cell(a, language, code, &config).await?;
-        ta += d;
-        fa.push(d);
-        tokio::time::sleep(SETTLE).await;
-        let d = timed_cell(b, language, code, &config).await?;
-        tb += d;
-        fb.push(d);
-    }
-    Ok((figures(fa, ta), figures(fb, tb)))
+    in_turn(
+        n,
+        || timed_cell(a, language, code, &config),
+        || timed_cell(b, language, code, &config),
+    )
+    .await
 }
 
 /// What a cgroup per session and per cell costs a warm cell: the same
@@ -529,17 +565,11 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
         .map_err(|e| e.to_string())?;
     let on = cells(with_layers, Language::Rhai, "40 + 2", n, 1).await?;
     let off = cells(&without, Language::Rhai, "40 + 2", n, 1).await?;
+    let _ = writeln!(out, "rhai cell, spawn, OS layers off   {}", p50_p99(&off));
     let _ = writeln!(
         out,
-        "rhai cell, spawn, OS layers off   p50 {}  p99 {}",
-        ms(off.p50),
-        ms(off.p99)
-    );
-    let _ = writeln!(
-        out,
-        "rhai cell, spawn, OS layers on    p50 {}  p99 {}  (p50 = {:.2}x layers off)",
-        ms(on.p50),
-        ms(on.p99),
+        "rhai cell, spawn, OS layers on    {}  (p50 = {:.2}x layers off)",
+        p50_p99(&on),
         on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
     );
     // The front binary, as users run it (it runs `exec` itself).

@@ -21,9 +21,9 @@ pub use supervisor::{
 };
 // Limits, capabilities and the policy that allows them, budgets.
 pub use supervisor::{
-    Budget, BudgetError, CallContext, Capability, CapabilityError, LimitOverrides, Limits,
-    ModelUsage, ModelUsageReport, Policy, Registry, MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION,
-    MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
+    ArgsError, Budget, BudgetError, CallContext, CallError, Capability, CapabilityError,
+    LimitOverrides, Limits, ModelUsage, ModelUsageReport, Policy, Registry, MAX_EMITS_PER_CELL,
+    MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 // The host resources a supervisor holds: events, Python, scratch, memory,
 // warm pools.

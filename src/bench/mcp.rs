@@ -2,7 +2,7 @@
 //! rmcp's client the way an agent calls it, beside a bare
 //! `/usr/bin/python3 -c pass` and the library measured in the same run.
 
-use super::{cells, figures, ms, spawn_once, tree_rss_kb, Figures, SETTLE};
+use super::{cells, figures, p50_p99, spawn_once, tree_rss_kb, Figures, SETTLE};
 use crate::{Language, Supervisor};
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::{Peer, RunningService};
@@ -218,30 +218,22 @@ pub async fn run(n: usize) -> Result<String, String> {
     );
     let _ = writeln!(
         out,
-        "baseline {BARE_PYTHON} -c pass      p50 {}  p99 {}",
-        ms(base.p50),
-        ms(base.p99)
+        "baseline {BARE_PYTHON} -c pass      {}",
+        p50_p99(&base)
     );
-    let _ = writeln!(
-        out,
-        "mcp list_sessions (round trip)     p50 {}  p99 {}",
-        ms(list.p50),
-        ms(list.p99)
-    );
+    let _ = writeln!(out, "mcp list_sessions (round trip)     {}", p50_p99(&list));
     for (what, f) in [("no session", &pass), ("in a session", &sess)] {
         let _ = writeln!(
             out,
-            "mcp execute_code python pass, {what:12} p50 {}  p99 {}  (p50 = {:.2}x bare python3 -c pass; goal <= 0.20x)",
-            ms(f.p50),
-            ms(f.p99),
+            "mcp execute_code python pass, {what:12} {}  (p50 = {:.2}x bare python3 -c pass; goal <= 0.20x)",
+            p50_p99(f),
             ratio(f.p50, base.p50)
         );
     }
     let _ = writeln!(
         out,
-        "mcp execute_code rhai 1, no session   p50 {}  p99 {}  (p50 = {:.2}x list_sessions; goal <= 1.5x)",
-        ms(rhai.p50),
-        ms(rhai.p99),
+        "mcp execute_code rhai 1, no session   {}  (p50 = {:.2}x list_sessions; goal <= 1.5x)",
+        p50_p99(&rhai),
         ratio(rhai.p50, list.p50)
     );
 

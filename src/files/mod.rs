@@ -475,58 +475,18 @@ impl Files {
     }
 
     fn make_dirs(&self, root: &Root, dir: &Path, shown: &str) -> Result<(), FileError> {
-        let mut sofar = PathBuf::new();
-        for c in dir.components() {
-            let name = match c {
-                Component::Normal(n) => n,
-                Component::CurDir => continue,
-                _ => {
-                    return Err(FileError::Outside {
-                        path: shown.to_owned(),
-                    })
-                }
-            };
-            let parent = if sofar.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                sofar.clone()
-            };
-            sofar.push(name);
-            match open_beneath(
-                root.fd.as_fd(),
-                &sofar,
-                libc::O_PATH | libc::O_DIRECTORY,
-                0,
-                Symlinks::Refuse,
-            ) {
-                Ok(_) => continue,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(FileError::open("open", shown, e)),
-            }
-            let pfd = open_beneath(
-                root.fd.as_fd(),
-                &parent,
-                libc::O_PATH | libc::O_DIRECTORY,
-                0,
-                Symlinks::Refuse,
-            )
-            .map_err(|e| FileError::open("open", shown, e))?;
-            match nix::sys::stat::mkdirat(
-                &pfd,
-                name,
-                nix::sys::stat::Mode::from_bits_truncate(0o755),
-            ) {
-                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-                Err(e) => {
-                    return Err(FileError::Io {
-                        verb: "create the directory",
-                        path: shown.to_owned(),
-                        source: e.into(),
-                    })
-                }
-            }
-        }
-        Ok(())
+        let fail = |step| match step {
+            DirStepError::Outside => FileError::Outside {
+                path: shown.to_owned(),
+            },
+            DirStepError::Open(e) => FileError::open("open", shown, e),
+            DirStepError::Create(source) => FileError::Io {
+                verb: "create the directory",
+                path: shown.to_owned(),
+                source,
+            },
+        };
+        make_dirs_beneath(root.fd.as_fd(), dir, fail, |_| Ok(()))
     }
 
     /// `edit_file`: replace the one occurrence of `old` with `new`.
@@ -581,6 +541,56 @@ impl Files {
             .map_err(|e| io("write", e))?;
         Ok(json!({"path": shown, "bytes": edited.len()}))
     }
+}
+
+/// A step of [`make_dirs_beneath`] that failed.
+pub(crate) enum DirStepError {
+    /// The path has a component that is not a plain name.
+    Outside,
+    /// A directory on the way could not be opened (a symlink, not a
+    /// directory, gone).
+    Open(io::Error),
+    /// A missing directory could not be made.
+    Create(io::Error),
+}
+
+/// Make the missing directories of `dir` (relative to `root`) one by one,
+/// mode 0755, never through a symlink. `made` is called with each one made
+/// (relative to `root`); `fail` turns a failed step into the caller's error.
+pub(crate) fn make_dirs_beneath<E>(
+    root: std::os::fd::BorrowedFd<'_>,
+    dir: &Path,
+    fail: impl Fn(DirStepError) -> E,
+    mut made: impl FnMut(&Path) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut sofar = PathBuf::new();
+    for c in dir.components() {
+        let name = match c {
+            Component::Normal(n) => n,
+            Component::CurDir => continue,
+            _ => return Err(fail(DirStepError::Outside)),
+        };
+        let parent = if sofar.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            sofar.clone()
+        };
+        sofar.push(name);
+        let dir_flags = libc::O_PATH | libc::O_DIRECTORY;
+        match open_beneath(root, &sofar, dir_flags, 0, Symlinks::Refuse) {
+            Ok(_) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(fail(DirStepError::Open(e))),
+        }
+        let pfd = open_beneath(root, &parent, dir_flags, 0, Symlinks::Refuse)
+            .map_err(|e| fail(DirStepError::Open(e)))?;
+        match nix::sys::stat::mkdirat(&pfd, name, nix::sys::stat::Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(fail(DirStepError::Create(e.into()))),
+        }
+        made(&sofar)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! ways. Files and directories made by an upload belong to the scratch
 //! directory's owner (the cells' uid), so the next cell can change them.
 
+use super::{make_dirs_beneath, DirStepError};
 use crate::sandbox::beneath::{open_beneath, Symlinks};
 use serde_json::{json, Value};
 use std::fs::File;
@@ -219,59 +220,35 @@ impl SessionDir {
         let Some(parent) = rel.parent() else {
             return Ok(());
         };
-        let mut sofar = PathBuf::new();
-        for c in parent.components() {
-            let Component::Normal(name) = c else { continue };
-            let base = if sofar.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                sofar.clone()
-            };
-            sofar.push(name);
-            match open_beneath(
-                self.fd.as_fd(),
-                &sofar,
-                libc::O_PATH | libc::O_DIRECTORY,
-                0,
-                Symlinks::Refuse,
-            ) {
-                Ok(_) => continue,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(SessionFileError::open("open", shown, e)),
-            }
-            let pfd = open_beneath(
-                self.fd.as_fd(),
-                &base,
-                libc::O_DIRECTORY | libc::O_RDONLY,
-                0,
-                Symlinks::Refuse,
-            )
-            .map_err(|e| SessionFileError::open("open", shown, e))?;
-            match nix::sys::stat::mkdirat(
-                &pfd,
-                name,
-                nix::sys::stat::Mode::from_bits_truncate(0o755),
-            ) {
-                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-                Err(e) => {
-                    return Err(SessionFileError::Io {
-                        verb: "create the directory",
-                        path: shown.to_owned(),
-                        source: e.into(),
-                    })
-                }
-            }
-            let made = open_beneath(
-                self.fd.as_fd(),
-                &sofar,
-                libc::O_DIRECTORY | libc::O_RDONLY,
-                0,
-                Symlinks::Refuse,
-            )
-            .map_err(|e| SessionFileError::open("open", shown, e))?;
-            self.give(&made, shown)?;
-        }
-        Ok(())
+        let fail = |step| match step {
+            DirStepError::Outside => SessionFileError::Outside {
+                path: shown.to_owned(),
+            },
+            DirStepError::Open(e) => SessionFileError::open("open", shown, e),
+            DirStepError::Create(source) => SessionFileError::Io {
+                verb: "create the directory",
+                path: shown.to_owned(),
+                source,
+            },
+        };
+        make_dirs_beneath(self.fd.as_fd(), parent, fail, |made| {
+            let fd = self.open_rel(made, libc::O_DIRECTORY | libc::O_RDONLY, 0, "open", shown)?;
+            self.give(&fd, shown)
+        })
+    }
+
+    /// `rel` opened beneath the directory, symlinks refused; an error names
+    /// `shown` and says what failed (`verb`).
+    fn open_rel(
+        &self,
+        rel: &Path,
+        flags: libc::c_int,
+        mode: libc::mode_t,
+        verb: &'static str,
+        shown: &str,
+    ) -> Result<OwnedFd, SessionFileError> {
+        open_beneath(self.fd.as_fd(), rel, flags, mode, Symlinks::Refuse)
+            .map_err(|e| SessionFileError::open(verb, shown, e))
     }
 
     /// `upload_file`: create or replace `path` with `content`.
@@ -328,14 +305,9 @@ impl SessionDir {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             Err(e) => return Err(SessionFileError::open("open", &shown, e)),
         }
-        let fd = open_beneath(
-            self.fd.as_fd(),
-            &rel,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
-            0o644,
-            Symlinks::Refuse,
-        )
-        .map_err(|e| SessionFileError::open("create", &shown, e))?;
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = self.open_rel(&rel, flags, 0o644, "create", &shown)?;
         let mut file = File::from(fd);
         let meta = file
             .metadata()
@@ -370,14 +342,8 @@ impl SessionDir {
     pub fn download(&self, path: &str) -> Result<(String, Vec<u8>), SessionFileError> {
         let rel = relative(path, false)?;
         let shown = rel.to_string_lossy().into_owned();
-        let fd = open_beneath(
-            self.fd.as_fd(),
-            &rel,
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
-            0,
-            Symlinks::Refuse,
-        )
-        .map_err(|e| SessionFileError::open("open", &shown, e))?;
+        let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = self.open_rel(&rel, flags, 0, "open", &shown)?;
         let file = File::from(fd);
         let meta = file
             .metadata()
@@ -421,14 +387,7 @@ impl SessionDir {
     pub fn list(&self, path: &str) -> Result<Value, SessionFileError> {
         let rel = relative(path, true)?;
         let shown = rel.to_string_lossy().into_owned();
-        let fd = open_beneath(
-            self.fd.as_fd(),
-            &rel,
-            libc::O_RDONLY | libc::O_DIRECTORY,
-            0,
-            Symlinks::Refuse,
-        )
-        .map_err(|e| SessionFileError::open("open", &shown, e))?;
+        let fd = self.open_rel(&rel, libc::O_RDONLY | libc::O_DIRECTORY, 0, "open", &shown)?;
         let stat_fd = fd.try_clone().map_err(|source| SessionFileError::Io {
             verb: "list",
             path: shown.clone(),

@@ -2,10 +2,10 @@
 //! supervisor's own HTTP request to the same local server.
 
 use super::{ModelClient, ModelConfig, ModelsSection, Query};
-use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
+use crate::{Policy, SessionConfig, Supervisor};
 use bytes::Bytes;
 use http_body_util::Full;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A chat-completions server on 127.0.0.1 that answers at once.
 async fn local_server() -> Result<String, String> {
@@ -80,23 +80,7 @@ pub async fn round_trip(n: usize) -> Result<String, String> {
             ..SessionConfig::default()
         })
         .map_err(|e| e.to_string())?;
-    let run = |code: String| {
-        let session = session.clone();
-        async move {
-            let t = Instant::now();
-            let r = session
-                .run(CellRequest::new(Language::Rhai, code).timeout(Duration::from_secs(120)))
-                .await;
-            if r.status != Status::Ok {
-                return Err(format!(
-                    "the bench cell ended {}: {:?}",
-                    r.status,
-                    r.error.map(|e| e.message)
-                ));
-            }
-            Ok(t.elapsed())
-        }
-    };
+    let run = |code: String| crate::bench::timed_session_cell(&session, code);
     run("model_query(\"x\")".into()).await?;
     let empty = run(format!("for i in 0..{n} {{ }}")).await?;
     let looped = run(format!("for i in 0..{n} {{ model_query(\"x\"); }}")).await?;

@@ -485,7 +485,7 @@ impl Profile {
     fn validate_paths(&self) -> Result<(), ProfileError> {
         for (i, rule) in self.filesystem.paths.iter().enumerate() {
             let key = format!("filesystem.path[{i}] ({})", rule.path.display());
-            check_sandbox_path(&rule.path).map_err(|p| self.invalid(&key, p))?;
+            check_sandbox_path(&rule.path).map_err(|p| self.invalid(&key, p.to_string()))?;
             if rule.why.trim().is_empty() {
                 return Err(self.invalid(format!("{key}.why"), "must say why the path is needed"));
             }
@@ -631,23 +631,36 @@ fn builtin_json(name: &str) -> Option<&'static str> {
     }
 }
 
+/// What is wrong with a path the sandbox was to mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathProblem {
+    #[error("must be an absolute path")]
+    Relative,
+    #[error("must not be `/`")]
+    Root,
+    #[error("must not contain `.` or `..`")]
+    Dots,
+    #[error("must not contain NUL")]
+    Nul,
+}
+
 /// A path the sandbox will mount and hand to Landlock must be absolute,
 /// normalized (no `.`/`..`), and not the root itself.
-pub fn check_sandbox_path(path: &Path) -> Result<(), String> {
+pub fn check_sandbox_path(path: &Path) -> Result<(), PathProblem> {
     if !path.is_absolute() {
-        return Err("must be an absolute path".into());
+        return Err(PathProblem::Relative);
     }
     if path.components().count() < 2 {
-        return Err("must not be `/`".into());
+        return Err(PathProblem::Root);
     }
     if path
         .components()
         .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
     {
-        return Err("must not contain `.` or `..`".into());
+        return Err(PathProblem::Dots);
     }
     if path.as_os_str().as_encoded_bytes().contains(&0) {
-        return Err("must not contain NUL".into());
+        return Err(PathProblem::Nul);
     }
     Ok(())
 }

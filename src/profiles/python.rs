@@ -45,7 +45,10 @@ impl PythonPackages {
         }
         for (i, p) in self.paths.iter().enumerate() {
             if let Err(problem) = super::check_sandbox_path(p) {
-                return Some((format!("python.paths[{i}] ({})", p.display()), problem));
+                return Some((
+                    format!("python.paths[{i}] ({})", p.display()),
+                    problem.to_string(),
+                ));
             }
             if p.to_str().is_none() {
                 return Some((format!("python.paths[{i}]"), "must be valid UTF-8".into()));

@@ -87,7 +87,7 @@ fn seconds(ms: u64) -> String {
 }
 
 /// How a language's code is run, and what `value` means for it.
-fn language_line(language: Language, python: &Result<PythonInfo, String>) -> String {
+fn language_line(language: Language, python: &Result<PythonInfo, NoPython>) -> String {
     match language {
         Language::Rhai => "rhai: a Rhai script; `value` is its last expression, print() writes to \
                            stdout."
@@ -226,12 +226,21 @@ fn sandbox_lines(
     lines
 }
 
+/// Why a description names no Python interpreter.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NoPython {
+    #[error(transparent)]
+    Missing(#[from] crate::PythonError),
+    #[error("python is not enabled")]
+    Disabled,
+}
+
 /// Inputs every description is built from.
 pub struct Facts<'a> {
     pub settings: &'a Settings,
     /// Allowed capabilities: (name, description, parameter names).
     pub capabilities: Vec<(String, String, Vec<String>)>,
-    pub python: Result<PythonInfo, String>,
+    pub python: Result<PythonInfo, NoPython>,
     /// The sandbox profile of each enabled language.
     pub profiles: BTreeMap<Language, Profile>,
     pub observed: Option<&'a Observations>,
@@ -289,9 +298,9 @@ impl Facts<'_> {
             .chain(upstream_entries(sup, &settings.session.policy))
             .collect();
         let python = if settings.languages.contains(&Language::Python) {
-            sup.python().map_err(String::from)
+            sup.python().map_err(NoPython::from)
         } else {
-            Err("python is not enabled".into())
+            Err(NoPython::Disabled)
         };
         // Settings validation loaded every profile once already.
         let profiles = settings

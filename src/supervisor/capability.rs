@@ -99,6 +99,37 @@ pub enum CapabilityError {
     Duplicate(String),
 }
 
+/// A call's arguments did not fit its capability's schema.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ArgsError {
+    /// The schema itself does not compile.
+    #[error("the capability's schema is invalid: {0}")]
+    Schema(String),
+    /// Every violation, with the path of the argument it is about.
+    #[error("{}", .0.join("; "))]
+    Violations(Vec<String>),
+}
+
+/// A host capability called outside any cell failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    /// Only a host capability runs outside a cell.
+    #[error("{0} runs only inside a cell")]
+    OutsideCell(String),
+    /// The handler's own error, as it said it.
+    #[error("{0}")]
+    Handler(String),
+}
+
+/// For callers that report errors as text.
+impl From<CallError> for String {
+    fn from(e: CallError) -> String {
+        e.to_string()
+    }
+}
+
 fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
@@ -170,7 +201,7 @@ impl Capability {
         if let Err(message) = cap.validator() {
             return Err(CapabilityError::BadSchema {
                 name: name.to_owned(),
-                message,
+                message: message.to_owned(),
             });
         }
         Ok(cap)
@@ -200,18 +231,20 @@ impl Capability {
         &self.schema
     }
 
-    fn validator(&self) -> Result<&jsonschema::Validator, String> {
+    /// The compiled schema, or why it does not compile (kept as text: the
+    /// compiler's error borrows the schema).
+    fn validator(&self) -> Result<&jsonschema::Validator, &str> {
         self.validator
             .get_or_init(|| jsonschema::validator_for(&self.schema).map_err(|e| e.to_string()))
             .as_ref()
-            .map_err(Clone::clone)
+            .map_err(String::as_str)
     }
 
     /// Check `args` against the schema; the message lists every violation.
-    pub fn validate(&self, args: &Map<String, Value>) -> Result<(), String> {
+    pub fn validate(&self, args: &Map<String, Value>) -> Result<(), ArgsError> {
         let validator = self
             .validator()
-            .map_err(|e| format!("the capability's schema is invalid: {e}"))?;
+            .map_err(|e| ArgsError::Schema(e.to_owned()))?;
         let v = Value::Object(args.clone());
         let errors: Vec<String> = validator
             .iter_errors(&v)
@@ -227,16 +260,16 @@ impl Capability {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors.join("; "))
+            Err(ArgsError::Violations(errors))
         }
     }
 
     /// Run a host capability outside any cell (`serve` offers some as MCP
     /// tools of their own); the arguments are validated first.
-    pub async fn call_direct(&self, args: Map<String, Value>) -> Result<Value, String> {
+    pub async fn call_direct(&self, args: Map<String, Value>) -> Result<Value, CallError> {
         self.validate(&args)?;
         let Handler::Host(f) = &self.handler else {
-            return Err(format!("{} runs only inside a cell", self.name));
+            return Err(CallError::OutsideCell(self.name.clone()));
         };
         let ctx = CallContext {
             session_id: String::new(),
@@ -247,7 +280,7 @@ impl Capability {
                 depth: 0,
             },
         };
-        f(ctx, args).await
+        f(ctx, args).await.map_err(CallError::Handler)
     }
 
     pub(crate) fn spec(&self) -> CapabilitySpec {
@@ -418,7 +451,11 @@ mod tests {
         bad.insert("language".into(), json!("cobol"));
         assert!(rc.validate(&bad).is_err());
         bad.remove("language");
-        assert!(rc.validate(&bad).unwrap_err().contains("language"));
+        assert!(rc
+            .validate(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("language"));
     }
 
     struct NoTools;

@@ -28,7 +28,8 @@ mod warm;
 mod zygote;
 
 pub use capability::{
-    CallContext, Capability, CapabilityError, Registry, SourceError, SourceFuture, ToolSource,
+    ArgsError, CallContext, CallError, Capability, CapabilityError, Registry, SourceError,
+    SourceFuture, ToolSource,
 };
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use limits::{LimitOverrides, Limits};
@@ -290,12 +291,15 @@ impl Inner {
 
     /// A sandbox profile by name or path, parsed once per supervisor (a
     /// profile file edited later takes effect with a new supervisor).
-    pub(crate) fn profile(&self, name: &str) -> Result<Arc<crate::profiles::Profile>, String> {
+    pub(crate) fn profile(
+        &self,
+        name: &str,
+    ) -> Result<Arc<crate::profiles::Profile>, crate::profiles::ProfileError> {
         let mut cache = crate::util::lock(&self.profile_cache);
         if let Some(p) = cache.get(name) {
             return Ok(p.clone());
         }
-        let p = Arc::new(crate::profiles::Profile::load(name).map_err(|e| e.to_string())?);
+        let p = Arc::new(crate::profiles::Profile::load(name)?);
         cache.insert(name.to_owned(), p.clone());
         Ok(p)
     }
@@ -345,15 +349,11 @@ impl Inner {
     pub(crate) fn cgroup_for(
         &self,
         mode: crate::profiles::LayerMode,
-    ) -> Result<Option<std::os::fd::RawFd>, String> {
+    ) -> Result<Option<std::os::fd::RawFd>, CgroupRequired> {
         use crate::profiles::LayerMode;
         match (mode, self.cgroup_fd()) {
             (LayerMode::Off, _) => Ok(None),
-            (LayerMode::Required, None) => Err(
-                "the cgroup layer is required, but this supervisor has no memory cgroup \
-                 (it needs root and a memory controller it can make children in)"
-                    .into(),
-            ),
+            (LayerMode::Required, None) => Err(CgroupRequired),
             (_, fd) => Ok(fd),
         }
     }
@@ -421,6 +421,14 @@ impl Inner {
             .map_err(Clone::clone)
     }
 }
+
+/// A profile requires the cgroup layer and this supervisor has none.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the cgroup layer is required, but this supervisor has no memory cgroup \
+     (it needs root and a memory controller it can make children in)"
+)]
+pub(crate) struct CgroupRequired;
 
 /// Builds a [`Supervisor`].
 #[derive(Debug)]
@@ -847,7 +855,9 @@ impl Supervisor {
         #[cfg(target_os = "linux")]
         if let Some(p) = &self.inner.pools {
             let profile = self.inner.profile_name(Language::Python, None);
-            p.fill(&self.inner, &profile).await.map_err(Error::Config)?;
+            p.fill(&self.inner, &profile)
+                .await
+                .map_err(|e| Error::Config(e.to_string()))?;
         }
         Ok(())
     }
@@ -969,17 +979,20 @@ impl RunInfo {
 }
 
 /// Resolve a program name to an absolute path (PATH lookup for bare names).
-pub(crate) fn resolve_program(prog: &str) -> Result<PathBuf, String> {
+pub(crate) fn resolve_program(prog: &str) -> Result<PathBuf, ProgramError> {
     let p = Path::new(prog);
     if p.is_absolute() {
         return if p.is_file() {
             Ok(p.to_path_buf())
         } else {
-            Err(format!("program {prog} does not exist"))
+            Err(ProgramError::Missing(prog.to_owned()))
         };
     }
     if prog.contains('/') {
-        return std::fs::canonicalize(p).map_err(|e| format!("program {prog}: {e}"));
+        return std::fs::canonicalize(p).map_err(|source| ProgramError::Resolve {
+            prog: prog.to_owned(),
+            source,
+        });
     }
     for dir in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
         let c = Path::new(dir).join(prog);
@@ -987,9 +1000,31 @@ pub(crate) fn resolve_program(prog: &str) -> Result<PathBuf, String> {
             return Ok(c);
         }
     }
-    Err(format!(
-        "program {prog:?} was not found in /usr/local/bin, /usr/bin or /bin"
-    ))
+    Err(ProgramError::NotFound(prog.to_owned()))
+}
+
+/// Why the program of an `exec` cell was not found.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProgramError {
+    #[error("exec needs a program to run")]
+    Empty,
+    #[error("program {0} does not exist")]
+    Missing(String),
+    #[error("program {prog}: {source}")]
+    Resolve {
+        prog: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("program {0:?} was not found in /usr/local/bin, /usr/bin or /bin")]
+    NotFound(String),
+}
+
+/// For the callers that still speak in strings.
+impl From<ProgramError> for String {
+    fn from(e: ProgramError) -> String {
+        e.to_string()
+    }
 }
 
 pub(crate) use crate::util::valid_var_name;

@@ -469,7 +469,7 @@ impl Talk {
                             .record("emit", &ctx.run, json!({ "data": event }));
                         Ok(Value::Null)
                     }
-                    Err(m) => Err(("limit".into(), m)),
+                    Err(m) => Err(("limit".into(), m.to_string())),
                 }
             }
             Handler::Answer => {
@@ -597,7 +597,7 @@ mod tests {
             for args in cases {
                 let args = args.as_object().unwrap().clone();
                 let ours = args_problem(&cap.handler, &args);
-                let theirs = cap.validate(&args).err();
+                let theirs = cap.validate(&args).err().map(|e| e.to_string());
                 assert_eq!(ours, theirs, "{name} {args:?}");
             }
         }

@@ -318,6 +318,23 @@ pub const MAX_EMITS_PER_SESSION: u64 = 10_000;
 /// Bytes of `emit` events one session may record over its life.
 pub const MAX_EMIT_BYTES_PER_SESSION: u64 = 16 << 20;
 
+/// An `emit` event that would pass its bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EmitRefused {
+    #[error("emit refused: {max} events per {per} were recorded already")]
+    Count { max: u64, per: &'static str },
+    #[error(
+        "emit refused: the event is {bytes} bytes, and {used} of the {max} bytes \
+         per {per} were recorded already"
+    )]
+    Bytes {
+        bytes: u64,
+        used: u64,
+        max: u64,
+        per: &'static str,
+    },
+}
+
 /// `emit` events (count, bytes) recorded so far against a bound.
 #[derive(Debug, Default)]
 pub(crate) struct EmitTally(Mutex<(u64, u64)>);
@@ -329,20 +346,22 @@ impl EmitTally {
         bytes: u64,
         max_count: u64,
         max_bytes: u64,
-        per: &str,
-    ) -> Result<(), String> {
+        per: &'static str,
+    ) -> Result<(), EmitRefused> {
         let mut t = crate::util::lock(&self.0);
         if t.0 >= max_count {
-            return Err(format!(
-                "emit refused: {max_count} events per {per} were recorded already"
-            ));
+            return Err(EmitRefused::Count {
+                max: max_count,
+                per,
+            });
         }
         if t.1.saturating_add(bytes) > max_bytes {
-            return Err(format!(
-                "emit refused: the event is {bytes} bytes, and {} of the {max_bytes} bytes \
-                 per {per} were recorded already",
-                t.1
-            ));
+            return Err(EmitRefused::Bytes {
+                bytes,
+                used: t.1,
+                max: max_bytes,
+                per,
+            });
         }
         t.0 += 1;
         t.1 += bytes;
@@ -387,7 +406,7 @@ impl Budget {
     }
 
     /// Count one `emit` event of `bytes` against the run tree's bound.
-    pub(crate) fn charge_emit(&self, bytes: u64) -> Result<(), String> {
+    pub(crate) fn charge_emit(&self, bytes: u64) -> Result<(), EmitRefused> {
         self.emitted
             .charge(bytes, MAX_EMITS_PER_CELL, MAX_EMIT_BYTES_PER_CELL, "cell")
     }

@@ -13,6 +13,13 @@ use crate::sandbox::linux::groups::SessionGroup;
 #[cfg(target_os = "linux")]
 pub(crate) use crate::sandbox::linux::groups::{CellGroup, TreeUsage};
 
+/// Why a cgroup could not be made, joined or emptied.
+#[cfg(target_os = "linux")]
+pub(crate) use crate::sandbox::linux::cgroup::CgroupError as GroupError;
+/// Elsewhere there are no cgroups, so no such errors.
+#[cfg(not(target_os = "linux"))]
+pub(crate) type GroupError = std::convert::Infallible;
+
 /// Elsewhere there are no cell groups: a stand-in that is never made.
 #[cfg(not(target_os = "linux"))]
 #[derive(Debug)]
@@ -32,7 +39,7 @@ impl CellGroup {
     pub(crate) fn join_borrowed(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
         match *self {}
     }
-    pub(crate) fn end(&self, _within: std::time::Duration) -> Result<(), String> {
+    pub(crate) fn end(&self, _within: std::time::Duration) -> Result<(), GroupError> {
         match *self {}
     }
     pub(crate) fn is_empty(&self) -> bool {
@@ -41,7 +48,7 @@ impl CellGroup {
     pub(crate) fn usage(&self) -> TreeUsage {
         match *self {}
     }
-    pub(crate) fn set_max_processes(&self, _n: u64) -> Result<(), String> {
+    pub(crate) fn set_max_processes(&self, _n: u64) -> Result<(), GroupError> {
         match *self {}
     }
 }

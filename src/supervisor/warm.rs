@@ -19,6 +19,115 @@ use tokio::sync::oneshot;
 /// `serve` logs by default.
 pub(crate) const POOL_LOG: &str = "cellbox::pool";
 
+/// Why a pool parent (the Rhai fork server, a Python zygote) did not start
+/// or did not fork a cell.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PoolError {
+    /// A system call on the way failed (`what` says which, as "failed to
+    /// ..." reads it).
+    #[error("failed to {what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A cell's scratch dir could not be given to the sandbox user.
+    #[error("failed to {what} scratch dir {}: {source}", dir.display())]
+    Scratch {
+        what: &'static str,
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Profile(#[from] crate::profiles::ProfileError),
+    #[error(transparent)]
+    Cgroup(#[from] super::CgroupRequired),
+    #[error(transparent)]
+    Python(#[from] super::python::PythonError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    View(#[from] crate::sandbox::linux::view::ViewError),
+    #[cfg(target_os = "linux")]
+    #[error("failed to {what}: {source}")]
+    Landlock {
+        what: &'static str,
+        #[source]
+        source: crate::sandbox::linux::landlock::LandlockError,
+    },
+    /// The fork server's spawn reply did not carry a child's four fds.
+    #[error("the fork server sent {0} fds, not 4")]
+    FdCount(usize),
+    #[error("the fork server thread went away")]
+    ThreadGone,
+    #[error("the zygote launcher thread is gone")]
+    LauncherGone,
+    /// The parent could not apply one of its pool-wide layers.
+    #[error("the fork server could not apply the {layer} layer: {message}")]
+    ServerLayer { layer: String, message: String },
+    #[error("the {layer} layer could not be applied to the Python zygote: {message}")]
+    ZygoteLayer { layer: String, message: String },
+    #[error("the fork server did not start")]
+    ServerNotStarted,
+    #[error("the fork server did not start: {0}")]
+    ServerNoAnswer(#[source] std::io::Error),
+    #[error("the Python zygote did not get ready in time")]
+    ZygoteNotReady,
+    #[error("the Python zygote exited during setup")]
+    ZygoteExited,
+    /// The zygote's reply was not one the protocol allows here.
+    #[error("the Python zygote sent {0}")]
+    ZygoteSent(&'static str),
+    #[error("the Python zygote offered an unknown path {0}")]
+    UnknownAnchor(String),
+    #[error("no Python zygote")]
+    NoZygote,
+    #[error("the fork server is not running")]
+    ServerNotRunning,
+    #[error("the Python zygote is not running")]
+    ZygoteNotRunning,
+    #[error("the fork server went away")]
+    ServerGone,
+    #[error("the Python zygote went away")]
+    ZygoteGone,
+    #[error("the fork server (pid {pid}) did not answer a spawn within {waited_ms} ms")]
+    ServerStalled { pid: i32, waited_ms: u128 },
+    #[error("the Python zygote (pid {0}) is stalled")]
+    ZygoteStalled(i32),
+    #[error("the Python zygote (pid {pid}) did not answer a spawn within {waited_ms} ms")]
+    ZygoteNoAnswer { pid: i32, waited_ms: u128 },
+    #[error(
+        "it waited {waited_ms} ms for the Python zygote (pid {pid}) to fork it and got no answer"
+    )]
+    ZygoteDeadline { pid: i32, waited_ms: u128 },
+    /// The parent answered a spawn with an error of its own.
+    #[error("the fork server could not fork: {0}")]
+    ServerFork(String),
+    #[error("the Python zygote could not fork the cell: {0}")]
+    ZygoteFork(String),
+}
+
+impl PoolError {
+    /// A `map_err` for a failed system call: "failed to {what}: {e}".
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> PoolError {
+        move |source| PoolError::Io { what, source }
+    }
+}
+
+/// `worker_exe MODE` as a pool parent (the fork server, a zygote) starts:
+/// a clean environment, no stdin or stdout, its stderr ours.
+pub(crate) fn pool_parent_command(worker_exe: &Path, mode: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(worker_exe);
+    cmd.arg(mode)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    cmd
+}
+
 /// A process that forks cell workers and reports how they ended (the Rhai
 /// fork server, a Python zygote).
 pub(crate) trait ForkingParent: Send + Sync {
@@ -74,10 +183,10 @@ pub(crate) struct Forked {
 }
 
 impl Forked {
-    fn from_fds(pid: i32, fds: Vec<OwnedFd>) -> Result<Forked, String> {
+    fn from_fds(pid: i32, fds: Vec<OwnedFd>) -> Result<Forked, PoolError> {
         let [pidfd, sock, stdout, stderr]: [OwnedFd; 4] = fds
             .try_into()
-            .map_err(|v: Vec<OwnedFd>| format!("the fork server sent {} fds, not 4", v.len()))?;
+            .map_err(|v: Vec<OwnedFd>| PoolError::FdCount(v.len()))?;
         Ok(Forked {
             pid,
             pidfd,
@@ -88,7 +197,7 @@ impl Forked {
     }
 }
 
-type SpawnReply = Result<Forked, String>;
+type SpawnReply = Result<Forked, PoolError>;
 
 enum ExitSlot {
     Waiting(oneshot::Sender<Reaped>),
@@ -211,8 +320,8 @@ impl ForkServer {
         worker_exe: &Path,
         profile: &str,
         sup: &super::Inner,
-    ) -> Result<ForkServer, String> {
-        let loaded = crate::profiles::Profile::load(profile).map_err(|e| e.to_string())?;
+    ) -> Result<ForkServer, PoolError> {
+        let loaded = crate::profiles::Profile::load(profile)?;
         let cgroup = sup.cgroup_for(loaded.layers.cgroup)?;
         // With session cgroups every cell is forked for it and joins its
         // groups itself (see `spawn`): spares would only wait.
@@ -227,7 +336,7 @@ impl ForkServer {
                 std::process::id()
             ))
             .tempdir()
-            .map_err(|e| format!("failed to create the fork server's directory: {e}"))?;
+            .map_err(PoolError::io("create the fork server's directory"))?;
         let plan = crate::sandbox::SandboxPlan::new(
             &loaded,
             dir.path().to_path_buf(),
@@ -238,15 +347,8 @@ impl ForkServer {
                 .rlimits,
         );
         let (ours, theirs) = forkserver::seqpacket_pair()
-            .map_err(|e| format!("failed to create the fork server channel: {e}"))?;
-        let mut cmd = std::process::Command::new(worker_exe);
-        cmd.arg(crate::worker::FORKSERVER_ARG)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("LANG", "C.UTF-8")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit());
+            .map_err(PoolError::io("create the fork server channel"))?;
+        let mut cmd = pool_parent_command(worker_exe, crate::worker::FORKSERVER_ARG);
         crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs, cgroup.into_iter().collect());
         // Fork from a thread that lives as long as this handle: the server's
         // parent-death signal fires when the *thread* that forked it ends,
@@ -265,11 +367,11 @@ impl ForkServer {
                     let _ = keep_rx.recv();
                 }
             })
-            .map_err(|e| format!("failed to start the fork server thread: {e}"))?;
+            .map_err(PoolError::io("start the fork server thread"))?;
         let server_pid = res_rx
             .recv()
-            .map_err(|_| "the fork server thread went away".to_owned())?
-            .map_err(|e| format!("failed to start the fork server: {e}"))?;
+            .map_err(|_| PoolError::ThreadGone)?
+            .map_err(PoolError::io("start the fork server"))?;
         // Pool-wide layers first; a server that cannot apply them is not used.
         let report = forkserver::send(
             ours.as_fd(),
@@ -294,18 +396,16 @@ impl ForkServer {
         match report {
             Ok(Some((Control::Ready { .. }, _))) => {}
             Ok(Some((Control::Failed { layer, message }, _))) => {
-                return Err(format!(
-                    "the fork server could not apply the {layer} layer: {message}"
-                ))
+                return Err(PoolError::ServerLayer { layer, message })
             }
-            Ok(_) => return Err("the fork server did not start".into()),
-            Err(e) => return Err(format!("the fork server did not start: {e}")),
+            Ok(_) => return Err(PoolError::ServerNotStarted),
+            Err(e) => return Err(PoolError::ServerNoAnswer(e)),
         }
         let reader_fd = ours
             .try_clone()
-            .map_err(|e| format!("failed to share the fork server channel: {e}"))?;
+            .map_err(PoolError::io("share the fork server channel"))?;
         let reader = crate::sandbox::process::watch_readable(reader_fd)
-            .map_err(|e| format!("failed to watch the fork server channel: {e}"))?;
+            .map_err(PoolError::io("watch the fork server channel"))?;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let dead = Arc::new(AtomicBool::new(false));
         let ender = ServerEnd {
@@ -371,9 +471,9 @@ impl ForkServer {
         limits: &Rlimits,
         join: &[BorrowedFd<'_>],
         deadline: tokio::time::Instant,
-    ) -> Result<(Forked, Option<Refill>), String> {
+    ) -> Result<(Forked, Option<Refill>), PoolError> {
         if self.is_dead() {
-            return Err("the fork server is not running".into());
+            return Err(PoolError::ServerNotRunning);
         }
         if !join.is_empty() {
             return self.spawn_now(limits, join, deadline).await;
@@ -403,7 +503,7 @@ impl ForkServer {
         limits: &Rlimits,
         join: &[BorrowedFd<'_>],
         deadline: tokio::time::Instant,
-    ) -> Result<(Forked, Option<Refill>), String> {
+    ) -> Result<(Forked, Option<Refill>), PoolError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.shared).pending.insert(id, tx);
@@ -413,23 +513,22 @@ impl ForkServer {
         };
         let asked = std::time::Instant::now();
         if let Err(e) = self.control_with(&msg, Some(id), join) {
-            return Err(format!("failed to reach the fork server: {e}"));
+            return Err(PoolError::io("reach the fork server")(e));
         }
         let stall_at = tokio::time::Instant::from_std(asked) + STALL_WITHIN;
         match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
             Ok(Ok(r)) => r.map(|f| (f, None)),
-            Ok(Err(_)) => Err("the fork server went away".into()),
+            Ok(Err(_)) => Err(PoolError::ServerGone),
             Err(_) => {
                 lock(&self.shared).pending.remove(&id);
                 let waited = asked.elapsed();
                 if stall_at <= deadline {
                     self.mark_stalled("a spawn", waited);
                 }
-                Err(format!(
-                    "the fork server (pid {}) did not answer a spawn within {} ms",
-                    self.pid,
-                    waited.as_millis()
-                ))
+                Err(PoolError::ServerStalled {
+                    pid: self.pid,
+                    waited_ms: waited.as_millis(),
+                })
             }
         }
     }
@@ -561,7 +660,7 @@ async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ServerEnd) {
             }
             (Control::Error { id, message }, _) => {
                 if let Some(tx) = lock(shared).pending.remove(&id) {
-                    let _ = tx.send(Err(format!("the fork server could not fork: {message}")));
+                    let _ = tx.send(Err(PoolError::ServerFork(message)));
                 }
             }
             (

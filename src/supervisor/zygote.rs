@@ -9,7 +9,7 @@
 //! path, read-write for the zygote but, through each cell's own nested
 //! Landlock domain, only the cell's own directory for the cell.
 
-use super::warm::POOL_LOG;
+use super::warm::{PoolError, POOL_LOG};
 use super::{Inner, Language};
 use crate::plan::Rlimits;
 use crate::sandbox::linux::landlock::{CellRules, Grant};
@@ -80,7 +80,7 @@ impl Default for PoolConfig {
 
 use super::pool_status::ZygoteStatus;
 
-type SpawnReply = Result<(i32, OwnedFd), String>;
+type SpawnReply = Result<(i32, OwnedFd), PoolError>;
 
 #[derive(Default)]
 struct Shared {
@@ -95,25 +95,18 @@ struct Shared {
 }
 
 /// Why a cell could not be forked from a zygote.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum SpawnError {
     /// The zygote did not answer within its stall window: it is marked
     /// stalled (and replaced); the cell may move to another.
-    Stalled(String),
+    #[error(transparent)]
+    Stalled(PoolError),
     /// The cell's deadline came while it waited for the zygote's answer.
-    Deadline(String),
+    #[error(transparent)]
+    Deadline(PoolError),
     /// The zygote is gone or could not fork the cell.
-    Failed(String),
-}
-
-impl std::fmt::Display for SpawnError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SpawnError::Stalled(m) | SpawnError::Deadline(m) | SpawnError::Failed(m) => {
-                f.write_str(m)
-            }
-        }
-    }
+    #[error(transparent)]
+    Failed(PoolError),
 }
 
 /// A healthy zygote answers a spawn in a few ms: one that has kept a spawn
@@ -182,7 +175,7 @@ impl Zygote {
         plan: SandboxPlan,
         ceiling: Rlimits,
         runtime: tokio::runtime::Handle,
-    ) -> Result<Zygote, String> {
+    ) -> Result<Zygote, PoolError> {
         let Launch {
             worker_exe,
             interpreter,
@@ -194,15 +187,8 @@ impl Zygote {
         let answer_timeout = *answer_timeout;
         let stall_timeout = *stall_timeout;
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
-            .map_err(|e| format!("failed to create the zygote channel: {e}"))?;
-        let mut cmd = std::process::Command::new(worker_exe);
-        cmd.arg(crate::worker::ZYGOTE_ARG)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("LANG", "C.UTF-8")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit());
+            .map_err(PoolError::io("create the zygote channel"))?;
+        let mut cmd = super::warm::pool_parent_command(worker_exe, crate::worker::ZYGOTE_ARG);
         crate::sandbox::spawn::prepare_worker(
             &mut cmd,
             &theirs,
@@ -210,13 +196,13 @@ impl Zygote {
         );
         let child = cmd
             .spawn()
-            .map_err(|e| format!("failed to start a Python zygote: {e}"))?;
+            .map_err(PoolError::io("start a Python zygote"))?;
         drop(theirs);
         let pid = child.id() as i32;
         drop(child);
         let guard = KillAndReap(pid);
         // Host-side rules, resolved the way the worker resolves them.
-        let view = crate::sandbox::linux::view::resolve(&plan).map_err(|e| e.to_string())?;
+        let view = crate::sandbox::linux::view::resolve(&plan)?;
         let host_rules: Vec<_> = crate::sandbox::linux::landlock::rules(&view, false, false)
             .into_iter()
             .filter(|r| r.path != view.scratch && r.path != Path::new("/proc"))
@@ -227,30 +213,28 @@ impl Zygote {
             python: python.clone(),
         };
         zygote::send(ours.as_fd(), &setup, &[])
-            .map_err(|e| format!("failed to send the zygote its setup: {e}"))?;
+            .map_err(PoolError::io("send the zygote its setup"))?;
         if !super::warm::readable_within(&ours, answer_timeout) {
-            return Err("the Python zygote did not get ready in time".into());
+            return Err(PoolError::ZygoteNotReady);
         }
         let (report, anchors, fds) = match zygote::recv::<ZygoteMsg>(ours.as_fd(), 1 << 16) {
             Ok(Some((ZygoteMsg::Ready { report, anchors }, fds))) => (report, anchors, fds),
             Ok(Some((ZygoteMsg::SandboxError { layer, message }, _))) => {
-                return Err(format!(
-                    "the {layer} layer could not be applied to the Python zygote: {message}"
-                ))
+                return Err(PoolError::ZygoteLayer { layer, message })
             }
-            Ok(Some(_)) => return Err("the Python zygote sent an unexpected message".into()),
-            Ok(None) => return Err("the Python zygote exited during setup".into()),
-            Err(e) => return Err(format!("failed to read the zygote's ready message: {e}")),
+            Ok(Some(_)) => return Err(PoolError::ZygoteSent("an unexpected message")),
+            Ok(None) => return Err(PoolError::ZygoteExited),
+            Err(e) => return Err(PoolError::io("read the zygote's ready message")(e)),
         };
         if anchors.len() != fds.len() {
-            return Err("the Python zygote sent a malformed ready message".into());
+            return Err(PoolError::ZygoteSent("a malformed ready message"));
         }
         let mut anchor_rules = Vec::new();
         for (name, fd) in anchors.iter().zip(fds) {
             let (kind, grant) = match name.as_str() {
                 "/proc" => (Kind::Dir, Grant::Read),
                 "/etc/passwd" | "/etc/group" => (Kind::File, Grant::Read),
-                other => return Err(format!("the Python zygote offered an unknown path {other}")),
+                other => return Err(PoolError::UnknownAnchor(other.to_owned())),
             };
             anchor_rules.push((fd, kind, grant));
         }
@@ -259,10 +243,13 @@ impl Zygote {
             anchor_rules,
             crate::sandbox::linux::sys::landlock_abi(),
         )
-        .map_err(|e| format!("failed to prepare the cells' Landlock rules: {e}"))?;
+        .map_err(|source| PoolError::Landlock {
+            what: "prepare the cells' Landlock rules",
+            source,
+        })?;
         let reader_fd = ours
             .try_clone()
-            .map_err(|e| format!("failed to share the zygote channel: {e}"))?;
+            .map_err(PoolError::io("share the zygote channel"))?;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let dead = Arc::new(AtomicBool::new(false));
         // Replies are read on the runtime: a report wakes the cell waiting
@@ -270,7 +257,7 @@ impl Zygote {
         let reader = {
             let _in_runtime = runtime.enter();
             crate::sandbox::process::watch_readable(reader_fd)
-                .map_err(|e| format!("failed to watch the zygote channel: {e}"))?
+                .map_err(PoolError::io("watch the zygote channel"))?
         };
         std::mem::forget(guard);
         let end = ZygoteEnd {
@@ -410,19 +397,18 @@ impl Zygote {
         let scratch = Path::new(&setup.scratch);
         use SpawnError::Failed;
         if self.is_dead() {
-            return Err(Failed("the Python zygote is not running".into()));
+            return Err(Failed(PoolError::ZygoteNotRunning));
         }
         // Found stalled since the cell was given it: the cell moves.
         if self.is_stalled() {
-            return Err(SpawnError::Stalled(format!(
-                "the Python zygote (pid {}) is stalled",
-                self.pid
-            )));
+            return Err(SpawnError::Stalled(PoolError::ZygoteStalled(self.pid)));
         }
-        let ruleset = self
-            .rules
-            .ruleset(scratch)
-            .map_err(|e| Failed(format!("failed to build the cell's Landlock ruleset: {e}")))?;
+        let ruleset = self.rules.ruleset(scratch).map_err(|source| {
+            Failed(PoolError::Landlock {
+                what: "build the cell's Landlock ruleset",
+                source,
+            })
+        })?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.shared).pending.insert(id, (Instant::now(), tx));
@@ -432,7 +418,7 @@ impl Zygote {
         let state = setup.state;
         // The cell's own data goes in a pipe only the forked child reads.
         let setup = zygote::setup_pipe(&setup)
-            .map_err(|e| Failed(format!("failed to pass the cell its setup: {e}")))?;
+            .map_err(|e| Failed(PoolError::io("pass the cell its setup")(e)))?;
         let msg = ZygoteMsg::Spawn { id, state };
         let asked = Instant::now();
         let sent = {
@@ -456,14 +442,14 @@ impl Zygote {
         if let Err(e) = sent {
             lock(&self.shared).pending.remove(&id);
             self.mark_dead();
-            return Err(Failed(format!("failed to reach the Python zygote: {e}")));
+            return Err(Failed(PoolError::io("reach the Python zygote")(e)));
         }
         let window = self.stall_window();
         let stall_at = tokio::time::Instant::from_std(asked) + window;
         match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
             Ok(Ok(Ok((pid, pidfd)))) => Ok((pid, pidfd, in_flight)),
             Ok(Ok(Err(e))) => Err(Failed(e)),
-            Ok(Err(_)) => Err(Failed("the Python zygote went away".into())),
+            Ok(Err(_)) => Err(Failed(PoolError::ZygoteGone)),
             Err(_) => {
                 let waited = asked.elapsed();
                 let mut s = lock(&self.shared);
@@ -471,20 +457,18 @@ impl Zygote {
                 if stall_at <= deadline {
                     drop(s);
                     self.mark_stalled("a spawn", waited);
-                    Err(SpawnError::Stalled(format!(
-                        "the Python zygote (pid {}) did not answer a spawn within {} ms",
-                        self.pid,
-                        waited.as_millis()
-                    )))
+                    Err(SpawnError::Stalled(PoolError::ZygoteNoAnswer {
+                        pid: self.pid,
+                        waited_ms: waited.as_millis(),
+                    }))
                 } else {
                     // Not a fair trial of the zygote: the next cell asking
                     // for it checks whether this answer is overdue.
                     s.unanswered.get_or_insert(asked);
-                    Err(SpawnError::Deadline(format!(
-                        "it waited {} ms for the Python zygote (pid {}) to fork it and got no answer",
-                        waited.as_millis(),
-                        self.pid
-                    )))
+                    Err(SpawnError::Deadline(PoolError::ZygoteDeadline {
+                        pid: self.pid,
+                        waited_ms: waited.as_millis(),
+                    }))
                 }
             }
         }
@@ -599,7 +583,7 @@ async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
                 };
                 let reply = match (fds.pop(), fds.is_empty()) {
                     (Some(pidfd), true) => Ok((pid, pidfd)),
-                    _ => Err("the Python zygote sent a malformed spawned message".into()),
+                    _ => Err(PoolError::ZygoteSent("a malformed spawned message")),
                 };
                 // Nobody waits (it gave up): the child must not run.
                 let unclaimed = match tx {
@@ -617,9 +601,7 @@ async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
                     s.pending.remove(&id).map(|(_, tx)| tx)
                 };
                 if let Some(tx) = tx {
-                    let _ = tx.send(Err(format!(
-                        "the Python zygote could not fork the cell: {message}"
-                    )));
+                    let _ = tx.send(Err(PoolError::ZygoteFork(message)));
                 }
             }
             (
@@ -699,7 +681,7 @@ impl Pools {
         sup: &Inner,
         profile: &str,
         running: bool,
-    ) -> Result<Arc<Zygote>, String> {
+    ) -> Result<Arc<Zygote>, PoolError> {
         let mut map = self.zygotes.lock().await;
         let slot = map.entry(profile.to_owned()).or_default();
         self.prune(slot);
@@ -718,10 +700,7 @@ impl Pools {
             // Start one now; the rest of the pool fills on later calls.
             let z = self.start_one(sup, profile).await?;
             slot.push(Arc::new(z));
-            return slot
-                .last()
-                .cloned()
-                .ok_or_else(|| "no Python zygote".to_owned());
+            return slot.last().cloned().ok_or(PoolError::NoZygote);
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % slot.len();
         // The least busy of those that answer (one keeping a spawn waiting
@@ -739,7 +718,7 @@ impl Pools {
     }
 
     /// Start every zygote of `profile` now.
-    pub(crate) async fn fill(&self, sup: &Inner, profile: &str) -> Result<(), String> {
+    pub(crate) async fn fill(&self, sup: &Inner, profile: &str) -> Result<(), PoolError> {
         let mut map = self.zygotes.lock().await;
         let slot = map.entry(profile.to_owned()).or_default();
         self.prune(slot);
@@ -799,9 +778,9 @@ impl Pools {
         });
     }
 
-    async fn start_one(&self, sup: &Inner, profile_name: &str) -> Result<Zygote, String> {
+    async fn start_one(&self, sup: &Inner, profile_name: &str) -> Result<Zygote, PoolError> {
         let py = sup.python()?.clone();
-        let profile = crate::profiles::Profile::load(profile_name).map_err(|e| e.to_string())?;
+        let profile = crate::profiles::Profile::load(profile_name)?;
         let mut ceiling = self.config.ceiling;
         // With a pids cgroup per cell and per session, RLIMIT_NPROC (shared
         // by every cell of the zygote's user namespace) is lifted: one
@@ -833,10 +812,10 @@ impl Pools {
         });
         lock(&self.launcher)
             .send(job)
-            .map_err(|_| "the zygote launcher thread is gone".to_owned())?;
+            .map_err(|_| PoolError::LauncherGone)?;
         let z = rx
             .await
-            .map_err(|_| "the zygote launcher thread is gone".to_owned())?
+            .map_err(|_| PoolError::LauncherGone)?
             .inspect_err(|e| {
                 tracing::warn!(target: POOL_LOG, profile = %profile_name, "a Python zygote failed to start: {e}");
             })?;
@@ -858,12 +837,18 @@ pub(crate) fn eligible(pools: &Pools, language: Language, scratch: &Path) -> boo
 
 /// Give a cell's scratch dir to the sandbox uid, mode 0700 (as the worker's
 /// hygiene layer does for a cold cell).
-pub(crate) fn prepare_scratch(scratch: &Path, uid: u32, gid: u32) -> Result<(), String> {
+pub(crate) fn prepare_scratch(scratch: &Path, uid: u32, gid: u32) -> Result<(), PoolError> {
     use std::os::unix::fs::PermissionsExt;
+    let failed = |what| {
+        move |source| PoolError::Scratch {
+            what,
+            dir: scratch.to_path_buf(),
+            source,
+        }
+    };
     if nix::unistd::geteuid().is_root() {
-        std::os::unix::fs::lchown(scratch, Some(uid), Some(gid))
-            .map_err(|e| format!("failed to chown scratch dir {}: {e}", scratch.display()))?;
+        std::os::unix::fs::lchown(scratch, Some(uid), Some(gid)).map_err(failed("chown"))?;
     }
     std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("failed to chmod scratch dir {}: {e}", scratch.display()))
+        .map_err(failed("chmod"))
 }

@@ -46,10 +46,59 @@ pub enum DeclaredError {
     },
 }
 
+/// Why a call of a declared tool failed (the message the script sees).
+#[derive(Debug, thiserror::Error)]
+pub enum ToolCallError {
+    #[error("the supervisor is shutting down")]
+    ShuttingDown,
+    #[error("argument {0:?} is missing")]
+    MissingArgument(String),
+    #[error("an argument contains a NUL byte")]
+    NulByte,
+    #[error("the command did not finish in {0} ms")]
+    CommandTimeout(u64),
+    #[error("the command ended with status {status}: {message}")]
+    CommandFailed {
+        status: crate::Status,
+        message: String,
+    },
+    #[error("header {name}: the environment variable {env} is not set")]
+    HeaderEnv { name: String, env: String },
+    #[error("POST {url} failed: {}", error_chain(.source))]
+    Post {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("reading the response of {url}: {source}")]
+    Read {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("the response of {url} is over {max} bytes")]
+    TooLarge { url: String, max: usize },
+    #[error("POST {url}: HTTP {status}: {text}")]
+    Http {
+        url: String,
+        status: reqwest::StatusCode,
+        text: String,
+    },
+    #[error("the response of {url} is not JSON: {source}")]
+    NotJson {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// The argv of a command tool: `{NAME}` replaced by argument NAME (a
 /// string as is, anything else as JSON), `{args}` by all arguments as JSON.
 /// Each template element stays one argument: nothing is split or globbed.
-pub fn substitute(template: &[String], args: &Map<String, Value>) -> Result<Vec<String>, String> {
+pub fn substitute(
+    template: &[String],
+    args: &Map<String, Value>,
+) -> Result<Vec<String>, ToolCallError> {
     template
         .iter()
         .map(|t| {
@@ -72,7 +121,7 @@ pub fn substitute(template: &[String], args: &Map<String, Value>) -> Result<Vec<
                             match args.get(key) {
                                 Some(Value::String(s)) => out.push_str(s),
                                 Some(v) => out.push_str(&v.to_string()),
-                                None => return Err(format!("argument {key:?} is missing")),
+                                None => return Err(ToolCallError::MissingArgument(key.to_owned())),
                             }
                         }
                         rest = &after[close + 1..];
@@ -85,7 +134,7 @@ pub fn substitute(template: &[String], args: &Map<String, Value>) -> Result<Vec<
             }
             out.push_str(rest);
             if out.contains('\0') {
-                return Err("an argument contains a NUL byte".into());
+                return Err(ToolCallError::NulByte);
             }
             Ok(out)
         })
@@ -110,11 +159,11 @@ async fn run_command(
     timeout_ms: u64,
     max_output: usize,
     args: Map<String, Value>,
-) -> Result<Value, String> {
+) -> Result<Value, ToolCallError> {
     let sup = slot
         .get()
         .and_then(WeakSupervisor::upgrade)
-        .ok_or("the supervisor is shutting down")?;
+        .ok_or(ToolCallError::ShuttingDown)?;
     let argv = substitute(&argv, &args)?;
     let config = SessionConfig {
         limits: Limits {
@@ -134,11 +183,11 @@ async fn run_command(
             "stdout_truncated": r.truncated.stdout.is_some(),
             "stderr_truncated": r.truncated.stderr.is_some(),
         })),
-        crate::Status::Timeout => Err(format!("the command did not finish in {timeout_ms} ms")),
-        other => Err(format!(
-            "the command ended with status {other}: {}",
-            r.error.map(|e| e.message).unwrap_or_default()
-        )),
+        crate::Status::Timeout => Err(ToolCallError::CommandTimeout(timeout_ms)),
+        status => Err(ToolCallError::CommandFailed {
+            status,
+            message: r.error.map(|e| e.message).unwrap_or_default(),
+        }),
     }
 }
 
@@ -148,43 +197,38 @@ async fn post(
     headers: Vec<(String, HeaderValue)>,
     max: usize,
     args: Map<String, Value>,
-) -> Result<Value, String> {
+) -> Result<Value, ToolCallError> {
     let mut req = client.post(&url).json(&Value::Object(args));
     for (name, value) in headers {
         let v = match value {
             HeaderValue::Literal(v) => v,
             HeaderValue::Env { env, prefix } => match std::env::var(&env) {
                 Ok(v) => format!("{prefix}{v}"),
-                Err(_) => {
-                    return Err(format!(
-                        "header {name}: the environment variable {env} is not set"
-                    ))
-                }
+                Err(_) => return Err(ToolCallError::HeaderEnv { name, env }),
             },
         };
         req = req.header(name, v);
     }
-    let mut resp = req
-        .send()
-        .await
-        .map_err(|e| format!("POST {url} failed: {}", error_chain(&e)))?;
+    let mut resp = req.send().await.map_err(|source| ToolCallError::Post {
+        url: url.clone(),
+        source,
+    })?;
     let status = resp.status();
     let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| format!("reading the response of {url}: {e}"))?
-    {
+    while let Some(chunk) = resp.chunk().await.map_err(|source| ToolCallError::Read {
+        url: url.clone(),
+        source,
+    })? {
         body.extend_from_slice(&chunk);
         if body.len() > max {
-            return Err(format!("the response of {url} is over {max} bytes"));
+            return Err(ToolCallError::TooLarge { url, max });
         }
     }
     if !status.is_success() {
         let (text, _) = cut(String::from_utf8_lossy(&body).into_owned(), 500);
-        return Err(format!("POST {url}: HTTP {status}: {text}"));
+        return Err(ToolCallError::Http { url, status, text });
     }
-    serde_json::from_slice(&body).map_err(|e| format!("the response of {url} is not JSON: {e}"))
+    serde_json::from_slice(&body).map_err(|source| ToolCallError::NotJson { url, source })
 }
 
 /// The root certificates of `ca_file`, read at startup.
@@ -262,13 +306,14 @@ pub fn capabilities(
                 let schema = serde_json::to_value(schema).unwrap_or(json!({}));
                 let slot = slot.clone();
                 Capability::new(name, &description, schema, move |_ctx, args| {
-                    run_command(
+                    let call = run_command(
                         slot.clone(),
                         argv.clone(),
                         timeout_ms,
                         max_output_bytes,
                         args,
-                    )
+                    );
+                    async move { call.await.map_err(|e| e.to_string()) }
                 })
                 .map_err(bad)?
             }

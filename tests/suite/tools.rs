@@ -2,7 +2,7 @@
 //! fake server on 127.0.0.1, called from cells by name, through `tools.`,
 //! in a batch, under a policy and a tool-call budget.
 
-use super::common::{bin, config};
+use super::common::{assert_tool_budget_ends_the_cell, bin, config};
 use cellbox::tools::{SupervisorSlot, ToolsConfig};
 use cellbox::{CellRequest, Language, Status, Supervisor};
 use serde_json::{json, Value};
@@ -166,19 +166,7 @@ batch = tool_call_batched([("weather", {"city": "Tromsø"}), ("weather", {"city"
     assert_eq!(r.calls[0].outcome, "denied");
 
     // max_tool_calls ends the cell when spent.
-    let mut c = config(&["weather"]);
-    c.policy.max_tool_calls = 2;
-    let r = sup
-        .run(
-            CellRequest::new(
-                Language::Python,
-                "for i in range(5):\n    tools.weather(city=str(i))\n",
-            ),
-            c,
-        )
-        .await;
-    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
-    assert!(r.error.unwrap().message.contains("max_tool_calls"));
+    assert_tool_budget_ends_the_cell(&sup, "weather", "tools.weather(city=str(i))").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -246,7 +246,7 @@ pub fn map_self(ids: HostIds) -> Result<(), NamespaceError> {
     // its own again so it may write its maps.
     sys::set_dumpable()
         .map_err(|e| NamespaceError::Setup(format!("failed to set dumpable: {e}")))?;
-    write_own_id_maps("self", ids).map_err(NamespaceError::Setup)
+    write_own_id_maps("self", ids).map_err(|e| NamespaceError::Setup(e.to_string()))
 }
 
 /// The child side after [`clone_split`]: set the parent-death signal and
@@ -299,21 +299,30 @@ fn cell_side(
     })
 }
 
+/// A user namespace's id map (or its `setgroups`) could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to write {path}: {source}")]
+pub struct IdMapError {
+    path: String,
+    #[source]
+    source: std::io::Error,
+}
+
 /// Write `text` to `/proc/<entry>/<file>` (`entry`: a pid, or `self`).
-fn write_proc(entry: &str, file: &str, text: &str) -> Result<(), String> {
+fn write_proc(entry: &str, file: &str, text: &str) -> Result<(), IdMapError> {
     let path = format!("/proc/{entry}/{file}");
-    std::fs::write(&path, text).map_err(|e| format!("failed to write {path}: {e}"))
+    std::fs::write(&path, text).map_err(|source| IdMapError { path, source })
 }
 
 /// The maps an unprivileged writer may write for `/proc/<entry>`: its own
 /// ids only, after giving up setgroups.
-fn write_own_id_maps(entry: &str, ids: HostIds) -> Result<(), String> {
+fn write_own_id_maps(entry: &str, ids: HostIds) -> Result<(), IdMapError> {
     write_proc(entry, "setgroups", "deny")?;
     write_proc(entry, "uid_map", &id_map_line(ids.uid, ids.uid))?;
     write_proc(entry, "gid_map", &id_map_line(ids.gid, ids.gid))
 }
 
-fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), String> {
+fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), IdMapError> {
     let entry = pid.to_string();
     let write = |file: &str, text: &str| write_proc(&entry, file, text);
     if ids.root {
@@ -344,7 +353,7 @@ pub fn release(
     sync: &UnixStream,
     user_ns: bool,
     ids: HostIds,
-) -> Result<(), String> {
+) -> Result<(), IdMapError> {
     let result = if user_ns {
         write_maps(pid, ids)
     } else {
@@ -352,7 +361,7 @@ pub fn release(
     };
     let msg = match &result {
         Ok(()) => "G".to_string(),
-        Err(e) => format!("E{}\n", e.replace('\n', " ")),
+        Err(e) => format!("E{}\n", e.to_string().replace('\n', " ")),
     };
     // If the child is already gone the caller's wait reports it.
     let mut sync = sync;

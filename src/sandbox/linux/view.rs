@@ -114,7 +114,7 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
     check_sandbox_path(&plan.scratch).map_err(|problem| ViewError::BadPath {
         path: plan.scratch.clone(),
         why: scratch_why.clone(),
-        problem,
+        problem: problem.to_string(),
     })?;
     if plan.scratch_in_cell {
         view.scratch = plan.scratch.clone();
@@ -139,7 +139,7 @@ pub fn resolve(plan: &SandboxPlan) -> Result<FsView, ViewError> {
         check_sandbox_path(&path).map_err(|problem| ViewError::BadPath {
             path: path.clone(),
             why: why.clone(),
-            problem,
+            problem: problem.to_string(),
         })?;
         let meta = match std::fs::symlink_metadata(&path) {
             Ok(m) => m,

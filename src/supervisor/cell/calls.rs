@@ -157,7 +157,7 @@ pub(super) async fn handle_call(
                         .record("emit", &spec.run, json!({ "data": event }));
                     Ok(Value::Null)
                 }
-                Err(m) => Err(("limit".into(), m)),
+                Err(m) => Err(("limit".into(), m.to_string())),
             }
         }
         Handler::Answer => {

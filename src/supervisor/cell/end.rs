@@ -28,7 +28,7 @@ pub(super) async fn end(
     exit_fd: &process::ExitWatch,
     done: bool,
     group: Option<&Arc<CellGroup>>,
-) -> Result<process::Reaped, String> {
+) -> Result<process::Reaped, ReapError> {
     let Worker {
         pid,
         mut guard,
@@ -61,14 +61,11 @@ pub(super) async fn end(
         (Some(Some(r)), _) => Ok(r),
         (_, Reap::Direct) => tokio::task::spawn_blocking(move || process::reap(pid))
             .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string())),
+            .map_err(ReapError::from)
+            .and_then(|r| r.map_err(ReapError::from)),
         (Some(None), Reap::Parent(parent, _)) => {
             parent.forget(pid);
-            Err(format!(
-                "{} went away before it reported how the cell ended",
-                parent.name()
-            ))
+            Err(ReapError::ParentGone(parent.name()))
         }
         (None, Reap::Parent(parent, mut rx)) => {
             // It is gone (or beyond our reach): its parent reports that at
@@ -77,10 +74,7 @@ pub(super) async fn end(
                 Report::Reported(r) => Ok(r),
                 Report::Gone | Report::NotExited => {
                     parent.forget(pid);
-                    Err(format!(
-                        "{} did not report how the cell ended",
-                        parent.name()
-                    ))
+                    Err(ReapError::NoReport(parent.name()))
                 }
             }
         }
@@ -101,6 +95,19 @@ pub(super) async fn end(
         r.cpu_ms = r.cpu_ms.max(cpu_ms);
     }
     reaped
+}
+
+/// Why a worker's end is not known.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReapError {
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Wait(#[from] std::io::Error),
+    #[error("{0} went away before it reported how the cell ended")]
+    ParentGone(&'static str),
+    #[error("{0} did not report how the cell ended")]
+    NoReport(&'static str),
 }
 
 /// What a forked worker's parent said of its end.

@@ -13,6 +13,63 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Why a cell's worker could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LaunchError {
+    /// A system call on the way failed (`what` says which, as "failed to
+    /// ..." reads it).
+    #[error("failed to {what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to start the worker {}: {source}", exe.display())]
+    Spawn {
+        exe: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to start the worker with {}: {source}", launcher.display())]
+    SpawnWith {
+        launcher: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the worker's output pipes are missing")]
+    MissingPipes,
+    #[error(transparent)]
+    Profile(#[from] crate::profiles::ProfileError),
+    #[error(transparent)]
+    Python(#[from] crate::supervisor::python::PythonError),
+    #[error(transparent)]
+    Program(#[from] crate::supervisor::ProgramError),
+    #[error(transparent)]
+    CgroupRequired(#[from] crate::supervisor::CgroupRequired),
+    #[error(transparent)]
+    Group(#[from] crate::supervisor::tenancy::GroupError),
+    #[error(transparent)]
+    Pool(#[from] crate::supervisor::warm::PoolError),
+    #[error(transparent)]
+    SandboxExec(#[from] crate::macos::launch::LaunchError),
+    /// A live session's cell could not be forked from its state process.
+    #[error("{0}")]
+    Live(String),
+    #[error("the {0} has no cgroup")]
+    NoCgroup(&'static str),
+    #[error("no Python zygote is available")]
+    NoZygote,
+    #[error("the cell's process {0} is not among the session's")]
+    NotInSession(i32),
+}
+
+impl LaunchError {
+    /// A `map_err` for a failed system call: "failed to {what}: {e}".
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> LaunchError {
+        move |source| LaunchError::Io { what, source }
+    }
+}
+
 /// The way a cell's worker starts.
 pub(super) enum Launch {
     /// Forked from the warm Rhai fork server: a Rhai cell of the server's
@@ -59,7 +116,7 @@ impl Launch {
         result: &mut CellResult,
         started: Instant,
         group: Option<Arc<CellGroup>>,
-    ) -> Result<Option<Launched>, String> {
+    ) -> Result<Option<Launched>, LaunchError> {
         let deadline = started + spec.limits.timeout();
         if let Launch::ForkServer(fs) = &self {
             let deadline_t = tokio::time::Instant::from_std(deadline);
@@ -77,7 +134,7 @@ impl Launch {
                 // Its deadline came while it waited: say so, with the real
                 // time.
                 Err(e) if Instant::now() >= deadline => {
-                    stalled_timeout(result, spec, started, &e);
+                    stalled_timeout(result, spec, started, &e.to_string());
                     return Ok(None);
                 }
                 // It died or stalled under us (the next cell starts a new
@@ -95,7 +152,7 @@ impl Launch {
         let (backend, plan) = match plan::backend_for(sup, spec) {
             Ok(b) => b,
             Err(e) => {
-                result.fail_with(ErrorKind::SandboxError, e);
+                result.fail_with(ErrorKind::SandboxError, e.to_string());
                 return Ok(None);
             }
         };
@@ -130,9 +187,8 @@ fn start_cold(
     spec: &CellSpec,
     plan: &SandboxPlan,
     group: Option<&CellGroup>,
-) -> Result<Start3, String> {
-    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
-        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+) -> Result<Start3, LaunchError> {
+    let (sup_sock, worker_sock) = socket_pair()?;
     let s = start_direct(sup, spec, plan, worker_sock.into(), group)?;
     Ok((s, sup_sock, Handshake::Setup))
 }
@@ -155,7 +211,7 @@ async fn launch_python(
     started: Instant,
     deadline: Instant,
     group: Option<&CellGroup>,
-) -> Result<Option<Start3>, String> {
+) -> Result<Option<Start3>, LaunchError> {
     use crate::supervisor::warm::POOL_LOG;
     use crate::supervisor::zygote::SpawnError;
     let deadline_t = tokio::time::Instant::from_std(deadline);
@@ -188,8 +244,7 @@ async fn launch_python(
                 return Ok(None);
             }
         };
-        let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
-            .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+        let (sup_sock, worker_sock) = socket_pair()?;
         match start_zygote(&z, worker_sock.into(), plan, deadline_t, group).await {
             Ok(s) => {
                 if let Some(from) = moved_from {
@@ -213,7 +268,7 @@ async fn launch_python(
                 refill(sup, profile_name(sup, spec));
             }
             Err(SpawnError::Deadline(e)) => {
-                stalled_timeout(result, spec, started, &e);
+                stalled_timeout(result, spec, started, &e.to_string());
                 return Ok(None);
             }
             Err(SpawnError::Failed(e)) => {
@@ -347,19 +402,19 @@ async fn start_live(
     live: &crate::supervisor::live::LiveCell,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
-) -> Result<Start3, String> {
+) -> Result<Start3, LaunchError> {
     use crate::supervisor::live::{host_pid, StateProc};
     use crate::util::lock;
     use std::sync::atomic::Ordering::SeqCst;
     // The cell runs in the session's group, beside its state processes,
     // not in the cell's own (see `LiveCell::end_others`): a move by pid
     // costs the kernel's global cgroup lock.
-    group.ok_or("the cell has no cgroup")?;
+    group.ok_or(LaunchError::NoCgroup("cell"))?;
     let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
     let session = spec
         .share
         .session(sup, asked)
-        .ok_or("the session has no cgroup")?;
+        .ok_or(LaunchError::NoCgroup("session"))?;
     let mut limits = plan.limits;
     // The session's pids cgroup bounds its processes (not RLIMIT_NPROC,
     // which counts every cell's: see `start_zygote`).
@@ -370,40 +425,38 @@ async fn start_live(
         None => {
             let z = warm_python(sup, spec, plan, false)
                 .await
-                .ok_or("no Python zygote is available")?;
+                .ok_or(LaunchError::NoZygote)?;
             crate::supervisor::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)?;
-            let s = StateProc::start(z, &plan.scratch, &limits, &session, deadline).await?;
+            let s = StateProc::start(z, &plan.scratch, &limits, &session, deadline)
+                .await
+                .map_err(LaunchError::Live)?;
             live.fresh.store(true, SeqCst);
             *lock(&live.state) = Some(s.clone());
             s
         }
     };
-    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
-        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+    let (sup_sock, worker_sock) = socket_pair()?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     // Its process bound, on the session's group for the cell's time (the
     // session's own bound is put back when it ends).
     let held = 1 + live.spare.len() as u64;
-    session
-        .bound_live_cell(
-            held,
-            crate::supervisor::tenancy::cell_processes(&spec.limits),
-        )
-        .map_err(|e| e.to_string())?;
+    session.bound_live_cell(
+        held,
+        crate::supervisor::tenancy::cell_processes(&spec.limits),
+    )?;
     let (ns_pid, next) = state
         .run((worker_sock.into(), out_w, err_w), &limits, deadline)
-        .await?;
+        .await
+        .map_err(LaunchError::Live)?;
     *lock(&live.next) = Some(next);
     let rx = state.exit_of(ns_pid);
-    let host = host_pid(session.pids_path(), ns_pid)
-        .ok_or_else(|| format!("the cell's process {ns_pid} is not among the session's"))?;
-    let pidfd =
-        process::pidfd_open(host).map_err(|e| format!("failed to open the cell's process: {e}"))?;
+    let host = host_pid(session.pids_path(), ns_pid).ok_or(LaunchError::NotInSession(ns_pid))?;
+    let pidfd = process::pidfd_open(host).map_err(LaunchError::io("open the cell's process"))?;
     let guard = process::KillOnDrop::pidfd(
         pidfd
             .try_clone()
-            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+            .map_err(LaunchError::io("keep the worker's pidfd"))?,
     );
     live.running.store(true, SeqCst);
     let report = state.zygote().cell_report();
@@ -428,11 +481,16 @@ async fn start_zygote(
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
 ) -> Result<Started, crate::supervisor::zygote::SpawnError> {
+    use crate::supervisor::warm::PoolError;
     use crate::supervisor::zygote::SpawnError::Failed;
     crate::supervisor::zygote::prepare_scratch(&plan.scratch, plan.uid, plan.gid)
         .map_err(Failed)?;
-    let (out_r, out_w) = pipe().map_err(Failed)?;
-    let (err_r, err_w) = pipe().map_err(Failed)?;
+    let pipe = || {
+        crate::sandbox::compat::pipe_cloexec()
+            .map_err(|e| Failed(PoolError::io("create an output pipe")(e)))
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
     let mut limits = plan.limits;
     if group.is_some() {
         // The cell's pids cgroup bounds its processes. RLIMIT_NPROC would
@@ -460,7 +518,7 @@ async fn start_zygote(
     let guard = process::KillOnDrop::pidfd(
         pidfd
             .try_clone()
-            .map_err(|e| Failed(format!("failed to keep the worker's pidfd: {e}")))?,
+            .map_err(|e| Failed(PoolError::io("keep the worker's pidfd")(e)))?,
     );
     let rx = z.exit_of(pid);
     Ok(Started {
@@ -475,9 +533,20 @@ async fn start_zygote(
 }
 
 #[cfg(target_os = "linux")]
-fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    crate::sandbox::compat::pipe_cloexec()
-        .map_err(|e| format!("failed to create an output pipe: {e}"))
+fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
+    crate::sandbox::compat::pipe_cloexec().map_err(LaunchError::io("create an output pipe"))
+}
+
+/// The protocol socket: the supervisor's end and the worker's.
+fn socket_pair() -> Result<
+    (
+        std::os::unix::net::UnixStream,
+        std::os::unix::net::UnixStream,
+    ),
+    LaunchError,
+> {
+    std::os::unix::net::UnixStream::pair()
+        .map_err(LaunchError::io("create the protocol socket pair"))
 }
 
 /// Take a sandboxed worker from the warm fork server (a spare when one
@@ -487,7 +556,7 @@ async fn start_forked(
     limits: &crate::plan::Rlimits,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
-) -> Result<(Started, std::os::unix::net::UnixStream), String> {
+) -> Result<(Started, std::os::unix::net::UnixStream), LaunchError> {
     // A child joins its cgroup itself before it runs anything.
     let join: Vec<std::os::fd::BorrowedFd<'_>> =
         group.map(CellGroup::join_borrowed).unwrap_or_default();
@@ -495,7 +564,7 @@ async fn start_forked(
     let guard = process::KillOnDrop::pidfd(
         f.pidfd
             .try_clone()
-            .map_err(|e| format!("failed to keep the worker's pidfd: {e}"))?,
+            .map_err(LaunchError::io("keep the worker's pidfd"))?,
     );
     let rx = fs.exit_of(f.pid);
     let started = Started {
@@ -517,11 +586,11 @@ pub(super) fn start_direct(
     plan: &SandboxPlan,
     worker_fd: OwnedFd,
     group: Option<&CellGroup>,
-) -> Result<Started, String> {
+) -> Result<Started, LaunchError> {
     let home = spec
         .scratch
         .path()
-        .map_err(|e| format!("failed to create the scratch directory: {e}"))?;
+        .map_err(LaunchError::io("create the scratch directory"))?;
     let mut cmd = std::process::Command::new(&sup.worker_exe);
     cmd.arg(crate::worker::WORKER_ARG)
         .env_clear()
@@ -542,18 +611,16 @@ pub(super) fn start_direct(
             // that (the threads of a program whose `main` starts a runtime
             // before `dispatch`, which must get its error, not a hang). Its
             // session's bound holds all the same.
-            g.set_max_processes(u64::MAX).map_err(|e| e.to_string())?;
+            g.set_max_processes(u64::MAX)?;
             g.join_fds()
         }
         None => sup.cgroup_for(plan.layers.cgroup)?.into_iter().collect(),
     };
     spawn::prepare_worker(&mut cmd, &worker_fd, joins);
 
-    let child = cmd.spawn().map_err(|e| {
-        format!(
-            "failed to start the worker {}: {e}",
-            sup.worker_exe.display()
-        )
+    let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        exe: sup.worker_exe.clone(),
+        source,
     })?;
     drop(worker_fd);
     started_child(child)
@@ -561,12 +628,12 @@ pub(super) fn start_direct(
 
 /// A worker just spawned by `std::process` with piped output, as a
 /// [`Started`] the supervisor kills and reaps (with wait4) on every path.
-fn started_child(mut child: std::process::Child) -> Result<Started, String> {
+fn started_child(mut child: std::process::Child) -> Result<Started, LaunchError> {
     let pid = child.id() as i32;
     // From here on the child must be killed and reaped on every path.
     let guard = process::KillOnDrop::new(pid);
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err("the worker's output pipes are missing".into());
+        return Err(LaunchError::MissingPipes);
     };
     drop(child); // std's Child never reaps on drop; we reap with wait4.
     Ok(Started {
@@ -587,17 +654,13 @@ fn start_seatbelt(
     sup: &Arc<Inner>,
     plan: &SandboxPlan,
     launcher: &std::path::Path,
-) -> Result<Start3, String> {
-    let (sup_sock, worker_sock) = std::os::unix::net::UnixStream::pair()
-        .map_err(|e| format!("failed to create the protocol socket pair: {e}"))?;
+) -> Result<Start3, LaunchError> {
+    let (sup_sock, worker_sock) = socket_pair()?;
     let (mut cmd, _policy) =
-        crate::macos::launch::command(launcher, &sup.worker_exe, plan, worker_sock.into())
-            .map_err(|e| e.to_string())?;
-    let child = cmd.spawn().map_err(|e| {
-        format!(
-            "failed to start the worker with {}: {e}",
-            launcher.display()
-        )
+        crate::macos::launch::command(launcher, &sup.worker_exe, plan, worker_sock.into())?;
+    let child = cmd.spawn().map_err(|source| LaunchError::SpawnWith {
+        launcher: launcher.to_path_buf(),
+        source,
     })?;
     // The command holds the worker's end of the socket: close ours.
     drop(cmd);

@@ -24,7 +24,7 @@ pub(crate) use calls::MAX_CAP_NAME_BYTES;
 #[cfg(target_os = "linux")]
 pub(crate) use conversation::{Handshake, Step};
 use converse::{converse, opening};
-use launch::{Launch, Launched};
+use launch::{Launch, LaunchError, Launched};
 use streams::Streams;
 
 use crate::protocol::{Definition, Done, DoneStatus};
@@ -252,7 +252,7 @@ pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Op
         let done = match run_worker(&sup, &spec, &mut result, started).await {
             Ok(done) => done,
             Err(e) => {
-                result.fail_with(ErrorKind::SpawnError, e);
+                result.fail_with(ErrorKind::SpawnError, e.to_string());
                 None
             }
         };
@@ -286,7 +286,7 @@ async fn run_worker(
     spec: &CellSpec,
     result: &mut CellResult,
     started: Instant,
-) -> Result<Option<Box<Done>>, String> {
+) -> Result<Option<Box<Done>>, LaunchError> {
     // The cell's own cgroup (beneath its session's), unless its profile
     // turns the cgroup layer off.
     let mode = sup
@@ -327,7 +327,7 @@ async fn life(
     result: &mut CellResult,
     started: Instant,
     group: Option<Arc<CellGroup>>,
-) -> Result<Option<Box<Done>>, String> {
+) -> Result<Option<Box<Done>>, LaunchError> {
     let deadline = started + spec.limits.timeout();
     let launch = Launch::pick(sup, spec).await;
     // None: the cell ended before it started (its result says how).
@@ -347,7 +347,7 @@ async fn life(
         Ok(f) => f,
         Err(e) => {
             drop(worker.guard);
-            return Err(format!("failed to watch the worker process: {e}"));
+            return Err(LaunchError::io("watch the worker process")(e));
         }
     };
     // Rhai's per-tool functions need the tools of the upstream servers

@@ -98,7 +98,7 @@ pub(super) async fn perform(
         max_tokens,
         temperature,
     };
-    let results: Vec<Result<ModelReply, String>> = match op {
+    let results: Vec<Result<ModelReply, AskError>> = match op {
         ModelOp::Query | ModelOp::Agent => {
             let q = query(&prompts[0]);
             vec![ask(&client, q, remaining).await]
@@ -117,10 +117,7 @@ pub(super) async fn perform(
             }
             let mut out = Vec::with_capacity(tasks.len());
             for t in tasks {
-                out.push(
-                    t.await
-                        .unwrap_or_else(|e| Err(format!("the query failed: {e}"))),
-                );
+                out.push(t.await.unwrap_or_else(|e| Err(AskError::Task(e))));
             }
             out
         }
@@ -140,7 +137,7 @@ pub(super) async fn perform(
     match op {
         ModelOp::Query | ModelOp::Agent => match results.into_iter().next() {
             Some(Ok(r)) => Ok((reply_value(&r), detail(&r))),
-            Some(Err(e)) => Err(ModelFailure::Call("failed".into(), e)),
+            Some(Err(e)) => Err(ModelFailure::Call("failed".into(), e.to_string())),
             None => Err(ModelFailure::Call("failed".into(), "no reply".into())),
         },
         ModelOp::Batch => {
@@ -166,12 +163,22 @@ pub(super) async fn perform(
     }
 }
 
-async fn ask(client: &ModelClient, q: Query, within: Duration) -> Result<ModelReply, String> {
+/// Why one model query of a cell got no reply.
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    #[error(transparent)]
+    Model(#[from] crate::models::client::ModelError),
+    #[error("model {0:?} did not answer before the cell's deadline")]
+    Deadline(String),
+    #[error("the query failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+async fn ask(client: &ModelClient, q: Query, within: Duration) -> Result<ModelReply, AskError> {
     match tokio::time::timeout(within, client.query(&q)).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!(
-            "model {:?} did not answer before the cell's deadline",
-            q.model.as_deref().unwrap_or("default")
+        Ok(r) => Ok(r?),
+        Err(_) => Err(AskError::Deadline(
+            q.model.as_deref().unwrap_or("default").to_owned(),
         )),
     }
 }

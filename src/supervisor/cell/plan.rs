@@ -2,18 +2,22 @@
 //! report of the cgroup layer (which the worker does not apply: it starts
 //! in it).
 
+use super::launch::LaunchError;
 use super::{profile_name, CellSpec};
 use crate::protocol::Backend;
 use crate::sandbox::SandboxPlan;
-use crate::supervisor::{Inner, Language};
+use crate::supervisor::{Inner, Language, ProgramError};
 
-pub(super) fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, SandboxPlan), String> {
+pub(super) fn backend_for(
+    sup: &Inner,
+    spec: &CellSpec,
+) -> Result<(Backend, SandboxPlan), LaunchError> {
     let limits = spec.limits.rlimits;
     let profile = sup.profile(&profile_name(sup, spec))?;
     let scratch = spec
         .scratch
         .path()
-        .map_err(|e| format!("failed to create the scratch directory: {e}"))?;
+        .map_err(LaunchError::io("create the scratch directory"))?;
     let mut plan = SandboxPlan::new(&profile, scratch.to_path_buf(), limits);
     sup.cgroup_for(plan.layers.cgroup)?;
     let backend = match spec.language {
@@ -37,7 +41,7 @@ pub(super) fn backend_for(sup: &Inner, spec: &CellSpec) -> Result<(Backend, Sand
                 Some(a) => a.clone(),
                 None => vec!["/bin/sh".into(), "-c".into(), spec.code.clone()],
             };
-            let prog = argv.first().ok_or("exec needs a program to run")?;
+            let prog = argv.first().ok_or(ProgramError::Empty)?;
             let resolved = crate::supervisor::resolve_program(prog)?;
             plan.exec.push(resolved.clone());
             let mut argv = argv;

@@ -273,3 +273,15 @@ ends = [os.waitpid(pid, 0)[1] for pid, _ in kids]
 held_killed = [sum(1 for s in ends if os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0),
                sum(1 for s in ends if os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9)]
 "#;
+
+/// A Python cell that makes `call` five times, with `allow` allowed and a
+/// budget of two tool calls, ends `limit_exceeded`, naming
+/// `max_tool_calls`.
+pub async fn assert_tool_budget_ends_the_cell(sup: &Supervisor, allow: &str, call: &str) {
+    let mut c = config(&[allow]);
+    c.policy.max_tool_calls = 2;
+    let code = format!("for i in range(5):\n    {call}\n");
+    let r = sup.run(CellRequest::new(Language::Python, code), c).await;
+    assert_eq!(r.status, cellbox::Status::LimitExceeded, "{r:?}");
+    assert!(r.error.unwrap().message.contains("max_tool_calls"));
+}
