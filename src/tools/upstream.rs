@@ -379,10 +379,15 @@ async fn start(
                 })?;
                 config = config.auth_header(token);
             }
-            let client =
-                super::declared::client_with_roots(reqwest::Client::builder(), roots.clone())
-                    .build()
-                    .map_err(|e| format!("failed to build the HTTP client: {e}"))?;
+            // As rmcp's own client: no idle connections kept (reusing one
+            // whose last response was not read to its end stalls ~40 ms on
+            // TCP delayed ACK), and no redirects followed.
+            let builder = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .redirect(reqwest::redirect::Policy::none());
+            let client = super::declared::client_with_roots(builder, roots.clone())
+                .build()
+                .map_err(|e| format!("failed to build the HTTP client: {e}"))?;
             let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
             let service = match ().serve(transport).await {
                 Ok(s) => s,
