@@ -2,7 +2,7 @@
 //! same call made directly by an rmcp client, and `search_files` against
 //! `rg` over the same generated tree.
 
-use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
+use crate::{Policy, SessionConfig, Supervisor};
 use bytes::Bytes;
 use http_body_util::Full;
 use rmcp::model::{
@@ -169,23 +169,7 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
             ..SessionConfig::default()
         })
         .map_err(|e| e.to_string())?;
-    let run = |code: String| {
-        let session = session.clone();
-        async move {
-            let t = Instant::now();
-            let r = session
-                .run(CellRequest::new(Language::Rhai, code).timeout(Duration::from_secs(120)))
-                .await;
-            if r.status != Status::Ok {
-                return Err(format!(
-                    "the bench cell ended {}: {:?}",
-                    r.status,
-                    r.error.map(|e| e.message)
-                ));
-            }
-            Ok(t.elapsed())
-        }
-    };
+    let run = |code: String| crate::bench::timed_session_cell(&session, code);
     // The first call starts the connection; the cells after it are warm.
     run("tool_call(\"up.echo\", #{text: \"x\"})".into()).await?;
     let (mut empty, mut looped) = (Vec::new(), Vec::new());

@@ -6,7 +6,7 @@
 //! supervisor.
 
 use super::common::fake_upstream::FakeUpstream;
-use super::common::{bin, config};
+use super::common::{assert_tool_budget_ends_the_cell, bin, config};
 use cellbox::tools::{SupervisorSlot, ToolsConfig};
 use cellbox::{CellRequest, Language, Status, Supervisor};
 use serde_json::{json, Value};
@@ -132,19 +132,7 @@ batch = tool_call_batched([("fake.add", {"a": 1, "b": 2}), ("fake.add", {"a": "x
     assert_eq!(models.cell.tool_calls, 10, "{models:?}");
 
     // The budget ends the cell when spent.
-    let mut c = config(&["fake.*"]);
-    c.policy.max_tool_calls = 2;
-    let r = sup
-        .run(
-            CellRequest::new(
-                Language::Python,
-                "for i in range(5):\n    tools.fake.echo(text='x')\n",
-            ),
-            c,
-        )
-        .await;
-    assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
-    assert!(r.error.unwrap().message.contains("max_tool_calls"));
+    assert_tool_budget_ends_the_cell(&sup, "fake.*", "tools.fake.echo(text='x')").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
