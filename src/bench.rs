@@ -275,12 +275,17 @@ pub struct BenchArgs {
     /// Measure `cellbox serve` over stdio through an MCP client instead.
     #[arg(long)]
     pub mcp: bool,
+    /// Measure only the tools lines (an upstream MCP tool call, `search_files` against `rg`).
+    #[arg(long, conflicts_with = "mcp")]
+    pub tools: bool,
 }
 
 /// `cellbox bench`: print the report.
 pub async fn cli_main(args: BenchArgs) -> ExitCode {
     let report = if args.mcp {
         mcp::run(args.iterations).await
+    } else if args.tools {
+        tools_lines(args.iterations).await
     } else {
         run(args.iterations, &args.langs).await
     };
@@ -437,12 +442,18 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         }
     }
     out.push_str(&crate::models::bench::round_trip(n).await?);
-    #[cfg(target_os = "linux")]
-    {
-        out.push_str(&crate::tools::bench::upstream_round_trip(n).await?);
-        out.push_str(&crate::tools::bench::search_vs_rg(5).await?);
-    }
+    out.push_str(&tools_lines(n).await?);
     Ok(out)
+}
+
+/// The tools lines: an upstream MCP tool call and `search_files`.
+async fn tools_lines(n: usize) -> Result<String, String> {
+    #[cfg(target_os = "linux")]
+    return crate::tools::bench::run(n).await;
+    #[cfg(not(target_os = "linux"))]
+    Ok(format!(
+        "tools lines: not measured on this platform ({n} calls)\n"
+    ))
 }
 
 /// Resident set size of a process and all its descendants, in KiB.

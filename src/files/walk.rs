@@ -6,13 +6,21 @@
 
 use super::{FileError, Files, Root, MAX_LINE_BYTES, MAX_SEARCH_RESULTS};
 use crate::sandbox::beneath::{open_beneath, Symlinks};
-use grep_regex::RegexMatcherBuilder;
-use grep_searcher::{sinks::Lossy, BinaryDetection, SearcherBuilder};
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
+use grep_searcher::{sinks::Lossy, BinaryDetection, Searcher, SearcherBuilder};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Threads a search uses at most.
+const MAX_SEARCH_THREADS: usize = 4;
+
+/// Files a search searches at a time, at first and at most.
+const FIRST_SEARCH_CHUNK: usize = 16;
+const MAX_SEARCH_CHUNK: usize = 256;
 
 /// Bytes of one `.gitignore` read at most.
 const MAX_IGNORE_FILE_BYTES: u64 = 1 << 20;
@@ -303,15 +311,43 @@ impl Files {
             .build(pattern)
             .map_err(|e| FileError::Pattern(e.to_string()))?;
         let globm = glob_matcher(glob)?;
-        let mut searcher = SearcherBuilder::new()
-            .binary_detection(BinaryDetection::quit(0))
-            .line_number(true)
-            .build();
+        let max_file = self.cfg.max_search_file_bytes;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, MAX_SEARCH_THREADS);
         let mut matches = Vec::new();
         let mut full = false;
         let (mut files_searched, mut skipped_large, mut skipped_other) = (0u64, 0u64, 0u64);
+        // The walk gathers the files in walk order, a chunk at a time; each
+        // chunk is searched on `threads` threads and its results are taken
+        // in walk order, so the answer is the one a single thread would
+        // give, and a search that has its results stops the walk. Chunks
+        // grow, so a search that stops early searched few files for nothing.
+        let mut chunk = Vec::with_capacity(MAX_SEARCH_CHUNK);
+        let mut chunk_len = FIRST_SEARCH_CHUNK;
+        let mut take = |chunk: &mut Vec<PathBuf>| -> bool {
+            for hits in self.search_chunk(root, chunk, &matcher, max, max_file, threads) {
+                match hits {
+                    Searched::Unreadable => skipped_other += 1,
+                    Searched::Large => skipped_large += 1,
+                    Searched::Lines { found, failed } => {
+                        files_searched += 1;
+                        if failed {
+                            skipped_other += 1;
+                        }
+                        let room = max - matches.len();
+                        full = found.len() >= room;
+                        matches.extend(found.into_iter().take(room));
+                    }
+                }
+                if full {
+                    break;
+                }
+            }
+            chunk.clear();
+            !full
+        };
         let mut w = self.walk(root);
-        let max_file = self.cfg.max_search_file_bytes;
         w.run(&rel, &mut |e| {
             if e.kind != Kind::File {
                 return true;
@@ -321,40 +357,16 @@ impl Files {
                     return true;
                 }
             }
-            let eshown = self.shown(root, &e.rel);
-            let Ok((file, meta)) =
-                self.open_regular(root, &e.rel, &eshown, libc::O_RDONLY, Symlinks::Refuse)
-            else {
-                skipped_other += 1;
-                return true;
-            };
-            if meta.len() > max_file {
-                skipped_large += 1;
+            chunk.push(e.rel.clone());
+            if chunk.len() < chunk_len {
                 return true;
             }
-            files_searched += 1;
-            let sink = Lossy(|lnum, line: &str| {
-                let mut text = line.trim_end_matches(['\n', '\r']).to_owned();
-                if text.len() > MAX_LINE_BYTES {
-                    let mut end = MAX_LINE_BYTES;
-                    while !text.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    text.truncate(end);
-                    text.push_str("...");
-                }
-                matches.push(json!({"path": eshown, "line": lnum, "text": text}));
-                if matches.len() >= max {
-                    full = true;
-                    return Ok(false);
-                }
-                Ok(true)
-            });
-            if searcher.search_file(&matcher, &file, sink).is_err() {
-                skipped_other += 1;
-            }
-            !full
+            chunk_len = (chunk_len * 2).min(MAX_SEARCH_CHUNK);
+            take(&mut chunk)
         });
+        if !chunk.is_empty() {
+            take(&mut chunk);
+        }
         Ok(json!({
             "pattern": pattern,
             "path": shown,
@@ -365,4 +377,104 @@ impl Files {
             "skipped_unreadable": skipped_other,
         }))
     }
+
+    /// Search the files `rels` on up to `threads` threads; one result per
+    /// file, in the order given.
+    fn search_chunk(
+        &self,
+        root: &Root,
+        rels: &[PathBuf],
+        matcher: &RegexMatcher,
+        max: usize,
+        max_file: u64,
+        threads: usize,
+    ) -> Vec<Searched> {
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut searcher = SearcherBuilder::new()
+                .binary_detection(BinaryDetection::quit(0))
+                .line_number(true)
+                .build();
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(rel) = rels.get(i) else { break };
+                done.push((
+                    i,
+                    self.search_one(root, rel, matcher, &mut searcher, max, max_file),
+                ));
+            }
+            done
+        };
+        let threads = threads.min(rels.len()).max(1);
+        let mut all: Vec<(usize, Searched)> = std::thread::scope(|s| {
+            let others: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+            let mut all = work();
+            for t in others {
+                // A thread that panicked searched nothing more: its files
+                // count as unreadable below.
+                if let Ok(done) = t.join() {
+                    all.extend(done);
+                }
+            }
+            all
+        });
+        all.sort_by_key(|(i, _)| *i);
+        let mut out = Vec::with_capacity(rels.len());
+        let mut it = all.into_iter().peekable();
+        for i in 0..rels.len() {
+            match it.next_if(|(j, _)| *j == i) {
+                Some((_, r)) => out.push(r),
+                None => out.push(Searched::Unreadable),
+            }
+        }
+        out
+    }
+
+    /// Search one file beneath the root: at most `max` matching lines.
+    fn search_one(
+        &self,
+        root: &Root,
+        rel: &Path,
+        matcher: &RegexMatcher,
+        searcher: &mut Searcher,
+        max: usize,
+        max_file: u64,
+    ) -> Searched {
+        let shown = self.shown(root, rel);
+        let Ok((file, meta)) =
+            self.open_regular(root, rel, &shown, libc::O_RDONLY, Symlinks::Refuse)
+        else {
+            return Searched::Unreadable;
+        };
+        if meta.len() > max_file {
+            return Searched::Large;
+        }
+        let mut found = Vec::new();
+        let sink = Lossy(|lnum, line: &str| {
+            let mut text = line.trim_end_matches(['\n', '\r']).to_owned();
+            if text.len() > MAX_LINE_BYTES {
+                let mut end = MAX_LINE_BYTES;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+                text.push_str("...");
+            }
+            found.push(json!({"path": shown, "line": lnum, "text": text}));
+            Ok(found.len() < max)
+        });
+        let failed = searcher.search_file(matcher, &file, sink).is_err();
+        Searched::Lines { found, failed }
+    }
+}
+
+/// What searching one file gave.
+enum Searched {
+    /// It could not be opened as a regular file beneath the root.
+    Unreadable,
+    /// It is over the size limit.
+    Large,
+    /// Its matching lines; `failed` when reading it failed part way.
+    Lines { found: Vec<Value>, failed: bool },
 }

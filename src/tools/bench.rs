@@ -124,6 +124,17 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
+/// The tools lines of the report: an upstream MCP tool call, and
+/// `search_files` against `rg`.
+pub async fn run(n: usize) -> Result<String, String> {
+    let mut out = upstream_round_trip(n).await?;
+    out.push_str(&search_vs_rg(5).await?);
+    Ok(out)
+}
+
+/// Rounds of the upstream line.
+const ROUNDS: usize = 5;
+
 /// The report line: per call, directly by an rmcp client and from a warm
 /// Rhai cell (a loop of calls less the same loop without them).
 pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
@@ -141,27 +152,25 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
         .unwrap_or_default();
     let call = || client.call_tool(CallToolRequestParams::new("echo").with_arguments(args.clone()));
     call().await.map_err(|e| e.to_string())?;
-    let mut direct = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        call().await.map_err(|e| e.to_string())?;
-        direct.push(t.elapsed());
-    }
-    let direct = median(direct);
-    let _ = client.cancel().await;
 
     let target = super::upstream::Target::new("up", Vec::new(), Some(url), None)
         .map_err(|e| e.to_string())?;
     let cap = super::upstream::capability("up", "", target, 10_000, 1 << 20)
         .map_err(|e| e.to_string())?;
+    // A host capability that does nothing: what any call from a cell costs.
+    let noop = crate::Capability::new("noop", "", json!({"type": "object"}), |_, _| async {
+        Ok(Value::Null)
+    })
+    .map_err(|e| e.to_string())?;
     let sup = Supervisor::builder()
         .warm(true)
         .capability(cap)
+        .and_then(|b| b.capability(noop))
         .and_then(|b| b.build())
         .map_err(|e| e.to_string())?;
-    let mut policy = Policy::deny_all().allow("up.*");
-    // One session runs every bench cell: 3 loops of n calls, and one.
-    policy.max_tool_calls = u32::try_from(3 * n + 1).unwrap_or(u32::MAX);
+    let mut policy = Policy::deny_all().allow("up.*").allow("noop");
+    // One session runs every bench cell: ROUNDS loops of n calls of each, and one.
+    policy.max_tool_calls = u32::try_from(2 * ROUNDS * n + 1).unwrap_or(u32::MAX);
     policy.max_calls = policy.max_tool_calls;
     let session = sup
         .session(SessionConfig {
@@ -172,22 +181,32 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
     let run = |code: String| crate::bench::timed_session_cell(&session, code);
     // The first call starts the connection; the cells after it are warm.
     run("tool_call(\"up.echo\", #{text: \"x\"})".into()).await?;
-    let (mut empty, mut looped) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        empty.push(run(format!("for i in 0..{n} {{ }}")).await?);
-        looped.push(
-            run(format!(
-                "for i in 0..{n} {{ tool_call(\"up.echo\", #{{text: \"x\"}}); }}"
-            ))
-            .await?,
-        );
+    // Rounds in turn: n direct calls, a cell looping n times without the
+    // call and one with it, so a noisy neighbour slows both sides alike.
+    let (mut direct, mut through, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for _ in 0..n {
+            call().await.map_err(|e| e.to_string())?;
+        }
+        direct.push(t.elapsed() / n as u32);
+        let empty = run(format!("for i in 0..{n} {{ }}")).await?;
+        let looped = run(format!(
+            "for i in 0..{n} {{ tool_call(\"up.echo\", #{{text: \"x\"}}); }}"
+        ))
+        .await?;
+        through.push(looped.saturating_sub(empty) / n as u32);
+        let nooped = run(format!("for i in 0..{n} {{ tool_call(\"noop\", #{{}}); }}")).await?;
+        floor.push(nooped.saturating_sub(empty) / n as u32);
     }
-    let through = median(looped).saturating_sub(median(empty)) / n as u32;
+    let _ = client.cancel().await;
+    let (direct, through, floor) = (median(direct), median(through), median(floor));
     Ok(format!(
-        "upstream MCP tool call round trip (streamable HTTP on 127.0.0.1, {n} calls)  direct rmcp client {:.3} ms  from a warm Rhai cell {:.3} ms  ({:.2}x; goal <= 1.2x)\n",
+        "upstream MCP tool call round trip (streamable HTTP on 127.0.0.1, {n} calls, {ROUNDS} rounds)  direct rmcp client {:.3} ms  from a warm Rhai cell {:.3} ms  ({:.2}x; goal <= 1.2x; a call of a host capability that does nothing {:.3} ms)\n",
         direct.as_secs_f64() * 1000.0,
         through.as_secs_f64() * 1000.0,
-        through.as_secs_f64() / direct.as_secs_f64().max(1e-9)
+        through.as_secs_f64() / direct.as_secs_f64().max(1e-9),
+        floor.as_secs_f64() * 1000.0
     ))
 }
 

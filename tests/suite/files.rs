@@ -196,6 +196,79 @@ fn files_search_of_millions_of_matching_lines_is_capped() {
     assert_eq!(v["truncated"], true);
 }
 
+/// A search over many files (searched a chunk at a time on several
+/// threads) answers in walk order, as a search of one file after another
+/// would: sorted paths, depth first, lines in order, and a search that
+/// stops at its limit counts only the files up to the one that filled it.
+#[test]
+fn files_search_of_many_files_answers_in_walk_order() {
+    let t = tempfile::tempdir().unwrap();
+    let mut expected = Vec::new();
+    for d in 0..7 {
+        let dir = t.path().join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..150 {
+            let name = format!("d{d}/f{f:03}.txt");
+            // Every third file has two hits, one file in each directory is
+            // too large, and the others have none.
+            if f == 77 {
+                std::fs::write(t.path().join(&name), "hit\n".repeat(40)).unwrap();
+            } else if f % 3 == 0 {
+                std::fs::write(t.path().join(&name), "a\nhit 1\nb\nhit 2\n").unwrap();
+                expected.push((name.clone(), 2u64));
+                expected.push((name, 4u64));
+            } else {
+                std::fs::write(t.path().join(&name), "nothing here\n").unwrap();
+            }
+        }
+    }
+    let f = Files::open(&FilesConfig {
+        roots: vec![t.path().to_path_buf()],
+        max_search_file_bytes: 100,
+        ..FilesConfig::default()
+    })
+    .unwrap();
+    let got = |v: &Value| -> Vec<(String, u64)> {
+        v["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["path"].as_str().unwrap().to_owned(),
+                    m["line"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let v = f.search_files("^hit", ".", None, 1000).unwrap();
+    assert_eq!(got(&v), expected, "{v}");
+    assert_eq!(v["truncated"], false);
+    assert_eq!(v["files_searched"], 7 * 149);
+    assert_eq!(v["skipped_large"], 7);
+    // 401 matches: the 201st file with hits fills it on its first line.
+    // Files before it: d0..d3 (4 x 150, each with one large file) and
+    // d4/f000..d4/f003 ... counted from the walk order itself.
+    let v = f.search_files("^hit", ".", None, 401).unwrap();
+    assert_eq!(got(&v), expected[..401].to_vec(), "{v}");
+    assert_eq!(v["truncated"], true);
+    let last = &expected[400].0;
+    let (d, n): (u64, u64) = (last[1..2].parse().unwrap(), last[4..7].parse().unwrap());
+    let large = d + u64::from(n > 77);
+    assert_eq!(v["skipped_large"], large, "{v}");
+    assert_eq!(v["files_searched"], d * 150 + n + 1 - large, "{v}");
+    // With a glob, only the matching files, still in order.
+    let v = f
+        .search_files("^hit", "d2", Some("f0[0-4]?.txt"), 1000)
+        .unwrap();
+    let want: Vec<(String, u64)> = expected
+        .iter()
+        .filter(|(p, _)| p.starts_with("d2/f0") && p.as_bytes()[5] <= b'4')
+        .cloned()
+        .collect();
+    assert_eq!(got(&v), want, "{v}");
+}
+
 /// A directory is swapped for a symlink to the outside, over and over,
 /// while the tree is searched and listed: nothing outside is ever returned.
 #[test]
