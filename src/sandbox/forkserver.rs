@@ -29,7 +29,6 @@
 
 use super::process::{reap, Reaped};
 use nix::sys::signal::{SigSet, Signal};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::io;
@@ -39,55 +38,7 @@ use std::os::unix::net::UnixStream;
 /// Largest control message.
 pub const MAX_CONTROL_BYTES: usize = super::packet::MAX_PACKET_BYTES;
 
-/// Messages on the control channel.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Control {
-    /// First message: the pool-wide sandbox plan and how many sandboxed
-    /// children to keep waiting.
-    Init {
-        plan: Box<super::SandboxPlan>,
-        #[serde(default)]
-        spares: usize,
-    },
-    /// The pool layers are in place.
-    Ready {
-        report: super::SandboxReport,
-    },
-    /// The pool layers could not be applied.
-    Failed {
-        layer: String,
-        message: String,
-    },
-    /// A child with these limits, now.
-    Spawn {
-        id: u64,
-        limits: crate::plan::Rlimits,
-    },
-    /// A spare was taken; make another.
-    Refill,
-    /// The answer to `spawn` (fds: pidfd, protocol socket, stdout, stderr).
-    Spawned {
-        id: u64,
-        pid: i32,
-    },
-    /// A child made ahead of time with these limits (fds as `spawned`).
-    Spare {
-        pid: i32,
-        limits: crate::plan::Rlimits,
-    },
-    Error {
-        id: u64,
-        message: String,
-    },
-    Exited {
-        pid: i32,
-        code: Option<i32>,
-        signal: Option<i32>,
-        cpu_ms: u64,
-        max_rss_kb: u64,
-    },
-}
+pub use crate::protocol::pool::Control;
 
 /// A connected pair of `SOCK_SEQPACKET` sockets (close-on-exec).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
