@@ -268,43 +268,33 @@ impl PoolMessage for Control {
     }
 }
 
-impl PoolMessage for ZygoteMsg {
-    fn sort(self) -> PoolReply<Self> {
-        match self {
-            ZygoteMsg::Spawned { id, pid } => PoolReply::Spawned { id, pid },
-            ZygoteMsg::Error { id, message } => PoolReply::Error { id, message },
-            ZygoteMsg::Ended {
-                pid,
-                status,
-                utime,
-                stime,
-                max_rss_kb,
-            } => PoolReply::Exited(ExitReport::from_wait4(
-                pid, status, utime, stime, max_rss_kb,
-            )),
-            other => PoolReply::Other(other),
+/// The envelope of a zygote's and a state process's channels (the same
+/// `spawned`, `error` and `ended` written by `zygote.py`).
+macro_rules! zygote_envelope {
+    ($msg:ident) => {
+        impl PoolMessage for $msg {
+            fn sort(self) -> PoolReply<Self> {
+                match self {
+                    $msg::Spawned { id, pid } => PoolReply::Spawned { id, pid },
+                    $msg::Error { id, message } => PoolReply::Error { id, message },
+                    $msg::Ended {
+                        pid,
+                        status,
+                        utime,
+                        stime,
+                        max_rss_kb,
+                    } => PoolReply::Exited(ExitReport::from_wait4(
+                        pid, status, utime, stime, max_rss_kb,
+                    )),
+                    other => PoolReply::Other(other),
+                }
+            }
         }
-    }
+    };
 }
 
-impl PoolMessage for StateMsg {
-    fn sort(self) -> PoolReply<Self> {
-        match self {
-            StateMsg::Spawned { id, pid } => PoolReply::Spawned { id, pid },
-            StateMsg::Error { id, message } => PoolReply::Error { id, message },
-            StateMsg::Ended {
-                pid,
-                status,
-                utime,
-                stime,
-                max_rss_kb,
-            } => PoolReply::Exited(ExitReport::from_wait4(
-                pid, status, utime, stime, max_rss_kb,
-            )),
-            other => PoolReply::Other(other),
-        }
-    }
-}
+zygote_envelope!(ZygoteMsg);
+zygote_envelope!(StateMsg);
 
 #[cfg(test)]
 mod tests {
