@@ -67,14 +67,8 @@ pub fn run(code: &str, how: OneShot, config: SessionConfig, events: &EventSink) 
     if let Some(done) = done.filter(|_| result.status == Status::Ok) {
         super::session::apply_first(Language::Rhai, &done, &mut result);
     }
-    result.usage.wall_ms = started.elapsed().as_millis() as u64;
-    result.usage.calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
-    events.record(
-        "cell_end",
-        &run,
-        json!({"status": result.status, "wall_ms": result.usage.wall_ms,
-               "error": result.error.as_ref().map(|e| &e.message)}),
-    );
+    let calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
+    super::oneshot::finish(&mut result, calls, started, events, &run);
     result
 }
 
