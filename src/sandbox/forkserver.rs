@@ -181,7 +181,8 @@ pub fn serve(
                         Ok(child) => {
                             child.send(&server.ctl, &Control::Spawned { id, pid: child.pid })
                         }
-                        Err(message) => {
+                        Err(e) => {
+                            let message = e.to_string();
                             send(server.ctl.as_fd(), &Control::Error { id, message }, &[])
                         }
                     };
@@ -195,6 +196,19 @@ pub fn serve(
             }
         }
     }
+}
+
+/// Why the fork server could not fork a child (its `error` message).
+#[derive(Debug, thiserror::Error)]
+enum ForkError {
+    #[error("failed to create a protocol socket pair: {0}")]
+    SocketPair(#[source] io::Error),
+    #[error("failed to create an output pipe: {0}")]
+    Pipe(#[source] io::Error),
+    #[error("{0}")]
+    Pidfd(#[source] io::Error),
+    #[error("fork failed: {0}")]
+    Fork(#[source] nix::errno::Errno),
 }
 
 struct Server {
@@ -261,13 +275,9 @@ impl Server {
         limits: &crate::plan::Rlimits,
         name: &CStr,
         join: &[OwnedFd],
-    ) -> Result<Child, String> {
-        let (sock, theirs) = UnixStream::pair()
-            .map_err(|e| format!("failed to create a protocol socket pair: {e}"))?;
-        let pipe = || {
-            super::compat::pipe_cloexec()
-                .map_err(|e| format!("failed to create an output pipe: {e}"))
-        };
+    ) -> Result<Child, ForkError> {
+        let (sock, theirs) = UnixStream::pair().map_err(ForkError::SocketPair)?;
+        let pipe = || super::compat::pipe_cloexec().map_err(ForkError::Pipe);
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let theirs = OwnedFd::from(theirs);
@@ -304,7 +314,7 @@ impl Server {
                 drop((theirs, out_w, err_w));
                 let pid = child.as_raw();
                 self.cells.insert(pid);
-                let pidfd = super::process::pidfd_open(pid).map_err(|e| e.to_string())?;
+                let pidfd = super::process::pidfd_open(pid).map_err(ForkError::Pidfd)?;
                 Ok(Child {
                     pid,
                     pidfd,
@@ -313,7 +323,7 @@ impl Server {
                     err: err_r,
                 })
             }
-            Err(e) => Err(format!("fork failed: {e}")),
+            Err(e) => Err(ForkError::Fork(e)),
         }
     }
 }

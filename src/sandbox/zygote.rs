@@ -132,16 +132,26 @@ pub fn zygote_seccomp(cell: &SeccompSpec) -> SeccompSpec {
     spec
 }
 
+/// Why the cell filter (or the zygote's config holding it) could not be
+/// made.
+#[derive(Debug, thiserror::Error)]
+pub enum CellFilterError {
+    #[error("no syscall number for {0}")]
+    NoNumber(String),
+    #[error(transparent)]
+    Compile(#[from] super::linux::seccomp::SeccompError),
+}
+
 /// The filter each zygote child stacks on the zygote's: EPERM for
 /// [`ZYGOTE_EXTRAS`] and `setpgid`, and for `prctl(PR_SET_DUMPABLE)`;
 /// everything else is allowed here and so decided by the zygote's own
 /// filter, whose allowlist is the cell profile's (a call under a foreign
 /// architecture included: that filter kills it).
-pub fn cell_filter_rules() -> Result<Filter, String> {
-    let num = |n: &str| -> Result<u32, String> {
+pub fn cell_filter_rules() -> Result<Filter, CellFilterError> {
+    let num = |n: &str| -> Result<u32, CellFilterError> {
         super::syscalls::number(n)
             .and_then(|nr| u32::try_from(nr).ok())
-            .ok_or_else(|| format!("no syscall number for {n}"))
+            .ok_or_else(|| CellFilterError::NoNumber(n.to_owned()))
     };
     let mut verdicts = BTreeMap::new();
     for n in ZYGOTE_EXTRAS.iter().map(|(n, _)| *n).chain(["setpgid"]) {
@@ -163,8 +173,8 @@ pub fn cell_filter_rules() -> Result<Filter, String> {
 
 /// [`cell_filter_rules`] compiled, as the kernel's `sock_filter` array
 /// bytes (the zygote installs it with `seccomp(2)` from Python).
-pub fn cell_filter() -> Result<Vec<u8>, String> {
-    let prog = program_for(&cell_filter_rules()?).map_err(|e| e.to_string())?;
+pub fn cell_filter() -> Result<Vec<u8>, CellFilterError> {
+    let prog = program_for(&cell_filter_rules()?)?;
     let mut bytes = Vec::with_capacity(prog.len() * 8);
     for ins in prog {
         bytes.extend_from_slice(&ins.code.to_ne_bytes());
@@ -181,11 +191,11 @@ pub fn cell_filter() -> Result<Vec<u8>, String> {
 /// name of the resource it sets (`RLIMIT_CPU`, ... as in Python's
 /// `resource` module), in the order to set them, and the exit code of a
 /// child whose sandbox could not be applied.
-pub fn python_config(python: &crate::profiles::PythonPackages) -> Result<String, String> {
+pub fn python_config(python: &crate::profiles::PythonPackages) -> Result<String, CellFilterError> {
     let filter = cell_filter()?;
     let hex: String = filter.iter().map(|b| format!("{b:02x}")).collect();
     let num =
-        |n: &str| super::syscalls::number(n).ok_or_else(|| format!("no syscall number for {n}"));
+        |n: &str| super::syscalls::number(n).ok_or_else(|| CellFilterError::NoNumber(n.to_owned()));
     Ok(serde_json::json!({
         "cell_filter": hex,
         "nr_seccomp": num("seccomp")?,
