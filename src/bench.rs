@@ -597,36 +597,21 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
         "/bin/true",
     ];
     // Alternated with bwrap, so the ratio compares like with like.
-    match baseline_spawn_pair(&exec_argv, &bwrap, n) {
-        Ok((exec, b)) => {
-            let _ = writeln!(
-                out,
-                "cellbox exec -- /bin/true         p50 {}  p99 {}",
-                ms(exec.p50),
-                ms(exec.p99)
-            );
-            let _ = writeln!(
-                out,
-                "bwrap --unshare-all ... /bin/true p50 {}  p99 {}  (cellbox exec p50 = {:.2}x bwrap)",
-                ms(b.p50),
-                ms(b.p99),
-                exec.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
-            );
-        }
-        Err(e) => {
-            let exec = baseline_spawn(&exec_argv, n)?;
-            let _ = writeln!(
-                out,
-                "cellbox exec -- /bin/true         p50 {}  p99 {}",
-                ms(exec.p50),
-                ms(exec.p99)
-            );
-            let _ = writeln!(
-                out,
-                "bwrap baseline unavailable ({e}); .ci/bench installs bubblewrap"
-            );
-        }
-    }
+    versus_bwrap(
+        &mut out,
+        n,
+        (
+            &exec_argv,
+            "cellbox exec -- /bin/true         ",
+            "cellbox exec",
+            "",
+        ),
+        (
+            &bwrap,
+            "bwrap --unshare-all ... /bin/true ",
+            "bwrap baseline",
+        ),
+    )?;
     // The one-shot Rhai CLI (`run x.rhai`: no server, no pool) beside bwrap
     // with a /dev and a /proc of its own, as the cell has; alternated.
     let script = dir.path().join("x.rhai");
@@ -645,37 +630,57 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
         "/proc",
         "/bin/true",
     ];
-    match baseline_spawn_pair(&run_argv, &bwrap_dev_proc, n) {
-        Ok((run, b)) => {
+    versus_bwrap(
+        &mut out,
+        n,
+        (
+            &run_argv,
+            "cellbox run x.rhai (one-shot)     ",
+            "cellbox run x.rhai",
+            "; goal <= 1x",
+        ),
+        (
+            &bwrap_dev_proc,
+            "bwrap ... --dev --proc /bin/true  ",
+            "bwrap baseline for run x.rhai",
+        ),
+    )?;
+    Ok(out)
+}
+
+/// A command of ours (`argv`, its line's label, its name in the ratio,
+/// what the ratio should be) beside a bwrap command (`argv`, its line's
+/// label, what its absence is called), alternated; without bwrap, ours
+/// alone and why.
+fn versus_bwrap(
+    out: &mut String,
+    n: usize,
+    (ours, label, name, goal): (&[&str], &str, &str, &str),
+    (bwrap, bwrap_label, missing): (&[&str], &str, &str),
+) -> Result<(), String> {
+    let ours_line = |out: &mut String, f: &Figures| {
+        let _ = writeln!(out, "{label}p50 {}  p99 {}", ms(f.p50), ms(f.p99));
+    };
+    match baseline_spawn_pair(ours, bwrap, n) {
+        Ok((f, b)) => {
+            ours_line(out, &f);
             let _ = writeln!(
                 out,
-                "cellbox run x.rhai (one-shot)     p50 {}  p99 {}",
-                ms(run.p50),
-                ms(run.p99)
-            );
-            let _ = writeln!(
-                out,
-                "bwrap ... --dev --proc /bin/true  p50 {}  p99 {}  (cellbox run x.rhai p50 = {:.2}x bwrap; goal <= 1x)",
+                "{bwrap_label}p50 {}  p99 {}  ({name} p50 = {:.2}x bwrap{goal})",
                 ms(b.p50),
                 ms(b.p99),
-                run.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+                f.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
             );
         }
         Err(e) => {
-            let run = baseline_spawn(&run_argv, n)?;
+            ours_line(out, &baseline_spawn(ours, n)?);
             let _ = writeln!(
                 out,
-                "cellbox run x.rhai (one-shot)     p50 {}  p99 {}",
-                ms(run.p50),
-                ms(run.p99)
-            );
-            let _ = writeln!(
-                out,
-                "bwrap baseline for run x.rhai unavailable ({e}); .ci/bench installs bubblewrap"
+                "{missing} unavailable ({e}); .ci/bench installs bubblewrap"
             );
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A `pass` cell in a live Python session that has grown: after ten stdlib

@@ -152,14 +152,7 @@ pub fn one_shot_shell(args: &RunArgs) -> Option<ExitCode> {
         .forwarding(forward)
         .interruptible();
     let result = crate::supervisor::oneshot::run(cell, config, &events);
-    if json {
-        if let Err(code) = print_json(&result) {
-            return Some(code);
-        }
-    } else {
-        print_result(&result, false, true);
-    }
-    Some(ExitCode::from(result.status.exit_code()))
+    Some(one_shot_exit(&result, json))
 }
 
 /// `cellbox run` of a Rhai cell, run from this process: cloned into its
@@ -209,14 +202,21 @@ pub fn one_shot_rhai(args: &RunArgs) -> Option<ExitCode> {
         .forwarding(forward)
         .interruptible();
     let result = crate::supervisor::oneshot_rhai::run(&code, how, config, &events);
+    Some(one_shot_exit(&result, json))
+}
+
+/// Print a one-shot cell's result (JSON, or as `run` prints it) and give
+/// the exit code it stands for.
+#[cfg(target_os = "linux")]
+fn one_shot_exit(result: &crate::CellResult, json: bool) -> ExitCode {
     if json {
-        if let Err(code) = print_json(&result) {
-            return Some(code);
+        if let Err(code) = print_json(result) {
+            return code;
         }
     } else {
-        print_result(&result, false, true);
+        print_result(result, false, true);
     }
-    Some(ExitCode::from(result.status.exit_code()))
+    ExitCode::from(result.status.exit_code())
 }
 
 /// `cellbox run ...` read by a parser of `run` alone, when it is a cell

@@ -30,6 +30,7 @@
 
 mod codec;
 mod messages;
+pub mod pool;
 
 pub use codec::{
     decode_body, encode_frame, read_frame_async, read_frame_async_within, read_frame_blocking,

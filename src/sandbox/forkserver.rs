@@ -29,7 +29,6 @@
 
 use super::process::{reap, Reaped};
 use nix::sys::signal::{SigSet, Signal};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::io;
@@ -39,55 +38,7 @@ use std::os::unix::net::UnixStream;
 /// Largest control message.
 pub const MAX_CONTROL_BYTES: usize = super::packet::MAX_PACKET_BYTES;
 
-/// Messages on the control channel.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Control {
-    /// First message: the pool-wide sandbox plan and how many sandboxed
-    /// children to keep waiting.
-    Init {
-        plan: Box<super::SandboxPlan>,
-        #[serde(default)]
-        spares: usize,
-    },
-    /// The pool layers are in place.
-    Ready {
-        report: super::SandboxReport,
-    },
-    /// The pool layers could not be applied.
-    Failed {
-        layer: String,
-        message: String,
-    },
-    /// A child with these limits, now.
-    Spawn {
-        id: u64,
-        limits: crate::plan::Rlimits,
-    },
-    /// A spare was taken; make another.
-    Refill,
-    /// The answer to `spawn` (fds: pidfd, protocol socket, stdout, stderr).
-    Spawned {
-        id: u64,
-        pid: i32,
-    },
-    /// A child made ahead of time with these limits (fds as `spawned`).
-    Spare {
-        pid: i32,
-        limits: crate::plan::Rlimits,
-    },
-    Error {
-        id: u64,
-        message: String,
-    },
-    Exited {
-        pid: i32,
-        code: Option<i32>,
-        signal: Option<i32>,
-        cpu_ms: u64,
-        max_rss_kb: u64,
-    },
-}
+pub use crate::protocol::pool::Control;
 
 /// A connected pair of `SOCK_SEQPACKET` sockets (close-on-exec).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -230,7 +181,8 @@ pub fn serve(
                         Ok(child) => {
                             child.send(&server.ctl, &Control::Spawned { id, pid: child.pid })
                         }
-                        Err(message) => {
+                        Err(e) => {
+                            let message = e.to_string();
                             send(server.ctl.as_fd(), &Control::Error { id, message }, &[])
                         }
                     };
@@ -244,6 +196,19 @@ pub fn serve(
             }
         }
     }
+}
+
+/// Why the fork server could not fork a child (its `error` message).
+#[derive(Debug, thiserror::Error)]
+enum ForkError {
+    #[error("failed to create a protocol socket pair: {0}")]
+    SocketPair(#[source] io::Error),
+    #[error("failed to create an output pipe: {0}")]
+    Pipe(#[source] io::Error),
+    #[error("{0}")]
+    Pidfd(#[source] io::Error),
+    #[error("fork failed: {0}")]
+    Fork(#[source] nix::errno::Errno),
 }
 
 struct Server {
@@ -310,13 +275,9 @@ impl Server {
         limits: &crate::plan::Rlimits,
         name: &CStr,
         join: &[OwnedFd],
-    ) -> Result<Child, String> {
-        let (sock, theirs) = UnixStream::pair()
-            .map_err(|e| format!("failed to create a protocol socket pair: {e}"))?;
-        let pipe = || {
-            super::compat::pipe_cloexec()
-                .map_err(|e| format!("failed to create an output pipe: {e}"))
-        };
+    ) -> Result<Child, ForkError> {
+        let (sock, theirs) = UnixStream::pair().map_err(ForkError::SocketPair)?;
+        let pipe = || super::compat::pipe_cloexec().map_err(ForkError::Pipe);
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let theirs = OwnedFd::from(theirs);
@@ -353,7 +314,7 @@ impl Server {
                 drop((theirs, out_w, err_w));
                 let pid = child.as_raw();
                 self.cells.insert(pid);
-                let pidfd = super::process::pidfd_open(pid).map_err(|e| e.to_string())?;
+                let pidfd = super::process::pidfd_open(pid).map_err(ForkError::Pidfd)?;
                 Ok(Child {
                     pid,
                     pidfd,
@@ -362,7 +323,7 @@ impl Server {
                     err: err_r,
                 })
             }
-            Err(e) => Err(format!("fork failed: {e}")),
+            Err(e) => Err(ForkError::Fork(e)),
         }
     }
 }

@@ -34,133 +34,15 @@
 //! takes back every syscall the zygote needed and the cell profile denies.
 
 use super::linux::seccomp::{program_for, Action, ArgCheck, Filter, Verdict};
-use super::{SandboxPlan, SandboxReport};
 use crate::plan::Rlimits;
 use crate::profiles::{ArgAllow, DenyGroup, SeccompSpec, SyscallGroup};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::OwnedFd;
 
 pub use super::packet::{recv, send, MAX_PACKET_BYTES};
 
-/// Messages on a zygote's control channel.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ZygoteMsg {
-    Setup {
-        interpreter: String,
-        plan: Box<SandboxPlan>,
-        /// Package paths for `sys.path` and modules to import ahead of time.
-        #[serde(default)]
-        python: crate::profiles::PythonPackages,
-    },
-    Ready {
-        report: SandboxReport,
-        anchors: Vec<String>,
-    },
-    SandboxError {
-        layer: String,
-        message: String,
-    },
-    /// Fork a cell. Its fds: protocol socket, stdout, stderr, Landlock
-    /// ruleset, and a pipe holding its [`CellSetup`] (read by the child
-    /// only: the zygote never sees a cell's scratch dir or limits).
-    Spawn {
-        id: u64,
-        /// The child is a session's first state process: its process
-        /// group outlives it (its successors share it), so the zygote does
-        /// not kill that group when it ends.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        state: bool,
-    },
-    Spawned {
-        id: u64,
-        pid: i32,
-    },
-    Error {
-        id: u64,
-        message: String,
-    },
-    /// How a child ended: its wait status and rusage as wait4 gave them
-    /// (`[seconds, microseconds]`), written by the zygote from buffers it
-    /// zeroes after each report.
-    Ended {
-        pid: i32,
-        status: i32,
-        utime: [i64; 2],
-        stime: [i64; 2],
-        max_rss_kb: i64,
-    },
-}
-
-/// What a forked cell reads from its setup pipe before anything else.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CellSetup {
-    pub scratch: String,
-    pub rlimits: Rlimits,
-    /// Start a session's state process (see [`StateMsg`]) rather than a
-    /// cell.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub state: bool,
-}
-
-/// Messages on a session's **state process** channel (`SOCK_SEQPACKET`, one
-/// JSON object per packet, tag `"op"`, the zygote's framing). A state
-/// process is forked from a zygote like a cell, under the same layers, and
-/// holds a Python session's live namespace; see `zygote.py` for its side.
-///
-/// - supervisor → state: `run {id, rlimits}` with the cell's protocol
-///   socket, stdout, stderr and the channel of the next state process;
-///   `clone {id}` with the channel of a copy (a checkpoint).
-/// - state → supervisor: `spawned {id, pid}`, `error {id, message}`,
-///   `ended {...}` (as [`ZygoteMsg::Ended`]); and, first on each new
-///   channel, `ready {pid}` from the process that serves it.
-///
-/// A state process has run the session's code: pids it names are only
-/// looked up among the session's own processes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum StateMsg {
-    Run {
-        id: u64,
-        rlimits: Rlimits,
-    },
-    Clone {
-        id: u64,
-    },
-    Ready {
-        pid: i32,
-    },
-    Spawned {
-        id: u64,
-        pid: i32,
-    },
-    Error {
-        id: u64,
-        message: String,
-    },
-    Ended {
-        pid: i32,
-        status: i32,
-        utime: [i64; 2],
-        stime: [i64; 2],
-        max_rss_kb: i64,
-    },
-}
-
-/// CPU milliseconds from `[seconds, microseconds]` pairs (negative parts,
-/// which the kernel never reports, count as 0).
-pub fn cpu_ms(utime: [i64; 2], stime: [i64; 2]) -> u64 {
-    let us = |t: [i64; 2]| {
-        u64::try_from(t[0])
-            .unwrap_or(0)
-            .saturating_mul(1_000_000)
-            .saturating_add(u64::try_from(t[1]).unwrap_or(0))
-    };
-    us(utime).saturating_add(us(stime)) / 1000
-}
+pub use crate::protocol::pool::{cpu_ms, CellSetup, StateMsg, ZygoteMsg};
 
 /// The paths inside the zygote's namespaces a cell may still read. Unlike
 /// a cold cell, a warm cell may not list the root: a grant to list
@@ -250,16 +132,26 @@ pub fn zygote_seccomp(cell: &SeccompSpec) -> SeccompSpec {
     spec
 }
 
+/// Why the cell filter (or the zygote's config holding it) could not be
+/// made.
+#[derive(Debug, thiserror::Error)]
+pub enum CellFilterError {
+    #[error("no syscall number for {0}")]
+    NoNumber(String),
+    #[error(transparent)]
+    Compile(#[from] super::linux::seccomp::SeccompError),
+}
+
 /// The filter each zygote child stacks on the zygote's: EPERM for
 /// [`ZYGOTE_EXTRAS`] and `setpgid`, and for `prctl(PR_SET_DUMPABLE)`;
 /// everything else is allowed here and so decided by the zygote's own
 /// filter, whose allowlist is the cell profile's (a call under a foreign
 /// architecture included: that filter kills it).
-pub fn cell_filter_rules() -> Result<Filter, String> {
-    let num = |n: &str| -> Result<u32, String> {
+pub fn cell_filter_rules() -> Result<Filter, CellFilterError> {
+    let num = |n: &str| -> Result<u32, CellFilterError> {
         super::syscalls::number(n)
             .and_then(|nr| u32::try_from(nr).ok())
-            .ok_or_else(|| format!("no syscall number for {n}"))
+            .ok_or_else(|| CellFilterError::NoNumber(n.to_owned()))
     };
     let mut verdicts = BTreeMap::new();
     for n in ZYGOTE_EXTRAS.iter().map(|(n, _)| *n).chain(["setpgid"]) {
@@ -281,8 +173,8 @@ pub fn cell_filter_rules() -> Result<Filter, String> {
 
 /// [`cell_filter_rules`] compiled, as the kernel's `sock_filter` array
 /// bytes (the zygote installs it with `seccomp(2)` from Python).
-pub fn cell_filter() -> Result<Vec<u8>, String> {
-    let prog = program_for(&cell_filter_rules()?).map_err(|e| e.to_string())?;
+pub fn cell_filter() -> Result<Vec<u8>, CellFilterError> {
+    let prog = program_for(&cell_filter_rules()?)?;
     let mut bytes = Vec::with_capacity(prog.len() * 8);
     for ins in prog {
         bytes.extend_from_slice(&ins.code.to_ne_bytes());
@@ -299,11 +191,11 @@ pub fn cell_filter() -> Result<Vec<u8>, String> {
 /// name of the resource it sets (`RLIMIT_CPU`, ... as in Python's
 /// `resource` module), in the order to set them, and the exit code of a
 /// child whose sandbox could not be applied.
-pub fn python_config(python: &crate::profiles::PythonPackages) -> Result<String, String> {
+pub fn python_config(python: &crate::profiles::PythonPackages) -> Result<String, CellFilterError> {
     let filter = cell_filter()?;
     let hex: String = filter.iter().map(|b| format!("{b:02x}")).collect();
     let num =
-        |n: &str| super::syscalls::number(n).ok_or_else(|| format!("no syscall number for {n}"));
+        |n: &str| super::syscalls::number(n).ok_or_else(|| CellFilterError::NoNumber(n.to_owned()));
     Ok(serde_json::json!({
         "cell_filter": hex,
         "nr_seccomp": num("seccomp")?,
@@ -345,6 +237,7 @@ mod tests {
     use super::*;
     use crate::profiles::Profile;
     use crate::sandbox::linux::seccomp::tests::{run, ALLOW as RET_ALLOW, EPERM as RET_EPERM};
+    use crate::sandbox::SandboxPlan;
 
     fn decode(bytes: &[u8]) -> Vec<seccompiler::sock_filter> {
         bytes

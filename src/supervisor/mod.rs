@@ -17,6 +17,7 @@ pub mod oneshot;
 pub mod oneshot_rhai;
 mod output;
 mod policy;
+mod pool_client;
 mod pool_status;
 mod python;
 mod result;

@@ -110,15 +110,27 @@ pub fn run(cell: OneShot, config: SessionConfig, events: &EventSink) -> CellResu
     } else {
         run_planned(&cell, &config, scratch, started, &mut result);
     }
+    finish(&mut result, 0, started, events, &run);
+    result
+}
+
+/// A one-shot cell is over: its wall time and `calls` in its usage, and
+/// its `cell_end` event.
+pub(crate) fn finish(
+    result: &mut CellResult,
+    calls: u32,
+    started: Instant,
+    events: &EventSink,
+    run: &RunInfo,
+) {
     result.usage.wall_ms = started.elapsed().as_millis() as u64;
-    result.usage.calls = 0;
+    result.usage.calls = calls;
     events.record(
         "cell_end",
-        &run,
+        run,
         json!({"status": result.status, "wall_ms": result.usage.wall_ms,
                "error": result.error.as_ref().map(|e| &e.message)}),
     );
-    result
 }
 
 fn run_planned(

@@ -67,14 +67,8 @@ pub fn run(code: &str, how: OneShot, config: SessionConfig, events: &EventSink) 
     if let Some(done) = done.filter(|_| result.status == Status::Ok) {
         super::session::apply_first(Language::Rhai, &done, &mut result);
     }
-    result.usage.wall_ms = started.elapsed().as_millis() as u64;
-    result.usage.calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
-    events.record(
-        "cell_end",
-        &run,
-        json!({"status": result.status, "wall_ms": result.usage.wall_ms,
-               "error": result.error.as_ref().map(|e| &e.message)}),
-    );
+    let calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
+    super::oneshot::finish(&mut result, calls, started, events, &run);
     result
 }
 
@@ -452,25 +446,9 @@ impl Talk {
         }
         let outcome: Result<Value, (String, String)> = match &cap.handler {
             Handler::Emit => {
-                let event = call.args.get("event").cloned().unwrap_or(Value::Null);
-                // Bounded per cell and per session, in count and bytes.
-                let bytes = serde_json::to_vec(&event).map_or(0, |v| v.len() as u64);
-                let charged = ctx.budget.charge_emit(bytes).and_then(|()| {
-                    ctx.emits.charge(
-                        bytes,
-                        super::policy::MAX_EMITS_PER_SESSION,
-                        super::policy::MAX_EMIT_BYTES_PER_SESSION,
-                        "session",
-                    )
-                });
-                match charged {
-                    Ok(()) => {
-                        ctx.events
-                            .record("emit", &ctx.run, json!({ "data": event }));
-                        Ok(Value::Null)
-                    }
-                    Err(m) => Err(("limit".into(), m.to_string())),
-                }
+                super::policy::emit(&call.args, &ctx.budget, &ctx.emits, &ctx.events, &ctx.run)
+                    .map(|()| Value::Null)
+                    .map_err(|m| ("limit".into(), m.to_string()))
             }
             Handler::Answer => {
                 self.final_answer = Some(call.args.get("value").cloned().unwrap_or(Value::Null));

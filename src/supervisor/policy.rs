@@ -369,6 +369,33 @@ impl EmitTally {
     }
 }
 
+/// Perform `emit`: its `event` argument, charged to the cell's run tree
+/// (`budget`) and to the session (`session`), recorded in `events`. The
+/// refusal is the call's `limit` error message.
+pub(crate) fn emit(
+    args: &serde_json::Map<String, serde_json::Value>,
+    budget: &Budget,
+    session: &EmitTally,
+    events: &super::events::EventSink,
+    run: &super::result::RunInfo,
+) -> Result<(), EmitRefused> {
+    let event = args
+        .get("event")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    // Bounded per cell and per session, in count and bytes.
+    let bytes = serde_json::to_vec(&event).map_or(0, |v| v.len() as u64);
+    budget.charge_emit(bytes)?;
+    session.charge(
+        bytes,
+        MAX_EMITS_PER_SESSION,
+        MAX_EMIT_BYTES_PER_SESSION,
+        "session",
+    )?;
+    events.record("emit", run, serde_json::json!({ "data": event }));
+    Ok(())
+}
+
 /// Why a call could not be charged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BudgetError {

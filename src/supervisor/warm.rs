@@ -2,6 +2,7 @@
 //! `crate::sandbox::forkserver`): start it once, ask it for one child per
 //! cell, learn how each child ended.
 
+use super::pool_client::PoolClient;
 use crate::plan::Rlimits;
 use crate::sandbox::forkserver::{self, Control};
 use crate::sandbox::process::Reaped;
@@ -9,7 +10,7 @@ use crate::util::lock;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -149,7 +150,7 @@ impl ForkingParent for ForkServer {
     }
 
     fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.forget(pid);
+        self.client.forget(pid);
     }
 
     fn report_within(&self) -> Duration {
@@ -196,8 +197,6 @@ impl Forked {
         })
     }
 }
-
-type SpawnReply = Result<Forked, PoolError>;
 
 enum ExitSlot {
     Waiting(oneshot::Sender<Reaped>),
@@ -265,27 +264,23 @@ impl ExitTable {
     }
 }
 
+/// Spares handed over by the server, oldest first.
 #[derive(Default)]
-struct Shared {
-    pending: HashMap<u64, oneshot::Sender<SpawnReply>>,
-    exits: ExitTable,
-    /// Spares handed over by the server, oldest first.
-    spares: VecDeque<(Rlimits, Forked)>,
-}
+struct Spares(VecDeque<(Rlimits, Forked)>);
 
-impl Shared {
+impl Spares {
     /// A live spare with exactly these limits, and how many dead ones were
     /// dropped on the way (each needs a replacement).
-    fn take_spare(&mut self, limits: &Rlimits) -> (Option<Forked>, usize) {
+    fn take(&mut self, limits: &Rlimits, client: &PoolClient) -> (Option<Forked>, usize) {
         let mut dropped = 0;
-        while let Some(i) = self.spares.iter().position(|(l, _)| l == limits) {
-            let Some((_, f)) = self.spares.remove(i) else {
+        while let Some(i) = self.0.iter().position(|(l, _)| l == limits) {
+            let Some((_, f)) = self.0.remove(i) else {
                 break;
             };
-            if self.exits.arrived(f.pid) || exited(&f.pidfd) {
+            if client.exit_arrived(f.pid) || exited(&f.pidfd) {
                 // It died waiting (killed from outside, or its layers failed
                 // and it said so on a socket nobody read): not a cell.
-                self.exits.forget(f.pid);
+                client.forget(f.pid);
                 dropped += 1;
                 continue;
             }
@@ -302,13 +297,13 @@ pub(crate) struct ForkServer {
     _dir: tempfile::TempDir,
     /// Keeps the thread that forked the server alive (see `start`).
     _keep_parent: std::sync::mpsc::Sender<()>,
-    ctl: Mutex<OwnedFd>,
-    shared: Arc<Mutex<Shared>>,
-    dead: Arc<AtomicBool>,
+    client: Arc<PoolClient>,
+    spares: Arc<Mutex<Spares>>,
+    /// A send failed: the server is gone.
+    dead: AtomicBool,
     /// It stopped answering in time: it is replaced, and killed once
     /// nothing of it is in use.
     stalled: AtomicBool,
-    next_id: AtomicU64,
     /// The server's process id (the outer process, as the host sees it).
     pub(crate) pid: i32,
 }
@@ -401,16 +396,16 @@ impl ForkServer {
             Ok(_) => return Err(PoolError::ServerNotStarted),
             Err(e) => return Err(PoolError::ServerNoAnswer(e)),
         }
-        let reader_fd = ours
-            .try_clone()
+        let client = Arc::new(PoolClient::new(ours, None));
+        let reader_fd = client
+            .reader_fd()
             .map_err(PoolError::io("share the fork server channel"))?;
         let reader = crate::sandbox::process::watch_readable(reader_fd)
             .map_err(PoolError::io("watch the fork server channel"))?;
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        let dead = Arc::new(AtomicBool::new(false));
+        let spares = Arc::new(Mutex::new(Spares::default()));
         let ender = ServerEnd {
-            shared: shared.clone(),
-            dead: dead.clone(),
+            client: client.clone(),
+            spares: spares.clone(),
             server_pid,
         };
         // Replies are read on the runtime: a report wakes the cell waiting
@@ -420,11 +415,10 @@ impl ForkServer {
             profile: profile.to_owned(),
             _dir: dir,
             _keep_parent: keep_tx,
-            ctl: Mutex::new(ours),
-            shared,
-            dead,
+            client,
+            spares,
+            dead: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
-            next_id: AtomicU64::new(1),
             pid: server_pid,
         })
     }
@@ -432,17 +426,22 @@ impl ForkServer {
     /// How many spares are waiting here.
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // used by the Linux-only warm paths
     pub(crate) fn spares(&self) -> usize {
-        lock(&self.shared).spares.len()
+        lock(&self.spares).0.len()
     }
 
     /// Dead or stalled: the next cell starts a new one.
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst) || self.stalled.load(Ordering::SeqCst)
+        self.dead.load(Ordering::SeqCst)
+            || self.client.is_closed()
+            || self.stalled.load(Ordering::SeqCst)
     }
 
     /// It did not answer `what` in time (see [`STALL_WITHIN`]).
     fn mark_stalled(&self, what: &str, waited: Duration) {
-        if self.stalled.swap(true, Ordering::SeqCst) || self.dead.load(Ordering::SeqCst) {
+        if self.stalled.swap(true, Ordering::SeqCst)
+            || self.dead.load(Ordering::SeqCst)
+            || self.client.is_closed()
+        {
             return;
         }
         tracing::warn!(
@@ -479,17 +478,17 @@ impl ForkServer {
             return self.spawn_now(limits, join, deadline).await;
         }
         let (spare, dropped, left) = {
-            let mut s = lock(&self.shared);
-            let (spare, dropped) = s.take_spare(limits);
-            (spare, dropped, s.spares.len())
+            let mut s = lock(&self.spares);
+            let (spare, dropped) = s.take(limits, &self.client);
+            (spare, dropped, s.0.len())
         };
         for _ in 0..dropped {
             // A lost refill only costs a later cell its head start.
-            let _ = self.control(&Control::Refill, None);
+            let _ = self.control(&Control::Refill);
         }
         if let Some(f) = spare {
             if left == 0 {
-                let _ = self.control(&Control::Refill, None);
+                let _ = self.control(&Control::Refill);
                 return Ok((f, None));
             }
             return Ok((f, Some(Refill(self.clone()))));
@@ -504,23 +503,22 @@ impl ForkServer {
         join: &[BorrowedFd<'_>],
         deadline: tokio::time::Instant,
     ) -> Result<(Forked, Option<Refill>), PoolError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        lock(&self.shared).pending.insert(id, tx);
-        let msg = Control::Spawn {
-            id,
-            limits: *limits,
-        };
         let asked = std::time::Instant::now();
-        if let Err(e) = self.control_with(&msg, Some(id), join) {
-            return Err(PoolError::io("reach the fork server")(e));
-        }
+        let limits = *limits;
+        let (id, rx) = self
+            .client
+            .request(|id| Control::Spawn { id, limits }, join)
+            .map_err(|e| {
+                self.dead.store(true, Ordering::SeqCst);
+                PoolError::io("reach the fork server")(e)
+            })?;
         let stall_at = tokio::time::Instant::from_std(asked) + STALL_WITHIN;
         match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
-            Ok(Ok(r)) => r.map(|f| (f, None)),
+            Ok(Ok(Ok(s))) => Forked::from_fds(s.pid, s.fds).map(|f| (f, None)),
+            Ok(Ok(Err(refused))) => Err(PoolError::ServerFork(refused.0)),
             Ok(Err(_)) => Err(PoolError::ServerGone),
             Err(_) => {
-                lock(&self.shared).pending.remove(&id);
+                self.client.give_up(id, None);
                 let waited = asked.elapsed();
                 if stall_at <= deadline {
                     self.mark_stalled("a spawn", waited);
@@ -534,23 +532,9 @@ impl ForkServer {
     }
 
     /// Send one control message; a failed send means the server is gone.
-    fn control(&self, msg: &Control, id: Option<u64>) -> std::io::Result<()> {
-        self.control_with(msg, id, &[])
-    }
-
-    /// [`Self::control`] with `fds` attached.
-    fn control_with(
-        &self,
-        msg: &Control,
-        id: Option<u64>,
-        fds: &[BorrowedFd<'_>],
-    ) -> std::io::Result<()> {
-        let ctl = crate::util::lock(&self.ctl);
-        let r = forkserver::send(ctl.as_fd(), msg, fds);
+    fn control(&self, msg: &Control) -> std::io::Result<()> {
+        let r = self.client.send(msg, &[]);
         if r.is_err() {
-            if let Some(id) = id {
-                lock(&self.shared).pending.remove(&id);
-            }
             self.dead.store(true, Ordering::SeqCst);
         }
         r
@@ -558,7 +542,7 @@ impl ForkServer {
 
     /// How child `pid` ended (resolves once the server reaped it).
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
-        lock(&self.shared).exits.ask(pid, None)
+        self.client.exit_of(pid)
     }
 }
 
@@ -596,7 +580,7 @@ pub(crate) struct Refill(Arc<ForkServer>);
 impl Drop for Refill {
     fn drop(&mut self) {
         if !self.0.is_dead() {
-            let _ = self.0.control(&Control::Refill, None);
+            let _ = self.0.control(&Control::Refill);
         }
     }
 }
@@ -605,85 +589,35 @@ impl Drop for Refill {
 /// reading task is dropped with its runtime: nothing waits any more, the
 /// server is killed and reaped.
 struct ServerEnd {
-    shared: Arc<Mutex<Shared>>,
-    dead: Arc<AtomicBool>,
+    client: Arc<PoolClient>,
+    spares: Arc<Mutex<Spares>>,
     server_pid: i32,
 }
 
 impl Drop for ServerEnd {
     fn drop(&mut self) {
-        self.dead.store(true, Ordering::SeqCst);
-        let mut s = lock(&self.shared);
-        s.pending.clear();
-        s.spares.clear();
-        s.exits.close(None);
-        drop(s);
+        self.client.close();
+        lock(&self.spares).0.clear();
         // SIGKILL, so the wait is short.
         let _ = crate::sandbox::process::kill_pid(self.server_pid);
         let _ = crate::sandbox::process::reap(self.server_pid);
     }
 }
 
-/// The next control packet from a forking parent (the fork server or a
-/// Python zygote) on a channel watched by the runtime. `None`: the channel
-/// closed or carried something that is not a message.
-pub(crate) async fn next_packet<T: serde::de::DeserializeOwned>(
-    fd: &tokio::io::unix::AsyncFd<OwnedFd>,
-    max: usize,
-) -> Option<(T, Vec<OwnedFd>)> {
-    loop {
-        let mut ready = fd.readable().await.ok()?;
-        match ready.try_io(|fd| crate::sandbox::packet::try_recv(fd.get_ref().as_fd(), max)) {
-            Ok(Ok(msg)) => return msg,
-            Ok(Err(_)) => return None,
-            // Nothing waiting after all.
-            Err(_) => continue,
-        }
-    }
-}
+pub(crate) use super::pool_client::next_packet;
 
 async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ServerEnd) {
-    while let Some(msg) = next_packet::<Control>(&fd, forkserver::MAX_CONTROL_BYTES).await {
-        let shared = &end.shared;
-        match msg {
-            (Control::Spawned { id, pid }, fds) => {
-                let tx = lock(shared).pending.remove(&id);
-                let reply = Forked::from_fds(pid, fds);
-                if let Some(tx) = tx {
-                    let _ = tx.send(reply);
-                }
-            }
-            (Control::Spare { pid, limits }, fds) => {
+    end.client
+        .read::<Control>(&fd, forkserver::MAX_CONTROL_BYTES, |msg, fds| {
+            if let Control::Spare { pid, limits } = msg {
                 if let Ok(f) = Forked::from_fds(pid, fds) {
-                    lock(shared).spares.push_back((limits, f));
+                    lock(&end.spares).0.push_back((limits, f));
                 }
             }
-            (Control::Error { id, message }, _) => {
-                if let Some(tx) = lock(shared).pending.remove(&id) {
-                    let _ = tx.send(Err(PoolError::ServerFork(message)));
-                }
-            }
-            (
-                Control::Exited {
-                    pid,
-                    code,
-                    signal,
-                    cpu_ms,
-                    max_rss_kb,
-                },
-                _,
-            ) => {
-                let r = Reaped {
-                    code,
-                    signal,
-                    cpu_ms,
-                    max_rss_kb,
-                };
-                lock(shared).exits.record(pid, r);
-            }
-            _ => {}
-        }
-    }
+            // Other messages are not the server's to send now: ignored.
+            true
+        })
+        .await;
     // The server is gone or talks nonsense: `end` cleans up (on a blocking
     // thread: reaping waits).
     let _ = tokio::task::spawn_blocking(move || drop(end)).await;
@@ -694,14 +628,10 @@ impl Drop for ForkServer {
         // Shut the socket down (not just our fd: the reader thread holds a
         // second one), so the server sees EOF, kills its cells and exits, and
         // the reader thread ends and reaps it.
-        let ctl = crate::util::lock(&self.ctl);
-        let _ = nix::sys::socket::shutdown(
-            std::os::fd::AsRawFd::as_raw_fd(&*ctl),
-            nix::sys::socket::Shutdown::Both,
-        );
+        let was_open = self.client.shutdown();
         // A stalled server may never read that EOF: kill it (its cells are
         // over: each held this handle).
-        if self.stalled.load(Ordering::SeqCst) && !self.dead.load(Ordering::SeqCst) {
+        if self.stalled.load(Ordering::SeqCst) && was_open {
             let _ = crate::sandbox::process::kill_pid(self.pid);
         }
     }

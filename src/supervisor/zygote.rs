@@ -9,6 +9,7 @@
 //! path, read-write for the zygote but, through each cell's own nested
 //! Landlock domain, only the cell's own directory for the cell.
 
+use super::pool_client::PoolClient;
 use super::warm::{PoolError, POOL_LOG};
 use super::{Inner, Language};
 use crate::plan::Rlimits;
@@ -18,7 +19,7 @@ use crate::sandbox::process::Reaped;
 use crate::sandbox::zygote::{self, ZygoteMsg};
 use crate::sandbox::{Layer, SandboxPlan, SandboxReport};
 use crate::util::lock;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -80,20 +81,6 @@ impl Default for PoolConfig {
 
 use super::pool_status::ZygoteStatus;
 
-type SpawnReply = Result<(i32, OwnedFd), PoolError>;
-
-#[derive(Default)]
-struct Shared {
-    /// Spawns waiting for an answer, and when each was asked for.
-    pending: HashMap<u64, (Instant, oneshot::Sender<SpawnReply>)>,
-    exits: super::warm::ExitTable,
-    /// When the oldest spawn that is still unanswered was asked for, when
-    /// its cell gave up waiting (its deadline came first): cleared by any
-    /// answer. A zygote whose answer is overdue by the stall window is
-    /// stalled even though no cell waited that long.
-    unanswered: Option<Instant>,
-}
-
 /// Why a cell could not be forked from a zygote.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SpawnError {
@@ -128,12 +115,9 @@ const LOST: Reaped = Reaped {
 /// One running zygote.
 pub(crate) struct Zygote {
     profile: String,
-    ctl: Mutex<OwnedFd>,
-    shared: Arc<Mutex<Shared>>,
-    dead: Arc<AtomicBool>,
+    client: Arc<PoolClient>,
     /// It stopped answering in time (see [`PoolConfig::stall_timeout`]).
     stalled: AtomicBool,
-    next_id: AtomicU64,
     pid: i32,
     born: Instant,
     cells: AtomicU64,
@@ -247,11 +231,10 @@ impl Zygote {
             what: "prepare the cells' Landlock rules",
             source,
         })?;
-        let reader_fd = ours
-            .try_clone()
+        let client = Arc::new(PoolClient::new(ours, Some(LOST)));
+        let reader_fd = client
+            .reader_fd()
             .map_err(PoolError::io("share the zygote channel"))?;
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        let dead = Arc::new(AtomicBool::new(false));
         // Replies are read on the runtime: a report wakes the cell waiting
         // for it directly, with no thread in between.
         let reader = {
@@ -261,18 +244,14 @@ impl Zygote {
         };
         std::mem::forget(guard);
         let end = ZygoteEnd {
-            shared: shared.clone(),
-            dead: dead.clone(),
+            client: client.clone(),
             pid,
         };
         runtime.spawn(read_loop(reader, end));
         Ok(Zygote {
             profile: profile.to_owned(),
-            ctl: Mutex::new(ours),
-            shared,
-            dead,
+            client,
             stalled: AtomicBool::new(false),
-            next_id: AtomicU64::new(1),
             pid,
             born: Instant::now(),
             cells: AtomicU64::new(0),
@@ -303,16 +282,12 @@ impl Zygote {
     /// zygote takes ([`SLOW_ANSWER`]): a moved cell avoids one that may be
     /// stalled too.
     fn answering(&self) -> bool {
-        let s = lock(&self.shared);
-        let slow = |t: &Instant| t.elapsed() >= SLOW_ANSWER;
-        !s.pending.values().any(|(t, _)| slow(t)) && !s.unanswered.as_ref().is_some_and(slow)
+        !self.client.waiting_since(SLOW_ANSWER)
     }
 
     /// Whether a spawn its cell gave up on is unanswered past the window.
     fn overdue(&self) -> bool {
-        lock(&self.shared)
-            .unanswered
-            .is_some_and(|t| t.elapsed() >= self.stall_window())
+        self.client.overdue(self.stall_window())
     }
 
     /// It did not answer `what` in time: it takes no new cells (the pool
@@ -334,7 +309,7 @@ impl Zygote {
     }
 
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+        self.client.is_closed()
     }
 
     fn retired(&self, cfg: &PoolConfig) -> bool {
@@ -345,13 +320,8 @@ impl Zygote {
     }
 
     fn mark_dead(&self) {
-        if !self.dead.swap(true, Ordering::SeqCst) {
-            // The reading task sees EOF, resolves waiters and reaps.
-            let ctl = lock(&self.ctl);
-            let _ = nix::sys::socket::shutdown(
-                std::os::fd::AsRawFd::as_raw_fd(&*ctl),
-                nix::sys::socket::Shutdown::Both,
-            );
+        // The reading task sees EOF, resolves waiters and reaps.
+        if self.client.shutdown() {
             let _ = crate::sandbox::process::kill_pid(self.pid);
         }
     }
@@ -409,9 +379,6 @@ impl Zygote {
                 source,
             })
         })?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        lock(&self.shared).pending.insert(id, (Instant::now(), tx));
         self.cells.fetch_add(1, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let in_flight = InFlight(self.in_flight.clone());
@@ -419,10 +386,8 @@ impl Zygote {
         // The cell's own data goes in a pipe only the forked child reads.
         let setup = zygote::setup_pipe(&setup)
             .map_err(|e| Failed(PoolError::io("pass the cell its setup")(e)))?;
-        let msg = ZygoteMsg::Spawn { id, state };
         let asked = Instant::now();
         let sent = {
-            let ctl = lock(&self.ctl);
             // After the cell's five, the cgroup `tasks` files the child
             // joins itself (see `join` in zygote.py): a thread moving
             // itself skips the kernel's global lock that moving another
@@ -436,26 +401,39 @@ impl Zygote {
                 setup.as_fd(),
             ];
             fds.extend_from_slice(join);
-            zygote::send(ctl.as_fd(), &msg, &fds)
+            self.client
+                .request(|id| ZygoteMsg::Spawn { id, state }, &fds)
         };
         drop((sock, out, err, ruleset, setup));
-        if let Err(e) = sent {
-            lock(&self.shared).pending.remove(&id);
-            self.mark_dead();
-            return Err(Failed(PoolError::io("reach the Python zygote")(e)));
-        }
+        let (id, rx) = match sent {
+            Ok(sent) => sent,
+            Err(e) => {
+                self.mark_dead();
+                return Err(Failed(PoolError::io("reach the Python zygote")(e)));
+            }
+        };
         let window = self.stall_window();
         let stall_at = tokio::time::Instant::from_std(asked) + window;
         match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
-            Ok(Ok(Ok((pid, pidfd)))) => Ok((pid, pidfd, in_flight)),
-            Ok(Ok(Err(e))) => Err(Failed(e)),
+            Ok(Ok(Ok(spawned))) => {
+                let mut fds = spawned.fds;
+                match (fds.pop(), fds.is_empty()) {
+                    (Some(pidfd), true) => Ok((spawned.pid, pidfd, in_flight)),
+                    (pidfd, _) => {
+                        // Not a child the cell can use: it must not run.
+                        if let Some(pidfd) = &pidfd {
+                            let _ = crate::sandbox::process::pidfd_kill(pidfd.as_fd());
+                        }
+                        Err(Failed(PoolError::ZygoteSent("a malformed spawned message")))
+                    }
+                }
+            }
+            Ok(Ok(Err(refused))) => Err(Failed(PoolError::ZygoteFork(refused.0))),
             Ok(Err(_)) => Err(Failed(PoolError::ZygoteGone)),
             Err(_) => {
                 let waited = asked.elapsed();
-                let mut s = lock(&self.shared);
-                s.pending.remove(&id);
                 if stall_at <= deadline {
-                    drop(s);
+                    self.client.give_up(id, None);
                     self.mark_stalled("a spawn", waited);
                     Err(SpawnError::Stalled(PoolError::ZygoteNoAnswer {
                         pid: self.pid,
@@ -464,7 +442,7 @@ impl Zygote {
                 } else {
                     // Not a fair trial of the zygote: the next cell asking
                     // for it checks whether this answer is overdue.
-                    s.unanswered.get_or_insert(asked);
+                    self.client.give_up(id, Some(asked));
                     Err(SpawnError::Deadline(PoolError::ZygoteDeadline {
                         pid: self.pid,
                         waited_ms: waited.as_millis(),
@@ -477,8 +455,7 @@ impl Zygote {
     /// How child `pid` ended (resolves once the zygote reaped it, or at
     /// once with SIGKILL if the zygote is gone).
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
-        let lost = self.is_dead().then_some(LOST);
-        lock(&self.shared).exits.ask(pid, lost)
+        self.client.exit_of(pid)
     }
 
     fn status(&self) -> ZygoteStatus {
@@ -498,15 +475,11 @@ impl Drop for Zygote {
     fn drop(&mut self) {
         // Shut the socket down (the reading task holds a second fd), so the
         // zygote sees EOF, kills its cells and exits; the reader reaps it.
-        let ctl = lock(&self.ctl);
-        let _ = nix::sys::socket::shutdown(
-            std::os::fd::AsRawFd::as_raw_fd(&*ctl),
-            nix::sys::socket::Shutdown::Both,
-        );
+        let was_open = self.client.shutdown();
         // A stalled one may never read that EOF: its last cell is over, so
         // it is killed (its PID namespace with it); the reader then sees
         // the channel close and reaps it.
-        if self.is_stalled() && !self.is_dead() {
+        if self.is_stalled() && was_open {
             tracing::info!(
                 target: POOL_LOG,
                 profile = %self.profile,
@@ -534,7 +507,7 @@ impl super::warm::ForkingParent for Zygote {
     }
 
     fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.forget(pid);
+        self.client.forget(pid);
     }
 
     fn report_within(&self) -> Duration {
@@ -554,79 +527,22 @@ impl super::warm::ForkingParent for Zygote {
 /// or when the reading task is dropped with its runtime: waiters learn the
 /// cell was lost, the zygote is killed and reaped.
 struct ZygoteEnd {
-    shared: Arc<Mutex<Shared>>,
-    dead: Arc<AtomicBool>,
+    client: Arc<PoolClient>,
     pid: i32,
 }
 
 impl Drop for ZygoteEnd {
     fn drop(&mut self) {
-        self.dead.store(true, Ordering::SeqCst);
         let _ = crate::sandbox::process::kill_pid(self.pid);
-        let mut s = lock(&self.shared);
-        s.pending.clear();
-        s.exits.close(Some(LOST));
-        drop(s);
+        self.client.close();
         let _ = crate::sandbox::process::reap(self.pid);
     }
 }
 
 async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
-    let shared = &end.shared;
-    while let Some(msg) = super::warm::next_packet::<ZygoteMsg>(&fd, 4096).await {
-        match msg {
-            (ZygoteMsg::Spawned { id, pid }, mut fds) => {
-                let tx = {
-                    let mut s = lock(shared);
-                    s.unanswered = None;
-                    s.pending.remove(&id).map(|(_, tx)| tx)
-                };
-                let reply = match (fds.pop(), fds.is_empty()) {
-                    (Some(pidfd), true) => Ok((pid, pidfd)),
-                    _ => Err(PoolError::ZygoteSent("a malformed spawned message")),
-                };
-                // Nobody waits (it gave up): the child must not run.
-                let unclaimed = match tx {
-                    Some(tx) => tx.send(reply).err(),
-                    None => Some(reply),
-                };
-                if let Some(Ok((_, pidfd))) = &unclaimed {
-                    let _ = crate::sandbox::process::pidfd_kill(pidfd.as_fd());
-                }
-            }
-            (ZygoteMsg::Error { id, message }, _) => {
-                let tx = {
-                    let mut s = lock(shared);
-                    s.unanswered = None;
-                    s.pending.remove(&id).map(|(_, tx)| tx)
-                };
-                if let Some(tx) = tx {
-                    let _ = tx.send(Err(PoolError::ZygoteFork(message)));
-                }
-            }
-            (
-                ZygoteMsg::Ended {
-                    pid,
-                    status,
-                    utime,
-                    stime,
-                    max_rss_kb,
-                },
-                _,
-            ) => {
-                let r = Reaped {
-                    code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-                    signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
-                    cpu_ms: zygote::cpu_ms(utime, stime),
-                    max_rss_kb: u64::try_from(max_rss_kb).unwrap_or(0),
-                };
-                lock(shared).exits.record(pid, r);
-            }
-            // Anything else from a zygote is a protocol violation: it is
-            // replaced.
-            _ => break,
-        }
-    }
+    // Anything but the envelope from a zygote is a protocol violation: it
+    // is replaced.
+    end.client.read::<ZygoteMsg>(&fd, 4096, |_, _| false).await;
     // `end` cleans up (on a blocking thread: reaping waits).
     let _ = tokio::task::spawn_blocking(move || drop(end)).await;
 }

@@ -384,7 +384,7 @@ fn run_zygote(late: Option<String>) -> i32 {
     }
     let config = match zygote::python_config(&python) {
         Ok(c) => c,
-        Err(e) => return fail(Layer::Seccomp, e),
+        Err(e) => return fail(Layer::Seccomp, e.to_string()),
     };
     let report = match crate::sandbox::enter(&plan, crate::sandbox::Entry::Zygote) {
         Ok(r) => r,

@@ -139,27 +139,15 @@ pub(super) async fn handle_call(
     let remaining = deadline.saturating_duration_since(Instant::now());
     let mut detail = None;
     let outcome: Result<Value, (String, String)> = match &cap.handler {
-        Handler::Emit => {
-            let event = call.args.get("event").cloned().unwrap_or(Value::Null);
-            // Bounded per cell and per session, in count and bytes.
-            let bytes = serde_json::to_vec(&event).map_or(0, |v| v.len() as u64);
-            let charged = spec.budget.charge_emit(bytes).and_then(|()| {
-                spec.session_emits.charge(
-                    bytes,
-                    crate::supervisor::policy::MAX_EMITS_PER_SESSION,
-                    crate::supervisor::policy::MAX_EMIT_BYTES_PER_SESSION,
-                    "session",
-                )
-            });
-            match charged {
-                Ok(()) => {
-                    sup.events
-                        .record("emit", &spec.run, json!({ "data": event }));
-                    Ok(Value::Null)
-                }
-                Err(m) => Err(("limit".into(), m.to_string())),
-            }
-        }
+        Handler::Emit => crate::supervisor::policy::emit(
+            &call.args,
+            &spec.budget,
+            &spec.session_emits,
+            &sup.events,
+            &spec.run,
+        )
+        .map(|()| Value::Null)
+        .map_err(|m| ("limit".into(), m.to_string())),
         Handler::Answer => {
             result.final_answer = Some(call.args.get("value").cloned().unwrap_or(Value::Null));
             Ok(Value::Null)
