@@ -409,3 +409,64 @@ async fn a_long_session_keeps_a_shallow_stack_and_keeps_running() {
     assert_eq!(r.value, first, "the stack grew over the session: {r:?}");
     assert_eq!(py_in(&s, "n").await.value, json!(60 * 1000));
 }
+
+#[tokio::test]
+async fn a_cell_that_kills_its_own_state_never_reports_it_kept() {
+    // Every process of the session it can signal (its state process, the
+    // checkpoint's, the successor it forked) killed: by the cell while it
+    // runs, or by a process it leaves, once the cell's own process is gone.
+    let killers = [
+        "import os\nos.kill(-1, 9)\ny = 6\n'after'",
+        "import os\n\
+         if os.fork() == 0:\n\
+         \x20   parent = os.getppid()\n\
+         \x20   while os.getppid() == parent:\n\
+         \x20       pass\n\
+         \x20   while True:\n\
+         \x20       try:\n\
+         \x20           os.kill(-1, 9)\n\
+         \x20       except OSError:\n\
+         \x20           pass\n\
+         y = 6\n\
+         'after'",
+    ];
+    for code in killers {
+        let sup = supervisor();
+        let s = sup.session(SessionConfig::default()).unwrap();
+        let r = py_in(&s, "x = 5\nobj = object()\ncheckpoint('c')").await;
+        assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+        let r = py_in(&s, code).await;
+        if r.state == Some(StateOutcome::Kept) {
+            // Only if the namespace the cell left really is the session's.
+            let next = py_in(&s, "[x, y, 'obj' in globals()]").await;
+            assert_eq!(next.status, Status::Ok, "{code}: {r:?} then {next:?}");
+            assert_eq!(
+                next.value,
+                json!([5, 6, true]),
+                "{code}: {r:?} then {next:?}"
+            );
+            assert!(next.notes.is_empty(), "{code}: {r:?} then {next:?}");
+        } else {
+            assert_eq!(r.state, Some(StateOutcome::RolledBack), "{code}: {r:?}");
+            assert!(
+                r.notes.iter().any(|n| n.contains("state process")),
+                "{code}: a lost state is said: {r:?}"
+            );
+            let next = py_in(&s, "[x, 'y' in globals()]").await;
+            assert_eq!(
+                next.status,
+                Status::Ok,
+                "{code}: the next cell runs: {next:?}"
+            );
+            assert_eq!(next.value, json!([5, false]), "{code}: {next:?}");
+        }
+        // The checkpoint's process is gone too: restoring it says so (at
+        // once: no answer is waited for from a process that is gone).
+        let e = s.restore("c").await.unwrap_err().to_string();
+        assert!(e.contains("checkpoint \"c\" is gone"), "{code}: {e}");
+        assert!(s.checkpoints().await.is_empty(), "{code}: it is dropped");
+        let r = py_in(&s, "x + 1").await;
+        assert_eq!(r.status, Status::Ok, "{code}: {r:?}");
+        assert_eq!(r.value, json!(6), "{code}: {r:?}");
+    }
+}

@@ -381,6 +381,21 @@ def _live_clone(msg, fds):
     posix.close(fds[0])
 
 
+def _live_drop_next():
+    """In any child a cell forks (os.fork, multiprocessing): the channel of
+    the session's next state process is not its to hold (a holder other
+    than the successor keeps the supervisor waiting for it to say ready)."""
+    nxt = _st.pop("next_ctl", None)
+    if nxt is not None:
+        try:
+            posix.close(nxt)
+        except OSError:
+            pass
+
+
+posix.register_at_fork(after_in_child=_live_drop_next)
+
+
 def _live_keep():
     """In a cell's process whose cell succeeded, before it reports `done`:
     fork the session's next state process, which holds the namespace as
