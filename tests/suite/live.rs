@@ -488,3 +488,79 @@ async fn a_cell_that_kills_its_own_state_never_reports_it_kept() {
         assert_eq!(r.value, json!(6), "{code}: {r:?}");
     }
 }
+
+#[tokio::test]
+async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(&s, "x = 1\nopen('/proc/self/cgroup').read()").await;
+    assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+    let pids = r
+        .value
+        .as_str()
+        .unwrap()
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
+        })
+        .and_then(|l| l.rsplit(':').next())
+        .unwrap()
+        .to_owned();
+    let procs = format!("/sys/fs/cgroup/pids{pids}/cgroup.procs");
+    let status = |pid: &str, key: &str| -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().last())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    // The state process's spare: its child, once it has been idle a
+    // moment; its pid in the sandbox's PID namespace.
+    let spare = || -> Option<String> {
+        let held = std::fs::read_to_string(&procs).ok()?;
+        let pids: Vec<&str> = held.lines().collect();
+        let [a, b] = pids.as_slice() else {
+            return None;
+        };
+        let child = if status(a, "PPid:") == *b { a } else { b };
+        let parent = if child == a { b } else { a };
+        (status(child, "PPid:") == **parent).then(|| status(child, "NSpid:"))
+    };
+    for round in 0..3 {
+        let mut found = None;
+        for _ in 0..500 {
+            found = spare();
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let ns_pid = found.unwrap_or_else(|| panic!("round {round}: no spare in {procs}"));
+        // The next cell runs in it, under its own limits, and a cell that
+        // fails there rolls back as any does.
+        let code = match round {
+            0 => "import os\nx = 2\nos.getpid()",
+            1 => "import os\nx = 3\nb = bytearray(3 << 30)\nos.getpid()",
+            _ => "import os\n[x, os.getpid()]",
+        };
+        let r = py_in(&s, code).await;
+        match round {
+            0 => {
+                assert_eq!(r.status, Status::Ok, "{r:?}");
+                assert_eq!(r.value.to_string(), ns_pid, "{r:?}");
+            }
+            1 => {
+                assert_ne!(r.status, Status::Ok, "{r:?}");
+                assert_eq!(r.state, Some(StateOutcome::RolledBack), "{r:?}");
+            }
+            _ => {
+                assert_eq!(r.status, Status::Ok, "{r:?}");
+                assert_eq!(r.value, json!([2, ns_pid.parse::<i64>().unwrap()]), "{r:?}");
+            }
+        }
+    }
+}
