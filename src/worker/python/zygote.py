@@ -219,6 +219,8 @@ def _child(fds):
 #   it says `ready {pid}` there) and the cell's process exits as
 #   any cell does. If the cell fails, times out or is killed, no fork is
 #   made: this state process, untouched, stays the session's state.
+#   The cell's process is the state process's spare when it has one
+#   (forked ahead once it has been idle a moment: see `_live_prefork`).
 # - `clone {id}` with one fd: fork a copy of this state process that
 #   serves that channel (a checkpoint, or a restore from one).
 # - replies: `spawned {id, pid}`, `error {id, message}`, `ended {pid, ...}`
