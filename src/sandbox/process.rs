@@ -297,6 +297,36 @@ pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     killed(rc)
 }
 
+/// Whether the process behind `pidfd` has ended or is ending: it has
+/// exited (the pidfd is readable), or a SIGKILL is pending on it (sent,
+/// not yet acted on: it will never run again). `host` is its pid in our
+/// PID namespace, for the second question (its `/proc` entry).
+#[cfg(target_os = "linux")]
+pub fn ended_or_killed(pidfd: std::os::fd::BorrowedFd<'_>, host: i32) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(0) => {}
+        Ok(_) => return true,
+        Err(_) => return false,
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{host}/status")) else {
+        // Gone from /proc while its pidfd was not yet readable: reaped.
+        return true;
+    };
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    status.lines().any(|l| {
+        if let Some(state) = l.strip_prefix("State:") {
+            let state = state.trim_start();
+            return state.starts_with('Z') || state.starts_with('X');
+        }
+        l.strip_prefix("SigPnd:")
+            .or_else(|| l.strip_prefix("ShdPnd:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & sigkill != 0)
+    })
+}
+
 /// There are no pidfds outside Linux.
 #[cfg(not(target_os = "linux"))]
 pub fn pidfd_kill(_pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {

@@ -184,6 +184,20 @@ impl StateProc {
         self.dead.load(Ordering::SeqCst)
     }
 
+    /// Whether it has ended or is being killed (checked at once, not
+    /// when its channel's end is read): a cell can kill its own session's
+    /// state processes, so this is asked before one is reported kept.
+    pub(crate) fn gone(&self) -> bool {
+        if self.is_dead() {
+            return true;
+        }
+        let gone = process::ended_or_killed(self.pidfd.as_fd(), self.host);
+        if gone {
+            self.dead.store(true, Ordering::SeqCst);
+        }
+        gone
+    }
+
     pub(crate) fn zygote(&self) -> &Arc<Zygote> {
         &self.zygote
     }

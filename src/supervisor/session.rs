@@ -331,6 +331,12 @@ impl Session {
             return;
         }
         let live_done = done.and_then(|d| d.live.as_ref().map(|l| (d, l)));
+        // A cell can kill its session's state processes (they share its
+        // uid and Landlock domain): what it left is ended by now, so a
+        // successor that is not gone yet is not going (see `gone`).
+        let killed = kept.as_ref().is_some_and(|k| k.gone());
+        let previous_gone = previous.as_ref().is_some_and(|p| p.gone());
+        let kept = kept.filter(|_| !killed);
         match (result.status == Status::Ok, kept, live_done) {
             (true, Some(next), Some((done, report))) => {
                 state.live = Some(next);
@@ -358,6 +364,24 @@ impl Session {
             }
             _ => {
                 result.state = Some(StateOutcome::RolledBack);
+                if previous_gone {
+                    result.notes.push(
+                        "the session's state process was killed while the cell ran \
+                         (by the cell or what it started): its live objects are lost; \
+                         the next cell is seeded from the JSON variables and definitions \
+                         from before this cell"
+                            .to_owned(),
+                    );
+                    state.live = None;
+                    return;
+                }
+                if killed {
+                    result.notes.push(
+                        "the cell's namespace could not be kept (the state process it \
+                         left was killed); the session's state is the one before it"
+                            .to_owned(),
+                    );
+                }
                 if live.fresh.load(SeqCst) {
                     // The new state process never got the namespace the
                     // cell's start frame seeded: the next cell seeds one.
@@ -411,8 +435,17 @@ impl Session {
                 }
             )));
         };
+        if cp.state.gone() {
+            state.checkpoints.remove(name);
+            return Err(Error::Checkpoint(format!(
+                "checkpoint {name:?} is gone: its process was killed (by a cell of the session) \
+                 and it has been dropped; the session's state is unchanged"
+            )));
+        }
         let session = self.session_group()?;
-        let copy = cp.state.copy(&session).await.map_err(Error::Checkpoint)?;
+        let copy = cp.state.copy(&session).await.map_err(|e| {
+            Error::Checkpoint(format!("checkpoint {name:?} could not be restored: {e}"))
+        })?;
         state.vars = cp.vars.clone();
         state.definitions = cp.definitions.clone();
         state.pending_vars.clear();

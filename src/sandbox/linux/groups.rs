@@ -458,6 +458,21 @@ impl Drop for CellDir {
     }
 }
 
+/// The children of `parents` (by pid in our namespace), from
+/// `/proc/<pid>/task/<pid>/children`.
+fn children_of(parents: &[i32]) -> Vec<i32> {
+    let mut out = Vec::new();
+    for p in parents {
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
 /// One session's group (see the module docs).
 #[derive(Debug)]
 pub struct SessionGroup {
@@ -520,13 +535,23 @@ impl SessionGroup {
     /// runs in the session's group, beside the state processes in `keep`;
     /// see `supervisor::live`). Nothing in the session can fork meanwhile:
     /// its `pids.max` is 0 until the others are gone, then what it was.
+    ///
+    /// The children of the processes in `keep` are spared too (a state
+    /// process's spare: its next cell's process, forked ahead; a state
+    /// process runs no code of the session's between cells). They are
+    /// read after the group's processes, so one forked meanwhile is
+    /// either seen as a child or not seen at all.
     pub fn end_others(&self, keep: &[i32], within: Duration) -> Result<(), CgroupError> {
         let me = i32::try_from(std::process::id()).unwrap_or(0);
         let others = || -> Vec<i32> {
-            procs(&self.dir.pids)
-                .into_iter()
-                .filter(|p| *p != me && !keep.contains(p))
-                .collect()
+            let mut all = procs(&self.dir.pids);
+            all.retain(|p| *p != me && !keep.contains(p));
+            if all.is_empty() {
+                return all;
+            }
+            let children = children_of(keep);
+            all.retain(|p| !children.contains(p));
+            all
         };
         let max_path = self.dir.pids.join("pids.max");
         let saved = lock(&self.saved_max).take();

@@ -219,6 +219,8 @@ def _child(fds):
 #   it says `ready {pid}` there) and the cell's process exits as
 #   any cell does. If the cell fails, times out or is killed, no fork is
 #   made: this state process, untouched, stays the session's state.
+#   The cell's process is the state process's spare when it has one
+#   (forked ahead once it has been idle a moment: see `_live_prefork`).
 # - `clone {id}` with one fd: fork a copy of this state process that
 #   serves that channel (a checkpoint, or a restore from one).
 # - replies: `spawned {id, pid}`, `error {id, message}`, `ended {pid, ...}`
@@ -253,6 +255,7 @@ def _state_serve():
     """One state process's loop; `_NewState` leaves it for the next."""
     global _CTL
     _st["live"] = True
+    _live_drop_spare(False)
     _CTL = _socket.socket(fileno=_FD)
     posix.set_inheritable(_FD, False)
     if "rl0" not in _st:
@@ -282,7 +285,14 @@ def _state_serve():
     poller.register(wake_r, select.POLLIN)
     cells = {}
     while True:
-        for fd, ev in poller.poll():
+        # Only a state process that runs cells: a successor, or one that
+        # has run one (not a checkpoint's idle copy).
+        wait = _SPARE_AFTER_MS if _st.get("spare_ok") and _st.get("spare") is None and not cells else None
+        events = poller.poll(wait)
+        if not events and wait is not None:
+            _live_prefork()
+            continue
+        for fd, ev in events:
             if fd == wake_r:
                 try:
                     while posix.read(wake_r, 512):
@@ -292,6 +302,7 @@ def _state_serve():
                 continue
             msg, fds = _zrecv()
             if msg is None:
+                _live_drop_spare(True)
                 for pid in cells:
                     try:
                         posix.kill(pid, _signal.SIGKILL)
@@ -301,6 +312,7 @@ def _state_serve():
             op = msg.get("op")
             if op == "run":
                 _live_run(msg, fds, cells)
+                _st["spare_ok"] = True
             elif op == "clone":
                 _live_clone(msg, fds)
             else:
@@ -326,40 +338,135 @@ def _live_run(msg, fds, cells):
             posix.close(fd)
         _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed run message"})
         return
-    pid = posix.fork()
-    if pid == 0:
-        try:
+    pid = _live_hand_to_spare(rl, fds)
+    if pid is None:
+        pid = posix.fork()
+        if pid == 0:
             _live_forked()
-            sock, out, err, nxt = fds
-            posix.dup2(out, 1)
-            posix.dup2(err, 2)
-            posix.dup2(sock, _FD)
-            for fd in (sock, out, err):
-                posix.close(fd)
-            posix.set_inheritable(nxt, False)
-            _st["next_ctl"] = nxt
-            # The cell's own limits, as soft limits under the session's
-            # (the next state process takes the session's back).
-            for name, res in _RLIMITS:
-                v = rl.get(name)
-                if type(v) is int and v >= 0:
-                    hard = resource.getrlimit(res)[1]
-                    if hard != resource.RLIM_INFINITY:
-                        v = min(v, hard)
-                    elif v >= 1 << 63:
-                        v = resource.RLIM_INFINITY
-                    resource.setrlimit(res, (v, hard))
-        except BaseException as e:
-            try:
-                posix.write(2, ("cellbox: failed to prepare the cell: %s\n" % _clean(str(e))).encode("utf-8", "replace"))
-            finally:
-                posix._exit(_EXIT_SANDBOX)
-        _main()
-        posix._exit(0)
+            _live_cell(rl, fds)
     for fd in fds:
         posix.close(fd)
     cells[pid] = cid
     _zsend({"op": "spawned", "id": cid, "pid": pid})
+
+
+def _live_cell(rl, fds):
+    """In the process of one cell, forked from a state process: take the
+    cell's fds (protocol socket, stdout, stderr, the next state process's
+    channel) and limits, run it. Never returns."""
+    try:
+        sock, out, err, nxt = fds
+        posix.dup2(out, 1)
+        posix.dup2(err, 2)
+        posix.dup2(sock, _FD)
+        for fd in (sock, out, err):
+            if fd not in (1, 2, _FD):
+                posix.close(fd)
+        posix.set_inheritable(nxt, False)
+        _st["next_ctl"] = nxt
+        # The cell's own limits, as soft limits under the session's
+        # (the next state process takes the session's back).
+        for name, res in _RLIMITS:
+            v = rl.get(name)
+            if type(v) is int and v >= 0:
+                hard = resource.getrlimit(res)[1]
+                if hard != resource.RLIM_INFINITY:
+                    v = min(v, hard)
+                elif v >= 1 << 63:
+                    v = resource.RLIM_INFINITY
+                resource.setrlimit(res, (v, hard))
+    except BaseException as e:
+        try:
+            posix.write(2, ("cellbox: failed to prepare the cell: %s\n" % _clean(str(e))).encode("utf-8", "replace"))
+        finally:
+            posix._exit(_EXIT_SANDBOX)
+    _main()
+    posix._exit(0)
+
+
+# A state process that has been idle a moment forks its next cell's
+# process ahead of time (its **spare**), so that a cell does not wait for
+# a fork of the whole namespace: the spare waits on a socket of its own
+# for the cell's fds and limits, then runs the cell as a cell forked then
+# would. A spare is a child of its state process (the supervisor spares a
+# state process's children when it ends what a cell left); it exits when
+# its state process's end of the socket closes. Where there is no spare
+# (not idle long enough, a fork refused, a spare gone), the cell's process
+# is forked when the cell comes.
+_SPARE_AFTER_MS = 5
+
+
+def _live_prefork():
+    if _st.get("spare") is not None:
+        return
+    try:
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    except OSError:
+        return
+    try:
+        pid = posix.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return
+    if pid == 0:
+        try:
+            ours.close()
+            _live_forked()
+            # Not the state process's channel: its end is its own.
+            posix.close(_FD)
+            data, anc, flags, _ = theirs.recvmsg(256, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
+            fds = []
+            for level, kind, payload in anc:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    n = len(payload) - len(payload) % 4
+                    fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+            theirs.close()
+            if not data or len(fds) != 4 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
+                posix._exit(0)
+            rl = _loads(data.decode("utf-8"))
+            if type(rl) is not dict:
+                posix._exit(_EXIT_SANDBOX)
+        except BaseException:
+            posix._exit(_EXIT_SANDBOX)
+        _live_cell(rl, fds)
+    theirs.close()
+    _st["spare"] = (pid, ours)
+
+
+def _live_hand_to_spare(rl, fds):
+    """The spare's pid, once it has the cell's fds and limits; None when
+    there is no spare to take them."""
+    spare = _st.pop("spare", None)
+    if spare is None:
+        return None
+    pid, ours = spare
+    try:
+        payload = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+        ours.sendmsg([_dumps(rl).encode("utf-8")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, payload)])
+    except OSError:
+        try:
+            posix.kill(pid, _signal.SIGKILL)
+        except OSError:
+            pass
+        pid = None
+    ours.close()
+    return pid
+
+
+def _live_drop_spare(kill):
+    """Close this process's end of a spare's socket (a copy of a state
+    process inherits its parent's: not its spare); `kill` it too."""
+    spare = _st.pop("spare", None)
+    if spare is None:
+        return
+    pid, ours = spare
+    ours.close()
+    if kill:
+        try:
+            posix.kill(pid, _signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _live_clone(msg, fds):
@@ -373,12 +480,28 @@ def _live_clone(msg, fds):
     if pid == 0:
         try:
             _live_forked()
+            _st["spare_ok"] = False
             posix.dup2(fds[0], _FD)
             posix.close(fds[0])
         except BaseException:
             posix._exit(_EXIT_SANDBOX)
         raise _NewState()
     posix.close(fds[0])
+
+
+def _live_drop_next():
+    """In any child a cell forks (os.fork, multiprocessing): the channel of
+    the session's next state process is not its to hold (a holder other
+    than the successor keeps the supervisor waiting for it to say ready)."""
+    nxt = _st.pop("next_ctl", None)
+    if nxt is not None:
+        try:
+            posix.close(nxt)
+        except OSError:
+            pass
+
+
+posix.register_at_fork(after_in_child=_live_drop_next)
 
 
 def _live_keep():
@@ -405,6 +528,7 @@ def _live_keep():
         posix.close(null)
         posix.dup2(nxt, _FD)
         posix.close(nxt)
+        _st["spare_ok"] = True
     except BaseException:
         posix._exit(_EXIT_SANDBOX)
     raise _NewState()
