@@ -84,6 +84,8 @@ struct State {
     /// `notifications/cancelled` that arrives on another connection (a
     /// separate HTTP POST) reaches them.
     inflight: Arc<InflightTable>,
+    /// Sessions for calls that name none.
+    throwaway: Arc<super::throwaway::Throwaway>,
 }
 
 /// The MCP server: cheap to clone, every clone shares one state.
@@ -371,6 +373,7 @@ impl CellboxServer {
             settings.max_queue,
             settings.max_queue_per_principal,
         );
+        let throwaway = super::throwaway::Throwaway::new(sup.clone(), settings.session.clone());
         CellboxServer {
             state: Arc::new(State {
                 sup,
@@ -382,6 +385,7 @@ impl CellboxServer {
                 tools: tokio::sync::OnceCell::new(),
                 log_levels: std::sync::Mutex::new(HashMap::new()),
                 inflight: Arc::default(),
+                throwaway,
             }),
         }
     }
@@ -597,7 +601,7 @@ impl CellboxServer {
             running.store(true, Ordering::Release);
             match &lease {
                 Some(l) => l.session.run(request).await,
-                None => st.sup.run(request, st.settings.session.clone()).await,
+                None => st.throwaway.run(request).await,
             }
         };
         let cancel = self.track(&ctx);

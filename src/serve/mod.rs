@@ -38,6 +38,7 @@ pub mod schema;
 #[cfg(target_os = "linux")]
 pub mod session_files;
 pub mod sessions;
+mod throwaway;
 
 pub use config::{ServeArgs, ServeConfig, Settings, Transport};
 

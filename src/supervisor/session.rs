@@ -453,6 +453,22 @@ impl Session {
         Ok(())
     }
 
+    /// Make now what the session's first cell would otherwise make: its
+    /// scratch directory (its tmpfs mounted) and its cgroup, so that a
+    /// session made ahead of its first cell does not make them on that
+    /// cell's path. Whatever cannot be made now is made (or reported) by
+    /// the cell that needs it.
+    pub fn prepare(&self) {
+        if let Err(e) = self.scratch_dir() {
+            tracing::debug!("a session prepared ahead has no scratch yet: {e}");
+        }
+        #[cfg(target_os = "linux")]
+        let _ = self
+            .inner
+            .share
+            .session(&self.inner.sup, &self.inner.config.limits);
+    }
+
     #[cfg(target_os = "linux")]
     fn session_group(&self) -> Result<Arc<crate::sandbox::linux::groups::SessionGroup>, Error> {
         self.inner

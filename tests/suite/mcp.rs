@@ -1975,3 +1975,42 @@ async fn live_python_sessions_keep_objects_roll_back_and_checkpoint_over_mcp() {
     assert_eq!(missing.is_error, Some(true));
     s.client.cancel().await.unwrap();
 }
+
+#[tokio::test]
+async fn calls_without_a_session_never_see_each_others_files() {
+    let s = stdio_server(&[]).await;
+    let mut seen_dirs = Vec::new();
+    for n in 0..4 {
+        // A Rhai call between Python ones uses (and throws away) a session
+        // prepared ahead as well.
+        if n == 2 {
+            let (r, is_error, _) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
+            assert!(!is_error, "{r:#}");
+        }
+        let code = format!(
+            "import os\nopen('mark-{n}', 'w').write('x')\n[os.getcwd(), sorted(os.listdir('.'))]"
+        );
+        let (r, is_error, _) = exec(&s.client, json!({"language": "python", "code": code})).await;
+        assert!(!is_error, "{r:#}");
+        let dir = r["value"][0].as_str().expect("cwd").to_owned();
+        let marks: Vec<String> = r["value"][1]
+            .as_array()
+            .expect("listing")
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|f| f.starts_with("mark-"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(
+            marks,
+            vec![format!("mark-{n}")],
+            "call {n} sees another call's files: {r:#}"
+        );
+        assert!(
+            !seen_dirs.contains(&dir),
+            "call {n} runs in an earlier call's directory {dir}"
+        );
+        seen_dirs.push(dir);
+    }
+    s.client.cancel().await.unwrap();
+}
