@@ -2012,5 +2012,38 @@ async fn calls_without_a_session_never_see_each_others_files() {
         );
         seen_dirs.push(dir);
     }
-    s.client.cancel().await.unwrap();
+    // Whatever the server made for them (its scratch root with the session
+    // prepared for the next call, its cgroups) is gone once it exits.
+    let left = || -> Vec<std::path::PathBuf> {
+        let mine = |dir: &str, prefix: String| -> Vec<std::path::PathBuf> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                        .map(|e| e.path())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut v = mine(
+            &std::env::temp_dir().to_string_lossy(),
+            format!("cellbox-scratch-{}-", s.pid),
+        );
+        for c in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpuacct"] {
+            v.extend(mine(c, format!("cellbox-{}-", s.pid)));
+        }
+        v
+    };
+    assert!(
+        left().len() >= 3,
+        "the server's scratch root and cgroups are not where this test looks: {:?}",
+        left()
+    );
+    within("close", s.client.cancel()).await.unwrap();
+    wait_gone(&[s.pid], "the server after its client went away").await;
+    assert!(
+        left().is_empty(),
+        "left after the server exited: {:?}",
+        left()
+    );
 }
