@@ -96,7 +96,6 @@ struct State {
 
 struct SessionInner {
     id: String,
-    sup: Arc<Inner>,
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
     /// Its cgroups (made at its first cell).
@@ -106,6 +105,10 @@ struct SessionInner {
     /// For a sub-agent's session: the run its cells hang beneath.
     parent: Option<RunInfo>,
     state: tokio::sync::Mutex<State>,
+    /// Last: fields drop in order, and a session that holds the last
+    /// reference to its supervisor gives its scratch and cgroups back
+    /// before the supervisor removes the directories that hold them.
+    sup: Arc<Inner>,
 }
 
 /// A sequence of cells sharing a namespace. Cells of one session run one

@@ -317,3 +317,28 @@ async fn an_idle_sessions_files_count_against_that_session() {
     );
     drop(a);
 }
+
+/// A session may outlive its `Supervisor` handle: when it goes, its
+/// cgroups are given back before the supervisor removes the directory
+/// that holds them, so nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_outlives_its_supervisor_handle_leaves_no_cgroup() {
+    require_root();
+    let sup = small_sessions();
+    let cells = cells_cgroup(&sup).await;
+    let a = sup.session(SessionConfig::default()).unwrap();
+    let r = a.run(py("print(1)")).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(
+        !session_usages(&cells).is_empty(),
+        "no session group under {cells:?} while the session lives"
+    );
+    drop(sup);
+    drop(a);
+    // The supervisor's own teardown may finish on another thread.
+    let until = Instant::now() + Duration::from_secs(20);
+    while cells.exists() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!cells.exists(), "left behind: {cells:?}");
+}
