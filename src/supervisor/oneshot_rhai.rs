@@ -84,7 +84,7 @@ fn run_planned(
     let (plan, limits) = match plan_for(config) {
         Ok(p) => p,
         Err(e) => {
-            result.fail_with(ErrorKind::SandboxError, e);
+            result.fail_with(ErrorKind::SandboxError, e.to_string());
             return None;
         }
     };
@@ -171,9 +171,11 @@ fn run_planned(
 
 /// The plan and the cell's limits (the session's under the profile's
 /// ceiling), as the library path builds them for a Rhai cell.
-fn plan_for(config: &SessionConfig) -> Result<(SandboxPlan, Limits), String> {
+fn plan_for(
+    config: &SessionConfig,
+) -> Result<(SandboxPlan, Limits), crate::profiles::ProfileError> {
     let name = config.profile.as_deref().unwrap_or("rhai");
-    let profile = crate::profiles::Profile::load(name).map_err(|e| e.to_string())?;
+    let profile = crate::profiles::Profile::load(name)?;
     let limits = config.limits.under_profile(&profile.limits);
     // The scratch directory is made in the cell's new root and goes with it
     // (a host one for a cell without a mount namespace).
