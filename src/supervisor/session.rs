@@ -344,6 +344,13 @@ impl Session {
             (true, Some(next), Some((done, report))) => {
                 state.live = Some(next);
                 result.state = Some(StateOutcome::Kept);
+                if previous_gone {
+                    result.notes.push(
+                        "the state process this cell was forked from was killed while it ran \
+                         (its exit status is not known); the namespace the cell left is kept"
+                            .to_owned(),
+                    );
+                }
                 apply_live(state, done, report, result);
                 if report.threads > 0 {
                     result.notes.push(format!(

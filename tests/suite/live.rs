@@ -448,13 +448,22 @@ async fn a_cell_that_kills_its_own_state_never_reports_it_kept() {
          y = 6\n\
          'after'",
     ];
-    for code in killers {
+    for (i, code) in killers.into_iter().enumerate() {
         let sup = supervisor();
         let s = sup.session(SessionConfig::default()).unwrap();
         let r = py_in(&s, "x = 5\nobj = object()\ncheckpoint('c')").await;
         assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
         let r = py_in(&s, code).await;
+        // (The process left behind may be ended before it kills.)
+        let killed = i == 0 || r.state != Some(StateOutcome::Kept);
         if r.state == Some(StateOutcome::Kept) {
+            assert!(
+                i > 0
+                    || r.notes
+                        .iter()
+                        .any(|n| n.contains("was killed while it ran")),
+                "{code}: {r:?}"
+            );
             // Only if the namespace the cell left really is the session's.
             let next = py_in(&s, "[x, y, 'obj' in globals()]").await;
             assert_eq!(next.status, Status::Ok, "{code}: {r:?} then {next:?}");
@@ -480,9 +489,13 @@ async fn a_cell_that_kills_its_own_state_never_reports_it_kept() {
         }
         // The checkpoint's process is gone too: restoring it says so (at
         // once: no answer is waited for from a process that is gone).
-        let e = s.restore("c").await.unwrap_err().to_string();
-        assert!(e.contains("checkpoint \"c\" is gone"), "{code}: {e}");
-        assert!(s.checkpoints().await.is_empty(), "{code}: it is dropped");
+        if killed {
+            let e = s.restore("c").await.unwrap_err().to_string();
+            assert!(e.contains("checkpoint \"c\" is gone"), "{code}: {e}");
+            assert!(s.checkpoints().await.is_empty(), "{code}: it is dropped");
+        } else {
+            s.restore("c").await.unwrap();
+        }
         let r = py_in(&s, "x + 1").await;
         assert_eq!(r.status, Status::Ok, "{code}: {r:?}");
         assert_eq!(r.value, json!(6), "{code}: {r:?}");

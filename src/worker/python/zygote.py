@@ -364,6 +364,10 @@ def _live_cell(rl, fds):
                 posix.close(fd)
         posix.set_inheritable(nxt, False)
         _st["next_ctl"] = nxt
+        if not _st.get("fork_hook"):
+            # Once per line of state processes (forks inherit it).
+            posix.register_at_fork(after_in_child=_live_drop_next)
+            _st["fork_hook"] = True
         # The cell's own limits, as soft limits under the session's
         # (the next state process takes the session's back).
         for name, res in _RLIMITS:
@@ -500,8 +504,6 @@ def _live_drop_next():
         except OSError:
             pass
 
-
-posix.register_at_fork(after_in_child=_live_drop_next)
 
 
 def _live_keep():
