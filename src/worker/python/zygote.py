@@ -632,6 +632,14 @@ def _zygote():
     poller.register(_FD, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     cells = {}
+    # What the zygote holds now (the shim, the preloaded modules) is left
+    # alone by the cyclic collector in every child: a child that collects
+    # would otherwise write each object's header and copy its pages, in
+    # every cell and in every session's state process.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     while True:
         events = poller.poll()
         for fd, ev in events:
