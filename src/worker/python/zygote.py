@@ -103,14 +103,20 @@ def _zsend(obj, fds=()):
     _CTL.sendmsg([_dumps(obj).encode("utf-8")], anc)
 
 
-def _zrecv():
-    """(message dict or None at EOF, fds)."""
-    data, anc, flags, _ = _CTL.recvmsg(65536, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
+def _fds_of(anc):
+    """The fds of a recvmsg's ancillary data (SCM_RIGHTS)."""
     fds = []
     for level, kind, payload in anc:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             n = len(payload) - len(payload) % 4
             fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+    return fds
+
+
+def _zrecv():
+    """(message dict or None at EOF, fds)."""
+    data, anc, flags, _ = _CTL.recvmsg(65536, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
+    fds = _fds_of(anc)
     if flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
         for fd in fds:
             posix.close(fd)
@@ -420,11 +426,7 @@ def _live_prefork():
             # Not the state process's channel: its end is its own.
             posix.close(_FD)
             data, anc, flags, _ = theirs.recvmsg(256, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
-            fds = []
-            for level, kind, payload in anc:
-                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                    n = len(payload) - len(payload) % 4
-                    fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+            fds = _fds_of(anc)
             theirs.close()
             if not data or len(fds) != 4 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
                 posix._exit(0)
