@@ -654,6 +654,25 @@ fn exec_scratch_is_made_in_the_cell_or_is_a_host_dir_removed_after() {
     assert_eq!(ns["applied"], false, "{ns}");
 }
 
+/// Run a binary this test has just written. Another test's thread may fork
+/// while the copy's fd is open for writing, and its child holds that fd
+/// until it execs: the exec fails with ETXTBSY meanwhile, so try again.
+fn retrying_busy<T>(mut start: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    for _ in 0..100 {
+        match start() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r,
+        }
+    }
+    start()
+}
+
+fn output_retrying_busy(cmd: &mut std::process::Command) -> std::process::Output {
+    retrying_busy(|| cmd.output()).unwrap()
+}
+
 /// The front binary runs `exec` itself and hands everything else to
 /// `cellbox-engine` next to it; without the engine it says so.
 #[test]
@@ -675,17 +694,19 @@ fn the_front_binary_hands_other_commands_to_the_engine() {
     let dir = tempfile::tempdir().unwrap();
     let alone = dir.path().join("cellbox");
     std::fs::copy(bin(), &alone).unwrap();
-    let out = std::process::Command::new(&alone)
-        .args(["exec", "--", "/bin/echo", "fine"])
-        .output()
-        .unwrap();
+    let out = output_retrying_busy(std::process::Command::new(&alone).args([
+        "exec",
+        "--",
+        "/bin/echo",
+        "fine",
+    ]));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
-    let out = std::process::Command::new(&alone)
-        .args(["run", "x.rhai"])
-        .env("PATH", "/usr/bin:/bin")
-        .output()
-        .unwrap();
+    let out = output_retrying_busy(
+        std::process::Command::new(&alone)
+            .args(["run", "x.rhai"])
+            .env("PATH", "/usr/bin:/bin"),
+    );
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cellbox-engine"), "{err}");
@@ -730,15 +751,14 @@ fn cellbox_works_from_path_as_from_the_build_directory() {
         let path = format!("{path}:/usr/bin:/bin");
         let run = |args: &[&str], stdin: &str| {
             use std::io::Write;
-            let mut child = std::process::Command::new("cellbox")
-                .args(args)
+            let mut cmd = std::process::Command::new("cellbox");
+            cmd.args(args)
                 .env("PATH", &path)
                 .env_remove("CELLBOX_WORKER_EXE")
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                .stderr(std::process::Stdio::piped());
+            let mut child = retrying_busy(|| cmd.spawn()).unwrap_or_else(|e| panic!("{what}: {e}"));
             child
                 .stdin
                 .take()
