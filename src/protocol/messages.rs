@@ -235,6 +235,21 @@ pub struct Reply {
     pub error: Option<ReplyError>,
 }
 
+impl Reply {
+    /// The answer to call `id` that it failed: `kind` as
+    /// [`ReplyErrorKind::named`] reads it, and the message.
+    pub fn failed(id: u64, kind: &str, message: String) -> Reply {
+        Reply {
+            id,
+            ok: None,
+            error: Some(ReplyError {
+                kind: ReplyErrorKind::named(kind),
+                message,
+            }),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ToWorker {

@@ -30,8 +30,7 @@ use super::result::{CallRecord, CellResult, ErrorKind, RunInfo, Status};
 use super::session::SessionConfig;
 use super::{Language, Limits};
 use crate::protocol::{
-    decode_body, encode_frame, Call, FrameError, FromWorker, Reply, ReplyError, Start, ToWorker,
-    LEN_PREFIX,
+    decode_body, encode_frame, Call, FrameError, FromWorker, Reply, Start, ToWorker, LEN_PREFIX,
 };
 use crate::sandbox::oneshot::{self, SpawnError};
 use crate::sandbox::SandboxPlan;
@@ -405,14 +404,7 @@ impl Talk {
                 detail: None,
             });
         };
-        let err = |kind: &str, message: String| Reply {
-            id,
-            ok: None,
-            error: Some(ReplyError {
-                kind: crate::protocol::ReplyErrorKind::named(kind),
-                message,
-            }),
-        };
+        let err = |kind: &str, message: String| Reply::failed(id, kind, message);
         // Every call is charged first, whatever it asks for.
         let budget_key = if name_fits { call.cap.as_str() } else { "" };
         if let Err(e) = ctx.budget.charge(&ctx.policy, budget_key) {

@@ -3,7 +3,7 @@
 
 use super::conversation::Outcome;
 use super::{new_run_id, CellSpec};
-use crate::protocol::{Call, Reply, ReplyError};
+use crate::protocol::{Call, Reply};
 use crate::supervisor::capability::{CallContext, Handler, SourceError};
 use crate::supervisor::result::{CallRecord, CellResult, ErrorKind, RunInfo, Status};
 use crate::supervisor::{Inner, Language};
@@ -57,14 +57,7 @@ pub(super) async fn handle_call(
     let record = |outcome: &str, message: Option<String>, result: &mut CellResult| {
         record_with(outcome, message, None, result)
     };
-    let err = |kind: &str, message: String| Reply {
-        id,
-        ok: None,
-        error: Some(ReplyError {
-            kind: crate::protocol::ReplyErrorKind::named(kind),
-            message,
-        }),
-    };
+    let err = |kind: &str, message: String| Reply::failed(id, kind, message);
     // Every call is charged first, whatever it asks for: unknown, denied
     // and malformed calls use the budget too.
     let budget_key = if name_fits { call.cap.as_str() } else { "" };
