@@ -3,6 +3,7 @@
 //! numbers from different runs do not compare).
 
 pub mod mcp;
+mod models;
 
 use crate::cli::EXIT_INTERNAL;
 use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
@@ -441,7 +442,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             out.push_str(&live_sessions(n, &warm, &cold).await?);
         }
     }
-    out.push_str(&crate::models::bench::round_trip(n).await?);
+    out.push_str(&models::round_trip(n).await?);
     out.push_str(&tools_lines(n).await?);
     Ok(out)
 }

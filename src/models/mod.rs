@@ -3,7 +3,6 @@
 //! cell, result, event and message.
 
 #[doc(hidden)]
-pub mod bench;
 pub mod client;
 pub mod config;
 

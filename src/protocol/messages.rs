@@ -1,7 +1,7 @@
 //! Message types. One enum per direction; every struct rejects unknown fields.
 
 use super::codec::Tagged;
-use crate::sandbox::{SandboxPlan, SandboxReport};
+use super::sandbox::{SandboxPlan, SandboxReport};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -236,6 +236,26 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// The answer to call `id` from what performing it gave: its value, or
+    /// the kind and message of its failure; and whether it was refused by
+    /// the policy (kind `denied`).
+    pub fn of(id: u64, outcome: Result<Value, (String, String)>) -> (Reply, bool) {
+        match outcome {
+            Ok(v) => (
+                Reply {
+                    id,
+                    ok: Some(v),
+                    error: None,
+                },
+                false,
+            ),
+            Err((kind, message)) => {
+                let denied = kind == "denied";
+                (Reply::failed(id, &kind, message), denied)
+            }
+        }
+    }
+
     /// The answer to call `id` that it failed: `kind` as
     /// [`ReplyErrorKind::named`] reads it, and the message.
     pub fn failed(id: u64, kind: &str, message: String) -> Reply {
@@ -271,7 +291,7 @@ pub struct Ready {
 
 /// worker → supervisor: a mandatory layer could not be applied (the
 /// sandbox's own report of it, carried as is).
-pub use crate::sandbox::SandboxFailure;
+pub use super::sandbox::SandboxFailure;
 
 /// worker → supervisor: a capability call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -31,6 +31,7 @@
 mod codec;
 mod messages;
 pub mod pool;
+pub mod sandbox;
 
 pub use codec::{
     decode_body, encode_frame, read_frame_async, read_frame_async_within, read_frame_blocking,
@@ -39,9 +40,7 @@ pub use codec::{
 };
 pub use messages::*;
 
-/// The fd on which a worker finds its protocol channel (the sandbox places
-/// it there).
-pub use crate::sandbox::PROTOCOL_FD;
+pub use sandbox::PROTOCOL_FD;
 
 #[cfg(test)]
 mod tests {

@@ -19,10 +19,22 @@
 //! [`PoolReply`] sorts any of these messages into the envelope or "the
 //! pool's own" (`spare`, `ready`, ...).
 
+use super::sandbox::{SandboxPlan, SandboxReport};
 use crate::plan::Rlimits;
-use crate::sandbox::process::Reaped;
-use crate::sandbox::{SandboxPlan, SandboxReport};
 use serde::{Deserialize, Serialize};
+
+/// How a reaped process ended, with its resource usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// Exit code when it exited normally.
+    pub code: Option<i32>,
+    /// Signal number when a signal killed it.
+    pub signal: Option<i32>,
+    /// User + system CPU time of the process and its reaped descendants.
+    pub cpu_ms: u64,
+    /// Peak resident set size in KiB.
+    pub max_rss_kb: u64,
+}
 
 /// How a pool's child ended, whichever pool reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,18 +2,7 @@
 
 use std::io;
 
-/// How a reaped process ended, with its resource usage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reaped {
-    /// Exit code when it exited normally.
-    pub code: Option<i32>,
-    /// Signal number when a signal killed it.
-    pub signal: Option<i32>,
-    /// User + system CPU time of the process and its reaped descendants.
-    pub cpu_ms: u64,
-    /// Peak resident set size in KiB.
-    pub max_rss_kb: u64,
-}
+pub use crate::protocol::pool::Reaped;
 
 /// Block until `pid` has exited, without reaping it, so its pid (and process
 /// group id) stay reserved while the caller kills the rest of its group.

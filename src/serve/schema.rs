@@ -362,20 +362,8 @@ mod tests {
             .iter()
             .map(|s| serde_json::to_value(s).unwrap())
             .collect();
+        // The names themselves are pinned by `Status`'s own test.
         assert_eq!(listed, &Value::Array(want));
-        assert_eq!(
-            listed,
-            &json!([
-                "ok",
-                "error",
-                "timeout",
-                "killed",
-                "limit_exceeded",
-                "policy_denied",
-                "protocol_error",
-                "sandbox_error"
-            ])
-        );
     }
 
     fn validate(schema: Map<String, Value>, v: &Value) -> Vec<String> {

@@ -454,24 +454,11 @@ impl Talk {
                 format!("{} cannot be performed by a one-shot run", call.cap),
             )),
         };
-        match outcome {
-            Ok(v) => {
-                record("ok", None);
-                Ok((
-                    Reply {
-                        id,
-                        ok: Some(v),
-                        error: None,
-                    },
-                    false,
-                ))
-            }
-            Err((kind, msg)) => {
-                let denied = kind == "denied";
-                record(&kind, Some(msg.clone()));
-                Ok((err(&kind, msg), denied))
-            }
+        match &outcome {
+            Ok(_) => record("ok", None),
+            Err((kind, msg)) => record(kind, Some(msg.clone())),
         }
+        Ok(Reply::of(id, outcome))
     }
 }
 

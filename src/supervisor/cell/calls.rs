@@ -184,24 +184,11 @@ pub(super) async fn handle_call(
         }
         Handler::Source(_) => Err(("unknown".into(), format!("{} is a tool server", call.cap))),
     };
-    match outcome {
-        Ok(v) => {
-            record_with("ok", None, detail, result);
-            Ok((
-                Reply {
-                    id,
-                    ok: Some(v),
-                    error: None,
-                },
-                false,
-            ))
-        }
-        Err((kind, msg)) => {
-            let denied = kind == "denied";
-            record(&kind, Some(msg.clone()), result);
-            Ok((err(&kind, msg), denied))
-        }
+    match &outcome {
+        Ok(_) => record_with("ok", None, detail, result),
+        Err((kind, msg)) => record(kind, Some(msg.clone()), result),
     }
+    Ok(Reply::of(id, outcome))
 }
 
 async fn run_sub_cell(

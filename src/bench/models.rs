@@ -1,7 +1,7 @@
 //! `cellbox bench`: what a `model_query` from a warm cell adds over the
 //! supervisor's own HTTP request to the same local server.
 
-use super::{ModelClient, ModelConfig, ModelsSection, Query};
+use crate::models::{ModelClient, ModelConfig, ModelsSection, Query};
 use crate::{Policy, SessionConfig, Supervisor};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -80,7 +80,7 @@ pub async fn round_trip(n: usize) -> Result<String, String> {
             ..SessionConfig::default()
         })
         .map_err(|e| e.to_string())?;
-    let run = |code: String| crate::bench::timed_session_cell(&session, code);
+    let run = |code: String| super::timed_session_cell(&session, code);
     run("model_query(\"x\")".into()).await?;
     let empty = run(format!("for i in 0..{n} {{ }}")).await?;
     let looped = run(format!("for i in 0..{n} {{ model_query(\"x\"); }}")).await?;
