@@ -457,23 +457,26 @@ async fn tools_lines(n: usize) -> Result<String, String> {
     ))
 }
 
-/// Resident set size of a process and all its descendants, in KiB.
-pub(crate) fn tree_rss_kb(root: u32) -> u64 {
+/// Every process as (pid, ppid, VmRSS in KiB; 0 unless `rss`).
+fn process_table(rss: bool) -> Vec<(u32, u32, u64)> {
     let mut procs = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            let ppid = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok())
-                .unwrap_or(0);
-            let rss = std::fs::read_to_string(e.path().join("status"))
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return procs;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0);
+        let kb = if rss {
+            std::fs::read_to_string(e.path().join("status"))
                 .ok()
                 .and_then(|st| {
                     st.lines()
@@ -481,10 +484,18 @@ pub(crate) fn tree_rss_kb(root: u32) -> u64 {
                         .and_then(|v| v.split_whitespace().next())
                         .and_then(|v| v.parse::<u64>().ok())
                 })
-                .unwrap_or(0);
-            procs.push((pid, ppid, rss));
-        }
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        procs.push((pid, ppid, kb));
     }
+    procs
+}
+
+/// Resident set size of a process and all its descendants, in KiB.
+pub(crate) fn tree_rss_kb(root: u32) -> u64 {
+    let procs = process_table(true);
     let tree = descendants(root, &procs);
     procs
         .iter()
@@ -511,24 +522,7 @@ fn descendants(root: u32, procs: &[(u32, u32, u64)]) -> Vec<u32> {
 
 /// The pids of `root` and every process beneath it.
 pub(crate) fn tree_pids(root: u32) -> Vec<u32> {
-    let mut procs = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            let ppid = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok())
-                .unwrap_or(0);
-            procs.push((pid, ppid, 0));
-        }
-    }
-    descendants(root, &procs)
+    descendants(root, &process_table(false))
 }
 
 /// Supervisor + pool memory with 16 idle sessions that each ran one Python

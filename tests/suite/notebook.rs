@@ -303,6 +303,18 @@ mod over_mcp {
             .join("\n")
     }
 
+    /// The value of a Python cell that must succeed in session `id`.
+    async fn python_value(c: &Client, id: &str, code: &str) -> Value {
+        let r = call(
+            c,
+            "execute_code",
+            json!({"session_id": id, "language": "python", "code": code}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        r.structured_content.unwrap()["value"].clone()
+    }
+
     async fn session(c: &Client) -> String {
         let r = call(c, "create_session", json!({})).await;
         r.structured_content.unwrap()["session_id"]
@@ -346,15 +358,8 @@ mod over_mcp {
         // then fits.
         let code = "import os\nleft = {n: os.path.getsize(n) for n in os.listdir('.')}\n\
                     os.remove('a.txt')\nleft";
-        let r = call(
-            &c,
-            "execute_code",
-            json!({"session_id": id, "language": "python", "code": code}),
-        )
-        .await;
-        assert_eq!(r.is_error, Some(false), "{}", text(&r));
         assert_eq!(
-            r.structured_content.unwrap()["value"],
+            python_value(&c, &id, code).await,
             json!({"a.txt": 400 << 10, "b.txt": 400 << 10, "c.txt": 0})
         );
         let r = call(
@@ -398,15 +403,8 @@ mod over_mcp {
         let code = "a = open('data/in.txt').read()\nb = list(open('blob.bin', 'rb').read())\n\
                     open('out.bin', 'wb').write(bytes([0, 159, 146, 150]))\n\
                     open('note.txt', 'w').write(a.upper())\n[a, b]";
-        let r = call(
-            &c,
-            "execute_code",
-            json!({"session_id": id, "language": "python", "code": code}),
-        )
-        .await;
-        assert_eq!(r.is_error, Some(false), "{}", text(&r));
         assert_eq!(
-            r.structured_content.unwrap()["value"],
+            python_value(&c, &id, code).await,
             json!(["hello from the client", [0, 1, 255]])
         );
         let r = call(

@@ -8,8 +8,8 @@ use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-/// `cellbox ARGS` with `stdin`, on the path `library` picks.
-fn run(args: &[&str], stdin: &str, library: bool) -> Output {
+/// `cellbox ARGS` with piped stdio, on the path `library` picks.
+fn command(args: &[&str], library: bool) -> Command {
     let mut cmd = Command::new(bin());
     cmd.args(args)
         .env_remove("CELLBOX_LOG")
@@ -21,7 +21,12 @@ fn run(args: &[&str], stdin: &str, library: bool) -> Output {
     } else {
         cmd.env_remove("CELLBOX_RUN");
     }
-    let mut child = cmd.spawn().unwrap();
+    cmd
+}
+
+/// `cellbox ARGS` with `stdin`, on the path `library` picks.
+fn run(args: &[&str], stdin: &str, library: bool) -> Output {
+    let mut child = command(args, library).spawn().unwrap();
     {
         let mut si = child.stdin.take().unwrap();
         let _ = si.write_all(stdin.as_bytes());
@@ -363,18 +368,8 @@ fn ctrl_c_kills_the_cell_and_keeps_its_output() {
     use std::io::{BufRead, BufReader};
     let mut ends = Vec::new();
     for library in [false, true] {
-        let mut cmd = Command::new(bin());
-        cmd.args(["run", "--max-operations", "0", "--timeout", "30", "-"])
-            .env_remove("CELLBOX_LOG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if library {
-            cmd.env("CELLBOX_RUN", "supervisor");
-        } else {
-            cmd.env_remove("CELLBOX_RUN");
-        }
-        let mut child = cmd.spawn().unwrap();
+        let args = ["run", "--max-operations", "0", "--timeout", "30", "-"];
+        let mut child = command(&args, library).spawn().unwrap();
         {
             let mut si = child.stdin.take().unwrap();
             si.write_all(b"print(\"started\"); loop {}").unwrap();
