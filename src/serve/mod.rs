@@ -174,8 +174,28 @@ impl AsyncRead for StdinReader {
     }
 }
 
+/// Why the settings could not give a supervisor.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("failed to open the events file {path}: {source}")]
+    Events {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Models(#[from] crate::models::ClientError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Tools(#[from] crate::tools::ToolsError),
+    #[error(transparent)]
+    Supervisor(#[from] crate::Error),
+    #[error("policy.allow (--allow): unknown capability {name:?}; known: {known}")]
+    UnknownAllowed { name: String, known: String },
+}
+
 /// Build the supervisor the settings describe.
-pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
+pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, BuildError> {
     let mut b = Supervisor::builder()
         .scratch_bytes(settings.scratch_bytes)
         .session_scratch_bytes(settings.session_scratch.bytes)
@@ -190,40 +210,45 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, String> {
         b = b.python(p);
     }
     if let Some(path) = &settings.events {
-        let sink = EventSink::to_file_bounded(path, settings.events_max_bytes)
-            .map_err(|e| format!("failed to open the events file {}: {e}", path.display()))?;
+        let sink =
+            EventSink::to_file_bounded(path, settings.events_max_bytes).map_err(|source| {
+                BuildError::Events {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
         b = b.events(sink);
     }
     if !settings.models.is_empty() {
-        let client =
-            crate::models::ModelClient::new(&settings.models).map_err(|e| e.to_string())?;
-        b = b.models(client).map_err(|e| e.to_string())?;
+        b = b.models(crate::models::ModelClient::new(&settings.models)?)?;
     }
     #[cfg(target_os = "linux")]
     let slot = crate::tools::SupervisorSlot::default();
     #[cfg(target_os = "linux")]
-    for cap in crate::tools::host_and_declared(&settings.files, &settings.tools, &slot)
-        .map_err(|e| e.to_string())?
-    {
-        b = b.capability(cap).map_err(|e| e.to_string())?;
+    for cap in crate::tools::host_and_declared(&settings.files, &settings.tools, &slot)? {
+        b = b.capability(cap)?;
     }
-    let sup = b.build().map_err(|e| e.to_string())?;
+    let sup = b.build()?;
     #[cfg(target_os = "linux")]
     let _ = slot.set(sup.downgrade());
     // An upstream server's tools are not listed here: SERVER.TOOL and
     // SERVER.* of a declared one are accepted without starting it.
-    let known: Vec<String> = sup
-        .capabilities()
-        .map(|c| c.name().to_owned())
-        .chain(sup.tool_sources().map(|c| format!("{}.*", c.name())))
-        .collect();
-    for name in &settings.session.policy.allow {
-        if !sup.knows(name) {
-            return Err(format!(
-                "policy.allow (--allow): unknown capability {name:?}; known: {}",
-                known.join(", ")
-            ));
-        }
+    if let Some(name) = settings
+        .session
+        .policy
+        .allow
+        .iter()
+        .find(|name| !sup.knows(name))
+    {
+        let known: Vec<String> = sup
+            .capabilities()
+            .map(|c| c.name().to_owned())
+            .chain(sup.tool_sources().map(|c| format!("{}.*", c.name())))
+            .collect();
+        return Err(BuildError::UnknownAllowed {
+            name: name.clone(),
+            known: known.join(", "),
+        });
     }
     Ok(sup)
 }
