@@ -35,9 +35,8 @@ pub use supervisor::{
 pub use supervisor::{PoolCeiling, PoolConfig};
 pub use supervisor::{PoolStatus, ZygoteStatus};
 
-/// The exit codes of every cellbox process (DESIGN §9).
-pub mod agent;
 pub mod context;
+/// The exit codes of every cellbox process (DESIGN §9).
 pub mod exit;
 #[cfg(target_os = "linux")]
 pub mod files;
@@ -58,6 +57,8 @@ pub mod worker;
 
 // The command line and the tools behind its commands: for the binaries,
 // the tests and `fuzz/`, not part of the library's API.
+#[doc(hidden)]
+pub mod agent;
 #[doc(hidden)]
 pub mod bench;
 #[doc(hidden)]
