@@ -39,7 +39,7 @@ pub struct DoctorReport {
     pub host: HostSupport,
     /// The interpreter Python cells would use, or why there is none.
     #[serde(serialize_with = "python_or_error")]
-    pub python: Result<PythonInfo, String>,
+    pub python: Result<PythonInfo, crate::Error>,
     pub profiles: Vec<ProfileAssessment>,
     /// Every profile assessed has all its required layers here.
     pub ok: bool,
@@ -66,16 +66,19 @@ pub struct TrialCells {
 }
 
 fn python_or_error<S: Serializer>(
-    python: &Result<PythonInfo, String>,
+    python: &Result<PythonInfo, crate::Error>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     #[derive(Serialize)]
-    struct Failure<'a> {
-        error: &'a str,
+    struct Failure {
+        error: String,
     }
     match python {
         Ok(info) => info.serialize(s),
-        Err(e) => Failure { error: e }.serialize(s),
+        Err(e) => Failure {
+            error: e.to_string(),
+        }
+        .serialize(s),
     }
 }
 
@@ -92,8 +95,7 @@ impl DoctorReport {
         }
         let python_info = b
             .build()
-            .map_err(|e| e.to_string())
-            .and_then(|sup| sup.python().map_err(String::from));
+            .and_then(|sup| sup.python().map_err(crate::Error::from));
         let ok = profiles.iter().all(|a| a.ok);
         let warm_workers = WarmWorkers::start(python).await;
         DoctorReport {
@@ -415,7 +417,7 @@ mod tests {
                 error: "no supervisor".into(),
             },
             host: bare_host(),
-            python: Err("no python3 on PATH".into()),
+            python: Err(crate::Error::Python(crate::PythonError::NotFound)),
             profiles: Vec::new(),
             ok: true,
         };
@@ -430,7 +432,7 @@ host support:
   mount_setattr    NO
   memory cgroup    NO: no memory controller
   cgroup2 mounted  no
-  python           NO: no python3 on PATH
+  python           NO: no Python interpreter found: install python3 or pass --python PATH
 warm workers (fork server, Python zygotes):
   trial cells      rhai cell -, python cell -
   rhai             NO fork server (cells spawn a fresh worker)
@@ -454,7 +456,7 @@ warm workers (fork server, Python zygotes):
         );
         assert_eq!(
             json["python"],
-            serde_json::json!({"error": "no python3 on PATH"})
+            serde_json::json!({"error": "no Python interpreter found: install python3 or pass --python PATH"})
         );
         let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["warm_workers", "host", "python", "profiles", "ok"]);

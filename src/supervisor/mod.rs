@@ -137,6 +137,9 @@ pub enum Error {
     /// A checkpoint could not be made or restored.
     #[error("{0}")]
     Checkpoint(String),
+    /// The Python interpreter could not be found or prepared.
+    #[error(transparent)]
+    Python(#[from] PythonError),
 }
 
 /// Which output stream a live chunk came from.

@@ -31,13 +31,6 @@ pub enum PythonError {
     Shim(String),
 }
 
-/// For the joints that still carry a message.
-impl From<PythonError> for String {
-    fn from(e: PythonError) -> String {
-        e.to_string()
-    }
-}
-
 fn is_elf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
