@@ -137,54 +137,88 @@ pub enum Control {
     },
 }
 
-/// Messages on a zygote's control channel.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ZygoteMsg {
-    Setup {
-        interpreter: String,
-        plan: Box<SandboxPlan>,
-        /// Package paths for `sys.path` and modules to import ahead of time.
-        #[serde(default)]
-        python: crate::profiles::PythonPackages,
-    },
-    Ready {
-        report: SandboxReport,
-        anchors: Vec<String>,
-    },
-    SandboxError {
-        layer: String,
-        message: String,
-    },
-    /// Fork a cell. Its fds: protocol socket, stdout, stderr, Landlock
-    /// ruleset, and a pipe holding its [`CellSetup`] (read by the child
-    /// only: the zygote never sees a cell's scratch dir or limits).
-    Spawn {
-        id: u64,
-        /// The child is a session's first state process: its process
-        /// group outlives it (its successors share it), so the zygote does
-        /// not kill that group when it ends.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        state: bool,
-    },
-    Spawned {
-        id: u64,
-        pid: i32,
-    },
-    Error {
-        id: u64,
-        message: String,
-    },
-    /// How a child ended: its wait status and rusage as wait4 gave them
-    /// (`[seconds, microseconds]`), written by the zygote from buffers it
-    /// zeroes after each report.
-    Ended {
-        pid: i32,
-        status: i32,
-        utime: [i64; 2],
-        stime: [i64; 2],
-        max_rss_kb: i64,
-    },
+/// Declares the message type of a channel `zygote.py` writes (a zygote's,
+/// a state process's): the channel's own messages, then the envelope they
+/// all share (`spawned`, `error` by request id, and `ended`, a child's wait4
+/// figures), sorted into [`PoolReply`] by one [`PoolMessage`] impl.
+macro_rules! zygote_channel {
+    ($(#[$meta:meta])* pub enum $msg:ident { $($own:tt)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+        pub enum $msg {
+            $($own)*
+            Spawned {
+                id: u64,
+                pid: i32,
+            },
+            Error {
+                id: u64,
+                message: String,
+            },
+            /// How a child ended: its wait status and rusage as wait4 gave
+            /// them (`[seconds, microseconds]`), written by the zygote from
+            /// buffers it zeroes after each report.
+            Ended {
+                pid: i32,
+                status: i32,
+                utime: [i64; 2],
+                stime: [i64; 2],
+                max_rss_kb: i64,
+            },
+        }
+
+        impl PoolMessage for $msg {
+            fn sort(self) -> PoolReply<Self> {
+                match self {
+                    $msg::Spawned { id, pid } => PoolReply::Spawned { id, pid },
+                    $msg::Error { id, message } => PoolReply::Error { id, message },
+                    $msg::Ended {
+                        pid,
+                        status,
+                        utime,
+                        stime,
+                        max_rss_kb,
+                    } => PoolReply::Exited(ExitReport::from_wait4(
+                        pid, status, utime, stime, max_rss_kb,
+                    )),
+                    other => PoolReply::Other(other),
+                }
+            }
+        }
+    };
+}
+
+zygote_channel! {
+    /// Messages on a zygote's control channel.
+    pub enum ZygoteMsg {
+        Setup {
+            interpreter: String,
+            plan: Box<SandboxPlan>,
+            /// Package paths for `sys.path` and modules to import ahead of time.
+            #[serde(default)]
+            python: crate::profiles::PythonPackages,
+        },
+        Ready {
+            report: SandboxReport,
+            anchors: Vec<String>,
+        },
+        SandboxError {
+            layer: String,
+            message: String,
+        },
+        /// Fork a cell. Its fds: protocol socket, stdout, stderr, Landlock
+        /// ruleset, and a pipe holding its [`CellSetup`] (read by the child
+        /// only: the zygote never sees a cell's scratch dir or limits).
+        Spawn {
+            id: u64,
+            /// The child is a session's first state process: its process
+            /// group outlives it (its successors share it), so the zygote does
+            /// not kill that group when it ends.
+            #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+            state: bool,
+        },
+    }
 }
 
 /// What a forked zygote child reads from its setup pipe before anything else.
@@ -199,48 +233,33 @@ pub struct CellSetup {
     pub state: bool,
 }
 
-/// Messages on a session's **state process** channel (`SOCK_SEQPACKET`, one
-/// JSON object per packet, tag `"op"`, the zygote's framing). A state
-/// process is forked from a zygote like a cell, under the same layers, and
-/// holds a Python session's live namespace; see `zygote.py` for its side.
-///
-/// - supervisor → state: `run {id, rlimits}` with the cell's protocol
-///   socket, stdout, stderr and the channel of the next state process;
-///   `clone {id}` with the channel of a copy (a checkpoint).
-/// - state → supervisor: `spawned {id, pid}`, `error {id, message}`,
-///   `ended {...}` (as [`ZygoteMsg::Ended`]); and, first on each new
-///   channel, `ready {pid}` from the process that serves it.
-///
-/// A state process has run the session's code: pids it names are only
-/// looked up among the session's own processes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum StateMsg {
-    Run {
-        id: u64,
-        rlimits: Rlimits,
-    },
-    Clone {
-        id: u64,
-    },
-    Ready {
-        pid: i32,
-    },
-    Spawned {
-        id: u64,
-        pid: i32,
-    },
-    Error {
-        id: u64,
-        message: String,
-    },
-    Ended {
-        pid: i32,
-        status: i32,
-        utime: [i64; 2],
-        stime: [i64; 2],
-        max_rss_kb: i64,
-    },
+zygote_channel! {
+    /// Messages on a session's **state process** channel (`SOCK_SEQPACKET`, one
+    /// JSON object per packet, tag `"op"`, the zygote's framing). A state
+    /// process is forked from a zygote like a cell, under the same layers, and
+    /// holds a Python session's live namespace; see `zygote.py` for its side.
+    ///
+    /// - supervisor → state: `run {id, rlimits}` with the cell's protocol
+    ///   socket, stdout, stderr and the channel of the next state process;
+    ///   `clone {id}` with the channel of a copy (a checkpoint).
+    /// - state → supervisor: `spawned {id, pid}`, `error {id, message}`,
+    ///   `ended {...}` (as [`ZygoteMsg::Ended`]); and, first on each new
+    ///   channel, `ready {pid}` from the process that serves it.
+    ///
+    /// A state process has run the session's code: pids it names are only
+    /// looked up among the session's own processes.
+    pub enum StateMsg {
+        Run {
+            id: u64,
+            rlimits: Rlimits,
+        },
+        Clone {
+            id: u64,
+        },
+        Ready {
+            pid: i32,
+        },
+    }
 }
 
 /// CPU milliseconds from `[seconds, microseconds]` pairs (negative parts,
@@ -279,34 +298,6 @@ impl PoolMessage for Control {
         }
     }
 }
-
-/// The envelope of a zygote's and a state process's channels (the same
-/// `spawned`, `error` and `ended` written by `zygote.py`).
-macro_rules! zygote_envelope {
-    ($msg:ident) => {
-        impl PoolMessage for $msg {
-            fn sort(self) -> PoolReply<Self> {
-                match self {
-                    $msg::Spawned { id, pid } => PoolReply::Spawned { id, pid },
-                    $msg::Error { id, message } => PoolReply::Error { id, message },
-                    $msg::Ended {
-                        pid,
-                        status,
-                        utime,
-                        stime,
-                        max_rss_kb,
-                    } => PoolReply::Exited(ExitReport::from_wait4(
-                        pid, status, utime, stime, max_rss_kb,
-                    )),
-                    other => PoolReply::Other(other),
-                }
-            }
-        }
-    };
-}
-
-zygote_envelope!(ZygoteMsg);
-zygote_envelope!(StateMsg);
 
 #[cfg(test)]
 mod tests {
