@@ -121,7 +121,7 @@ impl Share {
         _sup: &Inner,
         _limits: &super::Limits,
         _asked: &super::Limits,
-    ) -> Result<Option<CellGroup>, String> {
+    ) -> Result<Option<CellGroup>, GroupError> {
         Ok(None)
     }
 
@@ -133,12 +133,9 @@ impl Share {
         sup: &Inner,
         limits: &super::Limits,
         asked: &super::Limits,
-    ) -> Result<Option<CellGroup>, String> {
+    ) -> Result<Option<CellGroup>, GroupError> {
         match self.session(sup, asked) {
-            Some(s) => s
-                .cell(cell_processes(limits))
-                .map(Some)
-                .map_err(|e| e.to_string()),
+            Some(s) => s.cell(cell_processes(limits)).map(Some),
             None => Ok(None),
         }
     }
