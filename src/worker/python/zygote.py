@@ -220,11 +220,12 @@ def _child(fds):
 # - `run {id, rlimits}` with four fds (the cell's protocol socket, stdout,
 #   stderr, and the control channel of the next state process): it forks
 #   the cell's process, which runs the cell in the live namespace. If the
-#   cell succeeds, that process forks once more before reporting `done`:
-#   the fork is the session's next state process (on the fd it was given;
-#   it says `ready {pid}` there) and the cell's process exits as
-#   any cell does. If the cell fails, times out or is killed, no fork is
-#   made: this state process, untouched, stays the session's state.
+#   cell succeeds, that process becomes the session's next state process
+#   once it has reported `done` (on the fd it was given; it says
+#   `ready {pid}` there), or, when it may not (see `_live_may_become`),
+#   forks it before reporting `done` and exits as any cell does. If the
+#   cell fails, times out or is killed, neither happens: this state
+#   process, untouched, stays the session's state.
 #   The cell's process is the state process's spare when it has one
 #   (forked ahead once it has been idle a moment: see `_live_prefork`).
 # - `clone {id}` with one fd: fork a copy of this state process that
