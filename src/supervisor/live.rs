@@ -5,10 +5,13 @@
 //! The first cell of a live session forks the state process from a zygote,
 //! under the cell sandbox and the session's scratch dir and limits. Each
 //! cell then runs in a child of the state process. A cell that succeeds
-//! forks the session's next state process before it reports `done`: the
-//! supervisor moves that process into the session's own cgroup (out of the
-//! cell's, which is emptied as every cell's is) and the old state process
-//! ends. A cell that fails, times out or is killed leaves no successor: the
+//! leaves the session's next state process: its own process, which serves
+//! as that state process once `done` is sent, when it has one thread, no
+//! children and less than half of the session's CPU-time limit used (see
+//! `_live_become` in zygote.py; it is then not waited for, see
+//! [`LiveCell::became`]), or else a fork of it made before `done`. Either
+//! is in the session's own group already (a live cell runs there), and the
+//! old state process ends. A cell that fails, times out or is killed leaves no successor: the
 //! old state process, untouched, stays. Every object, not only JSON, is
 //! kept or rolled back whole. A checkpoint is an idle copy of a state
 //! process; restoring one makes a copy of it the session's state.
@@ -63,6 +66,8 @@ pub(crate) struct StateProc {
     /// Its pid in our PID namespace (kept while a cell's leftovers are
     /// killed: see [`LiveCell::end_others`]).
     host: i32,
+    /// Its pid in the zygote's PID namespace, as it said when ready.
+    ns_pid: i32,
     shared: Arc<Mutex<Shared>>,
     dead: Arc<AtomicBool>,
     next_id: AtomicU64,
@@ -119,9 +124,16 @@ impl StateProc {
             )
             .await
             .map_err(|e| e.to_string())?;
-        let (ctl, _ns_pid) = await_ready(ours).await?;
+        let (ctl, ns_pid) = await_ready(ours).await?;
         let host = crate::sandbox::linux::groups::pidfd_pid(&pidfd).map_err(|e| e.to_string())?;
-        Self::serve(ctl, pidfd, host, zygote, *rlimits, Some(in_flight))
+        Self::serve(
+            ctl,
+            pidfd,
+            (host, ns_pid),
+            zygote,
+            *rlimits,
+            Some(in_flight),
+        )
     }
 
     /// Take over a state process that says `ready` on `ours`, found among
@@ -144,13 +156,13 @@ impl StateProc {
             .ok_or_else(|| format!("the state process {ns_pid} is not among the session's"))?;
         let pidfd = process::pidfd_open(host)
             .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
-        Self::serve(ctl, pidfd, host, zygote, rlimits, None)
+        Self::serve(ctl, pidfd, (host, ns_pid), zygote, rlimits, None)
     }
 
     fn serve(
         ctl: AsyncFd<OwnedFd>,
         pidfd: OwnedFd,
-        host: i32,
+        (host, ns_pid): (i32, i32),
         zygote: Arc<Zygote>,
         rlimits: Rlimits,
         in_flight: Option<super::zygote::InFlight>,
@@ -166,6 +178,7 @@ impl StateProc {
             ctl: ours,
             pidfd,
             host,
+            ns_pid,
             shared,
             dead,
             next_id: AtomicU64::new(1),
@@ -290,11 +303,15 @@ impl StateProc {
 
 impl Drop for StateProc {
     fn drop(&mut self) {
+        // Killed before its channel is shut: at the channel's end a state
+        // process kills its cells, and one of them may have become the
+        // session's next state process (a process with SIGKILL pending
+        // runs no more of its code).
+        let _ = process::pidfd_kill(self.pidfd.as_fd());
         let _ = nix::sys::socket::shutdown(
             std::os::fd::AsRawFd::as_raw_fd(&self.ctl),
             nix::sys::socket::Shutdown::Both,
         );
-        let _ = process::pidfd_kill(self.pidfd.as_fd());
     }
 }
 
@@ -461,6 +478,40 @@ impl LiveCell {
             Ok(Err(e)) => tracing::warn!("a live cell's processes outlived it: {e}"),
             Err(e) => tracing::warn!("failed to end a live cell's processes: {e}"),
         }
+    }
+
+    /// Whether the cell's process (`ns_pid`, in the zygote's namespace)
+    /// became the session's next state process itself (see `_live_become`
+    /// in zygote.py) rather than forking it: then it does not exit, and
+    /// what it used is read from it (its CPU time is the cell's: it was
+    /// forked for the cell, and a fork starts at zero).
+    pub(crate) fn became(&self, ns_pid: i32) -> Option<Reaped> {
+        let kept = lock(&self.kept).clone()?;
+        if kept.ns_pid != ns_pid {
+            return None;
+        }
+        let host = kept.host_pid();
+        let cpu_ns = std::fs::read_to_string(format!("/proc/{host}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let max_rss_kb = std::fs::read_to_string(format!("/proc/{host}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0);
+        Some(Reaped {
+            code: Some(0),
+            signal: None,
+            cpu_ms: cpu_ns / 1_000_000,
+            max_rss_kb,
+        })
     }
 
     /// After a cell that succeeded: its successor.

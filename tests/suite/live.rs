@@ -541,7 +541,12 @@ async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
         };
         let child = if status(a, "PPid:") == *b { a } else { b };
         let parent = if child == a { b } else { a };
-        (status(child, "PPid:") == **parent).then(|| status(child, "NSpid:"))
+        // Not a state process that is being replaced (killed, SIGKILL
+        // pending) and the cell's process that became the next one.
+        let dying = ["SigPnd:", "ShdPnd:"]
+            .iter()
+            .any(|k| u64::from_str_radix(&status(parent, k), 16).is_ok_and(|m| m != 0));
+        (!dying && status(child, "PPid:") == **parent).then(|| status(child, "NSpid:"))
     };
     for round in 0..3 {
         let mut found = None;

@@ -8,6 +8,7 @@ mod fuzz_corpus;
 mod isolation;
 mod joining;
 mod live;
+mod live_keep;
 mod macos;
 mod mcp;
 mod models;

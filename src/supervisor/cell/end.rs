@@ -97,6 +97,34 @@ pub(super) async fn end(
     reaped
 }
 
+/// A live cell whose process became its session's next state process: it
+/// is not waited for, killed or reaped (its parent, the previous state
+/// process, forgets it); the rest of its tree in `group` is ended as
+/// after any cell. `usage` is what it used, read from it.
+pub(super) async fn kept_as_state(
+    worker: Worker,
+    usage: process::Reaped,
+    group: Option<&Arc<CellGroup>>,
+) -> process::Reaped {
+    let Worker {
+        pid,
+        mut guard,
+        reap,
+        in_flight,
+    } = worker;
+    guard.disarm();
+    if let Reap::Parent(parent, _) = reap {
+        parent.forget(pid);
+    }
+    drop(in_flight);
+    let tree = end_tree(group).await;
+    let mut usage = usage;
+    if let Some(cpu_ms) = tree.cpu_ms {
+        usage.cpu_ms = usage.cpu_ms.max(cpu_ms);
+    }
+    usage
+}
+
 /// Why a worker's end is not known.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ReapError {

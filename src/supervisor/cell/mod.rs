@@ -362,12 +362,16 @@ async fn life(
     let outcome = converse(sup, spec, result, sock, &exit, deadline, conv).await;
     // A live session's cell that succeeded has forked its successor: it
     // leaves the cell's group before the group is emptied.
+    // Or its own process became that state process: it does not exit.
+    #[allow(unused_mut)]
+    let mut became = None;
     #[cfg(target_os = "linux")]
     if let (Some(live), Outcome::Done(d)) = (&spec.live, &outcome) {
         if d.status == DoneStatus::Ok && d.live.is_some() {
             let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
             let session = spec.share.session(sup, asked);
             live.take_over(session.as_deref()).await;
+            became = live.became(worker.pid);
         }
     }
     let ending = end::Worker {
@@ -377,7 +381,10 @@ async fn life(
         in_flight: worker.in_flight,
     };
     let done = matches!(outcome, Outcome::Done(_));
-    let reaped = end::end(ending, &exit, done, group.as_ref()).await;
+    let reaped = match became {
+        Some(usage) => Ok(end::kept_as_state(ending, usage, group.as_ref()).await),
+        None => end::end(ending, &exit, done, group.as_ref()).await,
+    };
     #[cfg(target_os = "linux")]
     if let Some(live) = &spec.live {
         // (Also when it did not get to run there: the session's own process

@@ -920,15 +920,17 @@ def _finish(out):
     except BaseException as e:
         data = _fallback_done("the shim failed to build its result: %s" % _type_name(type(e)))
         out["status"] = "error"
-    if _st.get("live") and out["status"] == "ok":
-        _live_keep()
+    become = _st.get("live") and out["status"] == "ok" and _live_keep()
     try:
         _send(data)
     except BaseException as e:
+        become = False
         try:
             _send(_fallback_done("the shim failed to send its result: %s" % _type_name(type(e))))
         except BaseException:
             posix._exit(_EXIT_PROTOCOL)
+    if become:
+        _live_become()
     posix._exit(0)
 
 

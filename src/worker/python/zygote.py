@@ -220,11 +220,12 @@ def _child(fds):
 # - `run {id, rlimits}` with four fds (the cell's protocol socket, stdout,
 #   stderr, and the control channel of the next state process): it forks
 #   the cell's process, which runs the cell in the live namespace. If the
-#   cell succeeds, that process forks once more before reporting `done`:
-#   the fork is the session's next state process (on the fd it was given;
-#   it says `ready {pid}` there) and the cell's process exits as
-#   any cell does. If the cell fails, times out or is killed, no fork is
-#   made: this state process, untouched, stays the session's state.
+#   cell succeeds, that process becomes the session's next state process
+#   once it has reported `done` (on the fd it was given; it says
+#   `ready {pid}` there), or, when it may not (see `_live_may_become`),
+#   forks it before reporting `done` and exits as any cell does. If the
+#   cell fails, times out or is killed, neither happens: this state
+#   process, untouched, stays the session's state.
 #   The cell's process is the state process's spare when it has one
 #   (forked ahead once it has been idle a moment: see `_live_prefork`).
 # - `clone {id}` with one fd: fork a copy of this state process that
@@ -510,11 +511,16 @@ def _live_drop_next():
 
 def _live_keep():
     """In a cell's process whose cell succeeded, before it reports `done`:
-    fork the session's next state process, which holds the namespace as
-    the cell left it."""
-    nxt = _st.pop("next_ctl", None)
+    make sure the session's next state process will hold the namespace as
+    the cell left it. Either this process becomes it, once `done` is sent
+    (True: see `_live_become`), or it forks it now, and exits as any cell
+    does."""
+    nxt = _st.get("next_ctl")
     if nxt is None:
-        return
+        return False
+    if _live_may_become():
+        return True
+    _st.pop("next_ctl", None)
     try:
         pid = posix.fork()
     except OSError:
@@ -523,6 +529,77 @@ def _live_keep():
         posix.close(nxt)
         return
     try:
+        try:
+            null = posix.open("/dev/null", posix.O_RDWR)
+        except OSError:
+            null = posix.dup(0)
+        for fd in (0, 1, 2):
+            posix.dup2(null, fd)
+        posix.close(null)
+        posix.dup2(nxt, _FD)
+        posix.close(nxt)
+        _st["spare_ok"] = True
+    except BaseException:
+        posix._exit(_EXIT_SANDBOX)
+    raise _NewState()
+
+
+# A cell's process that succeeded serves as the session's next state
+# process itself, without forking one (a fork copies the page tables of the
+# whole namespace, and the cell's exit unmaps its copy: both grow with the
+# session), when nothing it carries differs from what a fork would give:
+# - one thread (fork keeps only the calling one; a thread left running
+#   would go on running the session's code between cells);
+# - no children, not even exited ones (a state process's children are
+#   spared when what a cell left is ended: they are its spare);
+# - less than half of the session's CPU-time limit used (RLIMIT_CPU counts
+#   a process's whole life; each later cell is a fresh fork, so only this
+#   one cell's time and the state's own idle work count against it);
+# and its interval timers are disarmed (a fork's are). Its cell's limits
+# (soft, under the session's) are put back by `_state_serve`, its stdout,
+# stderr and protocol socket are closed, and it stays in the session's
+# group, where it ran. Otherwise it forks the successor as before.
+
+
+def _live_may_become():
+    try:
+        fd = posix.open("/proc/self/stat", posix.O_RDONLY)
+        try:
+            stat = posix.read(fd, 4096)
+        finally:
+            posix.close(fd)
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields[17]) != 1:  # num_threads
+            return False
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        if posix.waitid(posix.P_ALL, 0, posix.WEXITED | posix.WNOHANG | posix.WNOWAIT) is not None:
+            return False
+    except ChildProcessError:
+        pass
+    except OSError:
+        return False
+    else:
+        return False
+    limit = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    for res, (soft, hard) in _st.get("rl0") or ():
+        if res == resource.RLIMIT_CPU:
+            limit = soft
+    if limit != resource.RLIM_INFINITY:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        if (used.ru_utime + used.ru_stime) * 2 >= limit:
+            return False
+    return True
+
+
+def _live_become():
+    """After `done` is sent by a cell's process that `_live_keep` found fit:
+    become the session's next state process. Never returns."""
+    nxt = _st.pop("next_ctl", None)
+    try:
+        for which in (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF):
+            _signal.setitimer(which, 0)
         try:
             null = posix.open("/dev/null", posix.O_RDWR)
         except OSError:
