@@ -518,14 +518,6 @@ impl Session {
         true
     }
 
-    /// The languages of the workers waiting for the session's next cells.
-    pub fn prepared_cells(&self) -> Vec<Language> {
-        crate::util::lock(&self.inner.prepared)
-            .iter()
-            .map(|p| p.language())
-            .collect()
-    }
-
     /// A prepared worker for a `language` cell with `limits`, if one is
     /// waiting (one that ended meanwhile stays, to be dropped with the
     /// session: dropping it may wait).

@@ -41,10 +41,6 @@ impl Prepared {
         self.language == language && self.asked == *limits
     }
 
-    pub(crate) fn language(&self) -> Language {
-        self.language
-    }
-
     /// Whether its worker is still there, waiting (it may have been killed
     /// from outside, or its parent may have gone).
     pub(crate) fn waiting(&self) -> bool {
