@@ -107,10 +107,13 @@ pub enum Control {
         layer: String,
         message: String,
     },
-    /// A child with these limits, now.
+    /// A child with these limits, now; `ahead`: for a cell whose code is
+    /// not known yet (it waits under the spares' name until it has it).
     Spawn {
         id: u64,
         limits: Rlimits,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ahead: bool,
     },
     /// A spare was taken; make another.
     Refill,

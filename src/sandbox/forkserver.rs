@@ -12,8 +12,9 @@
 //!
 //! Control channel (a `SOCK_SEQPACKET` pair, one message per packet, JSON):
 //! - supervisor → server: `init` (the pool plan, the number of spares to
-//!   keep), then `spawn {id, limits}` (a child with these limits, now) or
-//!   `refill` (a spare was taken: make another);
+//!   keep), then `spawn {id, limits, ahead}` (a child with these limits,
+//!   now; `ahead`: for a cell whose code comes later, so it waits under the
+//!   spares' name) or `refill` (a spare was taken: make another);
 //! - server → supervisor: `spare {pid, limits}` or `spawned {id, pid}`, each
 //!   with four fds attached: the child's pidfd, the supervisor's end of its
 //!   protocol socket, and the read ends of its stdout and stderr pipes; or
@@ -176,8 +177,9 @@ pub fn serve(
             match recv(server.ctl.as_fd()) {
                 // The fds attached to a spawn, if any, are the `tasks` files
                 // of the cgroups the child joins.
-                Ok(Some((Control::Spawn { id, limits }, join))) => {
-                    let sent = match server.fork_cell(&limits, CELL_NAME, &join) {
+                Ok(Some((Control::Spawn { id, limits, ahead }, join))) => {
+                    let name = if ahead { SPARE_NAME } else { CELL_NAME };
+                    let sent = match server.fork_cell(&limits, name, &join) {
                         Ok(child) => {
                             child.send(&server.ctl, &Control::Spawned { id, pid: child.pid })
                         }

@@ -200,6 +200,16 @@ impl ExitWatch {
         self.0.get_ref().try_clone()
     }
 
+    /// Whether the process has exited by now (it does not wait).
+    pub fn has_exited(&self) -> bool {
+        use std::os::fd::AsFd;
+        let mut fds = [nix::poll::PollFd::new(
+            self.0.get_ref().as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
     /// Resolves once the process has exited (it is not reaped).
     pub async fn exited(&self) {
         // A pidfd reports readable (without clearing) once the process is a

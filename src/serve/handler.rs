@@ -373,7 +373,11 @@ impl CellboxServer {
             settings.max_queue,
             settings.max_queue_per_principal,
         );
-        let throwaway = super::throwaway::Throwaway::new(sup.clone(), settings.session.clone());
+        let throwaway = super::throwaway::Throwaway::new(
+            sup.clone(),
+            settings.session.clone(),
+            &settings.languages,
+        );
         CellboxServer {
             state: Arc::new(State {
                 sup,

@@ -95,6 +95,10 @@ struct State {
 }
 
 struct SessionInner {
+    /// Workers started ahead for its next cells (see
+    /// [`Session::prepare_cell`]). First: fields drop in order, and they
+    /// are ended before its scratch and groups are given back.
+    prepared: std::sync::Mutex<Vec<cell::Prepared>>,
     id: String,
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
@@ -145,6 +149,7 @@ impl Session {
         ));
         Ok(Session {
             inner: Arc::new(SessionInner {
+                prepared: std::sync::Mutex::new(Vec::new()),
                 id: cell::new_run_id(),
                 sup,
                 config,
@@ -223,6 +228,8 @@ impl Session {
             .filter(|(l, _)| *l == request.language)
             .map(|(_, d)| d.clone())
             .collect();
+        // (None for a live Python cell: none is prepared in a live session.)
+        let prepared = self.take_prepared(request.language, &limits);
         let spec = CellSpec::new(self.view(), run, request.language, request.code.clone())
             .vars(state.vars.clone())
             .definitions(definitions)
@@ -235,7 +242,7 @@ impl Session {
         let live = self.live_cell(&mut state, request.language);
         #[cfg(target_os = "linux")]
         let spec = spec.live(live.clone());
-        let (mut result, done) = cell::run(self.inner.sup.clone(), spec).await;
+        let (mut result, done) = cell::run_with(self.inner.sup.clone(), spec, prepared).await;
         #[cfg(target_os = "linux")]
         if let Some(live) = live {
             self.after_live(&mut state, &live, done.as_deref(), &mut result)
@@ -477,6 +484,49 @@ impl Session {
             .inner
             .share
             .session(&self.inner.sup, &self.inner.config.limits);
+    }
+
+    /// Start the worker of the session's next `language` cell now (see
+    /// `cell::prepared`), unless one is waiting already: that cell then
+    /// only sends its code. It fits a cell with the session's own limits
+    /// (none tightened by the call). Nothing is prepared for a live Python
+    /// session (its cells are forked from its state process) or for
+    /// programs; a worker that cannot be started now is started by the
+    /// cell. Whether one is waiting now.
+    ///
+    /// A worker prepared and never used is ended with the session, which
+    /// may wait for it to be gone: drop a session that has one off the
+    /// runtime.
+    pub async fn prepare_cell(&self, language: Language) -> bool {
+        let live_python =
+            language == Language::Python && self.inner.config.python_state == PythonState::Live;
+        if live_python || language == Language::Shell {
+            return false;
+        }
+        let limits = &self.inner.config.limits;
+        if crate::util::lock(&self.inner.prepared)
+            .iter()
+            .any(|p| p.fits(language, limits) && p.waiting())
+        {
+            return true;
+        }
+        let spec = CellSpec::new(self.view(), RunInfo::root(), language, String::new());
+        let Some(p) = cell::prepare(self.inner.sup.clone(), spec).await else {
+            return false;
+        };
+        crate::util::lock(&self.inner.prepared).push(p);
+        true
+    }
+
+    /// A prepared worker for a `language` cell with `limits`, if one is
+    /// waiting (one that ended meanwhile stays, to be dropped with the
+    /// session: dropping it may wait).
+    fn take_prepared(&self, language: Language, limits: &Limits) -> Option<cell::Prepared> {
+        let mut ready = crate::util::lock(&self.inner.prepared);
+        let i = ready
+            .iter()
+            .position(|p| p.fits(language, limits) && p.waiting())?;
+        Some(ready.swap_remove(i))
     }
 
     #[cfg(target_os = "linux")]

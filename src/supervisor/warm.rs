@@ -172,6 +172,16 @@ const STALL_WITHIN: Duration = Duration::from_secs(1);
 /// one made after a cell has the next cell's time to get ready.
 const SPARES: usize = 3;
 
+/// When the cell a child is forked for runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ForkFor {
+    /// Now: the cell is waiting for it.
+    Now,
+    /// Later: its code is not known yet (see `cell::prepared`); until it
+    /// has it, it waits under the spares' name.
+    Ahead,
+}
+
 /// A sandboxed child of the fork server, waiting for its `start` frame, and
 /// the supervisor's ends of its channels.
 pub(crate) struct Forked {
@@ -470,12 +480,13 @@ impl ForkServer {
         limits: &Rlimits,
         join: &[BorrowedFd<'_>],
         deadline: tokio::time::Instant,
+        now: ForkFor,
     ) -> Result<(Forked, Option<Refill>), PoolError> {
         if self.is_dead() {
             return Err(PoolError::ServerNotRunning);
         }
         if !join.is_empty() {
-            return self.spawn_now(limits, join, deadline).await;
+            return self.spawn_now(limits, join, deadline, now).await;
         }
         let (spare, dropped, left) = {
             let mut s = lock(&self.spares);
@@ -493,7 +504,7 @@ impl ForkServer {
             }
             return Ok((f, Some(Refill(self.clone()))));
         }
-        self.spawn_now(limits, &[], deadline).await
+        self.spawn_now(limits, &[], deadline, now).await
     }
 
     /// Ask the server for a child now (see [`Self::spawn`]).
@@ -502,12 +513,14 @@ impl ForkServer {
         limits: &Rlimits,
         join: &[BorrowedFd<'_>],
         deadline: tokio::time::Instant,
+        now: ForkFor,
     ) -> Result<(Forked, Option<Refill>), PoolError> {
         let asked = std::time::Instant::now();
         let limits = *limits;
+        let ahead = now == ForkFor::Ahead;
         let (id, rx) = self
             .client
-            .request(|id| Control::Spawn { id, limits }, join)
+            .request(|id| Control::Spawn { id, limits, ahead }, join)
             .map_err(|e| {
                 self.dead.store(true, Ordering::SeqCst);
                 PoolError::io("reach the fork server")(e)

@@ -2047,3 +2047,112 @@ async fn calls_without_a_session_never_see_each_others_files() {
         left()
     );
 }
+
+/// Fork-server children below `server` waiting for a cell they have not
+/// been given (the workers started ahead for a prepared session's Rhai
+/// call, which rename themselves once they have it).
+fn waiting_rhai_workers(server: i32) -> Vec<i32> {
+    common::descendants(server)
+        .into_iter()
+        .filter(|p| common::comm(*p) == "cellbox-spare")
+        .collect()
+}
+
+/// Each call without a session runs in a session made for it alone, with
+/// a worker started ahead that no other call runs in: a Python call in a
+/// new, empty scratch directory; a Rhai call in a worker that is gone once
+/// the call is over, together with the Python worker prepared beside it and
+/// never used. Once the server exits, nothing it prepared is left: no
+/// process, no scratch directory, no cgroup.
+#[tokio::test]
+async fn calls_without_a_session_each_run_in_a_fresh_prepared_session_and_leave_nothing() {
+    let s = stdio_server(&[]).await;
+    let mut dirs: Vec<String> = Vec::new();
+    let mut ran_rhai: Vec<i32> = Vec::new();
+    for n in 0..4 {
+        let code = "import os\n[os.getcwd(), sorted(os.listdir('.'))]";
+        let (r, is_error, _) = exec(&s.client, json!({"language": "python", "code": code})).await;
+        assert!(!is_error, "{r:#}");
+        let dir = r["value"][0].as_str().expect("cwd").to_owned();
+        assert_eq!(r["value"][1], json!([]), "call {n} found files: {r:#}");
+        assert!(!dirs.contains(&dir), "call {n} runs in {dir} again");
+        dirs.push(dir);
+        // The workers waiting before the last Rhai call went with its
+        // session (or, had they been started for the session prepared
+        // while it ran, with this call's).
+        wait_gone(&ran_rhai, "the workers of a used session").await;
+        if n == 3 {
+            break;
+        }
+        // After a first Rhai call, the session prepared for the next call
+        // has a Rhai worker waiting too.
+        let before = if n == 0 {
+            Vec::new()
+        } else {
+            let t0 = Instant::now();
+            loop {
+                let w = waiting_rhai_workers(s.pid);
+                if !w.is_empty() {
+                    break w;
+                }
+                assert!(
+                    t0.elapsed() < PATIENCE,
+                    "no Rhai worker was started ahead for the call after call {n}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        assert!(
+            before.iter().all(|p| !ran_rhai.contains(p)),
+            "a worker that ran a Rhai call waits for another: {before:?}"
+        );
+        let (r, is_error, _) = exec(&s.client, json!({"language": "rhai", "code": "40 + 2"})).await;
+        assert!(!is_error, "{r:#}");
+        assert_eq!(r["value"], json!(42), "{r:#}");
+        ran_rhai.extend(before);
+    }
+    let left = || -> Vec<std::path::PathBuf> {
+        let mine = |dir: &str, prefix: String| -> Vec<std::path::PathBuf> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                        .map(|e| e.path())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut v = mine(
+            &std::env::temp_dir().to_string_lossy(),
+            format!("cellbox-scratch-{}-", s.pid),
+        );
+        for c in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpuacct"] {
+            v.extend(mine(c, format!("cellbox-{}-", s.pid)));
+        }
+        v
+    };
+    assert!(
+        left().len() >= 3,
+        "the server's scratch root and cgroups are not where this test looks: {:?}",
+        left()
+    );
+    // The next call's session is prepared, with a worker of each language.
+    let t0 = Instant::now();
+    while waiting_rhai_workers(s.pid).is_empty() {
+        assert!(t0.elapsed() < PATIENCE, "no worker was started ahead");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut all = common::descendants(s.pid);
+    all.push(s.pid);
+    within("close", s.client.cancel()).await.unwrap();
+    wait_gone(
+        &all,
+        "the server and what it started, after its client went away",
+    )
+    .await;
+    assert!(
+        left().is_empty(),
+        "left after the server exited: {:?}",
+        left()
+    );
+}

@@ -8,6 +8,7 @@ use crate::protocol::Backend;
 use crate::sandbox::{process, spawn, SandboxPlan};
 use crate::supervisor::result::{CellResult, ErrorKind};
 use crate::supervisor::tenancy::CellGroup;
+use crate::supervisor::warm::ForkFor;
 use crate::supervisor::{Inner, Language};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -109,18 +110,22 @@ impl Launch {
 
     /// Start the cell's worker in `group`. `None`: the cell ended before
     /// it started (`result` says how).
+    /// `now`: whether the cell runs now or its code comes later (see
+    /// `super::prepared`).
     pub(super) async fn start(
         self,
         sup: &Arc<Inner>,
         spec: &CellSpec,
         result: &mut CellResult,
         started: Instant,
+        now: ForkFor,
         group: Option<Arc<CellGroup>>,
     ) -> Result<Option<Launched>, LaunchError> {
         let deadline = started + spec.limits.timeout();
         if let Launch::ForkServer(fs) = &self {
             let deadline_t = tokio::time::Instant::from_std(deadline);
-            match start_forked(fs, &spec.limits.rlimits, deadline_t, group.as_deref()).await {
+            let limits = &spec.limits.rlimits;
+            match start_forked(fs, limits, deadline_t, group.as_deref(), now).await {
                 Ok((worker, sock)) => {
                     return Ok(Some(Launched {
                         started: worker,
@@ -556,11 +561,12 @@ async fn start_forked(
     limits: &crate::plan::Rlimits,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
+    now: ForkFor,
 ) -> Result<(Started, std::os::unix::net::UnixStream), LaunchError> {
     // A child joins its cgroup itself before it runs anything.
     let join: Vec<std::os::fd::BorrowedFd<'_>> =
         group.map(CellGroup::join_borrowed).unwrap_or_default();
-    let (f, refill) = fs.spawn(limits, &join, deadline).await?;
+    let (f, refill) = fs.spawn(limits, &join, deadline, now).await?;
     let guard = process::KillOnDrop::pidfd(
         f.pidfd
             .try_clone()

@@ -14,6 +14,7 @@ mod end;
 mod launch;
 mod models;
 mod plan;
+mod prepared;
 mod streams;
 
 pub(crate) use conversation::Conversation;
@@ -25,6 +26,7 @@ pub(crate) use calls::MAX_CAP_NAME_BYTES;
 pub(crate) use conversation::{Handshake, Step};
 use converse::{converse, opening};
 use launch::{Launch, LaunchError, Launched};
+pub(crate) use prepared::{prepare, Prepared};
 use streams::Streams;
 
 use crate::protocol::{Definition, Done, DoneStatus};
@@ -222,7 +224,27 @@ pub(crate) fn new_run_id() -> String {
 }
 
 /// Run one cell (and, through its `run_cell` calls, its sub-cells).
-pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+pub(crate) fn run(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+    run_with(sup, spec, None)
+}
+
+/// The limits a cell of `spec` runs under: the session's and call's, under
+/// its profile's ceiling (a profile that does not load fails the cell when
+/// it is planned). `spec.asked` keeps the limits before the ceiling.
+fn settle_limits(sup: &Inner, spec: &mut CellSpec) {
+    spec.asked = Some(spec.limits.clone());
+    if let Ok(p) = sup.profile(&profile_name(sup, spec)) {
+        spec.limits = spec.limits.under_profile(&p.limits);
+    }
+}
+
+/// [`run`], in the worker of `prepared` when one was started ahead for
+/// this cell (see [`prepare`]; its language and limits are the cell's).
+pub(crate) fn run_with(
+    sup: Arc<Inner>,
+    mut spec: CellSpec,
+    prepared: Option<Prepared>,
+) -> BoxFut<(CellResult, Option<Box<Done>>)> {
     Box::pin(async move {
         // Every cell passes here, top-level, `exec` and sub-cells alike:
         // the supervisor's languages and the profile's ceiling hold for all.
@@ -236,11 +258,7 @@ pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Op
             r.execution_count = spec.execution_count;
             return (r, None);
         }
-        // A profile that does not load fails the cell when it is planned.
-        spec.asked = Some(spec.limits.clone());
-        if let Ok(p) = sup.profile(&profile_name(&sup, &spec)) {
-            spec.limits = spec.limits.under_profile(&p.limits);
-        }
+        settle_limits(&sup, &mut spec);
         let started = Instant::now();
         let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
         result.execution_count = spec.execution_count;
@@ -249,7 +267,7 @@ pub(crate) fn run(sup: Arc<Inner>, mut spec: CellSpec) -> BoxFut<(CellResult, Op
             &spec.run,
             json!({"language": spec.language.as_str(), "session_id": spec.session_id}),
         );
-        let done = match run_worker(&sup, &spec, &mut result, started).await {
+        let done = match run_worker(&sup, &spec, &mut result, started, prepared).await {
             Ok(done) => done,
             Err(e) => {
                 result.fail_with(ErrorKind::SpawnError, e.to_string());
@@ -279,33 +297,45 @@ fn profile_name(sup: &Inner, spec: &CellSpec) -> String {
     sup.profile_name(spec.language, spec.profile.as_deref())
 }
 
+/// The cell's own cgroup (beneath its session's), unless its profile
+/// turns the cgroup layer off; `Err`: why it could not be made.
+fn cell_group(sup: &Inner, spec: &CellSpec) -> Result<Option<Arc<CellGroup>>, String> {
+    let mode = sup
+        .profile(&profile_name(sup, spec))
+        .map_or(crate::profiles::LayerMode::BestEffort, |p| p.layers.cgroup);
+    if mode == crate::profiles::LayerMode::Off {
+        return Ok(None);
+    }
+    let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+    spec.share
+        .cell(sup, &spec.limits, asked)
+        .map(|g| g.map(Arc::new))
+        .map_err(|e| format!("failed to make the cell's cgroup: {e}"))
+}
+
 /// The cell in its own cgroup (beneath its session's), which is emptied
-/// when it ends.
+/// when it ends: the group and worker of `prepared`, or made now.
 async fn run_worker(
     sup: &Arc<Inner>,
     spec: &CellSpec,
     result: &mut CellResult,
     started: Instant,
+    prepared: Option<Prepared>,
 ) -> Result<Option<Box<Done>>, LaunchError> {
-    // The cell's own cgroup (beneath its session's), unless its profile
-    // turns the cgroup layer off.
-    let mode = sup
-        .profile(&profile_name(sup, spec))
-        .map_or(crate::profiles::LayerMode::BestEffort, |p| p.layers.cgroup);
-    let group = if mode == crate::profiles::LayerMode::Off {
-        None
-    } else {
-        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
-        match spec.share.cell(sup, &spec.limits, asked) {
-            Ok(g) => g.map(Arc::new),
-            Err(e) => {
-                let message = format!("failed to make the cell's cgroup: {e}");
+    let (group, launched) = match prepared {
+        Some(p) => {
+            let (group, launched) = p.into_parts();
+            (group, Some(launched))
+        }
+        None => match cell_group(sup, spec) {
+            Ok(g) => (g, None),
+            Err(message) => {
                 result.fail_with(ErrorKind::SandboxError, message);
                 return Ok(None);
             }
-        }
+        },
     };
-    let out = life(sup, spec, result, started, group.clone()).await;
+    let out = life(sup, spec, result, started, group.clone(), launched).await;
     // Emptying a cgroup may wait for its last processes: off the runtime
     // (an empty one, the usual case, is kept for the session's next cell).
     if let Some(g) = group {
@@ -319,20 +349,29 @@ async fn run_worker(
 }
 
 /// A cell in its cgroup, from its launch to its result: start its worker
-/// the way that fits, converse with it, see it and its whole process tree
-/// gone, collect its output and classify how it ended.
+/// the way that fits (unless it was started ahead: `launched`), converse
+/// with it, see it and its whole process tree gone, collect its output and
+/// classify how it ended.
 async fn life(
     sup: &Arc<Inner>,
     spec: &CellSpec,
     result: &mut CellResult,
     started: Instant,
     group: Option<Arc<CellGroup>>,
+    launched: Option<Launched>,
 ) -> Result<Option<Box<Done>>, LaunchError> {
     let deadline = started + spec.limits.timeout();
-    let launch = Launch::pick(sup, spec).await;
-    // None: the cell ended before it started (its result says how).
-    let Some(launched) = launch.start(sup, spec, result, started, group).await? else {
-        return Ok(None);
+    let launched = match launched {
+        Some(l) => l,
+        None => {
+            let launch = Launch::pick(sup, spec).await;
+            // None: the cell ended before it started (its result says how).
+            let now = crate::supervisor::warm::ForkFor::Now;
+            match launch.start(sup, spec, result, started, now, group).await? {
+                Some(l) => l,
+                None => return Ok(None),
+            }
+        }
     };
     let Launched {
         started: worker,

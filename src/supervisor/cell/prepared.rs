@@ -1,0 +1,95 @@
+//! Cells whose worker is started before their code is known: its cell
+//! cgroup made, its worker forked (from the Rhai fork server or a Python
+//! zygote, or started fresh where there is none) and joined to its session's
+//! and cell's groups, sandboxed, and waiting for its `start` frame. A
+//! session that knows its next cell's language ahead (a session prepared
+//! for a call that names none) keeps one, so that the call only sends the
+//! code.
+//!
+//! A prepared worker has run nothing and holds nothing of a cell: only its
+//! session's groups and scratch directory, which are its session's alone,
+//! so it is used by a cell of that session or ended with it (killed, its
+//! cell group emptied), never handed to another session.
+
+use super::launch::{Launch, Launched};
+use super::{cell_group, settle_limits, CellSpec};
+use crate::supervisor::result::CellResult;
+use crate::supervisor::tenancy::CellGroup;
+use crate::supervisor::warm::ForkFor;
+use crate::supervisor::{Inner, Language, Limits};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A cell's worker started ahead (see the module docs). Dropping it kills
+/// the worker and empties its cell group, which may wait for the worker to
+/// be gone: drop it off the runtime.
+pub(crate) struct Prepared {
+    language: Language,
+    /// The limits it was prepared for, before the profile's ceiling: a cell
+    /// that asks for others does not use it.
+    asked: Limits,
+    // Fields drop in order: the worker is killed (its guard) before the
+    // last handle on its group empties it.
+    launched: Launched,
+    group: Option<Arc<CellGroup>>,
+}
+
+impl Prepared {
+    /// Whether a `language` cell with `limits` (the session's and the
+    /// call's, before the profile's ceiling) can run in it.
+    pub(crate) fn fits(&self, language: Language, limits: &Limits) -> bool {
+        self.language == language && self.asked == *limits
+    }
+
+    /// Whether its worker is still there, waiting (it may have been killed
+    /// from outside, or its parent may have gone).
+    pub(crate) fn waiting(&self) -> bool {
+        matches!(&self.launched.started.exit, Ok(w) if !w.has_exited())
+    }
+
+    pub(super) fn into_parts(self) -> (Option<Arc<CellGroup>>, Launched) {
+        (self.group, self.launched)
+    }
+}
+
+/// Start the worker of a cell of `spec` (its code is not needed, and not
+/// sent: the cell that uses it sends its own) in a cell group of its
+/// session. `None` when it cannot be started now; the cell then starts its
+/// worker itself, and says why if it cannot either.
+pub(crate) async fn prepare(sup: Arc<Inner>, mut spec: CellSpec) -> Option<Prepared> {
+    if sup.language_refusal(spec.language).is_some() {
+        return None;
+    }
+    let asked = spec.limits.clone();
+    settle_limits(&sup, &mut spec);
+    let group = cell_group(&sup, &spec).ok()?;
+    // Where the launch fails it says so here, in a result nobody reads.
+    let mut scratch = CellResult::new(spec.language.as_str(), spec.run.clone());
+    let launch = Launch::pick(&sup, &spec).await;
+    let launched = launch
+        .start(
+            &sup,
+            &spec,
+            &mut scratch,
+            Instant::now(),
+            ForkFor::Ahead,
+            group.clone(),
+        )
+        .await;
+    match launched {
+        Ok(Some(launched)) => Some(Prepared {
+            language: spec.language,
+            asked,
+            launched,
+            group,
+        }),
+        Ok(None) | Err(_) => {
+            // What a failed start left in the group is ended off the
+            // runtime (emptying it may wait).
+            if let Some(g) = group.filter(|g| !g.is_empty()) {
+                let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+            }
+            None
+        }
+    }
+}
