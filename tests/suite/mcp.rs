@@ -179,6 +179,26 @@ async fn wait_for_workers(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
     }
 }
 
+/// Wait for Rhai cells (fork-server children given a cell, named
+/// `cellbox-cell`) below the server beyond `baseline`, and return them.
+async fn wait_for_rhai_cells(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
+    let t0 = Instant::now();
+    loop {
+        let d: Vec<i32> = descendants(server_pid)
+            .into_iter()
+            .filter(|p| !baseline.contains(p) && common::procs::comm(*p) == "cellbox-cell")
+            .collect();
+        if !d.is_empty() {
+            return d;
+        }
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "the server {server_pid} never started a Rhai cell"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Processes below the server that are not among its idle helpers.
 fn extra(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
     descendants(server_pid)
@@ -1221,7 +1241,9 @@ async fn http_client_that_goes_away_gets_its_cell_killed() {
         )
         .await
     });
-    let workers = wait_for_workers(server.pid(), &baseline).await;
+    // The Rhai cell's worker: not the other session's Python cell (which
+    // may go on as its session's state) nor a worker started ahead.
+    let workers = wait_for_rhai_cells(server.pid(), &baseline).await;
     // Drop the whole client: its connections close mid-call.
     pending.abort();
     within("close", client.cancel()).await.unwrap();
