@@ -8,7 +8,7 @@ pub mod config;
 pub mod declared;
 mod stdio_tap;
 pub mod upstream;
-mod upstream_http;
+pub(crate) mod upstream_http;
 
 pub use config::{ToolDecl, ToolsConfig};
 pub use declared::SupervisorSlot;
