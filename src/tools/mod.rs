@@ -8,6 +8,7 @@ pub mod config;
 pub mod declared;
 mod stdio_tap;
 pub mod upstream;
+pub(crate) mod upstream_http;
 
 pub use config::{ToolDecl, ToolsConfig};
 pub use declared::SupervisorSlot;

@@ -379,17 +379,31 @@ async fn start(
                 })?;
                 config = config.auth_header(token);
             }
-            // As rmcp's own client: no idle connections kept (reusing one
-            // whose last response was not read to its end stalls ~40 ms on
-            // TCP delayed ACK), and no redirects followed.
+            // For TLS, and the GET and DELETE of plain HTTP: no idle
+            // connections kept (one reused without TCP_QUICKACK can stall
+            // ~40 ms on a delayed ACK), and no redirects followed.
             let builder = reqwest::Client::builder()
                 .pool_max_idle_per_host(0)
                 .redirect(reqwest::redirect::Policy::none());
             let client = super::declared::client_with_roots(builder, roots.clone())
                 .build()
                 .map_err(|e| format!("failed to build the HTTP client: {e}"))?;
-            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
-            let service = match ().serve(transport).await {
+            // Plain HTTP: tool calls over kept-alive connections (see
+            // upstream_http); TLS: a new connection per request.
+            let served = if url.starts_with("http://") {
+                let pooled = super::upstream_http::PooledClient::new(client.clone());
+                ().serve(StreamableHttpClientTransport::with_client(pooled, config))
+                    .await
+                    .map_err(|e| super::declared::error_chain(&e))
+            } else {
+                ().serve(StreamableHttpClientTransport::with_client(
+                    client.clone(),
+                    config,
+                ))
+                .await
+                .map_err(|e| super::declared::error_chain(&e))
+            };
+            let service = match served {
                 Ok(s) => s,
                 Err(e) => {
                     // rmcp's error does not keep the request's cause (a
@@ -399,8 +413,7 @@ async fn start(
                         Ok(_) => String::new(),
                     };
                     return Err(format!(
-                        "cannot connect to the upstream MCP server at {url}: {}{cause}",
-                        super::declared::error_chain(&e)
+                        "cannot connect to the upstream MCP server at {url}: {e}{cause}"
                     ));
                 }
             };

@@ -605,3 +605,148 @@ timeout_ms = 120000
         }
     }
 }
+
+/// The fake upstream over streamable HTTP on `listener`, counting the
+/// connections that carried a tool call; a connection whose request
+/// calls the tool `hang` is closed by the server at once. Aborting the
+/// returned task (and its connections, in `conns`) stops the server.
+fn serve_counted(
+    listener: tokio::net::TcpListener,
+    calls_on: Arc<std::sync::atomic::AtomicUsize>,
+    conns: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+) -> tokio::task::JoinHandle<()> {
+    use rmcp::transport::streamable_http_server::{
+        session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+    };
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let service = StreamableHttpService::new(
+        || Ok(FakeUpstream),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let all = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service.clone();
+            let calls_on = calls_on.clone();
+            let cut = Arc::new(tokio::sync::Notify::new());
+            let counted = Arc::new(AtomicBool::new(false));
+            let task = tokio::spawn(async move {
+                let cut2 = cut.clone();
+                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let service = service.clone();
+                    let calls_on = calls_on.clone();
+                    let counted = counted.clone();
+                    let cut = cut2.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body: hyper::body::Incoming = body;
+                        let bytes = http_body_util::BodyExt::collect(body)
+                            .await
+                            .map(|c| c.to_bytes())
+                            .unwrap_or_default();
+                        let text = String::from_utf8_lossy(&bytes);
+                        if text.contains("tools/call") && !counted.swap(true, Ordering::Relaxed) {
+                            calls_on.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if text.contains("\"hang\"") {
+                            cut.notify_one();
+                        }
+                        Ok::<_, std::convert::Infallible>(
+                            service
+                                .handle(http::Request::from_parts(
+                                    parts,
+                                    http_body_util::Full::new(bytes),
+                                ))
+                                .await,
+                        )
+                    }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = cut.notified() => {}
+                }
+            });
+            all.lock().unwrap().push(task);
+        }
+    })
+}
+
+fn http_supervisor(url: &str) -> Supervisor {
+    supervisor_with(&format!(
+        "[tools.remote]\nkind = \"mcp\"\nurl = \"{url}\"\ntimeout_ms = 20000\n"
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_http_many_calls_share_one_kept_alive_connection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _server = serve_counted(listener, calls_on.clone(), conns);
+    let sup = http_supervisor(&url);
+    let code = "[tools.remote.add(a=i, b=1)['sum'] for i in range(60)]";
+    let r = py(&sup, code, &["remote.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let want: Vec<Value> = (0..60).map(|i| json!(f64::from(i + 1))).collect();
+    assert_eq!(r.value, Value::Array(want));
+    assert_eq!(
+        calls_on.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "60 tool calls were not made over one connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_http_server_restarted_between_calls_is_reconnected() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let url = format!("http://{addr}/mcp");
+    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = serve_counted(listener, calls_on.clone(), conns.clone());
+    let sup = http_supervisor(&url);
+    let r = py(&sup, "tools.remote.add(a=1, b=1)", &["remote.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!({"sum": 2.0}));
+    // The server goes, with its connections and sessions, and comes back
+    // on the same port.
+    server.abort();
+    for c in conns.lock().unwrap().drain(..) {
+        c.abort();
+    }
+    let _ = server.await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let _server = serve_counted(listener, calls_on.clone(), conns);
+    let code = "[tools.remote.add(a=2, b=2), tools.remote.add(a=3, b=3)]";
+    let r = py(&sup, code, &["remote.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!([{"sum": 4.0}, {"sum": 6.0}]), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_http_connection_closed_mid_call_is_a_clear_error() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _server = serve_counted(listener, calls_on, conns);
+    let sup = http_supervisor(&url);
+    let code = format!(
+        "{ERR}\n[tools.remote.add(a=1, b=2), err(lambda: tools.remote.hang()), tools.remote.add(a=2, b=2)]"
+    );
+    let r = py(&sup, &code, &["remote.*"]).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value[0], json!({"sum": 3.0}));
+    assert_eq!(r.value[1][0], "RuntimeError", "{r:?}");
+    let msg = r.value[1][1].as_str().unwrap();
+    assert!(msg.contains("remote.hang"), "{msg}");
+    assert!(
+        !msg.contains("did not answer within"),
+        "the call hung: {msg}"
+    );
+    assert_eq!(r.value[2], json!({"sum": 4.0}), "{r:?}");
+}
