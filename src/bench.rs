@@ -4,6 +4,8 @@
 
 pub mod mcp;
 mod models;
+#[cfg(target_os = "linux")]
+pub mod tools;
 
 use crate::cli::EXIT_INTERNAL;
 use crate::{CellRequest, Language, Policy, SessionConfig, Status, Supervisor};
@@ -450,7 +452,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
 /// The tools lines: an upstream MCP tool call and `search_files`.
 async fn tools_lines(n: usize) -> Result<String, String> {
     #[cfg(target_os = "linux")]
-    return crate::tools::bench::run(n).await;
+    return tools::run(n).await;
     #[cfg(not(target_os = "linux"))]
     Ok(format!(
         "tools lines: not measured on this platform ({n} calls)\n"

@@ -3,7 +3,6 @@
 //! ([`crate::context`]).
 
 #[cfg(target_os = "linux")]
-pub mod bench;
 pub mod config;
 pub mod declared;
 mod stdio_tap;

@@ -2,9 +2,8 @@
 //! fake server on 127.0.0.1, called from cells by name, through `tools.`,
 //! in a batch, under a policy and a tool-call budget.
 
-use super::common::{assert_tool_budget_ends_the_cell, bin, config};
-use cellbox::tools::{SupervisorSlot, ToolsConfig};
-use cellbox::{CellRequest, Language, Status, Supervisor};
+use super::common::{assert_tool_budget_ends_the_cell, config, supervisor_with};
+use cellbox::{CellRequest, Language, Status};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -52,22 +51,6 @@ pub(crate) fn fake_server() -> String {
         }
     });
     format!("http://{addr}")
-}
-
-fn supervisor_with(tools_toml: &str) -> Supervisor {
-    #[derive(serde::Deserialize)]
-    struct F {
-        tools: ToolsConfig,
-    }
-    let f: F = toml::from_str(tools_toml).unwrap();
-    let slot = SupervisorSlot::default();
-    let mut b = Supervisor::builder().worker_exe(bin());
-    for cap in cellbox::tools::host_and_declared(&Default::default(), &f.tools, &slot).unwrap() {
-        b = b.capability(cap).unwrap();
-    }
-    let sup = b.build().unwrap();
-    let _ = slot.set(sup.downgrade());
-    sup
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 //! supervisor.
 
 use super::common::fake_upstream::FakeUpstream;
-use super::common::{assert_tool_budget_ends_the_cell, bin, config};
+use super::common::{assert_tool_budget_ends_the_cell, bin, config, supervisor_with};
 use cellbox::tools::{SupervisorSlot, ToolsConfig};
 use cellbox::{CellRequest, Language, Status, Supervisor};
 use serde_json::{json, Value};
@@ -45,22 +45,6 @@ fn fake_program() -> PathBuf {
             exe
         })
         .clone()
-}
-
-fn supervisor_with(tools_toml: &str) -> Supervisor {
-    #[derive(serde::Deserialize)]
-    struct F {
-        tools: ToolsConfig,
-    }
-    let f: F = toml::from_str(tools_toml).unwrap();
-    let slot = SupervisorSlot::default();
-    let mut b = Supervisor::builder().worker_exe(bin());
-    for cap in cellbox::tools::host_and_declared(&Default::default(), &f.tools, &slot).unwrap() {
-        b = b.capability(cap).unwrap();
-    }
-    let sup = b.build().unwrap();
-    let _ = slot.set(sup.downgrade());
-    sup
 }
 
 fn stdio_supervisor(extra: &str) -> Supervisor {
@@ -290,7 +274,7 @@ async fn upstream_no_orphan_after_the_supervisor_is_dropped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_over_streamable_http_with_a_bearer_token() {
-    let url = cellbox::tools::bench::serve_mcp_http(FakeUpstream, Some("up-s3cret".into()))
+    let url = cellbox::bench::tools::serve_mcp_http(FakeUpstream, Some("up-s3cret".into()))
         .await
         .unwrap();
     std::env::set_var("CELLBOX_TEST_UPSTREAM_TOKEN", "up-s3cret");
@@ -511,7 +495,7 @@ async fn tls_front(backend: String) -> (u16, String) {
 /// naming the tool; a missing or non-PEM `ca_file` is refused at startup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_https_with_ca_file() {
-    let mcp = cellbox::tools::bench::serve_mcp_http(FakeUpstream, None)
+    let mcp = cellbox::bench::tools::serve_mcp_http(FakeUpstream, None)
         .await
         .unwrap();
     let mcp_backend = mcp

@@ -285,3 +285,21 @@ pub async fn assert_tool_budget_ends_the_cell(sup: &Supervisor, allow: &str, cal
     assert_eq!(r.status, cellbox::Status::LimitExceeded, "{r:?}");
     assert!(r.error.unwrap().message.contains("max_tool_calls"));
 }
+
+/// A supervisor with the tools a `[tools.NAME]` TOML declares.
+#[cfg(target_os = "linux")]
+pub fn supervisor_with(tools_toml: &str) -> Supervisor {
+    #[derive(serde::Deserialize)]
+    struct F {
+        tools: cellbox::tools::ToolsConfig,
+    }
+    let f: F = toml::from_str(tools_toml).unwrap();
+    let slot = cellbox::tools::SupervisorSlot::default();
+    let mut b = Supervisor::builder().worker_exe(bin());
+    for cap in cellbox::tools::host_and_declared(&Default::default(), &f.tools, &slot).unwrap() {
+        b = b.capability(cap).unwrap();
+    }
+    let sup = b.build().unwrap();
+    let _ = slot.set(sup.downgrade());
+    sup
+}

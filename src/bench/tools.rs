@@ -154,7 +154,7 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
     call().await.map_err(|e| e.to_string())?;
     // The same rmcp client over the kept-alive connections the supervisor
     // uses, for the ratio that leaves connection reuse out.
-    let pooled = super::upstream_http::PooledClient::new(reqwest::Client::new());
+    let pooled = crate::tools::upstream_http::PooledClient::new(reqwest::Client::new());
     let kept = ()
         .serve(rmcp::transport::StreamableHttpClientTransport::with_client(
             pooled,
@@ -168,9 +168,9 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
         || kept.call_tool(CallToolRequestParams::new("echo").with_arguments(args.clone()));
     call_kept().await.map_err(|e| e.to_string())?;
 
-    let target = super::upstream::Target::new("up", Vec::new(), Some(url), None)
+    let target = crate::tools::upstream::Target::new("up", Vec::new(), Some(url), None)
         .map_err(|e| e.to_string())?;
-    let cap = super::upstream::capability("up", "", target, 10_000, 1 << 20)
+    let cap = crate::tools::upstream::capability("up", "", target, 10_000, 1 << 20)
         .map_err(|e| e.to_string())?;
     // A host capability that does nothing: what any call from a cell costs.
     let noop = crate::Capability::new("noop", "", json!({"type": "object"}), |_, _| async {
@@ -193,7 +193,7 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
             ..SessionConfig::default()
         })
         .map_err(|e| e.to_string())?;
-    let run = |code: String| crate::bench::timed_session_cell(&session, code);
+    let run = |code: String| super::timed_session_cell(&session, code);
     // The first call starts the connection; the cells after it are warm.
     run("tool_call(\"up.echo\", #{text: \"x\"})".into()).await?;
     // Rounds in turn: n direct calls, a cell looping n times without the
