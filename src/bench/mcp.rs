@@ -2,7 +2,7 @@
 //! rmcp's client the way an agent calls it, beside a bare
 //! `/usr/bin/python3 -c pass` and the library measured in the same run.
 
-use super::{cells, figures, p50_p99, spawn_once, tree_rss_kb, Figures, SETTLE};
+use super::{cells, figures, p50_p99, spawn_once, Figures, SETTLE};
 use crate::{Language, Supervisor};
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::{Peer, RunningService};
@@ -274,30 +274,49 @@ pub async fn run(n: usize) -> Result<String, String> {
     }
     // The server gives back freed memory once idle (see `serve`).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let kb = tree_rss_kb(served.pid);
-    let pss = tree_pss_kb(served.pid);
+    let all = tree_memory(served.pid, |_| true);
+    // A session's processes (its live state, the state's spare, a cell
+    // started ahead for a prepared session) are forked by a Python zygote
+    // or by a state process: children of a Python process.
+    let pools = tree_memory(served.pid, |pid| {
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|st| {
+                let rest = st.get(st.rfind(')')? + 2..)?;
+                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+        let comm = |p: u32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        !parent.is_some_and(|p| comm(p).starts_with("python"))
+    });
+    let mib = |kb: u64| kb as f64 / 1024.0;
     let _ = writeln!(
         out,
-        "mcp serve + pools, {IDLE_SESSIONS} idle sessions: {:.1} MiB RSS (goal <= 60 MiB); {:.1} MiB PSS (pages shared between its processes, such as the engine binary's, counted once)",
-        kb as f64 / 1024.0,
-        pss as f64 / 1024.0
+        "mcp serve + pools, {IDLE_SESSIONS} idle sessions: {:.1} MiB RSS (goal <= 60 MiB), {:.1} MiB PSS; with the sessions' own processes (live state, spares): {:.1} MiB RSS, {:.1} MiB PSS (PSS counts pages shared between processes, such as the engine binary's, once)",
+        mib(pools.0),
+        mib(pools.1),
+        mib(all.0),
+        mib(all.1)
     );
     served.stop().await;
     Ok(out)
 }
 
-/// Proportional set size of a process and all its descendants, in KiB: a
-/// page shared by k processes counts 1/k in each, so the sum counts the
-/// pages of the binary that every one of them maps once.
-fn tree_pss_kb(root: u32) -> u64 {
+/// Resident and proportional set size, in KiB, of a process and those of
+/// its descendants `keep` accepts: a page shared by k processes counts
+/// once in each one's RSS and 1/k in each one's PSS.
+fn tree_memory(root: u32, keep: impl Fn(u32) -> bool) -> (u64, u64) {
+    let field = |t: &str, name: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     super::tree_pids(root)
         .into_iter()
+        .filter(|pid| keep(*pid))
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
-        .filter_map(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
+        .fold((0, 0), |(rss, pss), t| {
+            (rss + field(&t, "Rss:"), pss + field(&t, "Pss:"))
         })
-        .sum()
 }
