@@ -21,17 +21,17 @@
 //! session's own processes (its cgroup), and their reports only decide the
 //! session's own results.
 
-use super::warm::{next_packet, ExitTable, ForkingParent};
+use super::pool_client::{next_packet, PoolClient, Refused};
+use super::warm::ForkingParent;
 use super::zygote::Zygote;
 use crate::plan::Rlimits;
 use crate::sandbox::linux::groups::SessionGroup;
 use crate::sandbox::process::{self, Reaped};
 use crate::sandbox::zygote::{self as wire, StateMsg};
 use crate::util::lock;
-use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
@@ -51,26 +51,18 @@ const LOST: Reaped = Reaped {
     max_rss_kb: 0,
 };
 
-type Reply = Result<i32, String>;
-
-#[derive(Default)]
-struct Shared {
-    pending: HashMap<u64, oneshot::Sender<Reply>>,
-    exits: ExitTable,
-}
-
 /// One state process: the supervisor's end of its channel and a pidfd.
 pub(crate) struct StateProc {
-    ctl: OwnedFd,
+    /// Its channel: requests by id, the ends of the cells it forked.
+    client: Arc<PoolClient>,
     pidfd: OwnedFd,
     /// Its pid in our PID namespace (kept while a cell's leftovers are
     /// killed: see [`LiveCell::end_others`]).
     host: i32,
     /// Its pid in the zygote's PID namespace, as it said when ready.
     ns_pid: i32,
-    shared: Arc<Mutex<Shared>>,
-    dead: Arc<AtomicBool>,
-    next_id: AtomicU64,
+    /// Killed, or found ended (its channel may not have closed yet).
+    dead: AtomicBool,
     /// Keeps the zygote, whose PID namespace every state process lives in.
     zygote: Arc<Zygote>,
     /// The session's limits, which every cell of it runs under (a cell's
@@ -171,17 +163,16 @@ impl StateProc {
             .get_ref()
             .try_clone()
             .map_err(|e| format!("failed to share a state process channel: {e}"))?;
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        let dead = Arc::new(AtomicBool::new(false));
-        tokio::spawn(read_loop(ctl, shared.clone(), dead.clone()));
+        let client = Arc::new(PoolClient::new(ours, Some(LOST)));
+        let reader = client.clone();
+        // Its own messages (`ready`) come only first on a new channel.
+        tokio::spawn(async move { reader.read::<StateMsg>(&ctl, 4096, |_, _| false).await });
         Ok(Arc::new(StateProc {
-            ctl: ours,
+            client,
             pidfd,
             host,
             ns_pid,
-            shared,
-            dead,
-            next_id: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
             zygote,
             rlimits,
             _in_flight: in_flight,
@@ -194,7 +185,7 @@ impl StateProc {
     }
 
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+        self.dead.load(Ordering::SeqCst) || self.client.is_closed()
     }
 
     /// Whether it has ended or is being killed (checked at once, not
@@ -215,22 +206,6 @@ impl StateProc {
         &self.zygote
     }
 
-    fn ask(&self, msg: &StateMsg, fds: &[std::os::fd::BorrowedFd<'_>]) -> oneshot::Receiver<Reply> {
-        let (tx, rx) = oneshot::channel();
-        let id = match msg {
-            StateMsg::Run { id, .. } | StateMsg::Clone { id } => *id,
-            _ => 0,
-        };
-        lock(&self.shared).pending.insert(id, tx);
-        if let Err(e) = wire::send(self.ctl.as_fd(), msg, fds) {
-            self.dead.store(true, Ordering::SeqCst);
-            if let Some(tx) = lock(&self.shared).pending.remove(&id) {
-                let _ = tx.send(Err(format!("failed to reach the state process: {e}")));
-            }
-        }
-        rx
-    }
-
     /// Fork the process of one cell (its protocol socket, stdout and
     /// stderr): its pid in the zygote's namespace, and our end of the
     /// channel its successor will say `ready` on.
@@ -247,23 +222,25 @@ impl StateProc {
         }
         let (next_ours, next_theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create a state process channel: {e}"))?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let fds = [proto.as_fd(), out.as_fd(), err.as_fd(), next_theirs.as_fd()];
-        let rx = self.ask(
-            &StateMsg::Run {
-                id,
-                rlimits: *rlimits,
-            },
-            &fds,
-        );
+        let run = |id| StateMsg::Run {
+            id,
+            rlimits: *rlimits,
+        };
+        let (id, rx) = self.client.request(run, &fds).map_err(|e| {
+            self.dead.store(true, Ordering::SeqCst);
+            format!("failed to reach the state process: {e}")
+        })?;
         drop((proto, out, err, next_theirs));
         let within = (tokio::time::Instant::now() + ANSWER_WITHIN).min(deadline);
         match tokio::time::timeout_at(within, rx).await {
-            Ok(Ok(Ok(pid))) => Ok((pid, next_ours)),
-            Ok(Ok(Err(e))) => Err(e),
+            Ok(Ok(Ok(spawned))) => Ok((spawned.pid, next_ours)),
+            Ok(Ok(Err(Refused(message)))) => Err(format!(
+                "the session's state process could not fork the cell: {message}"
+            )),
             Ok(Err(_)) => Err("the session's state process went away".into()),
             Err(_) => {
-                lock(&self.shared).pending.remove(&id);
+                self.client.give_up(id, None);
                 self.kill();
                 Err("the session's state process did not answer".into())
             }
@@ -278,21 +255,23 @@ impl StateProc {
         }
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create a state process channel: {e}"))?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, _rx) = oneshot::channel();
-        lock(&self.shared).pending.insert(id, tx);
-        wire::send(self.ctl.as_fd(), &StateMsg::Clone { id }, &[theirs.as_fd()])
+        let (id, _answer) = self
+            .client
+            .request(|id| StateMsg::Clone { id }, &[theirs.as_fd()])
             .map_err(|e| format!("failed to reach the state process: {e}"))?;
         drop(theirs);
         let adopted = Self::adopt(ours, self.zygote.clone(), self.rlimits, session).await;
-        lock(&self.shared).pending.remove(&id);
+        self.client.give_up(id, None);
         adopted
     }
 
     /// How child `pid` (a cell's process) ended.
     pub(crate) fn exit_of(&self, pid: i32) -> oneshot::Receiver<Reaped> {
-        let lost = self.is_dead().then_some(LOST);
-        lock(&self.shared).exits.ask(pid, lost)
+        if self.dead.load(Ordering::SeqCst) {
+            // Nothing more comes from it: what is not reported is lost.
+            self.client.close();
+        }
+        self.client.exit_of(pid)
     }
 
     fn kill(&self) {
@@ -308,10 +287,7 @@ impl Drop for StateProc {
         // session's next state process (a process with SIGKILL pending
         // runs no more of its code).
         let _ = process::pidfd_kill(self.pidfd.as_fd());
-        let _ = nix::sys::socket::shutdown(
-            std::os::fd::AsRawFd::as_raw_fd(&self.ctl),
-            nix::sys::socket::Shutdown::Both,
-        );
+        self.client.shutdown();
     }
 }
 
@@ -321,7 +297,7 @@ impl ForkingParent for StateProc {
     }
 
     fn forget(&self, pid: i32) {
-        lock(&self.shared).exits.forget(pid);
+        self.client.forget(pid);
     }
 
     fn report_within(&self) -> Duration {
@@ -343,46 +319,6 @@ async fn await_ready(ours: OwnedFd) -> Result<(AsyncFd<OwnedFd>, i32), String> {
         Ok(None) => Err("the state process exited before it was ready".into()),
         Err(_) => Err("the state process did not get ready in time".into()),
     }
-}
-
-async fn read_loop(fd: AsyncFd<OwnedFd>, shared: Arc<Mutex<Shared>>, dead: Arc<AtomicBool>) {
-    while let Some((msg, fds)) = next_packet::<StateMsg>(&fd, 4096).await {
-        drop(fds);
-        match msg {
-            StateMsg::Spawned { id, pid } => {
-                if let Some(tx) = lock(&shared).pending.remove(&id) {
-                    let _ = tx.send(Ok(pid));
-                }
-            }
-            StateMsg::Error { id, message } => {
-                if let Some(tx) = lock(&shared).pending.remove(&id) {
-                    let _ = tx.send(Err(format!(
-                        "the session's state process could not fork the cell: {message}"
-                    )));
-                }
-            }
-            StateMsg::Ended {
-                pid,
-                status,
-                utime,
-                stime,
-                max_rss_kb,
-            } => {
-                let r = Reaped {
-                    code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-                    signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
-                    cpu_ms: wire::cpu_ms(utime, stime),
-                    max_rss_kb: u64::try_from(max_rss_kb).unwrap_or(0),
-                };
-                lock(&shared).exits.record(pid, r);
-            }
-            _ => break,
-        }
-    }
-    dead.store(true, Ordering::SeqCst);
-    let mut s = lock(&shared);
-    s.pending.clear();
-    s.exits.close(Some(LOST));
 }
 
 /// The pid, in our namespace, of the session's process that is `ns_pid`

@@ -617,8 +617,6 @@ impl Drop for ServerEnd {
     }
 }
 
-pub(crate) use super::pool_client::next_packet;
-
 async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ServerEnd) {
     end.client
         .read::<Control>(&fd, forkserver::MAX_CONTROL_BYTES, |msg, fds| {
