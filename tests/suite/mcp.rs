@@ -199,6 +199,29 @@ async fn wait_for_rhai_cells(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
     }
 }
 
+/// What server `pid` made on the host: its scratch root and the sessions
+/// in it, its cgroups.
+fn server_leftovers(pid: i32) -> Vec<std::path::PathBuf> {
+    let mine = |dir: &str, prefix: String| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut v = mine(
+        &std::env::temp_dir().to_string_lossy(),
+        format!("cellbox-scratch-{pid}-"),
+    );
+    for c in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpuacct"] {
+        v.extend(mine(c, format!("cellbox-{pid}-")));
+    }
+    v
+}
+
 /// Processes below the server that are not among its idle helpers.
 fn extra(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
     descendants(server_pid)
@@ -2036,26 +2059,7 @@ async fn calls_without_a_session_never_see_each_others_files() {
     }
     // Whatever the server made for them (its scratch root with the session
     // prepared for the next call, its cgroups) is gone once it exits.
-    let left = || -> Vec<std::path::PathBuf> {
-        let mine = |dir: &str, prefix: String| -> Vec<std::path::PathBuf> {
-            std::fs::read_dir(dir)
-                .map(|d| {
-                    d.filter_map(Result::ok)
-                        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                        .map(|e| e.path())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let mut v = mine(
-            &std::env::temp_dir().to_string_lossy(),
-            format!("cellbox-scratch-{}-", s.pid),
-        );
-        for c in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpuacct"] {
-            v.extend(mine(c, format!("cellbox-{}-", s.pid)));
-        }
-        v
-    };
+    let left = || server_leftovers(s.pid);
     assert!(
         left().len() >= 3,
         "the server's scratch root and cgroups are not where this test looks: {:?}",
@@ -2070,13 +2074,16 @@ async fn calls_without_a_session_never_see_each_others_files() {
     );
 }
 
-/// Fork-server children below `server` waiting for a cell they have not
-/// been given (the workers started ahead for a prepared session's Rhai
-/// call, which rename themselves once they have it).
+/// Rhai workers below `server` started ahead for a prepared session's
+/// call: fork-server children waiting for a cell they have not been given
+/// (they rename themselves once they have it), or cold workers.
 fn waiting_rhai_workers(server: i32) -> Vec<i32> {
+    // A fork-server child waiting for its cell, or, when the fork server
+    // was not there to ask (restarted after a stall under load), a cold
+    // worker started for it.
     common::descendants(server)
         .into_iter()
-        .filter(|p| common::comm(*p) == "cellbox-spare")
+        .filter(|p| common::comm(*p) == "cellbox-spare" || common::cmdline(*p).contains("__worker"))
         .collect()
 }
 
@@ -2133,26 +2140,7 @@ async fn calls_without_a_session_each_run_in_a_fresh_prepared_session_and_leave_
         assert_eq!(r["value"], json!(42), "{r:#}");
         ran_rhai.extend(before);
     }
-    let left = || -> Vec<std::path::PathBuf> {
-        let mine = |dir: &str, prefix: String| -> Vec<std::path::PathBuf> {
-            std::fs::read_dir(dir)
-                .map(|d| {
-                    d.filter_map(Result::ok)
-                        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                        .map(|e| e.path())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let mut v = mine(
-            &std::env::temp_dir().to_string_lossy(),
-            format!("cellbox-scratch-{}-", s.pid),
-        );
-        for c in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpuacct"] {
-            v.extend(mine(c, format!("cellbox-{}-", s.pid)));
-        }
-        v
-    };
+    let left = || server_leftovers(s.pid);
     assert!(
         left().len() >= 3,
         "the server's scratch root and cgroups are not where this test looks: {:?}",

@@ -528,20 +528,7 @@ def _live_keep():
     if pid:
         posix.close(nxt)
         return
-    try:
-        try:
-            null = posix.open("/dev/null", posix.O_RDWR)
-        except OSError:
-            null = posix.dup(0)
-        for fd in (0, 1, 2):
-            posix.dup2(null, fd)
-        posix.close(null)
-        posix.dup2(nxt, _FD)
-        posix.close(nxt)
-        _st["spare_ok"] = True
-    except BaseException:
-        posix._exit(_EXIT_SANDBOX)
-    raise _NewState()
+    _serve_next(nxt)
 
 
 # A cell's process that succeeded serves as the session's next state
@@ -600,6 +587,16 @@ def _live_become():
     try:
         for which in (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF):
             _signal.setitimer(which, 0)
+    except BaseException:
+        posix._exit(_EXIT_SANDBOX)
+    _serve_next(nxt)
+
+
+def _serve_next(nxt):
+    """Become the session's next state process on channel `nxt`: the
+    standard streams on /dev/null, the channel on the protocol fd. Never
+    returns."""
+    try:
         try:
             null = posix.open("/dev/null", posix.O_RDWR)
         except OSError:
