@@ -646,6 +646,11 @@ impl Drop for SessionGroup {
         let usage = get(&self.dir.usage).unwrap_or(u64::MAX);
         let mut free = lock(&self.groups.free);
         if free.len() < KEEP && usage < (1 << 20) {
+            // Handed on with at most one emptied cell directory (a session
+            // whose cells overlapped, or that had a worker started ahead
+            // beside its cell, kept more): what the kept groups hold stays
+            // what one cell needs.
+            lock(&self.dir.cells).truncate(1);
             free.push(self.dir.clone());
         }
     }
