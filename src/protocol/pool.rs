@@ -234,6 +234,10 @@ pub struct CellSetup {
     /// cell.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub state: bool,
+    /// The cell's code comes later (a cell prepared ahead): it may warm up
+    /// while it waits for its `start` frame.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waits: bool,
 }
 
 zygote_channel! {

@@ -107,9 +107,10 @@ pub const SPARE_NAME: &CStr = c"cellbox-spare";
 /// The process name of a worker running a cell.
 pub const CELL_NAME: &CStr = c"cellbox-cell";
 
-/// What a forked child runs: its protocol channel and its limits in, its
-/// exit code out.
-pub type RunCell = fn(UnixStream, &crate::plan::Rlimits) -> i32;
+/// What a forked child runs: its protocol channel, its limits and whether
+/// it waits for its cell (a spare, or a child made ahead: it has time to
+/// warm up before its `start` comes) in, its exit code out.
+pub type RunCell = fn(UnixStream, &crate::plan::Rlimits, bool) -> i32;
 
 /// The fork server is Linux's (signalfd, subreaper): elsewhere it refuses
 /// to run, and cells start fresh under sandbox-exec.
@@ -300,7 +301,7 @@ impl Server {
                 super::compat::set_name(name);
                 let code = match child_setup(&theirs, &out_w, &err_w) {
                     Ok(()) => match super::spawn::take_protocol_channel() {
-                        Ok(stream) => (self.run_cell)(stream, limits),
+                        Ok(stream) => (self.run_cell)(stream, limits, name == SPARE_NAME),
                         Err(_) => 7,
                     },
                     Err(_) => 7,

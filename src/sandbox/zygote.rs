@@ -273,6 +273,7 @@ mod tests {
             scratch: "/s".into(),
             rlimits: p.default_limits(),
             state: false,
+            waits: false,
         };
         let json = format!(r#"{{"scratch":"/s","rlimits":{limits}}}"#);
         assert_eq!(serde_json::to_string(&setup).unwrap(), json);
@@ -301,6 +302,7 @@ mod tests {
             scratch: "/s".into(),
             rlimits: Profile::load("python").unwrap().default_limits(),
             state: false,
+            waits: false,
         };
         let setup = serde_json::to_value(&setup).unwrap();
         let keys = setup["rlimits"].as_object().unwrap();

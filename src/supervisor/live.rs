@@ -110,6 +110,7 @@ impl StateProc {
                     scratch: scratch.to_string_lossy().into_owned(),
                     rlimits: *rlimits,
                     state: true,
+                    waits: false,
                 },
                 &join,
                 deadline,

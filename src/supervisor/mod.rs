@@ -223,6 +223,9 @@ pub const DEFAULT_SCRATCH_BYTES: u64 = 1 << 30;
 pub const DEFAULT_CELLS_MEMORY_BYTES: u64 = 4 << 30;
 
 pub(crate) struct Inner {
+    /// Cells running now (sub-cells too): a worker started ahead while
+    /// none runs may warm up (see `cell::prepared`).
+    pub(crate) cells_running: std::sync::atomic::AtomicUsize,
     pub(crate) registry: Registry,
     /// The configured models, when there are any.
     pub(crate) models: Option<Arc<crate::models::ModelClient>>,
@@ -692,6 +695,7 @@ impl SupervisorBuilder {
         };
         Ok(Supervisor {
             inner: Arc::new(Inner {
+                cells_running: Default::default(),
                 #[cfg(target_os = "linux")]
                 pools,
                 registry: self.registry,

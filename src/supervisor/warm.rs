@@ -180,6 +180,10 @@ pub(crate) enum ForkFor {
     /// Later: its code is not known yet (see `cell::prepared`); until it
     /// has it, it waits under the spares' name.
     Ahead,
+    /// Later, as `Ahead`, and no cell runs now: a Python cell's process
+    /// may warm up while it waits (see the shim's `_warm_up`). Under load
+    /// that would only take CPU time from the cells running.
+    AheadIdle,
 }
 
 /// A sandboxed child of the fork server, waiting for its `start` frame, and
@@ -517,7 +521,7 @@ impl ForkServer {
     ) -> Result<(Forked, Option<Refill>), PoolError> {
         let asked = std::time::Instant::now();
         let limits = *limits;
-        let ahead = now == ForkFor::Ahead;
+        let ahead = now != ForkFor::Now;
         let (id, rx) = self
             .client
             .request(|id| Control::Spawn { id, limits, ahead }, join)

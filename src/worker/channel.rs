@@ -40,6 +40,18 @@ impl Channel {
         read_frame_blocking(&mut self.stream, self.max_frame)
     }
 
+    /// Whether a frame (or the channel's end) is there to be read now. An
+    /// error counts as something there: the read that follows says what.
+    pub(crate) fn readable_now(&self) -> bool {
+        use std::os::fd::AsFd;
+        let flags = nix::poll::PollFlags::POLLIN;
+        let mut fds = [nix::poll::PollFd::new(self.stream.as_fd(), flags)];
+        !matches!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO),
+            Ok(0)
+        )
+    }
+
     pub(crate) fn next_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id += 1;

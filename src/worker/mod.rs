@@ -212,15 +212,20 @@ static POOL_PLAN: std::sync::OnceLock<crate::sandbox::SandboxPlan> = std::sync::
 
 /// A cell forked from the fork server: no `setup` frame (the server holds
 /// the plan); it applies the per-cell layers at once, reports `ready`, and
-/// waits for `start` like any Rhai worker.
-fn run_forked_worker(stream: std::os::unix::net::UnixStream, limits: &crate::plan::Rlimits) -> i32 {
+/// waits for `start` like any Rhai worker (one that `waits` warms up
+/// meanwhile).
+fn run_forked_worker(
+    stream: std::os::unix::net::UnixStream,
+    limits: &crate::plan::Rlimits,
+    waits: bool,
+) -> i32 {
     let (Some(pool), Some(plan)) = (POOL_REPORT.get(), POOL_PLAN.get()) else {
         return EXIT_SANDBOX;
     };
     let mut plan = plan.clone();
     plan.limits = *limits;
     let chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
-    run_sandboxed(chan, &plan, Backend::Rhai, |plan| {
+    run_sandboxed(chan, &plan, Backend::Rhai, waits, |plan| {
         crate::sandbox::enter_pool_child(plan, pool)
     })
 }
@@ -237,7 +242,7 @@ pub(crate) fn run_rhai_in_cell(
     let mut chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     chan.set_max_frame(start.max_frame_bytes);
     let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);
-    rhai::run_cell(chan, start)
+    rhai::run_cell(std::rc::Rc::new(std::cell::RefCell::new(chan)), start)
 }
 
 /// Build what every Rhai cell's engine needs (its standard package), ahead
@@ -274,14 +279,16 @@ fn run_worker_with(
         }
     };
 
-    run_sandboxed(chan, &setup.plan, setup.backend, enter)
+    run_sandboxed(chan, &setup.plan, setup.backend, false, enter)
 }
 
-/// Sandbox this process by `plan`, report `ready`, run the backend.
+/// Sandbox this process by `plan`, report `ready`, run the backend. A Rhai
+/// worker that `waits` for its cell warms up while no `start` is there.
 fn run_sandboxed(
     mut chan: Channel,
     plan: &crate::sandbox::SandboxPlan,
     backend: Backend,
+    waits: bool,
     enter: impl FnOnce(
         &crate::sandbox::SandboxPlan,
     ) -> Result<crate::sandbox::SandboxReport, crate::sandbox::SandboxError>,
@@ -305,11 +312,16 @@ fn run_sandboxed(
     // From here on: untrusted code.
     match backend {
         Backend::Rhai => {
-            let start = match chan.recv() {
+            let chan = std::rc::Rc::new(std::cell::RefCell::new(chan));
+            if waits && !chan.borrow().readable_now() {
+                rhai::warm_up(&chan);
+            }
+            let received = chan.borrow_mut().recv();
+            let start = match received {
                 Ok(ToWorker::Start(s)) => s,
                 _ => return EXIT_PROTOCOL,
             };
-            chan.set_max_frame(start.max_frame_bytes);
+            chan.borrow_mut().set_max_frame(start.max_frame_bytes);
             // A spare that waited under another name is a cell now.
             #[cfg(target_os = "linux")]
             let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);

@@ -444,9 +444,27 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
     }
 }
 
+/// A worker that waits for its cell: run what every cell runs (a `start`
+/// frame parsed, the engine built with capability functions, a script
+/// compiled and evaluated, its `done` encoded) on a script of our own, so
+/// that the code and heap pages this takes are the process's own before the
+/// cell's code comes. It calls no capability and writes nothing.
+pub(crate) fn warm_up(chan: &Rc<RefCell<Channel>>) {
+    const SAMPLE: &str = r#"{"t":"start","language":"rhai",
+        "code":"let a = [1, 2]; let m = #{k: \"v\"}; fn f(x) { x + 1 } f(a.len() + m.len())",
+        "vars":{"n":1,"s":"x"},
+        "capabilities":[{"name":"emit","params":["event"]},{"name":"read_file","params":["path"]}],
+        "limits":{"timeout_ms":1000,"max_operations":100000,"max_call_levels":16,
+            "max_expr_depth":64,"max_string_bytes":4096,"max_array_len":256,"max_map_len":256},
+        "max_frame_bytes":65536}"#;
+    if let Ok(ToWorker::Start(start)) = serde_json::from_slice::<ToWorker>(SAMPLE.as_bytes()) {
+        let done = evaluate(chan.clone(), &start);
+        let _ = serde_json::to_vec(&FromWorker::Done(Box::new(done)));
+    }
+}
+
 /// Run one Rhai cell and report it. Returns the worker's exit code.
-pub(crate) fn run_cell(chan: Channel, start: Start) -> i32 {
-    let chan = Rc::new(RefCell::new(chan));
+pub(crate) fn run_cell(chan: Rc<RefCell<Channel>>, start: Start) -> i32 {
     let done = evaluate(chan.clone(), &start);
     let _ = std::io::stdout().flush();
     let mut chan = chan.borrow_mut();

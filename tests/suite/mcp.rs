@@ -2166,3 +2166,42 @@ async fn calls_without_a_session_each_run_in_a_fresh_prepared_session_and_leave_
         left()
     );
 }
+
+/// A worker started ahead for a call without a session runs a cell of its
+/// own while it waits (its warm-up): the call's cell sees nothing of it,
+/// neither its variables and definitions nor its module, and the warm-up
+/// printed nothing into the call's output.
+#[tokio::test]
+async fn a_worker_that_warmed_up_ahead_gives_the_call_a_clean_cell() {
+    let s = stdio_server(&[]).await;
+    let py = "import sys\n[k in globals() for k in ('x', 'v', 'a', 'f')] + [sys.modules['__main__'].__dict__ is globals()]";
+    let rhai = r#"[is_def_var("a"), is_def_var("m"), is_def_var("n"), is_def_fn("f", 1)]"#;
+    for round in 0..3 {
+        // Calls of both languages, so that the next session is prepared
+        // with a worker of each; then the time for them to warm up.
+        let t0 = Instant::now();
+        while round > 0 && waiting_rhai_workers(s.pid).is_empty() {
+            assert!(t0.elapsed() < PATIENCE, "no Rhai worker was started ahead");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (r, is_error, _) = exec(&s.client, json!({"language": "python", "code": py})).await;
+        assert!(!is_error, "{r:#}");
+        assert_eq!(
+            r["value"],
+            json!([false, false, false, false, true]),
+            "{r:#}"
+        );
+        assert_eq!(r["stdout"], json!(""), "{r:#}");
+        assert_eq!(r["stderr"], json!(""), "{r:#}");
+        assert_eq!(r["vars"]["changed"], json!([]), "{r:#}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (r, is_error, _) = exec(&s.client, json!({"language": "rhai", "code": rhai})).await;
+        assert!(!is_error, "{r:#}");
+        assert_eq!(r["value"], json!([false, false, false, false]), "{r:#}");
+        assert_eq!(r["stdout"], json!(""), "{r:#}");
+        assert_eq!(r["stderr"], json!(""), "{r:#}");
+        assert_eq!(r["calls"], json!([]), "{r:#}");
+    }
+    within("close", s.client.cancel()).await.unwrap();
+}

@@ -164,7 +164,10 @@ impl Launch {
         let g = group.as_deref();
         let launched = match self {
             #[cfg(target_os = "linux")]
-            Launch::Zygote => launch_python(sup, spec, &plan, result, started, deadline, g).await?,
+            Launch::Zygote => {
+                let times = (started, deadline);
+                launch_python(sup, spec, &plan, result, times, g, now).await?
+            }
             Launch::ForkServer(_) | Launch::Fresh => Some(start_cold(sup, spec, &plan, g)?),
             Launch::SandboxExec(launcher) => Some(start_seatbelt(sup, &plan, &launcher)?),
         };
@@ -207,15 +210,16 @@ const ZYGOTE_TRIES: usize = 2;
 /// warm; moved to another zygote (a fresh one if need be) when one stalls;
 /// else, or when no zygote answers, in a fresh worker; all within the
 /// cell's deadline. `None`: the deadline came first (`result` says so).
+/// `times`: when the cell started and its deadline.
 #[cfg(target_os = "linux")]
 async fn launch_python(
     sup: &Arc<Inner>,
     spec: &CellSpec,
     plan: &SandboxPlan,
     result: &mut CellResult,
-    started: Instant,
-    deadline: Instant,
+    (started, deadline): (Instant, Instant),
     group: Option<&CellGroup>,
+    now: ForkFor,
 ) -> Result<Option<Start3>, LaunchError> {
     use crate::supervisor::warm::POOL_LOG;
     use crate::supervisor::zygote::SpawnError;
@@ -250,7 +254,7 @@ async fn launch_python(
             }
         };
         let (sup_sock, worker_sock) = socket_pair()?;
-        match start_zygote(&z, worker_sock.into(), plan, deadline_t, group).await {
+        match start_zygote(&z, worker_sock.into(), plan, deadline_t, group, now).await {
             Ok(s) => {
                 if let Some(from) = moved_from {
                     tracing::info!(
@@ -477,7 +481,8 @@ async fn start_live(
     Ok((started, sup_sock, Handshake::PreReady(report)))
 }
 
-/// Fork the cell from a Python zygote.
+/// Fork the cell from a Python zygote (`now`: whether its code comes now
+/// or later).
 #[cfg(target_os = "linux")]
 async fn start_zygote(
     z: &Arc<crate::supervisor::zygote::Zygote>,
@@ -485,6 +490,7 @@ async fn start_zygote(
     plan: &SandboxPlan,
     deadline: tokio::time::Instant,
     group: Option<&CellGroup>,
+    now: ForkFor,
 ) -> Result<Started, crate::supervisor::zygote::SpawnError> {
     use crate::supervisor::warm::PoolError;
     use crate::supervisor::zygote::SpawnError::Failed;
@@ -515,6 +521,7 @@ async fn start_zygote(
                 scratch: plan.scratch.to_string_lossy().into_owned(),
                 rlimits: limits,
                 state: false,
+                waits: now == ForkFor::AheadIdle,
             },
             &join,
             deadline,

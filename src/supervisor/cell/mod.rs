@@ -259,6 +259,7 @@ pub(crate) fn run_with(
             return (r, None);
         }
         settle_limits(&sup, &mut spec);
+        let _running = Running::new(&sup.cells_running);
         let started = Instant::now();
         let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
         result.execution_count = spec.execution_count;
@@ -290,6 +291,22 @@ pub(crate) fn run_with(
         );
         (result, done)
     })
+}
+
+/// A cell counted in [`Inner::cells_running`] while it is held.
+struct Running<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Running<'a> {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Running(count)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The sandbox profile a cell runs under (name or path).

@@ -66,13 +66,18 @@ pub(crate) async fn prepare(sup: Arc<Inner>, mut spec: CellSpec) -> Option<Prepa
     // Where the launch fails it says so here, in a result nobody reads.
     let mut scratch = CellResult::new(spec.language.as_str(), spec.run.clone());
     let launch = Launch::pick(&sup, &spec).await;
+    let idle = sup.cells_running.load(std::sync::atomic::Ordering::Relaxed) == 0;
     let launched = launch
         .start(
             &sup,
             &spec,
             &mut scratch,
             Instant::now(),
-            ForkFor::Ahead,
+            if idle {
+                ForkFor::AheadIdle
+            } else {
+                ForkFor::Ahead
+            },
             group.clone(),
         )
         .await;

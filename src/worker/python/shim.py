@@ -950,6 +950,8 @@ def _main():
         # Only this process speaks on the channel: a program the cell might
         # manage to exec does not inherit it.
         posix.set_inheritable(_FD, False)
+        if _st.pop("waits", False) and not _readable():
+            _warm_up()
         start = _recv()
     except (_ProtocolError, OSError, ValueError) as e:
         _die("reading the start frame: %s" % e)
@@ -969,7 +971,7 @@ def _main():
         _signal.signal(_signal.SIGALRM, _on_alarm)
         _st["armed"] = True
         _signal.setitimer(_signal.ITIMER_REAL, (ms - min(ms // 10, 200)) / 1000.0)
-    out = {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call", "tool_call", "tool_call_batched", "tools"} | ({"checkpoint", "restore"} if _st.get("live") else set()), "earlier": (), "requests": {}}
+    out = _new_out()
     try:
         try:
             _execute(start, out)
@@ -1002,6 +1004,46 @@ def _main():
     except BaseException as e:
         out.update(status="error", value="null", error={"type": "ShimError", "message": "the shim failed to record the cell's outcome: " + _type_name(type(e))})
     _finish(out)
+
+
+def _new_out():
+    """What a cell's run records, before it runs."""
+    return {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call", "tool_call", "tool_call_batched", "tools"} | ({"checkpoint", "restore"} if _st.get("live") else set()), "earlier": (), "requests": {}}
+
+
+def _readable():
+    """Whether the channel has something to read now."""
+    import select
+
+    try:
+        p = select.poll()
+        p.register(_FD, select.POLLIN)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
+_WARM_START = '{"t":"start","language":"python","code":"x = [1, \\"a\\", {\\"k\\": 2.5}]\\nx","vars":{"v":1},"capabilities":[{"name":"emit","params":["event"]}],"limits":{"timeout_ms":1000},"max_frame_bytes":65536}'
+
+
+def _warm_up():
+    """In a cell's process forked ahead of its cell (its start frame comes
+    later): run what every cell runs (the frame parsed, the namespace built,
+    code compiled and run, `done` encoded) on a cell of our own, so that the
+    zygote's pages this writes are copied now rather than on the cell's
+    path. Nothing is sent or printed, and what it set is put back."""
+    main = sys.modules.get("__main__")
+    try:
+        out = _new_out()
+        _execute(_loads(_WARM_START), out)
+        _done_frame(out)
+    except BaseException:
+        pass
+    if main is None:
+        sys.modules.pop("__main__", None)
+    else:
+        sys.modules["__main__"] = main
+    _sources.pop(_CELL, None)
 
 
 _COLD = r'''

@@ -130,7 +130,7 @@ def _zrecv():
 
 
 def _read_setup(fd):
-    """The cell's own setup ({scratch, rlimits}), read from the pipe the
+    """The cell's own setup ({scratch, rlimits, state?, waits?}), read from the pipe the
     supervisor filled: only ever in the child, after the fork, so the
     zygote (and every later cell) never holds it."""
     chunks = []
@@ -206,6 +206,7 @@ def _child(fds):
             posix._exit(_EXIT_SANDBOX)
     if msg.get("state") is True:
         _state_main()
+    _st["waits"] = msg.get("waits") is True
     _main()
     posix._exit(0)
 
