@@ -29,6 +29,13 @@ const RECENT_CALLS: usize = 8;
 /// once (else one): the second of two calls at once then finds one too.
 const OVERLAP_KEEP: Duration = Duration::from_secs(5);
 
+/// How long after a call's result is handed back its session is torn down
+/// and the next one prepared, when calls come one at a time: both take CPU
+/// time (unmounting and mounting a scratch tmpfs, ending and forking
+/// workers), which would otherwise compete with writing the reply and with
+/// the client reading it. A reply is out well within this.
+const AFTER_REPLY: Duration = Duration::from_millis(1);
+
 /// The prepared sessions and what new ones are made from.
 pub(crate) struct Throwaway {
     sup: Supervisor,
@@ -129,9 +136,22 @@ impl Throwaway {
         let result = session.run(request).await;
         // The handle is dropped off this task: the last one tears the
         // session down (waiting for a cell's leftover processes, and an
-        // unused worker, to go). The next is prepared meanwhile.
-        tokio::task::spawn_blocking(move || drop(session));
-        tokio::spawn(self.clone().refill());
+        // unused worker, to go). The next is prepared meanwhile. Both wait
+        // until the reply is out when calls come one at a time (none other
+        // runs, none overlapped lately); else the next call may need the
+        // next session at once.
+        let busy = {
+            let st = lock(&self.state);
+            st.running > 1 || st.wanted() > 1
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            if !busy {
+                tokio::time::sleep(AFTER_REPLY).await;
+            }
+            tokio::task::spawn_blocking(move || drop(session));
+            me.refill().await;
+        });
         result
     }
 
