@@ -258,9 +258,12 @@ pub struct CallRecord {
     pub detail: Option<Value>,
 }
 
-/// What a cell used. `cpu_ms` and `max_rss_kb` come from the worker's
-/// rusage when it is reaped, or, for a warm cell returned at `done` (before
-/// its worker exits), from the worker's own measure in `done`.
+/// What a cell used. `cpu_ms` is the CPU time of the cell's whole process
+/// tree (its cell cgroup's count, or the worker's rusage where that is
+/// larger or there is no cgroup), `max_rss_kb` the worker's peak resident
+/// size from its rusage; for a live Python cell whose process became its
+/// session's next state process (it does not exit), both are read from
+/// `/proc` when it is kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub wall_ms: u64,
