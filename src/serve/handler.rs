@@ -402,6 +402,11 @@ impl CellboxServer {
         &self.state.gate
     }
 
+    /// The sessions prepared for calls that name none.
+    pub(crate) fn throwaway(&self) -> &Arc<super::throwaway::Throwaway> {
+        &self.state.throwaway
+    }
+
     /// Run the sandbox probe once (tool descriptions wait for it).
     pub async fn observations(&self) -> &Observations {
         let st = &self.state;

@@ -329,10 +329,12 @@ const TRIM_EVERY: Duration = Duration::from_secs(2);
 /// Once no call is in flight and something happened since the last look
 /// (a call, a session opened or closed), hand the heap's free memory back
 /// to the system: without it the server keeps its peak after every
-/// session closes.
+/// session closes. Sessions prepared for calls without one beyond those
+/// still wanted go too.
 fn spawn_trimmer(server: &CellboxServer, shutdown: CancellationToken) {
     let sessions = server.sessions().clone();
     let gate = server.gate().clone();
+    let throwaway = server.throwaway().clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TRIM_EVERY);
         let mut trimmed_at = (0u64, 0usize);
@@ -340,6 +342,7 @@ fn spawn_trimmer(server: &CellboxServer, shutdown: CancellationToken) {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {
+                    throwaway.trim();
                     let now = (gate.total_admitted(), sessions.len());
                     if gate.admitted() == 0 && now != trimmed_at {
                         trimmed_at = now;

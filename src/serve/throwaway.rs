@@ -155,6 +155,22 @@ impl Throwaway {
         result
     }
 
+    /// Give back the prepared sessions beyond those wanted (two are wanted
+    /// only for a while after calls overlapped) while no call runs: they
+    /// are torn down on a blocking thread.
+    pub(crate) fn trim(&self) {
+        let extra: Vec<Session> = {
+            let mut st = lock(&self.state);
+            let keep = st.wanted();
+            if st.running > 0 || st.ready.len() <= keep {
+                return;
+            }
+            let n = st.ready.len() - keep;
+            st.ready.drain(..n).collect()
+        };
+        tokio::task::spawn_blocking(move || drop(extra));
+    }
+
     /// Prepare sessions until as many as wanted are ready (or being made).
     pub(crate) async fn refill(self: Arc<Self>) {
         loop {

@@ -2205,3 +2205,41 @@ async fn a_worker_that_warmed_up_ahead_gives_the_call_a_clean_cell() {
     }
     within("close", s.client.cancel()).await.unwrap();
 }
+
+/// Two sessions are kept prepared for calls without one for a while after
+/// two such calls overlapped; once that is over and the server is idle,
+/// the second is given back, with the worker started ahead for it.
+#[tokio::test]
+async fn a_second_prepared_session_is_given_back_once_calls_stop_overlapping() {
+    let s = stdio_server(&[]).await;
+    // Two Rhai calls at once, each long enough for the other to start.
+    let slow = json!({"language": "rhai", "code": "let x = 0; for i in 0..400000 { x += i; } x"});
+    let (a, b) = tokio::join!(exec(&s.client, slow.clone()), exec(&s.client, slow));
+    assert!(!a.1 && !b.1, "{:#} {:#}", a.0, b.0);
+    let t0 = Instant::now();
+    while waiting_rhai_workers(s.pid).len() < 2 {
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "two sessions were not prepared after two calls overlapped: {:?}",
+            waiting_rhai_workers(s.pid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two are wanted for 5 s after the overlap; the server looks every 2 s.
+    let t0 = Instant::now();
+    loop {
+        let n = waiting_rhai_workers(s.pid).len();
+        if n == 1 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{n} prepared Rhai workers are still waiting on an idle server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The one left is used by the next call.
+    let (r, is_error, _) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
+    assert!(!is_error, "{r:#}");
+    within("close", s.client.cancel()).await.unwrap();
+}
