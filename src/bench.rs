@@ -101,6 +101,16 @@ async fn timed_cell(
     Ok(t.elapsed())
 }
 
+/// A session of `sup` under `policy`, for a bench whose cells all run in
+/// one (see [`timed_session_cell`]).
+pub(crate) fn bench_session(sup: &Supervisor, policy: Policy) -> Result<crate::Session, String> {
+    sup.session(SessionConfig {
+        policy,
+        ..SessionConfig::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
 /// One Rhai cell in `session` (two minutes at most), timed; a cell that
 /// does not end `ok` is an error.
 pub(crate) async fn timed_session_cell(

@@ -2,7 +2,7 @@
 //! supervisor's own HTTP request to the same local server.
 
 use crate::models::{ModelClient, ModelConfig, ModelsSection, Query};
-use crate::{Policy, SessionConfig, Supervisor};
+use crate::{Policy, Supervisor};
 use bytes::Bytes;
 use http_body_util::Full;
 use std::time::Instant;
@@ -74,12 +74,7 @@ pub async fn round_trip(n: usize) -> Result<String, String> {
     let mut policy = Policy::deny_all().allow("model_query");
     policy.max_model_calls = u32::try_from(n + 1).unwrap_or(u32::MAX);
     policy.max_calls = policy.max_model_calls;
-    let session = sup
-        .session(SessionConfig {
-            policy,
-            ..SessionConfig::default()
-        })
-        .map_err(|e| e.to_string())?;
+    let session = super::bench_session(&sup, policy)?;
     let run = |code: String| super::timed_session_cell(&session, code);
     run("model_query(\"x\")".into()).await?;
     let empty = run(format!("for i in 0..{n} {{ }}")).await?;

@@ -2,7 +2,7 @@
 //! same call made directly by an rmcp client, and `search_files` against
 //! `rg` over the same generated tree.
 
-use crate::{Policy, SessionConfig, Supervisor};
+use crate::{Policy, Supervisor};
 use bytes::Bytes;
 use http_body_util::Full;
 use rmcp::model::{
@@ -56,11 +56,7 @@ where
                             return Ok::<_, std::convert::Infallible>(r);
                         }
                         let (parts, body) = req.into_parts();
-                        let body: hyper::body::Incoming = body;
-                        let bytes = http_body_util::BodyExt::collect(body)
-                            .await
-                            .map(|c| c.to_bytes())
-                            .unwrap_or_default();
+                        let bytes = body_bytes(body).await;
                         Ok(service
                             .handle(http::Request::from_parts(parts, Full::new(bytes)))
                             .await)
@@ -73,6 +69,14 @@ where
         }
     });
     Ok(format!("http://127.0.0.1:{port}/mcp"))
+}
+
+/// A request's body, read whole (empty when it breaks off).
+pub async fn body_bytes(body: hyper::body::Incoming) -> Bytes {
+    http_body_util::BodyExt::collect(body)
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default()
 }
 
 /// An MCP server with one tool, `echo {text}`, answered at once.
@@ -187,12 +191,7 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
     // One session runs every bench cell: ROUNDS loops of n calls of each, and one.
     policy.max_tool_calls = u32::try_from(2 * ROUNDS * n + 1).unwrap_or(u32::MAX);
     policy.max_calls = policy.max_tool_calls;
-    let session = sup
-        .session(SessionConfig {
-            policy,
-            ..SessionConfig::default()
-        })
-        .map_err(|e| e.to_string())?;
+    let session = super::bench_session(&sup, policy)?;
     let run = |code: String| super::timed_session_cell(&session, code);
     // The first call starts the connection; the cells after it are warm.
     run("tool_call(\"up.echo\", #{text: \"x\"})".into()).await?;

@@ -162,38 +162,36 @@ fn exists(pid: i32) -> bool {
 /// Wait for the server to have processes beyond `baseline` (its idle
 /// helpers, such as a fork server), and return those: the cell's worker.
 async fn wait_for_workers(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
-    let t0 = Instant::now();
-    loop {
-        let d: Vec<i32> = descendants(server_pid)
-            .into_iter()
-            .filter(|p| !baseline.contains(p))
-            .collect();
-        if !d.is_empty() {
-            return d;
-        }
-        assert!(
-            t0.elapsed() < PATIENCE,
-            "the server {server_pid} never started a worker"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_descendants(server_pid, baseline, "a worker", |_| true).await
 }
 
 /// Wait for Rhai cells (fork-server children given a cell, named
 /// `cellbox-cell`) below the server beyond `baseline`, and return them.
 async fn wait_for_rhai_cells(server_pid: i32, baseline: &[i32]) -> Vec<i32> {
+    let is_cell = |p| common::procs::comm(p) == "cellbox-cell";
+    wait_for_descendants(server_pid, baseline, "a Rhai cell", is_cell).await
+}
+
+/// Wait for processes below the server, beyond `baseline`, that `keep`
+/// accepts (`what` names them), and return them.
+async fn wait_for_descendants(
+    server_pid: i32,
+    baseline: &[i32],
+    what: &str,
+    keep: impl Fn(i32) -> bool,
+) -> Vec<i32> {
     let t0 = Instant::now();
     loop {
         let d: Vec<i32> = descendants(server_pid)
             .into_iter()
-            .filter(|p| !baseline.contains(p) && common::procs::comm(*p) == "cellbox-cell")
+            .filter(|p| !baseline.contains(p) && keep(*p))
             .collect();
         if !d.is_empty() {
             return d;
         }
         assert!(
             t0.elapsed() < PATIENCE,
-            "the server {server_pid} never started a Rhai cell"
+            "the server {server_pid} never started {what}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

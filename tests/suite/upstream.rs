@@ -624,11 +624,7 @@ fn serve_counted(
                     let cut = cut2.clone();
                     async move {
                         let (parts, body) = req.into_parts();
-                        let body: hyper::body::Incoming = body;
-                        let bytes = http_body_util::BodyExt::collect(body)
-                            .await
-                            .map(|c| c.to_bytes())
-                            .unwrap_or_default();
+                        let bytes = cellbox::bench::tools::body_bytes(body).await;
                         let text = String::from_utf8_lossy(&bytes);
                         if text.contains("tools/call") && !counted.swap(true, Ordering::Relaxed) {
                             calls_on.fetch_add(1, Ordering::Relaxed);
@@ -661,27 +657,44 @@ fn serve_counted(
     })
 }
 
-fn http_supervisor(url: &str) -> Supervisor {
-    supervisor_with(&format!(
-        "[tools.remote]\nkind = \"mcp\"\nurl = \"{url}\"\ntimeout_ms = 20000\n"
-    ))
+/// The counting fake upstream (see [`serve_counted`]) on a free port, and
+/// a supervisor whose tools server `remote` it is.
+struct Counted {
+    addr: std::net::SocketAddr,
+    calls_on: Arc<std::sync::atomic::AtomicUsize>,
+    conns: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    server: tokio::task::JoinHandle<()>,
+    sup: Supervisor,
+}
+
+async fn counted_upstream() -> Counted {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = serve_counted(listener, calls_on.clone(), conns.clone());
+    let sup = supervisor_with(&format!(
+        "[tools.remote]\nkind = \"mcp\"\nurl = \"http://{addr}/mcp\"\ntimeout_ms = 20000\n"
+    ));
+    Counted {
+        addr,
+        calls_on,
+        conns,
+        server,
+        sup,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_http_many_calls_share_one_kept_alive_connection() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let _server = serve_counted(listener, calls_on.clone(), conns);
-    let sup = http_supervisor(&url);
+    let up = counted_upstream().await;
     let code = "[tools.remote.add(a=i, b=1)['sum'] for i in range(60)]";
-    let r = py(&sup, code, &["remote.*"]).await;
+    let r = py(&up.sup, code, &["remote.*"]).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let want: Vec<Value> = (0..60).map(|i| json!(f64::from(i + 1))).collect();
     assert_eq!(r.value, Value::Array(want));
     assert_eq!(
-        calls_on.load(std::sync::atomic::Ordering::Relaxed),
+        up.calls_on.load(std::sync::atomic::Ordering::Relaxed),
         1,
         "60 tool calls were not made over one connection"
     );
@@ -689,13 +702,13 @@ async fn upstream_http_many_calls_share_one_kept_alive_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_http_server_restarted_between_calls_is_reconnected() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let url = format!("http://{addr}/mcp");
-    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let server = serve_counted(listener, calls_on.clone(), conns.clone());
-    let sup = http_supervisor(&url);
+    let Counted {
+        addr,
+        calls_on,
+        conns,
+        server,
+        sup,
+    } = counted_upstream().await;
     let r = py(&sup, "tools.remote.add(a=1, b=1)", &["remote.*"]).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, json!({"sum": 2.0}));
@@ -716,12 +729,8 @@ async fn upstream_http_server_restarted_between_calls_is_reconnected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_http_connection_closed_mid_call_is_a_clear_error() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let calls_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let _server = serve_counted(listener, calls_on, conns);
-    let sup = http_supervisor(&url);
+    // (The server runs on when its handle is dropped.)
+    let Counted { sup, .. } = counted_upstream().await;
     let code = format!(
         "{ERR}\n[tools.remote.add(a=1, b=2), err(lambda: tools.remote.hang()), tools.remote.add(a=2, b=2)]"
     );
