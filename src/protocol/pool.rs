@@ -97,6 +97,11 @@ pub enum Control {
         plan: Box<SandboxPlan>,
         #[serde(default)]
         spares: usize,
+        /// The namespaces the supervisor started it in (see
+        /// `crate::sandbox::spawn::start_pool_process`); absent: it clones
+        /// itself into the plan's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cloned: Option<Vec<String>>,
     },
     /// The pool layers are in place.
     Ready {
@@ -201,6 +206,10 @@ zygote_channel! {
             /// Package paths for `sys.path` and modules to import ahead of time.
             #[serde(default)]
             python: crate::profiles::PythonPackages,
+            /// The namespaces the supervisor started it in (as the fork
+            /// server's `init`).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            cloned: Option<Vec<String>>,
         },
         Ready {
             report: SandboxReport,

@@ -112,6 +112,19 @@ pub fn enter(plan: &SandboxPlan, entry: Entry) -> Result<SandboxReport, SandboxE
     linux::enter(plan, entry)
 }
 
+/// Apply the plan as `entry` in a pool process the supervisor started in
+/// the namespaces `names` ([`spawn::start_pool_process`]): as [`enter`],
+/// without the clone. `control` is the channel to the supervisor.
+#[cfg(target_os = "linux")]
+pub fn enter_cloned(
+    plan: &SandboxPlan,
+    entry: Entry,
+    names: &[String],
+    control: std::os::fd::BorrowedFd<'_>,
+) -> Result<SandboxReport, SandboxError> {
+    linux::enter_cloned(plan, entry, names, control)
+}
+
 /// The per-cell layers in a child forked from a pool process: its rlimits, a
 /// nested Landlock domain with no file or network access, seccomp.
 #[cfg(target_os = "linux")]

@@ -502,7 +502,7 @@ fn cell_main(
             let start = Start::Cloned {
                 names,
                 setgroups: false,
-                control: &control,
+                control: control.as_fd(),
             };
             (start, None)
         }
@@ -525,7 +525,7 @@ fn cell_main(
             let start = Start::Cloned {
                 names,
                 setgroups: ids.root,
-                control: &control,
+                control: control.as_fd(),
             };
             (start, owner)
         }

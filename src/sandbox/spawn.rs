@@ -48,6 +48,95 @@ pub fn prepare_worker(cmd: &mut std::process::Command, fd: &OwnedFd, cgroups: Ve
     }
 }
 
+/// A pool process (the Rhai fork server, a Python zygote) just started.
+#[derive(Debug)]
+pub struct PoolProcess {
+    /// As the host sees it; the caller's child, to reap.
+    pub pid: i32,
+    /// The namespaces it was started in, its maps written: it applies the
+    /// rest of its sandbox there ([`crate::sandbox::enter_cloned`]). `None`:
+    /// it was started on the host and clones itself into them, if the
+    /// profile has them ([`crate::sandbox::enter`]).
+    pub cloned: Option<Vec<String>>,
+}
+
+/// The environment a pool process starts with (its sandbox replaces it).
+const POOL_ENV: [(&str, &str); 2] = [
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("LANG", "C.UTF-8"),
+];
+
+/// Start `worker_exe mode` as a pool process under `plan`: fd 3 is `fd`,
+/// stdin and stdout are `/dev/null`, stderr is ours, it has a session of
+/// its own, joins `cgroups` (see [`prepare_worker`]) and dies with the
+/// calling thread (run this on a thread that lives as long as the pool
+/// process is used).
+///
+/// On Linux, when the plan has namespaces, the process is cloned straight
+/// into them and its maps are written here
+/// ([`crate::sandbox::linux::namespaces::clone_exec_mapped`]), so it is PID
+/// 1 there and the caller's child: no process stays on the host side to
+/// wait for it. Where that clone is refused, it is started on the host as
+/// a worker is, and clones itself.
+pub fn start_pool_process(
+    worker_exe: &std::path::Path,
+    mode: &str,
+    fd: &OwnedFd,
+    cgroups: Vec<RawFd>,
+    plan: &crate::sandbox::SandboxPlan,
+) -> std::io::Result<PoolProcess> {
+    #[cfg(target_os = "linux")]
+    if plan.layers.namespaces != crate::profiles::LayerMode::Off {
+        match clone_pool_process(worker_exe, mode, fd, &cgroups, plan) {
+            Ok(started) => return Ok(started),
+            Err(e) => tracing::debug!("starting the pool process on the host: {e}"),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = plan;
+    let mut cmd = std::process::Command::new(worker_exe);
+    cmd.arg(mode)
+        .env_clear()
+        .envs(POOL_ENV)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    prepare_worker(&mut cmd, fd, cgroups);
+    let child = cmd.spawn()?;
+    Ok(PoolProcess {
+        pid: child.id() as i32,
+        cloned: None,
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn clone_pool_process(
+    worker_exe: &std::path::Path,
+    mode: &str,
+    fd: &OwnedFd,
+    cgroups: &[RawFd],
+    plan: &crate::sandbox::SandboxPlan,
+) -> Result<PoolProcess, String> {
+    use crate::sandbox::linux::{host_ids, namespaces, sys};
+    let exe = worker_exe.to_str().ok_or("the worker path is not UTF-8")?;
+    let mut image =
+        sys::ExecImage::new(worker_exe, &[exe, mode], &POOL_ENV).map_err(|e| e.to_string())?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("failed to open /dev/null: {e}"))?;
+    image.null = null.as_raw_fd();
+    image.protocol = fd.as_raw_fd();
+    image.cgroups = cgroups.to_vec();
+    let (pid, names) =
+        namespaces::clone_exec_mapped(host_ids(plan), &mut image).map_err(|e| e.to_string())?;
+    Ok(PoolProcess {
+        pid,
+        cloned: Some(names.into_iter().map(String::from).collect()),
+    })
+}
+
 /// A long-lived helper process of the supervisor (an upstream tool server):
 /// it starts a new session, so the supervisor can kill its whole process
 /// group, and gets a parent-death SIGKILL.

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ZygoteStatus {
     pub profile: String,
-    /// The supervisor's child (outside the zygote's PID namespace).
+    /// The supervisor's child, as the host sees it (PID 1 of the zygote's
+    /// namespaces).
     pub pid: i32,
     pub cells: u64,
     pub in_flight: u64,

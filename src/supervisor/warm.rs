@@ -115,20 +115,6 @@ impl PoolError {
     }
 }
 
-/// `worker_exe MODE` as a pool parent (the fork server, a zygote) starts:
-/// a clean environment, no stdin or stdout, its stderr ours.
-pub(crate) fn pool_parent_command(worker_exe: &Path, mode: &str) -> std::process::Command {
-    let mut cmd = std::process::Command::new(worker_exe);
-    cmd.arg(mode)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit());
-    cmd
-}
-
 /// A process that forks cell workers and reports how they ended (the Rhai
 /// fork server, a Python zygote).
 pub(crate) trait ForkingParent: Send + Sync {
@@ -318,7 +304,8 @@ pub(crate) struct ForkServer {
     /// It stopped answering in time: it is replaced, and killed once
     /// nothing of it is in use.
     stalled: AtomicBool,
-    /// The server's process id (the outer process, as the host sees it).
+    /// The server's process id, as the host sees it (PID 1 of its
+    /// namespaces when the supervisor started it in them).
     pub(crate) pid: i32,
 }
 
@@ -357,17 +344,22 @@ impl ForkServer {
         );
         let (ours, theirs) = forkserver::seqpacket_pair()
             .map_err(PoolError::io("create the fork server channel"))?;
-        let mut cmd = pool_parent_command(worker_exe, crate::worker::FORKSERVER_ARG);
-        crate::sandbox::spawn::prepare_worker(&mut cmd, &theirs, cgroup.into_iter().collect());
         // Fork from a thread that lives as long as this handle: the server's
         // parent-death signal fires when the *thread* that forked it ends,
         // and the caller's thread (a runtime worker) may not outlive us.
         let (keep_tx, keep_rx) = std::sync::mpsc::channel::<()>();
         let (res_tx, res_rx) = std::sync::mpsc::channel();
+        let (exe, start_plan) = (worker_exe.to_path_buf(), plan.clone());
         std::thread::Builder::new()
             .name("cellbox-forkserver-parent".into())
             .spawn(move || {
-                let r = cmd.spawn().map(|c| c.id() as i32);
+                let r = crate::sandbox::spawn::start_pool_process(
+                    &exe,
+                    crate::worker::FORKSERVER_ARG,
+                    &theirs,
+                    cgroup.into_iter().collect(),
+                    &start_plan,
+                );
                 drop(theirs);
                 let ok = r.is_ok();
                 let _ = res_tx.send(r);
@@ -377,16 +369,18 @@ impl ForkServer {
                 }
             })
             .map_err(PoolError::io("start the fork server thread"))?;
-        let server_pid = res_rx
+        let started = res_rx
             .recv()
             .map_err(|_| PoolError::ThreadGone)?
             .map_err(PoolError::io("start the fork server"))?;
+        let server_pid = started.pid;
         // Pool-wide layers first; a server that cannot apply them is not used.
         let report = forkserver::send(
             ours.as_fd(),
             &Control::Init {
                 plan: Box::new(plan),
                 spares,
+                cloned: started.cloned,
             },
             &[],
         )

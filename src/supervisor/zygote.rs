@@ -172,18 +172,16 @@ impl Zygote {
         let stall_timeout = *stall_timeout;
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(PoolError::io("create the zygote channel"))?;
-        let mut cmd = super::warm::pool_parent_command(worker_exe, crate::worker::ZYGOTE_ARG);
-        crate::sandbox::spawn::prepare_worker(
-            &mut cmd,
+        let started = crate::sandbox::spawn::start_pool_process(
+            worker_exe,
+            crate::worker::ZYGOTE_ARG,
             &theirs,
             cgroup.as_ref().map(|c| c.procs_fd()).into_iter().collect(),
-        );
-        let child = cmd
-            .spawn()
-            .map_err(PoolError::io("start a Python zygote"))?;
+            &plan,
+        )
+        .map_err(PoolError::io("start a Python zygote"))?;
         drop(theirs);
-        let pid = child.id() as i32;
-        drop(child);
+        let pid = started.pid;
         let guard = KillAndReap(pid);
         // Host-side rules, resolved the way the worker resolves them.
         let view = crate::sandbox::linux::view::resolve(&plan)?;
@@ -195,6 +193,7 @@ impl Zygote {
             interpreter: interpreter.to_owned(),
             plan: Box::new(plan),
             python: python.clone(),
+            cloned: started.cloned,
         };
         zygote::send(ours.as_fd(), &setup, &[])
             .map_err(PoolError::io("send the zygote its setup"))?;

@@ -163,13 +163,25 @@ static POOL_REPORT: std::sync::OnceLock<crate::sandbox::SandboxReport> = std::sy
 fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
     use crate::sandbox::forkserver::{recv, send, Control};
     use std::os::fd::AsFd;
-    let (plan, spares) = match recv(ctl.as_fd()) {
-        Ok(Some((Control::Init { plan, spares }, _))) => (plan, spares),
+    let (plan, spares, cloned) = match recv(ctl.as_fd()) {
+        Ok(Some((
+            Control::Init {
+                plan,
+                spares,
+                cloned,
+            },
+            _,
+        ))) => (plan, spares, cloned),
         _ => return EXIT_PROTOCOL,
     };
     let entered = match late {
         Some(message) => Err(crate::sandbox::SandboxError::new(Layer::Hygiene, message)),
-        None => crate::sandbox::enter(&plan, crate::sandbox::Entry::ForkServer),
+        None => enter_pool(
+            &plan,
+            crate::sandbox::Entry::ForkServer,
+            cloned,
+            ctl.as_fd(),
+        ),
     };
     let report = match entered {
         Ok(r) => r,
@@ -204,6 +216,29 @@ fn fork_server_main(ctl: std::os::fd::OwnedFd, late: Option<String>) -> i32 {
     let _ = POOL_PLAN.set(*plan);
     rhai::prewarm();
     crate::sandbox::forkserver::serve(ctl, run_forked_worker, limits, spares)
+}
+
+/// Enter the sandbox as a pool process: in the namespaces the supervisor
+/// started it in (`cloned`), or cloning itself into the plan's.
+fn enter_pool(
+    plan: &crate::sandbox::SandboxPlan,
+    entry: crate::sandbox::Entry,
+    cloned: Option<Vec<String>>,
+    ctl: std::os::fd::BorrowedFd<'_>,
+) -> Result<crate::sandbox::SandboxReport, crate::sandbox::SandboxError> {
+    match cloned {
+        #[cfg(target_os = "linux")]
+        Some(names) => crate::sandbox::enter_cloned(plan, entry, &names, ctl),
+        #[cfg(not(target_os = "linux"))]
+        Some(_) => Err(crate::sandbox::SandboxError::new(
+            Layer::Namespaces,
+            "started in namespaces, which this OS does not have",
+        )),
+        None => {
+            let _ = ctl;
+            crate::sandbox::enter(plan, entry)
+        }
+    }
 }
 
 /// The fork server's pool plan; a forked cell's plan is this one with the
@@ -361,16 +396,17 @@ fn run_zygote(late: Option<String>) -> i32 {
             return EXIT_PROTOCOL;
         }
     };
-    let (interpreter, plan, python) =
+    let (interpreter, plan, python, cloned) =
         match zygote::recv::<ZygoteMsg>(ctl.as_fd(), zygote::MAX_PACKET_BYTES) {
             Ok(Some((
                 ZygoteMsg::Setup {
                     interpreter,
                     plan,
                     python,
+                    cloned,
                 },
                 _,
-            ))) => (interpreter, plan, python),
+            ))) => (interpreter, plan, python, cloned),
             Ok(_) => {
                 eprintln!("cellbox zygote: expected a setup message");
                 return EXIT_PROTOCOL;
@@ -398,7 +434,7 @@ fn run_zygote(late: Option<String>) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(Layer::Seccomp, e.to_string()),
     };
-    let report = match crate::sandbox::enter(&plan, crate::sandbox::Entry::Zygote) {
+    let report = match enter_pool(&plan, crate::sandbox::Entry::Zygote, cloned, ctl.as_fd()) {
         Ok(r) => r,
         Err(e) => return fail(e.layer, e.message()),
     };

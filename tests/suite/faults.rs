@@ -359,17 +359,19 @@ fn killing_a_cell_a_zygote_or_the_fork_server_spares_the_other_session() {
 
     // 2. The zygote (mid-cell), then 3. the fork server (mid-cell).
     for (what, language, code) in [
-        ("__zygote", "python", "import time\ntime.sleep(120)"),
+        ("--zygote", "python", "import time\ntime.sleep(120)"),
         ("__forkserver", "rhai", "loop { }"),
     ] {
         let id = a.exec_later(&victim, language, code);
         let mut target = None;
         assert!(
             eventually(30, || {
-                // The pool process with a running child (the cell).
+                // The pool process (the server's child, PID 1 of its
+                // namespaces) with a running child (the cell).
                 let all = descendants(pid);
                 target = all.iter().map(|p| p.0).find(|&p| {
                     cmdline(p).contains(what)
+                        && procs::stat(p).is_some_and(|s| s.ppid as u32 == pid)
                         && all.iter().any(|c| {
                             procs::stat(c.0).is_some_and(|s| s.state != 'Z' && s.ppid == p)
                                 && std::fs::read_to_string(format!("/proc/{}/comm", c.0))

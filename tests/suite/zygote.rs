@@ -60,6 +60,60 @@ async fn warm_cells_come_from_a_live_zygote_and_cold_ones_do_not() {
     assert!(cold.pool_status().await.python.is_empty());
 }
 
+/// The supervisor starts each pool process straight in its namespaces:
+/// the process the pool status names is the supervisor's child and PID 1
+/// there, and no process of the supervisor's waits for it on the host side.
+#[tokio::test]
+async fn pool_processes_are_the_supervisors_children_and_pid_1_of_their_namespaces() {
+    let sup = supervisor();
+    let r = run_py(&sup, "6 * 7").await;
+    require_warm(&r);
+    let r = sup
+        .run(
+            CellRequest::new(Language::Rhai, "6 * 7"),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.value, json!(42), "{r:?}");
+    let status = sup.pool_status().await;
+    let mut pool: Vec<i32> = status
+        .python
+        .iter()
+        .filter(|z| z.alive)
+        .map(|z| z.pid)
+        .collect();
+    assert_eq!(pool.len(), 1, "{status:?}");
+    pool.extend(status.rhai_fork_server_pid.map(|p| p as i32));
+    assert_eq!(pool.len(), 2, "a zygote and the fork server: {status:?}");
+    let me = std::process::id() as i32;
+    let ns =
+        |pid: String, kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap();
+    for pid in pool {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| {
+            st.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(field("PPid:"), [me.to_string()], "{pid}: {st}");
+        assert_eq!(
+            field("NSpid:"),
+            [pid.to_string(), "1".to_string()],
+            "{pid} is PID 1 of a PID namespace of its own: {st}"
+        );
+        for kind in ["user", "mnt", "net", "ipc", "uts", "pid"] {
+            assert_ne!(
+                ns(pid.to_string(), kind),
+                ns("self".into(), kind),
+                "{pid}: {kind}"
+            );
+        }
+        // It does not run as root on the host.
+        assert_ne!(field("Uid:").first().map(String::as_str), Some("0"), "{st}");
+    }
+}
+
 #[tokio::test]
 async fn a_cell_cannot_signal_trace_or_read_its_zygote() {
     let sup = one_zygote(pool(1));
@@ -769,20 +823,20 @@ fn is_live(pid: i32) -> bool {
 }
 
 /// The Python zygote process behind the pool status's `pid` (the
-/// supervisor's child): with a PID namespace that child only waits, and
-/// the zygote is its child (PID 1 inside) running Python. Panics unless
-/// the zygote is found and live: a test that stops it must stop the
-/// process that answers the supervisor.
+/// supervisor's child): that process itself once it runs Python (it is
+/// PID 1 of its namespaces), or, where it cloned itself into them, its
+/// child running Python. Panics unless the zygote is found and live: a
+/// test that stops it must stop the process that answers the supervisor.
 fn zygote_process(outer: i32) -> i32 {
     // The zygote reports ready before it executes the interpreter: under
     // load the process may not be Python yet for a moment.
     let t0 = std::time::Instant::now();
     loop {
         assert!(is_live(outer), "the pool's zygote {outer} is not running");
-        let mut found = Vec::new();
         if proc_stat(outer).is_some_and(|(_, _, comm)| comm.starts_with("python")) {
-            found.push(outer);
+            return outer;
         }
+        let mut found = Vec::new();
         for pid in pids() {
             if let Some((_, ppid, comm)) = proc_stat(pid) {
                 if ppid == outer && comm.starts_with("python") && is_live(pid) {

@@ -7,19 +7,20 @@ use super::{privileges, rlimits, sys, view};
 use crate::profiles::LayerMode;
 use crate::sandbox::jail::{step, Entry, Step};
 use crate::sandbox::{Layer, SandboxError, SandboxPlan, SandboxReport};
-use std::os::unix::net::UnixStream;
+use std::os::fd::BorrowedFd;
 
 /// How the namespaces step finds the process.
 pub(crate) enum Start<'a> {
     /// Not in them yet: the step clones into them (and returns in the
     /// clone).
     Clone,
-    /// Cloned into them by the caller, maps written; `control` is the sync
-    /// socket the step keeps a handle on.
+    /// Cloned into them by the process on the host side, maps written;
+    /// `control` is a socket whose other end that process holds while it
+    /// lives (the step keeps a handle on it to check).
     Cloned {
         names: Vec<&'static str>,
         setgroups: bool,
-        control: &'a UnixStream,
+        control: BorrowedFd<'a>,
     },
     /// Not in them, and not going to be: the report line to push.
     Without(LayerMode, String),
@@ -77,6 +78,27 @@ impl<'a> Jail<'a> {
             view: None,
             in_ns: None,
         }
+    }
+
+    /// A pool process (the fork server, a zygote) that the supervisor
+    /// cloned into the namespaces `names` and wrote the maps of
+    /// ([`namespaces::clone_exec_mapped`]); `control` is its channel to the
+    /// supervisor, which the supervisor holds while it lives.
+    pub(crate) fn cloned(
+        plan: &'a SandboxPlan,
+        entry: Entry,
+        names: Vec<&'static str>,
+        control: BorrowedFd<'a>,
+    ) -> Jail<'a> {
+        let mut jail = Jail::new(plan, entry);
+        jail.start = Start::Cloned {
+            names,
+            // Root's maps are written without denying setgroups; an
+            // unprivileged supervisor's are not.
+            setgroups: jail.ids.root,
+            control,
+        };
+        jail
     }
 
     /// A cell forked from a pool process that went through the sequence
@@ -196,7 +218,7 @@ impl<'a> Jail<'a> {
             } => {
                 // A second handle on the sync socket, made after hygiene
                 // closed every other inherited fd (close-on-exec).
-                let sync = control.try_clone().map_err(|e| {
+                let sync = control.try_clone_to_owned().map_err(|e| {
                     SandboxError::new(
                         Layer::Namespaces,
                         format!("failed to keep the sync socket: {e}"),

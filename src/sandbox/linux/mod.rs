@@ -62,6 +62,35 @@ pub fn enter(plan: &SandboxPlan, entry: Entry) -> Result<SandboxReport, SandboxE
     jail::sequence(jail::Jail::new(plan, entry))
 }
 
+/// Enter the sandbox as `entry` (the fork server, a zygote) in a process
+/// the supervisor cloned into the namespaces `names` and executed
+/// ([`namespaces::clone_exec_mapped`]): the same sequence as [`enter`],
+/// except that the namespaces step only builds their contents. `control`
+/// is the channel to the supervisor (its hangup means the supervisor died).
+pub fn enter_cloned(
+    plan: &SandboxPlan,
+    entry: Entry,
+    names: &[String],
+    control: std::os::fd::BorrowedFd<'_>,
+) -> Result<SandboxReport, SandboxError> {
+    let names = names
+        .iter()
+        .map(|n| {
+            namespaces::ALL
+                .iter()
+                .find(|(known, _)| known == n)
+                .map(|(known, _)| *known)
+                .ok_or_else(|| {
+                    SandboxError::new(
+                        Layer::Namespaces,
+                        format!("the supervisor named an unknown namespace {n:?}"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    jail::sequence(jail::Jail::cloned(plan, entry, names, control))
+}
+
 /// The per-cell layers in a child forked from a process that went through
 /// the sequence as [`Entry::ForkServer`] (with the report `pool`): what the
 /// pool applied is inherited; the cell's own rlimits (CPU time counts from

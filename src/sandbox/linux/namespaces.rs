@@ -16,6 +16,12 @@
 //! the worker maps its own uid and gid. If user namespaces are unavailable and
 //! the worker is root, the other namespaces are created without one.
 //!
+//! The pool processes (the Rhai fork server, the Python zygotes) are
+//! started the other way round: the supervisor clones them straight into
+//! their namespaces and writes their maps itself
+//! ([`clone_exec_mapped`]), so each is PID 1 there and the supervisor's
+//! child, and no process of theirs stays on the host side only to wait.
+//!
 //! The maps must be written from outside the new user namespace, which is why
 //! the parent does it. The cell gets `PR_SET_PDEATHSIG(SIGKILL)` so that the
 //! whole PID namespace dies with the worker; since its parent is outside the
@@ -24,6 +30,7 @@
 
 use super::sys;
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 /// Namespaces cloned together, by name.
@@ -66,8 +73,9 @@ pub struct InNamespaces {
     /// when the maps were written by an unprivileged writer, which must
     /// deny it first).
     pub setgroups: bool,
-    /// Our end of the sync socket; EOF on it means the worker died.
-    pub sync: UnixStream,
+    /// A socket whose other end the process on the host side of the clone
+    /// holds for as long as it lives: its hangup means that process died.
+    pub sync: OwnedFd,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,30 +136,37 @@ pub enum Cloned {
     },
 }
 
-/// Clone into new namespaces (all of them; as root also without a user
-/// namespace if that fails) and return on both sides of the clone.
-pub fn clone_split(ids: HostIds) -> Result<Cloned, NamespaceError> {
+/// The namespace sets a clone whose maps the parent writes tries, in
+/// order: all of them, and as root also all but the user namespace.
+/// Checked and prepared before any clone: `mount_setattr(2)` (so that a
+/// best-effort profile can go on without namespaces rather than fail
+/// half-way through the mounts), and, unprivileged, this process made
+/// dumpable (writing the child's maps needs the child's /proc files to be
+/// owned by it, not by root).
+fn parent_maps_attempts(ids: HostIds) -> Result<Vec<Vec<&'static str>>, NamespaceError> {
     if !sys::mount_setattr_available() {
-        // Checked before the clone, so a best-effort profile can go on
-        // without namespaces rather than fail half-way through the mounts.
         return Err(NamespaceError::Unsupported(
             "mount_setattr(2) is missing (Linux before 5.12)",
         ));
     }
-    let all: Vec<&'static str> = ALL.iter().map(|(n, _)| *n).collect();
-    let without_user: Vec<&'static str> = all.iter().copied().filter(|n| *n != "user").collect();
-    let (parent_end, child_end) = UnixStream::pair().map_err(NamespaceError::Socket)?;
     if !ids.root {
-        // The unprivileged worker writes its child's maps, which needs the
-        // child's /proc files to be owned by it, not by root.
         sys::set_dumpable()
             .map_err(|e| NamespaceError::Setup(format!("failed to set dumpable: {e}")))?;
     }
+    let all: Vec<&'static str> = ALL.iter().map(|(n, _)| *n).collect();
+    let without_user: Vec<&'static str> = all.iter().copied().filter(|n| *n != "user").collect();
+    Ok(if ids.root {
+        vec![all, without_user]
+    } else {
+        vec![all]
+    })
+}
 
-    let mut attempts = vec![all];
-    if ids.root {
-        attempts.push(without_user);
-    }
+/// Clone into new namespaces (all of them; as root also without a user
+/// namespace if that fails) and return on both sides of the clone.
+pub fn clone_split(ids: HostIds) -> Result<Cloned, NamespaceError> {
+    let attempts = parent_maps_attempts(ids)?;
+    let (parent_end, child_end) = UnixStream::pair().map_err(NamespaceError::Socket)?;
     let mut last_err = None;
     for names in attempts {
         match sys::clone_fork(flags(&names)) {
@@ -170,6 +185,54 @@ pub fn clone_split(ids: HostIds) -> Result<Cloned, NamespaceError> {
                     names,
                     sync: child_end,
                 });
+            }
+            Err(source) => {
+                last_err = Some(NamespaceError::Clone {
+                    names: names.join(","),
+                    source,
+                })
+            }
+        }
+    }
+    Err(last_err.unwrap_or(NamespaceError::Setup("no clone attempted".into())))
+}
+
+/// Clone a child into new namespaces (all of them; as root also without a
+/// user namespace if that fails) that executes `image` once its maps are
+/// written: the calling process writes them (as [`release`] does), then
+/// tells the child to go on. The child makes only system calls until it
+/// executes `image` ([`sys::clone_exec`]), so the caller may have other
+/// threads. Returns the child's pid and the namespaces it is in; an error
+/// means no child is left (one that was made is killed and reaped).
+///
+/// This is how the supervisor starts its pool processes: the process it
+/// executes is PID 1 of the new namespaces and applies the rest of the
+/// sequence itself ([`crate::sandbox::enter_cloned`]), with no process of
+/// its own left on the host side to wait for it.
+pub fn clone_exec_mapped(
+    ids: HostIds,
+    image: &mut sys::ExecImage,
+) -> Result<(libc::pid_t, Vec<&'static str>), NamespaceError> {
+    use std::os::fd::AsRawFd;
+    let mut last_err = None;
+    for names in parent_maps_attempts(ids)? {
+        let (parent_end, child_end) = UnixStream::pair().map_err(NamespaceError::Socket)?;
+        image.go = child_end.as_raw_fd();
+        image.close = parent_end.as_raw_fd();
+        let cloned = sys::clone_exec(flags(&names), image);
+        drop(child_end);
+        match cloned {
+            Ok(pid) => {
+                let user_ns = names.contains(&"user");
+                if let Err(e) = release(pid, &parent_end, user_ns, ids) {
+                    // The child saw an error message, not "go": it exits.
+                    drop(parent_end);
+                    let pid = nix::unistd::Pid::from_raw(pid);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(pid, None);
+                    return Err(NamespaceError::Setup(e.to_string()));
+                }
+                return Ok((pid, names));
             }
             Err(source) => {
                 last_err = Some(NamespaceError::Clone {
@@ -295,7 +358,7 @@ fn cell_side(
         // unprivileged worker's are not.
         setgroups: root,
         names,
-        sync,
+        sync: sync.into(),
     })
 }
 
@@ -402,22 +465,29 @@ pub fn wait_and_mirror(pid: libc::pid_t, _keep: UnixStream) -> ! {
 }
 
 /// After the privilege drop (which clears the parent-death signal): set it
-/// again and make sure the worker is still alive, so the cell can never
-/// outlive it.
+/// again and make sure the process on the host side is still alive (its end
+/// of the sync socket is open), so the cell can never outlive it. Nothing
+/// is read from the socket (it may be the pool's protocol channel).
 pub fn confirm_parent(state: &InNamespaces) -> Result<(), NamespaceError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     sys::set_parent_death_signal(libc::SIGKILL).map_err(NamespaceError::DeathSignal)?;
-    let mut sync = &state.sync;
-    sync.set_nonblocking(true)
-        .map_err(|e| NamespaceError::Setup(e.to_string()))?;
-    let mut byte = [0u8; 1];
-    let alive =
-        matches!(sync.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-    sync.set_nonblocking(false)
-        .map_err(|e| NamespaceError::Setup(e.to_string()))?;
-    if alive {
-        Ok(())
-    } else {
+    let mut fds = [PollFd::new(state.sync.as_fd(), PollFlags::empty())];
+    loop {
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                return Err(NamespaceError::Setup(format!(
+                    "failed to poll the sync socket: {e}"
+                )))
+            }
+            Ok(_) => break,
+        }
+    }
+    let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+    if fds[0].revents().is_some_and(|r| r.intersects(gone)) {
         Err(NamespaceError::ParentGone)
+    } else {
+        Ok(())
     }
 }
 

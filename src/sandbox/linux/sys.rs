@@ -199,6 +199,161 @@ pub fn clone_fork(flags: libc::c_int) -> io::Result<Option<libc::pid_t>> {
     }
 }
 
+/// A program for [`clone_exec`] to execute, and what its child does
+/// first, all of it prepared before the clone: the child of a process with
+/// other threads may not allocate, take a lock or touch anything another
+/// thread could have left half-changed, so it only makes system calls on
+/// what is here.
+pub struct ExecImage {
+    path: CString,
+    /// Kept for the pointers in `argv_ptrs` and `envp_ptrs`.
+    _strings: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    /// The child waits for one byte `G` on this fd before anything else
+    /// (anything else, or end of file, and it exits with [`NO_GO_EXIT`]).
+    pub go: libc::c_int,
+    /// Closed in the child first (the parent's end of `go`'s socket, so
+    /// that a parent that dies is seen as end of file).
+    pub close: libc::c_int,
+    /// Open `cgroup.procs` (or `tasks`) files the child joins once it may
+    /// go on.
+    pub cgroups: Vec<libc::c_int>,
+    /// Put on fd 3, without close-on-exec.
+    pub protocol: libc::c_int,
+    /// Put on fds 0 and 1 (e.g. `/dev/null`).
+    pub null: libc::c_int,
+}
+
+/// Exit code of a [`clone_exec`] child that was not told to go on.
+pub const NO_GO_EXIT: libc::c_int = 125;
+
+impl ExecImage {
+    /// `path` executed with `argv` and exactly the environment `env`.
+    pub fn new(path: &Path, argv: &[&str], env: &[(&str, &str)]) -> io::Result<ExecImage> {
+        let nul = |_| io::Error::new(io::ErrorKind::InvalidInput, "an argument contains NUL");
+        let path = cstring(path)?;
+        let argv: Vec<CString> = argv
+            .iter()
+            .map(|a| CString::new(*a).map_err(nul))
+            .collect::<io::Result<_>>()?;
+        let envp: Vec<CString> = env
+            .iter()
+            .map(|(k, v)| CString::new(format!("{k}={v}")).map_err(nul))
+            .collect::<io::Result<_>>()?;
+        let ptrs = |v: &[CString]| {
+            let mut p: Vec<*const libc::c_char> = v.iter().map(|a| a.as_ptr()).collect();
+            p.push(std::ptr::null());
+            p
+        };
+        let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
+        let mut strings = argv;
+        strings.extend(envp);
+        Ok(ExecImage {
+            path,
+            _strings: strings,
+            argv_ptrs,
+            envp_ptrs,
+            go: -1,
+            close: -1,
+            cgroups: Vec::new(),
+            protocol: -1,
+            null: -1,
+        })
+    }
+}
+
+/// `clone(flags | SIGCHLD)` with a child that, making only system calls on
+/// what `image` holds (so the caller may have other threads): closes
+/// `image.close`, sets a parent-death SIGKILL, waits for `G` on
+/// `image.go`, joins `image.cgroups`, puts `image.null` on fds 0 and 1
+/// and `image.protocol` on fd 3, starts a session, unblocks every signal,
+/// gives SIGPIPE its default action back and executes `image`. Returns
+/// the child's pid; it exits with [`NO_GO_EXIT`] if not told to go on, 127
+/// if a step fails.
+pub fn clone_exec(flags: libc::c_int, image: &ExecImage) -> io::Result<libc::pid_t> {
+    let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: with a NULL stack and without CLONE_VM the child runs on a
+    // copy-on-write copy of this thread's stack, as after fork(2). It runs
+    // only `exec_child`, which makes system calls on memory prepared before
+    // the clone and never returns, so no lock another thread held and no
+    // allocator state is touched in the child.
+    let rc = check(unsafe { libc::syscall(libc::SYS_clone, flags, null, null, null, null) })?;
+    if rc == 0 {
+        exec_child(image)
+    }
+    Ok(rc as libc::pid_t)
+}
+
+/// The child of [`clone_exec`]. Never returns.
+fn exec_child(image: &ExecImage) -> ! {
+    // SAFETY: every call below is a system call (through its libc wrapper,
+    // none of which allocates or locks) on integers, on the `image` memory
+    // prepared before the clone, or on locals of this frame; the process
+    // ends in execve or _exit.
+    unsafe {
+        let fail = |code: libc::c_int| -> ! { libc::_exit(code) };
+        if image.close >= 0 {
+            libc::close(image.close);
+        }
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) < 0
+        {
+            fail(127);
+        }
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(image.go, (&mut byte as *mut u8).cast(), 1);
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            if n != 1 || byte != b'G' {
+                fail(NO_GO_EXIT);
+            }
+            break;
+        }
+        for cg in &image.cgroups {
+            if libc::write(*cg, b"0".as_ptr().cast(), 1) != 1 {
+                fail(127);
+            }
+        }
+        // Both sources above the targets first, so that neither can be
+        // overwritten before it is copied (dup2 leaves the targets without
+        // close-on-exec).
+        let protocol = libc::fcntl(image.protocol, libc::F_DUPFD_CLOEXEC, 10);
+        let null = libc::fcntl(image.null, libc::F_DUPFD_CLOEXEC, 10);
+        if protocol < 0
+            || null < 0
+            || libc::dup2(null, 0) < 0
+            || libc::dup2(null, 1) < 0
+            || libc::dup2(protocol, crate::sandbox::PROTOCOL_FD) < 0
+        {
+            fail(127);
+        }
+        if libc::setsid() < 0 {
+            fail(127);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGPIPE, &default, std::ptr::null_mut());
+        libc::execve(
+            image.path.as_ptr(),
+            image.argv_ptrs.as_ptr(),
+            image.envp_ptrs.as_ptr(),
+        );
+        fail(127)
+    }
+}
+
 /// Stack of a [`clone_vfork`] child: what the sandbox set-up needs, with
 /// room to spare (only the pages it touches are ever allocated).
 const VFORK_STACK_BYTES: usize = 1 << 20;

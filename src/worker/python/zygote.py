@@ -717,6 +717,10 @@ def _zygote():
 
     gc.collect()
     gc.freeze()
+    # Give back to the kernel the heap pages freed since start-up (the
+    # compiler's work on the shim, the imports' temporaries): they would
+    # otherwise stay resident in the zygote for its whole life.
+    _libc.malloc_trim(0)
     while True:
         events = poller.poll()
         for fd, ev in events:

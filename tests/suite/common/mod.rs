@@ -177,16 +177,12 @@ pub fn is_spare(pid: i32) -> bool {
         return false;
     }
     // Forked (not executed) from the fork server, so the same command
-    // line; its parent is the inner server, whose parent is the outer one.
-    let parent = |p: i32| stat(p).map(|s| s.ppid);
+    // line, and its parent is the server.
     let forkserver = |p: i32| cmdline(p).contains("__forkserver");
-    let Some(inner) = parent(pid) else {
+    let Some(server) = stat(pid).map(|s| s.ppid) else {
         return false;
     };
-    let Some(outer) = parent(inner) else {
-        return false;
-    };
-    forkserver(pid) && forkserver(inner) && forkserver(outer)
+    forkserver(pid) && forkserver(server)
 }
 
 /// (pid, state, cmdline) of every cell worker descended from this process:
@@ -203,33 +199,22 @@ pub fn children() -> Vec<(i32, char, String)> {
         .collect()
 }
 
-/// The fork servers of this process's supervisors. A fork server runs as
-/// two processes: the outer one (our child) waits for the inner one, PID 1
-/// of the pool's namespaces, which forks cells; this is the inner one.
+/// The fork servers of this process's supervisors: our children (each PID
+/// 1 of its pool's namespaces) that fork cells.
 fn fork_servers(all: &[Proc]) -> Vec<i32> {
     let me = std::process::id() as i32;
-    let outer: Vec<i32> = all
-        .iter()
-        .filter(|p| p.ppid == me && p.cmd.contains("__forkserver"))
-        .map(|p| p.pid)
-        .collect();
     all.iter()
-        .filter(|p| outer.contains(&p.ppid))
+        .filter(|p| p.ppid == me && p.cmd.contains("__forkserver"))
         .map(|p| p.pid)
         .collect()
 }
 
-/// The workers (pid, comm) forked by the fork server whose outer process is
-/// `server`: its spares and its running cells.
+/// The workers (pid, comm) forked by the fork server `server` (the pid the
+/// pool status gives): its spares and its running cells.
 pub fn forked_by(server: u32) -> Vec<(i32, String)> {
-    let all = processes();
-    let inner: Vec<i32> = all
+    processes()
         .iter()
         .filter(|p| p.ppid == server as i32)
-        .map(|p| p.pid)
-        .collect();
-    all.iter()
-        .filter(|p| inner.contains(&p.ppid))
         .map(|p| (p.pid, comm(p.pid)))
         .collect()
 }
