@@ -77,7 +77,9 @@ const POOL_ENV: [(&str, &str); 2] = [
 /// ([`crate::sandbox::linux::namespaces::clone_exec_mapped`]), so it is PID
 /// 1 there and the caller's child: no process stays on the host side to
 /// wait for it. Where that clone is refused, it is started on the host as
-/// a worker is, and clones itself.
+/// a worker is, and clones itself; `CELLBOX_POOL_CLONE=refused` in the
+/// supervisor's environment acts as if it were (to exercise that way on a
+/// kernel that allows the clone).
 pub fn start_pool_process(
     worker_exe: &std::path::Path,
     mode: &str,
@@ -86,7 +88,9 @@ pub fn start_pool_process(
     plan: &crate::sandbox::SandboxPlan,
 ) -> std::io::Result<PoolProcess> {
     #[cfg(target_os = "linux")]
-    if plan.layers.namespaces != crate::profiles::LayerMode::Off {
+    if plan.layers.namespaces != crate::profiles::LayerMode::Off
+        && std::env::var_os("CELLBOX_POOL_CLONE").is_none_or(|v| v != "refused")
+    {
         match clone_pool_process(worker_exe, mode, fd, &cgroups, plan) {
             Ok(started) => return Ok(started),
             Err(e) => tracing::debug!("starting the pool process on the host: {e}"),

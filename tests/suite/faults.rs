@@ -20,9 +20,14 @@ struct Serve {
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with_env(&[])
+    }
+
+    fn start_with_env(env: &[(&str, &str)]) -> Serve {
         let (child, stdin, lines) = json_lines(
             std::process::Command::new(bin())
                 .arg("serve")
+                .envs(env.iter().copied())
                 .stderr(std::process::Stdio::null()),
         );
         let mut s = Serve {
@@ -407,5 +412,67 @@ fn killing_a_cell_a_zygote_or_the_fork_server_spares_the_other_session() {
         eventually(10, || left_by(pid).is_empty()),
         "{:#?}",
         left_by(pid)
+    );
+}
+
+/// Where the supervisor may not clone its pool processes into their
+/// namespaces (`CELLBOX_POOL_CLONE=refused` acts as if the kernel refused),
+/// each starts on the host and clones itself, as a worker does: cells run
+/// warm all the same, and a killed serve leaves nothing.
+#[test]
+fn pool_processes_started_on_the_host_clone_themselves_and_die_with_serve() {
+    let mut a = Serve::start_with_env(&[("CELLBOX_POOL_CLONE", "refused")]);
+    let pid = a.pid();
+    let s = a.session();
+    let r = a.exec(&s, "python", "import os\n[os.getpid() > 1, 6 * 7]");
+    assert_eq!(r["value"], json!([true, 42]), "{r}");
+    let r = a.exec(&s, "rhai", "6 * 7");
+    assert_eq!(r["value"], 42, "{r}");
+    // The serve's pool children are on the host, each with its clone (PID
+    // 1 of the pool's namespaces) as its child.
+    let nspid = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("NSpid:")
+                    .map(|v| v.split_whitespace().count())
+            })
+    };
+    let all = descendants(pid);
+    let pool: Vec<i32> = all
+        .iter()
+        .map(|p| p.0)
+        .filter(|&p| {
+            procs::stat(p).is_some_and(|st| st.ppid as u32 == pid)
+                && (procs::cmdline(p).contains("__forkserver")
+                    || procs::cmdline(p).contains("__zygote"))
+        })
+        .collect();
+    assert!(pool.len() >= 2, "{pool:?}");
+    for p in pool {
+        assert_eq!(nspid(p), Some(1), "{p} is on the host");
+        let inner: Vec<i32> = all
+            .iter()
+            .map(|c| c.0)
+            .filter(|&c| procs::stat(c).is_some_and(|st| st.ppid == p))
+            .collect();
+        assert_eq!(inner.len(), 1, "{p}: {inner:?}");
+        assert_eq!(
+            nspid(inner[0]),
+            Some(2),
+            "{} is in a PID namespace",
+            inner[0]
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        eventually(10, || still_running(&all).is_empty()),
+        "outlived a killed serve: {:?}",
+        still_running(&all)
     );
 }
