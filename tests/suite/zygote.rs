@@ -526,8 +526,9 @@ fn in_pid_ns(ns: &str) -> Vec<(i32, i64)> {
 /// EPERM: it runs but may not be signalled). Unlike `/proc/<pid>`, which a
 /// cell sees only for its own processes, this works for any pid.
 /// Whether process `p` still runs, from a cell: a zombie (ended, not yet
-/// reaped by its namespace's init) does not.
-const ALIVE_PY: &str = "import os\ndef alive(p):\n    try:\n        os.kill(p, 0)\n    except ProcessLookupError:\n        return False\n    except PermissionError:\n        return True\n    try:\n        st = open(f'/proc/{p}/stat').read()\n    except OSError:\n        return True\n    return st[st.rindex(')') + 2] != 'Z'\n";
+/// reaped by its namespace's init) does not, nor one reaped between the
+/// two looks.
+const ALIVE_PY: &str = "import os\ndef alive(p):\n    try:\n        os.kill(p, 0)\n    except ProcessLookupError:\n        return False\n    except PermissionError:\n        return True\n    try:\n        st = open(f'/proc/{p}/stat').read()\n    except FileNotFoundError:\n        return False\n    except OSError:\n        return True\n    return st[st.rindex(')') + 2] != 'Z'\n";
 
 #[tokio::test]
 async fn processes_a_cell_starts_die_with_it() {
