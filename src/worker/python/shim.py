@@ -70,7 +70,11 @@ _type_module = type.__dict__["__module__"].__get__
 _st = {"max": 1 << 31, "armed": False, "expired": False, "io": False, "id": 0, "pid": 0, "ms": 0, "loop": None}
 _lock = _thread.allocate_lock()
 _sources = {}  # filename -> source lines, for tracebacks
-_reserve = [bytearray(1 << 18)]  # given back on MemoryError so `done` can still be built
+# Given back on MemoryError so `done` can still be built. `bytes(n)` is
+# calloc'd: fresh zero pages the kernel maps only when touched, so the
+# reserve holds address space (what RLIMIT_AS and RLIMIT_DATA count) but
+# no memory, in the zygote or in any process forked from it.
+_reserve = [bytes(1 << 18)]
 
 
 class CellTimeout(BaseException):
