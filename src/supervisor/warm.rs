@@ -374,6 +374,8 @@ impl ForkServer {
             .map_err(|_| PoolError::ThreadGone)?
             .map_err(PoolError::io("start the fork server"))?;
         let server_pid = started.pid;
+        // Until the server is handed to its `ServerEnd`, any failure ends it.
+        let guard = super::zygote::KillAndReap(server_pid);
         // Pool-wide layers first; a server that cannot apply them is not used.
         let report = forkserver::send(
             ours.as_fd(),
@@ -411,6 +413,7 @@ impl ForkServer {
         let reader = crate::sandbox::process::watch_readable(reader_fd)
             .map_err(PoolError::io("watch the fork server channel"))?;
         let spares = Arc::new(Mutex::new(Spares::default()));
+        std::mem::forget(guard);
         let ender = ServerEnd {
             client: client.clone(),
             spares: spares.clone(),

@@ -491,7 +491,9 @@ impl Drop for Zygote {
 }
 
 /// Kills and reaps a zygote whose start failed half-way.
-struct KillAndReap(i32);
+/// A pool process not (yet) handed to what ends it: killed and reaped
+/// when dropped (`std::mem::forget` it once handed over).
+pub(super) struct KillAndReap(pub(super) i32);
 
 impl Drop for KillAndReap {
     fn drop(&mut self) {

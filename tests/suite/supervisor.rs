@@ -590,3 +590,35 @@ async fn serve_sub_cells_obey_its_languages_and_profiles() {
         "{started:?}"
     );
 }
+
+/// A pool process that exits before it reports ready (here the "engine" is
+/// a copy of `/bin/true` under a name of its own) is reaped: no zombie of
+/// it is left however often a pool is tried.
+#[tokio::test]
+async fn pool_processes_that_never_get_ready_leave_no_zombies() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("nocbx{}", std::process::id());
+    let exe = dir.path().join(&name);
+    std::fs::copy("/bin/true", &exe).unwrap();
+    let sup = Supervisor::builder().worker_exe(&exe).build().unwrap();
+    for language in [Language::Rhai, Language::Python, Language::Rhai] {
+        let r = sup
+            .run(CellRequest::new(language, "1"), SessionConfig::default())
+            .await;
+        assert_ne!(r.status, Status::Ok, "{r:?}");
+    }
+    let me = std::process::id() as i32;
+    let left = || -> Vec<i32> {
+        procs::process_stats()
+            .into_iter()
+            .filter(|p| p.ppid == me && procs::comm(p.pid) == name)
+            .map(|p| p.pid)
+            .collect()
+    };
+    let mut waited = 0;
+    while !left().is_empty() && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert!(left().is_empty(), "left: {:?}", left());
+}
