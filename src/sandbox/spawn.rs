@@ -72,8 +72,8 @@ const POOL_ENV: [(&str, &str); 2] = [
 /// calling thread (run this on a thread that lives as long as the pool
 /// process is used).
 ///
-/// On Linux, when the plan has namespaces, the process is cloned straight
-/// into them and its maps are written here
+/// On Linux, when the plan has namespaces and the supervisor is root, the
+/// process is cloned straight into them and its maps are written here
 /// ([`crate::sandbox::linux::namespaces::clone_exec_mapped`]), so it is PID
 /// 1 there and the caller's child: no process stays on the host side to
 /// wait for it. Where that clone is refused, it is started on the host as
@@ -87,8 +87,14 @@ pub fn start_pool_process(
     cgroups: Vec<RawFd>,
     plan: &crate::sandbox::SandboxPlan,
 ) -> std::io::Result<PoolProcess> {
+    // Only as root: the process executed in the new user namespace keeps
+    // its capabilities there (to build its root) only if it is that
+    // namespace's root, as root's maps (0 to 0) make it. An unprivileged
+    // supervisor may map only its own id, so its pool processes clone
+    // themselves and keep the capabilities the clone gave them.
     #[cfg(target_os = "linux")]
     if plan.layers.namespaces != crate::profiles::LayerMode::Off
+        && crate::sandbox::linux::host_ids(plan).root
         && std::env::var_os("CELLBOX_POOL_CLONE").is_none_or(|v| v != "refused")
     {
         match clone_pool_process(worker_exe, mode, fd, &cgroups, plan) {

@@ -1391,3 +1391,43 @@ print("ok")
         );
     }
 }
+
+/// An unprivileged `cellbox` (uid 1000) runs a `--warm` Python cell from a
+/// zygote (a child in the zygote's PID namespace, not PID 1 of a cold
+/// worker's), as root does: its pool processes keep what they need to
+/// build their sandbox.
+#[test]
+fn an_unprivileged_cellbox_runs_warm_cells_from_its_pools() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test runs cellbox as uid 1000 and needs root to do so");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let py = tmp.path().join("pid.py");
+    std::fs::write(&py, "import os\nprint(os.getpid())\n").unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for warm in [true, false] {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", "--clear-groups", "--"])
+            .arg(bin())
+            .arg("run")
+            .args(warm.then_some("--warm"))
+            .arg(&py)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", tmp.path())
+            .env("TMPDIR", tmp.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let pid: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        if warm {
+            assert!(pid > 1, "the --warm cell ran cold (PID 1): {out:?}");
+        } else {
+            assert_eq!(pid, 1, "a cold cell is PID 1 of its namespace: {out:?}");
+        }
+    }
+}
