@@ -60,8 +60,9 @@ pub struct PoolProcess {
     pub cloned: Option<Vec<String>>,
 }
 
-/// The environment a pool process starts with (its sandbox replaces it).
-const POOL_ENV: [(&str, &str); 2] = [
+/// The environment a worker or pool process starts with (its sandbox
+/// replaces it).
+pub const WORKER_ENV: [(&str, &str); 2] = [
     ("PATH", "/usr/local/bin:/usr/bin:/bin"),
     ("LANG", "C.UTF-8"),
 ];
@@ -107,7 +108,7 @@ pub fn start_pool_process(
     let mut cmd = std::process::Command::new(worker_exe);
     cmd.arg(mode)
         .env_clear()
-        .envs(POOL_ENV)
+        .envs(WORKER_ENV)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit());
@@ -130,7 +131,7 @@ fn clone_pool_process(
     use crate::sandbox::linux::{host_ids, namespaces, sys};
     let exe = worker_exe.to_str().ok_or("the worker path is not UTF-8")?;
     let mut image =
-        sys::ExecImage::new(worker_exe, &[exe, mode], &POOL_ENV).map_err(|e| e.to_string())?;
+        sys::ExecImage::new(worker_exe, &[exe, mode], &WORKER_ENV).map_err(|e| e.to_string())?;
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -790,6 +790,33 @@ fn cellbox_works_from_path_as_from_the_build_directory() {
     }
 }
 
+/// A temporary directory owned by uid 1000 (mode 0755), for a test that
+/// runs cellbox as that user; such a test needs root.
+fn user_1000_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test runs cellbox as uid 1000 and needs root to do so");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    tmp
+}
+
+/// `cellbox` run as uid 1000 (no groups), with a bare environment whose
+/// HOME and TMPDIR are `dir` and stdin `/dev/null`; add its arguments.
+fn cellbox_as_user_1000(dir: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=1000", "--regid=1000", "--clear-groups", "--"])
+        .arg(bin())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", dir)
+        .env("TMPDIR", dir)
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
 /// What a cell leaves in its scratch directory goes with it, whatever modes
 /// and depth it left: a supervisor that is not root cannot remove entries of
 /// a directory the cell made `chmod 0`, and a chain of directories deeper
@@ -801,12 +828,7 @@ fn cellbox_works_from_path_as_from_the_build_directory() {
 #[test]
 fn what_a_cell_leaves_is_removed_whatever_modes_and_depth() {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() {
-        panic!("this test runs cellbox as uid 1000 and needs root to do so");
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmp = user_1000_dir();
     let as_user = |args: &[&str]| {
         let out = std::process::Command::new("prlimit")
             .args([
@@ -922,11 +944,7 @@ fn exec_holds_a_forking_program_to_the_memory_limit_in_all() {
 #[test]
 fn a_required_cgroup_layer_that_cannot_be_made_refuses_the_cell() {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() {
-        panic!("this test runs cellbox as uid 1000 and needs root to do so");
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
+    let tmp = user_1000_dir();
     let shell = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/sandbox-profiles/shell.toml"
@@ -938,9 +956,7 @@ fn a_required_cgroup_layer_that_cannot_be_made_refuses_the_cell() {
     std::fs::write(&profile, required).unwrap();
     std::fs::set_permissions(&profile, std::fs::Permissions::from_mode(0o644)).unwrap();
     let run = |profile: &str| {
-        std::process::Command::new("setpriv")
-            .args(["--reuid=1000", "--regid=1000", "--clear-groups", "--"])
-            .arg(bin())
+        cellbox_as_user_1000(tmp.path())
             .args([
                 "exec",
                 "--json",
@@ -950,9 +966,6 @@ fn a_required_cgroup_layer_that_cannot_be_made_refuses_the_cell() {
                 "/bin/echo",
                 "hi",
             ])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("TMPDIR", tmp.path())
             .output()
             .unwrap()
     };
@@ -1399,27 +1412,15 @@ print("ok")
 #[test]
 fn an_unprivileged_cellbox_runs_warm_cells_from_its_pools() {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() {
-        panic!("this test runs cellbox as uid 1000 and needs root to do so");
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(tmp.path(), Some(1000), Some(1000)).unwrap();
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmp = user_1000_dir();
     let py = tmp.path().join("pid.py");
     std::fs::write(&py, "import os\nprint(os.getpid())\n").unwrap();
     std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o644)).unwrap();
     for warm in [true, false] {
-        let out = std::process::Command::new("setpriv")
-            .args(["--reuid=1000", "--regid=1000", "--clear-groups", "--"])
-            .arg(bin())
+        let out = cellbox_as_user_1000(tmp.path())
             .arg("run")
             .args(warm.then_some("--warm"))
             .arg(&py)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", tmp.path())
-            .env("TMPDIR", tmp.path())
-            .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");

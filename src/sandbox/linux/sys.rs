@@ -241,12 +241,7 @@ impl ExecImage {
             .iter()
             .map(|(k, v)| CString::new(format!("{k}={v}")).map_err(nul))
             .collect::<io::Result<_>>()?;
-        let ptrs = |v: &[CString]| {
-            let mut p: Vec<*const libc::c_char> = v.iter().map(|a| a.as_ptr()).collect();
-            p.push(std::ptr::null());
-            p
-        };
-        let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
+        let (argv_ptrs, envp_ptrs) = (null_terminated(&argv), null_terminated(&envp));
         let mut strings = argv;
         strings.extend(envp);
         Ok(ExecImage {
@@ -540,6 +535,14 @@ pub fn landlock_abi() -> Option<u32> {
     u32::try_from(rc).ok().filter(|v| *v > 0)
 }
 
+/// The NULL-terminated array of pointers into `strings` that `execve`
+/// takes (valid while `strings` is).
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    let mut p: Vec<*const libc::c_char> = strings.iter().map(|a| a.as_ptr()).collect();
+    p.push(std::ptr::null());
+    p
+}
+
 /// `execve(path, argv, envp)` where `path` is a raw pointer the caller owns
 /// (the exec gate's buffer). Returns only on failure.
 ///
@@ -550,10 +553,7 @@ pub unsafe fn execve_raw(
     argv: &[CString],
     envp: &[CString],
 ) -> io::Error {
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-    envp_ptrs.push(std::ptr::null());
+    let (argv_ptrs, envp_ptrs) = (null_terminated(argv), null_terminated(envp));
     // SAFETY: the caller guarantees `path`; argv and envp are NULL-terminated
     // arrays of pointers into CStrings that outlive the call.
     unsafe { libc::execve(path, argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };

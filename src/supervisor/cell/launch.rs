@@ -607,8 +607,7 @@ pub(super) fn start_direct(
     let mut cmd = std::process::Command::new(&sup.worker_exe);
     cmd.arg(crate::worker::WORKER_ARG)
         .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
+        .envs(spawn::WORKER_ENV)
         .env("HOME", home)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
