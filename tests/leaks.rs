@@ -123,6 +123,7 @@ async fn no_leaked_fds_zombies_or_dirs_after_250_cells_on_either_path() {
                 .unwrap_or(0)
         };
         let pool_dirs = in_pool();
+        let fds_before = procs::fd_list();
         let (procs, spares) = settled_processes();
         two_hundred_and_fifty_cells(&sup).await;
         // The pool refills its spares in the background; let it.
@@ -132,7 +133,12 @@ async fn no_leaked_fds_zombies_or_dirs_after_250_cells_on_either_path() {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        assert_eq!(open_fds(), fds, "file descriptors leaked (warm: {warm})");
+        assert_eq!(
+            open_fds(),
+            fds,
+            "file descriptors leaked (warm: {warm}); before the cells: {fds_before:#?}, after: {:#?}",
+            procs::fd_list()
+        );
         assert_eq!(
             in_pool(),
             pool_dirs,

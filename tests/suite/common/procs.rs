@@ -125,3 +125,22 @@ pub fn descendants(root: i32) -> Vec<i32> {
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
+
+/// Open fds of this process and what each is ("7 -> pipe:[1234]"), to say
+/// which ones a failed count is about.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn fd_list() -> Vec<String> {
+    let mut fds: Vec<(i32, String)> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            let to = std::fs::read_link(e.path()).ok()?;
+            Some((fd, to.display().to_string()))
+        })
+        .collect();
+    fds.sort();
+    fds.into_iter()
+        .map(|(fd, to)| format!("{fd} -> {to}"))
+        .collect()
+}
