@@ -51,6 +51,46 @@ const LOST: Reaped = Reaped {
     max_rss_kb: 0,
 };
 
+/// How long after a cell's result the state process it replaced is ended
+/// (see [`Retired`]).
+const RETIRE_AFTER: Duration = Duration::from_millis(1);
+
+/// The state process a cell's successor replaced, ended a moment after the
+/// cell's result rather than before it: its exit (the kernel freeing an
+/// interpreter's pages, most of a millisecond) would otherwise compete
+/// with handing the result back, often on the same CPU. It runs none of
+/// the session's code while it waits (a state process runs code only when
+/// asked to fork a cell, and nothing asks this one any more). The
+/// session's next cell ends it at once if it comes sooner.
+#[derive(Default)]
+pub(crate) struct Retired(Arc<Mutex<Option<Arc<StateProc>>>>);
+
+impl std::fmt::Debug for Retired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retired").finish_non_exhaustive()
+    }
+}
+
+impl Retired {
+    /// End `state` [`RETIRE_AFTER`] from now (or at [`Self::now`]).
+    pub(crate) fn later(&self, state: Arc<StateProc>) {
+        let before = lock(&self.0).replace(state);
+        drop(before);
+        let slot = self.0.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RETIRE_AFTER).await;
+            let state = lock(&slot).take();
+            drop(state);
+        });
+    }
+
+    /// End the retired state process now, if one waits.
+    pub(crate) fn now(&self) {
+        let state = lock(&self.0).take();
+        drop(state);
+    }
+}
+
 /// One state process: the supervisor's end of its channel and a pidfd.
 pub(crate) struct StateProc {
     /// Its channel: requests by id, the ends of the cells it forked.

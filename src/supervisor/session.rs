@@ -92,6 +92,10 @@ struct State {
     pending_vars: Namespace,
     #[cfg(target_os = "linux")]
     checkpoints: std::collections::BTreeMap<String, Checkpoint>,
+    /// The state process the last cell's successor replaced, until it is
+    /// ended (see `super::live::Retired`).
+    #[cfg(target_os = "linux")]
+    retired: super::live::Retired,
 }
 
 struct SessionInner {
@@ -199,6 +203,8 @@ impl Session {
     /// namespace.
     pub async fn run(&self, request: CellRequest) -> CellResult {
         let mut state = self.inner.state.lock().await;
+        #[cfg(target_os = "linux")]
+        state.retired.now();
         state.execution_count += 1;
         let count = state.execution_count;
         let limits = self.inner.config.limits.tighten(&request.limits);
@@ -350,6 +356,11 @@ impl Session {
         match (result.status == Status::Ok, kept, live_done) {
             (true, Some(next), Some((done, report))) => {
                 state.live = Some(next);
+                // Ended after the result is handed back (unless a
+                // checkpoint holds it).
+                if let Some(p) = previous {
+                    state.retired.later(p);
+                }
                 result.state = Some(StateOutcome::Kept);
                 if previous_gone {
                     result.notes.push(

@@ -506,10 +506,16 @@ async fn a_cell_that_kills_its_own_state_never_reports_it_kept() {
 async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
     let sup = supervisor();
     let s = sup.session(SessionConfig::default()).unwrap();
-    let r = py_in(&s, "x = 1\nopen('/proc/self/cgroup').read()").await;
+    let r = py_in(
+        &s,
+        "import os\nx = 1\n[open('/proc/self/cgroup').read(), os.getpid()]",
+    )
+    .await;
     assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
-    let pids = r
-        .value
+    // The session's state process: the kept cell's own process (see
+    // `live_keep`), by its pid in the sandbox's PID namespace.
+    let mut state = r.value[1].to_string();
+    let pids = r.value[0]
         .as_str()
         .unwrap()
         .lines()
@@ -532,26 +538,26 @@ async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
             .to_owned()
     };
     // The state process's spare: its child, once it has been idle a
-    // moment; its pid in the sandbox's PID namespace.
-    let spare = || -> Option<String> {
+    // moment (and the state process the cell replaced is gone); its pid in
+    // the sandbox's PID namespace.
+    let spare = |state: &str| -> Option<String> {
         let held = std::fs::read_to_string(&procs).ok()?;
         let pids: Vec<&str> = held.lines().collect();
         let [a, b] = pids.as_slice() else {
             return None;
         };
-        let child = if status(a, "PPid:") == *b { a } else { b };
-        let parent = if child == a { b } else { a };
-        // Not a state process that is being replaced (killed, SIGKILL
-        // pending) and the cell's process that became the next one.
-        let dying = ["SigPnd:", "ShdPnd:"]
-            .iter()
-            .any(|k| u64::from_str_radix(&status(parent, k), 16).is_ok_and(|m| m != 0));
-        (!dying && status(child, "PPid:") == **parent).then(|| status(child, "NSpid:"))
+        let (parent, child) = if status(a, "NSpid:") == state {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        (status(parent, "NSpid:") == state && status(child, "PPid:") == **parent)
+            .then(|| status(child, "NSpid:"))
     };
     for round in 0..3 {
         let mut found = None;
         for _ in 0..500 {
-            found = spare();
+            found = spare(&state);
             if found.is_some() {
                 break;
             }
@@ -570,6 +576,9 @@ async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
             0 => {
                 assert_eq!(r.status, Status::Ok, "{r:?}");
                 assert_eq!(r.value.to_string(), ns_pid, "{r:?}");
+                // Kept: the cell's own process is the state now.
+                assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+                state = ns_pid.clone();
             }
             1 => {
                 assert_ne!(r.status, Status::Ok, "{r:?}");

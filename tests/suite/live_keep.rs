@@ -177,3 +177,76 @@ async fn cpu_time_does_not_accumulate_across_cells_of_a_state_process() {
     assert_ne!(v[0].as_i64().unwrap(), heavy, "{r:?}");
     assert_eq!(v[1], json!(7), "{r:?}");
 }
+
+/// The pids (in the sandbox's PID namespace) of the processes in the pids
+/// cgroup that `cgroup` (a cell's `/proc/self/cgroup`) names.
+fn ns_pids_in_group(cgroup: &str) -> Vec<i64> {
+    let path = cgroup
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
+        })
+        .and_then(|l| l.rsplit(':').next())
+        .unwrap_or_else(|| panic!("no pids cgroup in {cgroup}"));
+    let procs = std::fs::read_to_string(format!("/sys/fs/cgroup/pids{path}/cgroup.procs")).unwrap();
+    procs
+        .lines()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_state_process_a_kept_cell_replaced_ends_after_the_result_without_a_next_cell() {
+    let sup = supervisor();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "import os\nx = 1\n[os.getppid(), os.getpid(), open('/proc/self/cgroup').read()]",
+    )
+    .await;
+    assert_eq!(r.state, Some(StateOutcome::Kept), "{r:?}");
+    let v = r.value.as_array().unwrap();
+    let (old, me) = (v[0].as_i64().unwrap(), v[1].as_i64().unwrap());
+    let cgroup = v[2].as_str().unwrap().to_owned();
+    // The state process the cell ran from is ended a moment after the
+    // result (not by the next cell: none comes); the cell's own process
+    // is the session's state now.
+    let mut held = ns_pids_in_group(&cgroup);
+    for _ in 0..200 {
+        if !held.contains(&old) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        held = ns_pids_in_group(&cgroup);
+    }
+    assert!(
+        !held.contains(&old),
+        "the replaced state process {old} is still in the session's group: {held:?}"
+    );
+    assert!(held.contains(&me), "{me} is not in {held:?}");
+    // Cells right after each other: each one's predecessor ends when the
+    // next comes, and every cell runs from the one before.
+    let mut last = me;
+    for i in 2..=6 {
+        let r = py_in(
+            &s,
+            &format!("x += 1\nassert x == {i}\n[os.getppid(), os.getpid()]"),
+        )
+        .await;
+        assert_eq!(r.state, Some(StateOutcome::Kept), "cell {i}: {r:?}");
+        let (parent, pid) = pids(&r);
+        assert_eq!(parent, last, "cell {i}: {r:?}");
+        last = pid;
+    }
+}
