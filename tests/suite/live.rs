@@ -187,20 +187,7 @@ async fn a_live_cell_runs_in_its_sessions_group_and_what_it_leaves_is_killed() {
         assert_eq!(r.state, Some(StateOutcome::Kept));
         seen.push(r.value.clone());
     }
-    let pids_of = |v: &serde_json::Value| -> String {
-        let text = v[0].as_str().unwrap();
-        text.lines()
-            .find(|l| {
-                l.split(':')
-                    .nth(1)
-                    .is_some_and(|c| c.split(',').any(|c| c == "pids"))
-            })
-            .unwrap_or_else(|| panic!("no pids line in {text}"))
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .to_owned()
-    };
+    let pids_of = |v: &serde_json::Value| -> String { pids_cgroup_of(v[0].as_str().unwrap()) };
     for v in &seen {
         // …/s<k>: the session's group, beside its state processes (a cell
         // is never moved by pid).
@@ -515,18 +502,7 @@ async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
     // The session's state process: the kept cell's own process (see
     // `live_keep`), by its pid in the sandbox's PID namespace.
     let mut state = r.value[1].to_string();
-    let pids = r.value[0]
-        .as_str()
-        .unwrap()
-        .lines()
-        .find(|l| {
-            l.split(':')
-                .nth(1)
-                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
-        })
-        .and_then(|l| l.rsplit(':').next())
-        .unwrap()
-        .to_owned();
+    let pids = pids_cgroup_of(r.value[0].as_str().unwrap());
     let procs = format!("/sys/fs/cgroup/pids{pids}/cgroup.procs");
     let status = |pid: &str, key: &str| -> String {
         std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -181,15 +181,7 @@ async fn cpu_time_does_not_accumulate_across_cells_of_a_state_process() {
 /// The pids (in the sandbox's PID namespace) of the processes in the pids
 /// cgroup that `cgroup` (a cell's `/proc/self/cgroup`) names.
 fn ns_pids_in_group(cgroup: &str) -> Vec<i64> {
-    let path = cgroup
-        .lines()
-        .find(|l| {
-            l.split(':')
-                .nth(1)
-                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
-        })
-        .and_then(|l| l.rsplit(':').next())
-        .unwrap_or_else(|| panic!("no pids cgroup in {cgroup}"));
+    let path = pids_cgroup_of(cgroup);
     let procs = std::fs::read_to_string(format!("/sys/fs/cgroup/pids{path}/cgroup.procs")).unwrap();
     procs
         .lines()

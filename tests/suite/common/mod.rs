@@ -288,3 +288,18 @@ pub fn supervisor_with(tools_toml: &str) -> Supervisor {
     let _ = slot.set(sup.downgrade());
     sup
 }
+
+/// The path of the pids cgroup named in `cgroup` (a cell's
+/// `/proc/self/cgroup`), beneath the hierarchy's mount point.
+pub fn pids_cgroup_of(cgroup: &str) -> String {
+    cgroup
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "pids"))
+        })
+        .and_then(|l| l.rsplit(':').next())
+        .unwrap_or_else(|| panic!("no pids cgroup in {cgroup}"))
+        .to_owned()
+}
