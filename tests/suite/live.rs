@@ -504,15 +504,7 @@ async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
     let mut state = r.value[1].to_string();
     let pids = pids_cgroup_of(r.value[0].as_str().unwrap());
     let procs = format!("/sys/fs/cgroup/pids{pids}/cgroup.procs");
-    let status = |pid: &str, key: &str| -> String {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().last())
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let status = procs::status_field;
     // The state process's spare: its child, once it has been idle a
     // moment (and the state process the cell replaced is gone); its pid in
     // the sandbox's PID namespace.

@@ -185,16 +185,7 @@ fn ns_pids_in_group(cgroup: &str) -> Vec<i64> {
     let procs = std::fs::read_to_string(format!("/sys/fs/cgroup/pids{path}/cgroup.procs")).unwrap();
     procs
         .lines()
-        .filter_map(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))?
-                .split_whitespace()
-                .last()?
-                .parse()
-                .ok()
-        })
+        .filter_map(|pid| procs::status_field(pid, "NSpid:").parse().ok())
         .collect()
 }
 

@@ -121,9 +121,18 @@ pub fn descendants(root: i32) -> Vec<i32> {
         .collect()
 }
 
-/// Open fds of this process.
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
+/// The last word of the `key` line (as "NSpid:") of a process's
+/// `/proc/<pid>/status`: for NSpid, its pid in its innermost PID
+/// namespace. Empty when the process or the line is gone.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn status_field(pid: &str, key: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().last())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Open fds of this process and what each is ("7 -> pipe:[1234]"), to say
