@@ -8,6 +8,13 @@
 //! `TCP_QUICKACK`, which sends a pending ACK at once; and `TCP_NODELAY` is
 //! set for what this side writes.
 //!
+//! A POST's response is often an SSE stream the server ends right after
+//! the response to the POST's request. The connection goes back to the
+//! pool only once that end is read, so the response is handed on only
+//! after it (see [`EndsFirst`]): otherwise the caller, woken by the
+//! response, can send its next request while the connection is still
+//! busy, and that request opens another.
+//!
 //! The pool (hyper-util's) drops connections the server closed, and sends
 //! a request again on a new connection only when it was not written to
 //! the old one; a request cut off after it was sent fails with the error.
@@ -29,9 +36,10 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -42,6 +50,14 @@ const MAX_RESPONSE: usize = 16 << 20;
 
 /// How long an idle connection is kept.
 const IDLE: Duration = Duration::from_secs(30);
+
+/// How long the end of a POST's SSE stream is waited for once the stream
+/// carried the response to the POST's request.
+const DRAIN: Duration = Duration::from_millis(50);
+
+/// After this many waits for a stream's end that ran out, the server is
+/// taken to keep its streams open and responses are handed on at once.
+const DRAIN_MISSES: u32 = 3;
 
 /// A request or its response failed.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +80,8 @@ type Error = StreamableHttpError<HttpClientError>;
 pub struct PooledClient {
     http: Client<QuickAckConnector, Full<Bytes>>,
     fallback: reqwest::Client,
+    /// How many waits for the end of a stream ran out (see [`EndsFirst`]).
+    drain_misses: Arc<AtomicU32>,
 }
 
 impl PooledClient {
@@ -74,7 +92,98 @@ impl PooledClient {
             .pool_idle_timeout(IDLE)
             .pool_max_idle_per_host(4)
             .build(QuickAckConnector(connector));
-        PooledClient { http, fallback }
+        PooledClient {
+            http,
+            fallback,
+            drain_misses: Arc::new(AtomicU32::new(0)),
+        }
+    }
+}
+
+type Events = Pin<Box<dyn futures_core::Stream<Item = Result<Sse, SseError>> + Send>>;
+
+/// A POST's SSE stream that holds the response to the POST's request
+/// until the stream has ended (or [`DRAIN`] has passed), so that the
+/// connection is back in the pool before whoever waits for the response
+/// can send another request. Events after the response are handed on
+/// after it, in order; nothing is dropped.
+struct EndsFirst {
+    /// `None` once the stream has ended.
+    inner: Option<Events>,
+    /// The id of the POST's request, as JSON.
+    id: serde_json::Value,
+    /// Events read while waiting for the end.
+    held: VecDeque<Result<Sse, SseError>>,
+    /// Set while waiting for the end.
+    draining: Option<Pin<Box<tokio::time::Sleep>>>,
+    misses: Arc<AtomicU32>,
+}
+
+impl EndsFirst {
+    /// Whether `event` carries the response (or error) to the request.
+    fn answers(&self, event: &Sse) -> bool {
+        use serde::de::IgnoredAny;
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            id: Option<serde_json::Value>,
+            method: Option<IgnoredAny>,
+            result: Option<IgnoredAny>,
+            error: Option<IgnoredAny>,
+        }
+        let Some(data) = &event.data else {
+            return false;
+        };
+        match serde_json::from_str::<Reply>(data) {
+            Ok(r) => {
+                r.method.is_none()
+                    && (r.result.is_some() || r.error.is_some())
+                    && r.id.as_ref() == Some(&self.id)
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl futures_core::Stream for EndsFirst {
+    type Item = Result<Sse, SseError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.draining.is_none() {
+                if let Some(event) = this.held.pop_front() {
+                    return Poll::Ready(Some(event));
+                }
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match inner.as_mut().poll_next(cx) {
+                Poll::Ready(None) => {
+                    this.inner = None;
+                    this.draining = None;
+                }
+                Poll::Ready(Some(event)) if this.draining.is_some() => this.held.push_back(event),
+                Poll::Ready(Some(event)) => {
+                    let answers = matches!(&event, Ok(e) if this.answers(e));
+                    if !answers || this.misses.load(Ordering::Relaxed) >= DRAIN_MISSES {
+                        return Poll::Ready(Some(event));
+                    }
+                    this.held.push_back(event);
+                    this.draining = Some(Box::pin(tokio::time::sleep(DRAIN)));
+                }
+                Poll::Pending => {
+                    let Some(deadline) = this.draining.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    if deadline.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    this.misses.fetch_add(1, Ordering::Relaxed);
+                    this.draining = None;
+                }
+            }
+        }
     }
 }
 
@@ -273,9 +382,18 @@ impl StreamableHttpClient for PooledClient {
         match content_type.as_deref() {
             Some(ct) if ct.starts_with(EVENT_STREAM_MIME_TYPE) => {
                 let body = body.map_err(std::io::Error::other);
-                let events: Pin<
-                    Box<dyn futures_core::Stream<Item = Result<Sse, SseError>> + Send>,
-                > = Box::pin(sse_stream::SseStream::new(body));
+                let mut events: Events = Box::pin(sse_stream::SseStream::new(body));
+                if let ClientJsonRpcMessage::Request(request) = &message {
+                    if let Ok(id) = serde_json::to_value(&request.id) {
+                        events = Box::pin(EndsFirst {
+                            inner: Some(events),
+                            id,
+                            held: VecDeque::new(),
+                            draining: None,
+                            misses: self.drain_misses.clone(),
+                        });
+                    }
+                }
                 Ok(StreamableHttpPostResponse::Sse(events, session_id))
             }
             Some(ct) if ct.starts_with(JSON_MIME_TYPE) => {
@@ -322,5 +440,114 @@ impl StreamableHttpClient for PooledClient {
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
             .map_err(from_reqwest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_core::Stream;
+
+    /// Events sent into a channel, as a stream.
+    struct Channel(tokio::sync::mpsc::UnboundedReceiver<Result<Sse, SseError>>);
+
+    impl Stream for Channel {
+        type Item = Result<Sse, SseError>;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx)
+        }
+    }
+
+    fn event(data: &str) -> Result<Sse, SseError> {
+        Ok(Sse {
+            event: Some("message".into()),
+            data: Some(data.into()),
+            id: None,
+            retry: None,
+        })
+    }
+
+    const NOTICE: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#;
+    const REPLY: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+
+    type Sender = tokio::sync::mpsc::UnboundedSender<Result<Sse, SseError>>;
+
+    fn ends_first(misses: u32) -> (Sender, EndsFirst) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stream = EndsFirst {
+            inner: Some(Box::pin(Channel(rx))),
+            id: serde_json::json!(7),
+            held: VecDeque::new(),
+            draining: None,
+            misses: Arc::new(AtomicU32::new(misses)),
+        };
+        (tx, stream)
+    }
+
+    /// One poll, with a waker that does nothing.
+    fn poll(stream: &mut EndsFirst) -> Poll<Option<Option<String>>> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        Pin::new(stream)
+            .poll_next(&mut cx)
+            .map(|e| e.map(|e| e.ok().and_then(|e| e.data)))
+    }
+
+    fn ready(data: &str) -> Poll<Option<Option<String>>> {
+        Poll::Ready(Some(Some(data.to_owned())))
+    }
+
+    #[tokio::test]
+    async fn the_response_is_handed_on_once_the_stream_has_ended_and_nothing_after_it_is_lost() {
+        let (tx, mut stream) = ends_first(0);
+        tx.send(event(NOTICE)).unwrap();
+        tx.send(event(REPLY)).unwrap();
+        assert_eq!(poll(&mut stream), ready(NOTICE));
+        // The response is read, and held while the stream is open.
+        assert_eq!(poll(&mut stream), Poll::Pending);
+        assert_eq!(poll(&mut stream), Poll::Pending);
+        let late = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#;
+        tx.send(event(late)).unwrap();
+        assert_eq!(poll(&mut stream), Poll::Pending);
+        drop(tx);
+        assert_eq!(poll(&mut stream), ready(REPLY));
+        assert_eq!(poll(&mut stream), ready(late));
+        assert_eq!(poll(&mut stream), Poll::Ready(None));
+        assert_eq!(stream.misses.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn other_ids_and_notices_are_not_held() {
+        let (tx, mut stream) = ends_first(0);
+        let other = r#"{"jsonrpc":"2.0","id":8,"result":{}}"#;
+        let named = r#"{"jsonrpc":"2.0","id":"7","result":{}}"#;
+        let request = r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage"}"#;
+        for data in [other, named, request, "not json"] {
+            tx.send(event(data)).unwrap();
+            assert_eq!(poll(&mut stream), ready(data));
+        }
+        // An error to the request is its response.
+        tx.send(event(
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"x"}}"#,
+        ))
+        .unwrap();
+        assert_eq!(poll(&mut stream), Poll::Pending);
+    }
+
+    #[tokio::test]
+    async fn a_stream_left_open_hands_the_response_on_after_the_wait_and_then_at_once() {
+        use std::future::poll_fn;
+        let (tx, mut stream) = ends_first(DRAIN_MISSES - 1);
+        tx.send(event(REPLY)).unwrap();
+        assert_eq!(poll(&mut stream), Poll::Pending);
+        let data = |e: Option<Result<Sse, SseError>>| e.and_then(|e| e.ok()).and_then(|e| e.data);
+        let got = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await;
+        assert_eq!(data(got).as_deref(), Some(REPLY));
+        assert_eq!(stream.misses.load(Ordering::Relaxed), DRAIN_MISSES);
+        // The stream is still open and still carries events.
+        tx.send(event(NOTICE)).unwrap();
+        assert_eq!(poll(&mut stream), ready(NOTICE));
+        // With that many misses a response is no longer held.
+        tx.send(event(REPLY)).unwrap();
+        assert_eq!(poll(&mut stream), ready(REPLY));
     }
 }

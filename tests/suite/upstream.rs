@@ -693,13 +693,15 @@ async fn upstream_http_many_calls_share_one_kept_alive_connection() {
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let want: Vec<Value> = (0..60).map(|i| json!(f64::from(i + 1))).collect();
     assert_eq!(r.value, Value::Array(want));
-    // Kept alive, not one per call. Mostly one: now and then a call's
-    // response stream is still being ended when the next call starts, and
-    // that one takes another connection (seen as 3 in about one run of 12,
-    // with pool processes started either way).
+    // Kept alive, not one per call: one. A response is handed on only once
+    // its SSE stream has ended, so the connection is back in the pool
+    // before the cell can make its next call (this was 11 in a loaded CI
+    // run when the response was handed on first). The one call allowed on
+    // a second connection is for the pool's own task, which puts the
+    // connection back, being run after that whole round trip.
     let conns = up.calls_on.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
-        (1..=4).contains(&conns),
+        (1..=2).contains(&conns),
         "60 tool calls were made over {conns} connections"
     );
 }
