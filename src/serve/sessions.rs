@@ -155,7 +155,12 @@ impl SessionTable {
                 idle,
             }),
             sup,
-            config,
+            // A named session runs one cell after another: each next
+            // cell's worker is started once the last is over.
+            config: SessionConfig {
+                prepare_next: true,
+                ..config
+            },
         }
     }
 

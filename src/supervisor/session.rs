@@ -22,6 +22,13 @@ pub struct SessionConfig {
     pub python_state: PythonState,
     /// Checkpoints a live Python session may keep at once.
     pub max_checkpoints: usize,
+    /// Once a cell is over, start the worker of the session's next cell,
+    /// in the language of that one (see [`Session::prepare_cell`]): the
+    /// next cell then only sends its code. For sessions that run many
+    /// cells, such as a server's named sessions; the worker waits, one of
+    /// the session's processes, until a cell uses it or the session ends.
+    #[serde(skip)]
+    pub prepare_next: bool,
 }
 
 impl Default for SessionConfig {
@@ -32,6 +39,7 @@ impl Default for SessionConfig {
             profile: None,
             python_state: PythonState::default(),
             max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+            prepare_next: false,
         }
     }
 }
@@ -119,6 +127,34 @@ struct SessionInner {
     sup: Arc<Inner>,
 }
 
+impl Drop for SessionInner {
+    fn drop(&mut self) {
+        let prepared = std::mem::take(&mut *crate::util::lock(&self.prepared));
+        if prepared.is_empty() {
+            return;
+        }
+        // Ending a worker started ahead may wait for it to be gone: on a
+        // runtime, that is done on a blocking thread. The session's scratch
+        // and groups are held until then, and given back after (in their
+        // order as fields), so no other session gets them while it lives.
+        let after = (self.scratch.clone(), self.share.clone(), self.sup.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || {
+                    drop(prepared);
+                    drop(after);
+                });
+            }
+            Err(_) => drop(prepared),
+        }
+    }
+}
+
+/// How long after a cell's result the next cell's worker is started (see
+/// [`SessionConfig::prepare_next`]): its fork and sandboxing would
+/// otherwise compete with handing the result on.
+const PREPARE_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A sequence of cells sharing a namespace. Cells of one session run one
 /// at a time; clone the handle freely.
 #[derive(Clone)]
@@ -202,6 +238,32 @@ impl Session {
     /// Run one cell. A cell that does not end `ok` changes nothing in the
     /// namespace.
     pub async fn run(&self, request: CellRequest) -> CellResult {
+        let language = request.language;
+        let result = self.run_one(request).await;
+        if self.inner.config.prepare_next {
+            self.prepare_next(language);
+        }
+        result
+    }
+
+    /// Start the worker of the session's next `language` cell in the
+    /// background, shortly after this one's result (see
+    /// [`SessionConfig::prepare_next`]). A session let go meanwhile gets
+    /// none.
+    fn prepare_next(&self, language: Language) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let session = Arc::downgrade(&self.inner);
+        rt.spawn(async move {
+            tokio::time::sleep(PREPARE_AFTER).await;
+            if let Some(inner) = session.upgrade() {
+                Session { inner }.prepare_cell(language).await;
+            }
+        });
+    }
+
+    async fn run_one(&self, request: CellRequest) -> CellResult {
         let mut state = self.inner.state.lock().await;
         #[cfg(target_os = "linux")]
         state.retired.now();

@@ -2241,3 +2241,69 @@ async fn a_second_prepared_session_is_given_back_once_calls_stop_overlapping() {
     assert!(!is_error, "{r:#}");
     within("close", s.client.cancel()).await.unwrap();
 }
+
+/// A named session's next cell has its worker started once the last cell
+/// is over, in that cell's language: the next Rhai cell runs in it (with
+/// the session's values), one is waiting again after each, and the one
+/// waiting when the session is closed goes with it.
+#[tokio::test]
+async fn a_named_sessions_next_cell_runs_in_a_worker_started_ahead() {
+    let s = stdio_server(&[]).await;
+    let created = call(&s.client, "create_session", json!({})).await;
+    assert_eq!(created.is_error, Some(false));
+    let id = created.structured_content.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The tool list waits for the server's probe cells, whose workers
+    // are then gone (none is left waiting: only named sessions prepare).
+    tools(&s.client).await;
+    let others = waiting_rhai_workers(s.pid);
+    let ahead = |used: &[i32]| {
+        let mut w = waiting_rhai_workers(s.pid);
+        w.retain(|p| !others.contains(p) && !used.contains(p));
+        w
+    };
+    let (r, e, _) = exec(
+        &s.client,
+        json!({"language": "rhai", "code": "let a = 40; a", "session_id": id}),
+    )
+    .await;
+    assert!(!e, "{r:#}");
+    assert_eq!(r["value"], json!(40), "{r:#}");
+    let mut used: Vec<i32> = Vec::new();
+    for n in 0..4 {
+        let t0 = Instant::now();
+        let waiting = loop {
+            let w = ahead(&used);
+            if !w.is_empty() {
+                break w;
+            }
+            assert!(
+                t0.elapsed() < PATIENCE,
+                "no worker was started ahead for the session's cell {}",
+                n + 2
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(waiting.len(), 1, "{waiting:?}");
+        if n == 3 {
+            // Closing the session ends the worker waiting for it.
+            let closed = call(&s.client, "close_session", json!({"session_id": id})).await;
+            assert_eq!(closed.is_error, Some(false));
+            wait_gone(&waiting, "the worker a closed session had waiting").await;
+            break;
+        }
+        let (r, e, _) = exec(
+            &s.client,
+            json!({"language": "rhai", "code": "a += 1; a", "session_id": id}),
+        )
+        .await;
+        assert!(!e, "{r:#}");
+        assert_eq!(r["value"], json!(41 + n), "{r:#}");
+        // It ran the cell (one left waiting would still be there).
+        wait_gone(&waiting, "the worker started ahead, after the cell").await;
+        used.extend(waiting);
+    }
+    within("close", s.client.cancel()).await.unwrap();
+}

@@ -342,3 +342,61 @@ async fn a_session_that_outlives_its_supervisor_handle_leaves_no_cgroup() {
     }
     assert!(!cells.exists(), "left behind: {cells:?}");
 }
+
+/// A session that starts its next cell's worker ahead (`prepare_next`)
+/// and is let go on the runtime, after its supervisor's handle, ends that
+/// worker (off the runtime) and then gives its groups and scratch back:
+/// nothing of it is left. Without ending the worker the supervisor's
+/// cgroup could not be removed.
+#[tokio::test]
+async fn a_session_let_go_with_its_next_worker_waiting_leaves_nothing() {
+    require_root();
+    let sup = small_sessions();
+    let cells = cells_cgroup(&sup).await;
+    let name = cells.file_name().unwrap().to_string_lossy().into_owned();
+    // Processes of this supervisor's cells (in its pids hierarchy).
+    let ours = || -> Vec<i32> {
+        common::descendants(std::process::id() as i32)
+            .into_iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cgroup"))
+                    .is_ok_and(|c| common::pids_cgroup_of(&c).contains(&name))
+            })
+            .collect()
+    };
+    let a = sup
+        .session(SessionConfig {
+            prepare_next: true,
+            ..SessionConfig::default()
+        })
+        .unwrap();
+    for (code, want) in [("let a = 1; a", 1), ("a + 1", 2)] {
+        let r = a.run(CellRequest::new(Language::Rhai, code)).await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.value, serde_json::json!(want), "{r:?}");
+    }
+    let t0 = Instant::now();
+    let waiting = loop {
+        let w = ours();
+        if !w.is_empty() {
+            break w;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no worker was started ahead for the session's next cell"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(sup);
+    drop(a);
+    let until = Instant::now() + Duration::from_secs(20);
+    while (cells.exists() || !ours().is_empty()) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        ours().is_empty(),
+        "left: {:?} (waiting was {waiting:?})",
+        ours()
+    );
+    assert!(!cells.exists(), "left behind: {cells:?}");
+}
