@@ -177,10 +177,12 @@ pub async fn run(n: usize) -> Result<String, String> {
     // kind pay for what is made once (the probe, a session's worker).
     let session = create_session(&peer).await?;
     let in_session = json!({"language": "python", "code": "pass", "session_id": session});
+    let rhai_in_session = json!({"language": "rhai", "code": "1", "session_id": session});
     for _ in 0..5 {
         call(&peer, "list_sessions", json!({})).await?;
         call(&peer, "execute_code", py("pass")).await?;
         call(&peer, "execute_code", in_session.clone()).await?;
+        call(&peer, "execute_code", rhai_in_session.clone()).await?;
         call(
             &peer,
             "execute_code",
@@ -188,8 +190,30 @@ pub async fn run(n: usize) -> Result<String, String> {
         )
         .await?;
     }
+    // The library in this process: the same Rhai cell through it, in a
+    // session that has its next cell's worker started ahead as `serve`
+    // does, is sampled in turn with the calls; the throughput below
+    // compares against it too.
+    let lib = Supervisor::builder()
+        .warm(true)
+        .python(BARE_PYTHON)
+        .build()
+        .map_err(|e| e.to_string())?;
+    lib.start_pools().await.map_err(|e| e.to_string())?;
+    let lib_session = lib
+        .session(crate::SessionConfig {
+            policy: crate::Policy::deny_all(),
+            prepare_next: true,
+            ..crate::SessionConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
+    for _ in 0..5 {
+        super::timed_session_cell(&lib_session, "1".into()).await?;
+    }
     let bare = [BARE_PYTHON, "-c", "pass"];
-    let (mut list, mut base, mut pass, mut sess, mut rhai) = (
+    let (mut list, mut base, mut pass, mut sess, mut rhai, mut rhai_sess, mut lib_rhai) = (
+        Series::default(),
+        Series::default(),
         Series::default(),
         Series::default(),
         Series::default(),
@@ -214,13 +238,19 @@ pub async fn run(n: usize) -> Result<String, String> {
             )
             .await?,
         );
+        tokio::time::sleep(SETTLE).await;
+        rhai_sess.push(timed(&peer, "execute_code", rhai_in_session.clone()).await?);
+        tokio::time::sleep(SETTLE).await;
+        lib_rhai.push(super::timed_session_cell(&lib_session, "1".into()).await?);
     }
-    let (list, base, pass, sess, rhai) = (
+    let (list, base, pass, sess, rhai, rhai_sess, lib_rhai) = (
         list.figures(),
         base.figures(),
         pass.figures(),
         sess.figures(),
         rhai.figures(),
+        rhai_sess.figures(),
+        lib_rhai.figures(),
     );
     let _ = writeln!(
         out,
@@ -246,16 +276,25 @@ pub async fn run(n: usize) -> Result<String, String> {
         p50_p99(&rhai),
         ratio(rhai.p50, list.p50)
     );
+    let _ = writeln!(
+        out,
+        "mcp execute_code rhai 1, in a session {}  (p50 = {:.2}x list_sessions)",
+        p50_p99(&rhai_sess),
+        ratio(rhai_sess.p50, list.p50)
+    );
+    // What the call costs beyond the round trip and the warm cell itself
+    // (whose process is forked, runs, and exits before its result).
+    let beyond = rhai.p50.as_secs_f64() - list.p50.as_secs_f64() - lib_rhai.p50.as_secs_f64();
+    let _ = writeln!(
+        out,
+        "library rhai 1, in a session, its worker started ahead {}  (the MCP call's p50 less list_sessions' and this: {:+.2} ms)",
+        p50_p99(&lib_rhai),
+        beyond * 1e3
+    );
 
     // Throughput: through serve and through the library in this process
     // (the same cells, the same concurrency), in alternating rounds, so
     // that a noisy moment of the machine falls on both.
-    let lib = Supervisor::builder()
-        .warm(true)
-        .python(BARE_PYTHON)
-        .build()
-        .map_err(|e| e.to_string())?;
-    lib.start_pools().await.map_err(|e| e.to_string())?;
     cells(&lib, Language::Python, "pass", 20, 2).await?;
     let per_round = 100;
     let (mut through_n, mut through_t, mut direct_n, mut direct_t) =
@@ -270,6 +309,7 @@ pub async fn run(n: usize) -> Result<String, String> {
         direct_t += t.elapsed();
         direct_n += per_round;
     }
+    drop(lib_session);
     drop(lib);
     let rate = |n: usize, t: Duration| n as f64 / t.as_secs_f64().max(1e-9);
     let (through, direct) = (rate(through_n, through_t), rate(direct_n, direct_t));
