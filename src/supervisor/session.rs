@@ -239,18 +239,19 @@ impl Session {
     /// namespace.
     pub async fn run(&self, request: CellRequest) -> CellResult {
         let language = request.language;
+        let limits = self.inner.config.limits.tighten(&request.limits);
         let result = self.run_one(request).await;
         if self.inner.config.prepare_next {
-            self.prepare_next(language);
+            self.prepare_next(language, limits);
         }
         result
     }
 
-    /// Start the worker of the session's next `language` cell in the
-    /// background, shortly after this one's result (see
-    /// [`SessionConfig::prepare_next`]). A session let go meanwhile gets
-    /// none.
-    fn prepare_next(&self, language: Language) {
+    /// Start the worker of the session's next `language` cell, with the
+    /// `limits` of this one, in the background, shortly after this one's
+    /// result (see [`SessionConfig::prepare_next`]). A session let go
+    /// meanwhile gets none.
+    fn prepare_next(&self, language: Language, limits: Limits) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -258,7 +259,7 @@ impl Session {
         rt.spawn(async move {
             tokio::time::sleep(PREPARE_AFTER).await;
             if let Some(inner) = session.upgrade() {
-                Session { inner }.prepare_cell(language).await;
+                Session { inner }.prepare_cell_with(language, limits).await;
             }
         });
     }
@@ -571,19 +572,40 @@ impl Session {
     /// may wait for it to be gone: drop a session that has one off the
     /// runtime.
     pub async fn prepare_cell(&self, language: Language) -> bool {
+        self.prepare_cell_with(language, self.inner.config.limits.clone())
+            .await
+    }
+
+    /// [`Session::prepare_cell`] for a cell with `limits` (the session's,
+    /// tightened by a call's). A worker of that language waiting for other
+    /// limits (or gone) is ended first, so that a session whose calls ask
+    /// for other limits each time keeps one at most.
+    async fn prepare_cell_with(&self, language: Language, limits: Limits) -> bool {
         let live_python =
             language == Language::Python && self.inner.config.python_state == PythonState::Live;
         if live_python || language == Language::Shell {
             return false;
         }
-        let limits = &self.inner.config.limits;
-        if crate::util::lock(&self.inner.prepared)
-            .iter()
-            .any(|p| p.fits(language, limits) && p.waiting())
-        {
-            return true;
+        let stale: Vec<cell::Prepared> = {
+            let mut ready = crate::util::lock(&self.inner.prepared);
+            if ready
+                .iter()
+                .any(|p| p.fits(language, &limits) && p.waiting())
+            {
+                return true;
+            }
+            let (stale, keep) = std::mem::take(&mut *ready)
+                .into_iter()
+                .partition(|p| p.language() == language);
+            *ready = keep;
+            stale
+        };
+        if !stale.is_empty() {
+            // Ending them may wait for them to be gone.
+            let _ = tokio::task::spawn_blocking(move || drop(stale)).await;
         }
-        let spec = CellSpec::new(self.view(), RunInfo::root(), language, String::new());
+        let spec =
+            CellSpec::new(self.view(), RunInfo::root(), language, String::new()).limits(limits);
         let Some(p) = cell::prepare(self.inner.sup.clone(), spec).await else {
             return false;
         };

@@ -2023,7 +2023,7 @@ async fn live_python_sessions_keep_objects_roll_back_and_checkpoint_over_mcp() {
 async fn calls_without_a_session_never_see_each_others_files() {
     let s = stdio_server(&[]).await;
     let mut seen_dirs = Vec::new();
-    for n in 0..4 {
+    for n in 0..5 {
         // A Rhai call between Python ones uses (and throws away) a session
         // prepared ahead as well.
         if n == 2 {
@@ -2243,9 +2243,10 @@ async fn a_second_prepared_session_is_given_back_once_calls_stop_overlapping() {
 }
 
 /// A named session's next cell has its worker started once the last cell
-/// is over, in that cell's language: the next Rhai cell runs in it (with
-/// the session's values), one is waiting again after each, and the one
-/// waiting when the session is closed goes with it.
+/// is over, in that cell's language and with its limits: the next Rhai
+/// cell runs in it (with the session's values), one is waiting again after
+/// each (a call with other limits replaces it), and the one waiting when
+/// the session is closed goes with it.
 #[tokio::test]
 async fn a_named_sessions_next_cell_runs_in_a_worker_started_ahead() {
     let s = stdio_server(&[]).await;
@@ -2287,21 +2288,25 @@ async fn a_named_sessions_next_cell_runs_in_a_worker_started_ahead() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         assert_eq!(waiting.len(), 1, "{waiting:?}");
-        if n == 3 {
+        if n == 4 {
             // Closing the session ends the worker waiting for it.
             let closed = call(&s.client, "close_session", json!({"session_id": id})).await;
             assert_eq!(closed.is_error, Some(false));
             wait_gone(&waiting, "the worker a closed session had waiting").await;
             break;
         }
-        let (r, e, _) = exec(
-            &s.client,
-            json!({"language": "rhai", "code": "a += 1; a", "session_id": id}),
-        )
-        .await;
+        // From the third call on, with a limit of its own: the worker
+        // waiting for the session's limits is ended after that call (it
+        // ran in one forked for it), and one for the call's limits waits.
+        let mut args = json!({"language": "rhai", "code": "a += 1; a", "session_id": id});
+        if n >= 2 {
+            args["timeout_seconds"] = json!(7);
+        }
+        let (r, e, _) = exec(&s.client, args).await;
         assert!(!e, "{r:#}");
         assert_eq!(r["value"], json!(41 + n), "{r:#}");
-        // It ran the cell (one left waiting would still be there).
+        // It ran the cell, or (n = 2) was replaced: one left waiting
+        // would still be there.
         wait_gone(&waiting, "the worker started ahead, after the cell").await;
         used.extend(waiting);
     }

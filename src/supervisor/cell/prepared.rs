@@ -41,6 +41,11 @@ impl Prepared {
         self.language == language && self.asked == *limits
     }
 
+    /// The language of the cell it was started for.
+    pub(crate) fn language(&self) -> Language {
+        self.language
+    }
+
     /// Whether its worker is still there, waiting (it may have been killed
     /// from outside, or its parent may have gone).
     pub(crate) fn waiting(&self) -> bool {
