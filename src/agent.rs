@@ -167,6 +167,9 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             policy,
             limits: file.limits.clone(),
             profile: None,
+            // A turn's cell waits for the model's answer before it: its
+            // worker is ready by then.
+            prepare_next: true,
             ..Default::default()
         })
         .map_err(|e| e.to_string())?;

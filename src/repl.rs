@@ -10,7 +10,7 @@ use crate::cli::{
     build_supervisor, interruptible, pick_language, session_config, sigint_stream, usage, CellOpts,
 };
 use crate::render::print_result;
-use crate::{CellRequest, Forward, Language, Session, Status};
+use crate::{CellRequest, Forward, Language, Session, SessionConfig, Status};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
@@ -174,7 +174,11 @@ pub async fn cli_main(opts: CellOpts) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
-    let mut session = match sup.session(config) {
+    // Each next cell's worker is started while the user types.
+    let mut session = match sup.session(SessionConfig {
+        prepare_next: true,
+        ..config
+    }) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
