@@ -445,6 +445,34 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 ms(b.p99),
                 c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
             );
+            // The same in one session that starts its next cell's worker
+            // while the previous sample settles (as between an agent's
+            // steps): the cell only sends its code.
+            let session = warm
+                .session(SessionConfig {
+                    policy: Policy::deny_all(),
+                    prepare_next: true,
+                    ..SessionConfig::default()
+                })
+                .map_err(|e| e.to_string())?;
+            for _ in 0..3 {
+                timed_session_cell(&session, code.to_owned()).await?;
+            }
+            let (c, b) = in_turn(
+                n,
+                || timed_session_cell(&session, code.to_owned()),
+                || async { tokio::task::block_in_place(|| spawn_once(&["/bin/true"])) },
+            )
+            .await?;
+            let _ = writeln!(
+                out,
+                "rhai   cell, warm, in a session with its next worker started ahead (prepare_next), alternating with spawn+wait /bin/true: p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x /bin/true)",
+                ms(c.p50),
+                ms(b.p50),
+                ms(c.p99),
+                ms(b.p99),
+                c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+            );
         }
         if language != Language::Shell {
             out.push_str(&tenancy_cost(n, &warm, language, code, lang).await?);

@@ -22,6 +22,8 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         "mcp execute_code python pass, no session",
         "mcp execute_code python pass, in a session",
         "mcp execute_code rhai 1, no session",
+        "mcp execute_code rhai 1, in a session",
+        "library rhai 1, in a session, its worker started ahead",
         "python cells at concurrency 2 (4 rounds, alternating with the library):",
         "mcp serve + pools, 16 idle sessions:",
     ] {
