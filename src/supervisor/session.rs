@@ -111,6 +111,8 @@ struct SessionInner {
     /// [`Session::prepare_cell`]). First: fields drop in order, and they
     /// are ended before its scratch and groups are given back.
     prepared: std::sync::Mutex<Vec<cell::Prepared>>,
+    /// The next cell to start a worker for (see [`Session::prepare_next`]).
+    next: std::sync::Mutex<NextCell>,
     id: String,
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
@@ -125,6 +127,15 @@ struct SessionInner {
     /// reference to its supervisor gives its scratch and cgroups back
     /// before the supervisor removes the directories that hold them.
     sup: Arc<Inner>,
+}
+
+/// What [`Session::prepare_next`] was last asked for, and whether a task
+/// is on it (one at a time, so cells in quick succession leave one worker
+/// waiting, for the latest).
+#[derive(Default)]
+struct NextCell {
+    wanted: Option<(Language, Limits)>,
+    busy: bool,
 }
 
 impl Drop for SessionInner {
@@ -190,6 +201,7 @@ impl Session {
         Ok(Session {
             inner: Arc::new(SessionInner {
                 prepared: std::sync::Mutex::new(Vec::new()),
+                next: Default::default(),
                 id: cell::new_run_id(),
                 sup,
                 config,
@@ -249,16 +261,34 @@ impl Session {
 
     /// Start the worker of the session's next `language` cell, with the
     /// `limits` of this one, in the background, shortly after this one's
-    /// result (see [`SessionConfig::prepare_next`]). A session let go
-    /// meanwhile gets none.
+    /// result (see [`SessionConfig::prepare_next`]). One task at a time
+    /// does it, for the latest cell asked; a session let go meanwhile gets
+    /// none.
     fn prepare_next(&self, language: Language, limits: Limits) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        {
+            let mut next = crate::util::lock(&self.inner.next);
+            next.wanted = Some((language, limits));
+            if next.busy {
+                return;
+            }
+            next.busy = true;
+        }
         let session = Arc::downgrade(&self.inner);
         rt.spawn(async move {
             tokio::time::sleep(PREPARE_AFTER).await;
-            if let Some(inner) = session.upgrade() {
+            while let Some(inner) = session.upgrade() {
+                let wanted = {
+                    let mut next = crate::util::lock(&inner.next);
+                    let wanted = next.wanted.take();
+                    next.busy = wanted.is_some();
+                    wanted
+                };
+                let Some((language, limits)) = wanted else {
+                    return;
+                };
                 Session { inner }.prepare_cell_with(language, limits).await;
             }
         });
