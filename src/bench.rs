@@ -111,6 +111,18 @@ pub(crate) fn bench_session(sup: &Supervisor, policy: Policy) -> Result<crate::S
     .map_err(|e| e.to_string())
 }
 
+/// A session of `sup` denying every capability that starts its next
+/// cell's worker once a cell is over (`prepare_next`, as `serve`'s named
+/// sessions do).
+pub(crate) fn prepared_session(sup: &Supervisor) -> Result<crate::Session, String> {
+    sup.session(SessionConfig {
+        policy: Policy::deny_all(),
+        prepare_next: true,
+        ..SessionConfig::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
 /// One Rhai cell in `session` (two minutes at most), timed; a cell that
 /// does not end `ok` is an error.
 pub(crate) async fn timed_session_cell(
@@ -448,13 +460,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             // The same in one session that starts its next cell's worker
             // while the previous sample settles (as between an agent's
             // steps): the cell only sends its code.
-            let session = warm
-                .session(SessionConfig {
-                    policy: Policy::deny_all(),
-                    prepare_next: true,
-                    ..SessionConfig::default()
-                })
-                .map_err(|e| e.to_string())?;
+            let session = prepared_session(&warm)?;
             for _ in 0..3 {
                 timed_session_cell(&session, code.to_owned()).await?;
             }

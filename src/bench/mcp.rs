@@ -200,13 +200,7 @@ pub async fn run(n: usize) -> Result<String, String> {
         .build()
         .map_err(|e| e.to_string())?;
     lib.start_pools().await.map_err(|e| e.to_string())?;
-    let lib_session = lib
-        .session(crate::SessionConfig {
-            policy: crate::Policy::deny_all(),
-            prepare_next: true,
-            ..crate::SessionConfig::default()
-        })
-        .map_err(|e| e.to_string())?;
+    let lib_session = super::prepared_session(&lib)?;
     for _ in 0..5 {
         super::timed_session_cell(&lib_session, "1".into()).await?;
     }

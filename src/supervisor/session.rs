@@ -252,8 +252,9 @@ impl Session {
     pub async fn run(&self, request: CellRequest) -> CellResult {
         let language = request.language;
         let limits = self.inner.config.limits.tighten(&request.limits);
-        let result = self.run_one(request).await;
-        if self.inner.config.prepare_next {
+        let next = self.inner.config.prepare_next.then(|| limits.clone());
+        let result = self.run_one(request, limits).await;
+        if let Some(limits) = next {
             self.prepare_next(language, limits);
         }
         result
@@ -294,13 +295,13 @@ impl Session {
         });
     }
 
-    async fn run_one(&self, request: CellRequest) -> CellResult {
+    /// [`Session::run`] with the session's limits tightened by the call's.
+    async fn run_one(&self, request: CellRequest, limits: Limits) -> CellResult {
         let mut state = self.inner.state.lock().await;
         #[cfg(target_os = "linux")]
         state.retired.now();
         state.execution_count += 1;
         let count = state.execution_count;
-        let limits = self.inner.config.limits.tighten(&request.limits);
         let run = match &self.inner.parent {
             Some(p) => RunInfo {
                 run_id: cell::new_run_id(),
@@ -598,9 +599,8 @@ impl Session {
     /// programs; a worker that cannot be started now is started by the
     /// cell. Whether one is waiting now.
     ///
-    /// A worker prepared and never used is ended with the session, which
-    /// may wait for it to be gone: drop a session that has one off the
-    /// runtime.
+    /// A worker prepared and never used is ended with the session (on a
+    /// blocking thread when the session is let go on a runtime).
     pub async fn prepare_cell(&self, language: Language) -> bool {
         self.prepare_cell_with(language, self.inner.config.limits.clone())
             .await
