@@ -314,8 +314,11 @@ pub async fn run(n: usize) -> Result<String, String> {
     );
 
     // Memory: the server and everything it started, with sessions idle
-    // that each ran a cell.
-    let mut ids = vec![session];
+    // that each ran a Python cell. The session above ran Rhai cells too
+    // and keeps its next Rhai worker waiting, a process of its own that is
+    // measured on its own below.
+    call(&peer, "close_session", json!({"session_id": session})).await?;
+    let mut ids = Vec::with_capacity(IDLE_SESSIONS);
     while ids.len() < IDLE_SESSIONS {
         ids.push(create_session(&peer).await?);
     }
@@ -351,6 +354,22 @@ pub async fn run(n: usize) -> Result<String, String> {
         mib(pools.1),
         mib(all.0),
         mib(all.1)
+    );
+    // What a session whose last cell was Rhai holds besides: the worker
+    // started ahead for its next cell (forked by the Rhai fork server).
+    call(
+        &peer,
+        "execute_code",
+        json!({"language": "rhai", "code": "1", "session_id": ids[0]}),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let with_rhai = tree_memory(served.pid, |_| true);
+    let _ = writeln!(
+        out,
+        "mcp a session's next Rhai worker, waiting: {:+.1} MiB RSS, {:+.1} MiB PSS",
+        mib(with_rhai.0) - mib(all.0),
+        mib(with_rhai.1) - mib(all.1)
     );
     served.stop().await;
     Ok(out)

@@ -26,6 +26,7 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         "library rhai 1, in a session, its worker started ahead",
         "python cells at concurrency 2 (4 rounds, alternating with the library):",
         "mcp serve + pools, 16 idle sessions:",
+        "mcp a session's next Rhai worker, waiting:",
     ] {
         assert!(report.contains(line), "no {line:?} in:\n{report}");
     }
