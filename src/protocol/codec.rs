@@ -160,54 +160,123 @@ pub async fn read_frame_async_within<M: Tagged, R: AsyncRead + Unpin>(
     max: usize,
     body_within: Option<std::time::Duration>,
 ) -> Result<M, FrameError> {
-    let mut prefix = [0u8; LEN_PREFIX];
-    let mut got = 0;
-    while got < LEN_PREFIX {
-        let n = r
-            .read(&mut prefix[got..])
-            .await
-            .map_err(|source| FrameError::Io { op: "read", source })?;
-        if n == 0 {
-            return Err(if got == 0 {
-                FrameError::Closed
-            } else {
-                FrameError::Truncated {
-                    expected: LEN_PREFIX,
-                    got,
+    FrameReader::new(r, max, body_within).next().await
+}
+
+/// Frames read one after another from an async reader, with the checks of
+/// [`read_frame_async_within`] (the length against the cap before the body
+/// is allocated; the body within `body_within` once its length came).
+///
+/// [`FrameReader::next`] is cancel-safe: dropped at any await (a branch of
+/// `select!` that lost), it loses nothing, since what arrived of a frame
+/// stays here for the next call. So one task can read a peer's frames
+/// beside its other work, with no reader task and channel between them.
+/// After an error it reads no more: every later call is
+/// [`FrameError::Closed`].
+pub struct FrameReader<R> {
+    r: R,
+    max: usize,
+    body_within: Option<std::time::Duration>,
+    prefix: [u8; LEN_PREFIX],
+    /// Bytes of the prefix, or of the body once there is one, read so far.
+    got: usize,
+    /// The body being read and when it must be complete.
+    body: Option<(Vec<u8>, Option<tokio::time::Instant>)>,
+    failed: bool,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(r: R, max: usize, body_within: Option<std::time::Duration>) -> FrameReader<R> {
+        FrameReader {
+            r,
+            max,
+            body_within,
+            prefix: [0; LEN_PREFIX],
+            got: 0,
+            body: None,
+            failed: false,
+        }
+    }
+
+    /// Whether an error ended the reading.
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// The next frame (cancel-safe, see the type's docs).
+    pub async fn next<M: Tagged>(&mut self) -> Result<M, FrameError> {
+        if self.failed {
+            return Err(FrameError::Closed);
+        }
+        let r = self.read_one().await;
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    async fn read_one<M: Tagged>(&mut self) -> Result<M, FrameError> {
+        let io = |source| FrameError::Io { op: "read", source };
+        loop {
+            let FrameReader {
+                r,
+                max,
+                body_within,
+                prefix,
+                got,
+                body,
+                ..
+            } = self;
+            let Some((buf, at)) = body else {
+                let n = r.read(&mut prefix[*got..]).await.map_err(io)?;
+                if n == 0 {
+                    return Err(if *got == 0 {
+                        FrameError::Closed
+                    } else {
+                        FrameError::Truncated {
+                            expected: LEN_PREFIX,
+                            got: *got,
+                        }
+                    });
                 }
-            });
-        }
-        got += n;
-    }
-    let len = check_len(prefix, max)?;
-    let mut body = vec![0u8; len];
-    let mut got = 0;
-    let read_body = async {
-        while got < len {
-            let n = r
-                .read(&mut body[got..])
-                .await
-                .map_err(|source| FrameError::Io { op: "read", source })?;
+                *got += n;
+                if *got == LEN_PREFIX {
+                    let len = check_len(*prefix, *max)?;
+                    let at = body_within.map(|t| tokio::time::Instant::now() + t);
+                    *body = Some((vec![0u8; len], at));
+                    *got = 0;
+                }
+                continue;
+            };
+            let len = buf.len();
+            if *got == len {
+                let done = std::mem::take(buf);
+                *body = None;
+                *got = 0;
+                return decode_body(&done);
+            }
+            let read = r.read(&mut buf[*got..]);
+            let n = match at {
+                Some(at) => match tokio::time::timeout_at(*at, read).await {
+                    Ok(n) => n.map_err(io)?,
+                    Err(_) => {
+                        return Err(FrameError::Stalled {
+                            expected: len,
+                            got: *got,
+                        })
+                    }
+                },
+                None => read.await.map_err(io)?,
+            };
             if n == 0 {
-                return Err(FrameError::Truncated { expected: len, got });
-            }
-            got += n;
-        }
-        Ok(())
-    };
-    match body_within {
-        Some(t) => match tokio::time::timeout(t, read_body).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(FrameError::Stalled {
+                return Err(FrameError::Truncated {
                     expected: len,
-                    got: 0,
-                })
+                    got: *got,
+                });
             }
-        },
-        None => read_body.await?,
+            *got += n;
+        }
     }
-    decode_body(&body)
 }
 
 /// Write one frame to an async writer (supervisor side).

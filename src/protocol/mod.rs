@@ -35,8 +35,8 @@ pub mod sandbox;
 
 pub use codec::{
     decode_body, encode_frame, read_frame_async, read_frame_async_within, read_frame_blocking,
-    write_frame_async, write_frame_blocking, FrameError, Tagged, DEFAULT_MAX_FRAME_BYTES,
-    LEN_PREFIX,
+    write_frame_async, write_frame_blocking, FrameError, FrameReader, Tagged,
+    DEFAULT_MAX_FRAME_BYTES, LEN_PREFIX,
 };
 pub use messages::*;
 
@@ -186,6 +186,74 @@ mod tests {
         let r: Result<FromWorker, _> =
             read_frame_async(&mut &frame(br#"{"t":"nope"}"#)[..], 1024).await;
         assert!(matches!(r, Err(FrameError::UnknownTag(_))));
+    }
+
+    #[tokio::test]
+    async fn a_frame_reader_given_up_mid_frame_loses_nothing() {
+        use tokio::io::AsyncWriteExt;
+        let (mut a, b) = tokio::io::duplex(64);
+        let sent: Vec<FromWorker> = (0..20)
+            .map(|i| FromWorker::Emit {
+                event: json!({"step": i, "pad": "x".repeat(i * 7)}),
+            })
+            .collect();
+        let bytes: Vec<u8> = sent
+            .iter()
+            .flat_map(|m| encode_frame(m, 4096).unwrap())
+            .collect();
+        // The peer writes a few bytes at a time, so most frames arrive in
+        // pieces, and the reader is given up often in between.
+        let writer = tokio::spawn(async move {
+            for chunk in bytes.chunks(5) {
+                a.write_all(chunk).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            drop(a);
+        });
+        let mut reader = FrameReader::new(b, 4096, Some(std::time::Duration::from_secs(5)));
+        let mut got = Vec::new();
+        let mut given_up = 0;
+        loop {
+            tokio::select! {
+                f = reader.next::<FromWorker>() => match f {
+                    Ok(m) => got.push(m),
+                    Err(FrameError::Closed) => break,
+                    Err(e) => panic!("{e}"),
+                },
+                () = tokio::task::yield_now() => given_up += 1,
+            }
+        }
+        writer.await.unwrap();
+        assert_eq!(got, sent);
+        assert!(given_up > 0, "the read was never given up");
+        // After the end it stays ended.
+        assert!(matches!(
+            reader.next::<FromWorker>().await,
+            Err(FrameError::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_frame_reader_checks_the_length_before_the_body() {
+        let mut bytes = 5000u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        let mut reader = FrameReader::new(&bytes[..], 4096, None);
+        let r = reader.next::<FromWorker>().await;
+        assert!(
+            matches!(
+                r,
+                Err(FrameError::Oversize {
+                    len: 5000,
+                    max: 4096
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(reader.failed());
+        assert!(matches!(
+            reader.next::<FromWorker>().await,
+            Err(FrameError::Closed)
+        ));
     }
 
     #[tokio::test]

@@ -6,21 +6,58 @@ use super::calls::handle_call;
 use super::conversation::{Conversation, Outcome, Step};
 use super::CellSpec;
 use crate::protocol::{
-    read_frame_async_within, write_frame_async, Backend, FrameError, FromWorker, Setup, Start,
-    ToWorker,
+    write_frame_async, Backend, FrameError, FrameReader, FromWorker, Setup, Start, ToWorker,
 };
 use crate::sandbox::{process, SandboxPlan};
 use crate::supervisor::result::{CellResult, ErrorKind, Status};
 use crate::supervisor::Inner;
 use serde_json::{Map, Value};
+use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::mpsc;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 /// How long a frame's body may take to arrive once its length came.
 const FRAME_BODY_WITHIN: Duration = Duration::from_secs(5);
+
+/// Frames read ahead while a frame of ours is written or a call is
+/// performed, before the worker is left to wait (its socket full).
+const READ_AHEAD: usize = 8;
+
+/// The worker's frames as they arrive, and those that arrived while this
+/// side was busy: one task reads and answers, with no hop to a reader
+/// task between a frame's arrival and its handling.
+struct Incoming {
+    frames: FrameReader<OwnedReadHalf>,
+    early: VecDeque<Result<FromWorker, FrameError>>,
+}
+
+impl Incoming {
+    /// The next frame: one that arrived early, else the next to come.
+    async fn next(&mut self) -> Result<FromWorker, FrameError> {
+        match self.early.pop_front() {
+            Some(f) => f,
+            None => self.frames.next().await,
+        }
+    }
+
+    /// Run `work` (a frame of ours written, a call performed) while the
+    /// worker's frames keep being read: a worker writing to us while we
+    /// write to it would otherwise wait on us as we wait on it.
+    async fn beside<T>(&mut self, work: impl Future<Output = T>) -> T {
+        tokio::pin!(work);
+        loop {
+            let reading = self.early.len() < READ_AHEAD && !self.frames.failed();
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                f = self.frames.next(), if reading => self.early.push_back(f),
+            }
+        }
+    }
+}
 
 /// The frames that begin a cell: `setup` (for a worker that needs its plan)
 /// and `start` (none for a program, which speaks no protocol).
@@ -90,25 +127,14 @@ pub(super) async fn converse(
             )
         }
     };
-    let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Result<FromWorker, FrameError>>(8);
-    let reader = tokio::spawn(async move {
-        loop {
-            // A started frame must finish promptly: a worker that sends a
-            // length prefix and then stalls is a protocol error, not a wait
-            // until the deadline.
-            let msg = read_frame_async_within::<FromWorker, _>(
-                &mut rd,
-                max_frame,
-                Some(FRAME_BODY_WITHIN),
-            )
-            .await;
-            let stop = msg.is_err();
-            if tx.send(msg).await.is_err() || stop {
-                return;
-            }
-        }
-    });
+    let (rd, mut wr) = stream.into_split();
+    // A started frame must finish promptly: a worker that sends a length
+    // prefix and then stalls is a protocol error, not a wait until the
+    // deadline.
+    let mut incoming = Incoming {
+        frames: FrameReader::new(rd, max_frame, Some(FRAME_BODY_WITHIN)),
+        early: VecDeque::new(),
+    };
     let deadline_t = tokio::time::Instant::from_std(deadline);
     let mut step = conv.begin();
     let outcome = loop {
@@ -117,25 +143,38 @@ pub(super) async fn converse(
             Step::Wait => {}
             Step::Finish(o) => break o,
             Step::Send(frame) => {
-                if let Err(SendError::Deadline) = send(&mut wr, &frame, max_frame, deadline_t).await
-                {
+                let sent = incoming
+                    .beside(send(&mut wr, &frame, max_frame, deadline_t))
+                    .await;
+                if let Err(SendError::Deadline) = sent {
                     break Outcome::Timeout;
                 }
             }
             Step::Offer(frame) => {
-                if let Err(e) = send(&mut wr, &frame, max_frame, deadline_t).await {
+                let sent = incoming
+                    .beside(send(&mut wr, &frame, max_frame, deadline_t))
+                    .await;
+                if let Err(e) = sent {
                     tracing::debug!("worker went away before start: {e}");
                 }
             }
-            Step::Call(call) => match handle_call(sup, spec, result, call, deadline).await {
-                Ok((reply, denied)) => {
-                    step = conv.answered(reply, denied);
-                    continue;
+            Step::Call(call) => {
+                let done = incoming
+                    .beside(handle_call(sup, spec, result, call, deadline))
+                    .await;
+                match done {
+                    Ok((reply, denied)) => {
+                        step = conv.answered(reply, denied);
+                        continue;
+                    }
+                    Err(fatal) => break fatal,
                 }
-                Err(fatal) => break fatal,
-            },
+            }
             Step::Emit(call) => {
-                if let Err(fatal) = handle_call(sup, spec, result, call, deadline).await {
+                let done = incoming
+                    .beside(handle_call(sup, spec, result, call, deadline))
+                    .await;
+                if let Err(fatal) = done {
                     break fatal;
                 }
             }
@@ -146,18 +185,17 @@ pub(super) async fn converse(
         }
         step = tokio::select! {
             biased;
-            msg = rx.recv(), if conv.listening() => match msg {
-                Some(Ok(frame)) => conv.on(frame),
-                Some(Err(e)) => conv.on_bad_frame(e),
-                None => conv.on_bad_frame(FrameError::Closed),
+            msg = incoming.next(), if conv.listening() => match msg {
+                Ok(frame) => conv.on(frame),
+                Err(e) => conv.on_bad_frame(e),
             },
             _ = exit_fd.exited() => {
-                // The worker is gone; a `done` may still be queued.
+                // The worker is gone; a `done` may still be on its way.
                 let mut last = Outcome::Exited;
                 let mut open = conv.listening();
                 while open {
-                    let next = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await;
-                    let Ok(Some(Ok(frame))) = next else { break };
+                    let next = tokio::time::timeout(Duration::from_millis(200), incoming.next()).await;
+                    let Ok(Ok(frame)) = next else { break };
                     if let Some(o) = conv.after_exit(frame) {
                         last = o;
                         open = false;
@@ -169,7 +207,6 @@ pub(super) async fn converse(
             _ = tokio::time::sleep_until(deadline_t) => Step::Finish(Outcome::Timeout),
         };
     };
-    reader.abort();
     let _ = wr.shutdown().await;
     let ended = conv.end(outcome);
     if let Some(report) = ended.report {
