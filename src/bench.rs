@@ -148,6 +148,19 @@ pub(crate) fn p50_p99(f: &Figures) -> String {
     format!("p50 {}  p99 {}", ms(f.p50), ms(f.p99))
 }
 
+/// Two measurements taken in turn, side by side, and the ratio of their
+/// p50s: "p50 A vs B  p99 A vs B  (p50 = R".
+fn side_by_side(a: &Figures, b: &Figures) -> String {
+    format!(
+        "p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x",
+        ms(a.p50),
+        ms(b.p50),
+        ms(a.p99),
+        ms(b.p99),
+        a.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+    )
+}
+
 /// `n` samples of `a` and of `b` in turn, each after a [`SETTLE`] pause,
 /// so both are measured at the same moments (a noisy neighbour slows both,
 /// not one block of samples).
@@ -279,12 +292,8 @@ async fn tenancy_cost(
     }
     let (on, off) = cells_ab(warm, &shared, language, code, n).await?;
     Ok(format!(
-        "{lang:6} cell, warm, session cgroups on vs off (in turn): p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x)\n",
-        ms(on.p50),
-        ms(off.p50),
-        ms(on.p99),
-        ms(off.p99),
-        on.p50.as_secs_f64() / off.p50.as_secs_f64().max(1e-9)
+        "{lang:6} cell, warm, session cgroups on vs off (in turn): {})\n",
+        side_by_side(&on, &off)
     ))
 }
 
@@ -450,12 +459,8 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             let (c, b) = cells_alternating(&warm, language, code, &["/bin/true"], n).await?;
             let _ = writeln!(
                 out,
-                "rhai   cell, warm, alternating with spawn+wait /bin/true: p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x /bin/true; goal <= 1x)",
-                ms(c.p50),
-                ms(b.p50),
-                ms(c.p99),
-                ms(b.p99),
-                c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+                "rhai   cell, warm, alternating with spawn+wait /bin/true: {} /bin/true; goal <= 1x)",
+                side_by_side(&c, &b)
             );
             // The same in one session that starts its next cell's worker
             // while the previous sample settles (as between an agent's
@@ -472,12 +477,8 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             .await?;
             let _ = writeln!(
                 out,
-                "rhai   cell, warm, in a session with its next worker started ahead (prepare_next), alternating with spawn+wait /bin/true: p50 {} vs {}  p99 {} vs {}  (p50 = {:.2}x /bin/true)",
-                ms(c.p50),
-                ms(b.p50),
-                ms(c.p99),
-                ms(b.p99),
-                c.p50.as_secs_f64() / b.p50.as_secs_f64().max(1e-9)
+                "rhai   cell, warm, in a session with its next worker started ahead (prepare_next), alternating with spawn+wait /bin/true: {} /bin/true)",
+                side_by_side(&c, &b)
             );
         }
         if language != Language::Shell {
