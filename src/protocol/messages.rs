@@ -151,6 +151,11 @@ pub struct Start {
     /// `[python] paths`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python_paths: Vec<String>,
+    /// After its `done`, the worker stays (running nothing more of the
+    /// cell) until the supervisor closes the channel, so that what it used
+    /// can be read from the live process before it exits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub linger: bool,
 }
 
 /// What kind of failure a capability call met, as told to the script. A

@@ -200,6 +200,19 @@ impl ExitWatch {
         self.0.get_ref().try_clone()
     }
 
+    /// The watched process's pid in our PID namespace, while it has not
+    /// exited (`None` once it has, or where it cannot be told).
+    #[cfg(target_os = "linux")]
+    pub fn pid_now(&self) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/proc/self/fdinfo/{}", self.0.get_ref().as_raw_fd());
+        let text = std::fs::read_to_string(path).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("Pid:"))
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .filter(|&p| p > 0)
+    }
+
     /// Whether the process has exited by now (it does not wait).
     pub fn has_exited(&self) -> bool {
         use std::os::fd::AsFd;

@@ -606,12 +606,24 @@ impl CellboxServer {
                 Some(l) => Some(l.lane.clone().lock_owned().await),
                 None => None,
             };
-            let _slot = admission.slot().await;
+            let slot = admission.slot().await;
             running.store(true, Ordering::Release);
-            match &lease {
-                Some(l) => l.session.run(request).await,
+            let (result, tail) = match &lease {
+                Some(l) => {
+                    let result = l.session.run(request).await;
+                    (result, l.session.tail())
+                }
                 None => st.throwaway.run(request).await,
+            };
+            // A cell answered at its worker's `done` keeps its slot until
+            // its worker and process tree are gone.
+            if let Some(t) = tail {
+                tokio::spawn(async move {
+                    t.wait().await;
+                    drop(slot);
+                });
             }
+            result
         };
         let cancel = self.track(&ctx);
         let started = Instant::now();

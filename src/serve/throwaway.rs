@@ -103,8 +103,12 @@ impl Throwaway {
         })
     }
 
-    /// Run one cell in a session of its own.
-    pub(crate) async fn run(self: &Arc<Self>, request: CellRequest) -> CellResult {
+    /// Run one cell in a session of its own; the end of the cell when it
+    /// was answered before its worker was gone (see [`Session::settled`]).
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        request: CellRequest,
+    ) -> (CellResult, Option<crate::supervisor::Tail>) {
         let ready = {
             let mut st = lock(&self.state);
             st.running += 1;
@@ -124,16 +128,18 @@ impl Throwaway {
             None => match self.sup.session(self.config.clone()) {
                 Ok(s) => s,
                 Err(e) => {
-                    return CellResult::refused_with(
+                    let refused = CellResult::refused_with(
                         request.language.as_str(),
                         RunInfo::root(),
                         ErrorKind::SandboxError,
                         e.to_string(),
-                    )
+                    );
+                    return (refused, None);
                 }
             },
         };
         let result = session.run(request).await;
+        let tail = session.tail();
         // The handle is dropped off this task: the last one tears the
         // session down (waiting for a cell's leftover processes, and an
         // unused worker, to go). The next is prepared meanwhile. Both wait
@@ -145,14 +151,19 @@ impl Throwaway {
             st.running > 1 || st.wanted() > 1
         };
         let me = self.clone();
+        let ending = tail.clone();
         tokio::spawn(async move {
             if !busy {
                 tokio::time::sleep(AFTER_REPLY).await;
             }
+            // Its cell is wholly over before it is torn down.
+            if let Some(t) = ending {
+                t.wait().await;
+            }
             tokio::task::spawn_blocking(move || drop(session));
             me.refill().await;
         });
-        result
+        (result, tail)
     }
 
     /// Give back the prepared sessions beyond those wanted (two are wanted

@@ -6,6 +6,7 @@
 pub mod agent;
 mod capability;
 mod cell;
+pub(crate) use cell::Tail;
 mod display;
 mod events;
 mod limits;
@@ -795,7 +796,12 @@ impl Supervisor {
             ..config
         };
         match self.session(config) {
-            Ok(s) => s.run(request).await,
+            // Returned once the cell is wholly over: nothing else holds it.
+            Ok(s) => {
+                let result = s.run(request).await;
+                s.settled().await;
+                result
+            }
             Err(e) => CellResult::refused_with(
                 request.language.as_str(),
                 RunInfo::root(),

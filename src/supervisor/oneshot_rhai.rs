@@ -98,6 +98,8 @@ fn run_planned(
         limits: limits.script_limits(),
         max_frame_bytes: limits.max_frame_bytes,
         python_paths: Vec::new(),
+        // This process reaps the cell itself: nothing to read first.
+        linger: false,
     };
     // Held until the cell has ended; dropping it kills what is left.
     let cgroup = match super::oneshot::cell_cgroup(plan.layers.cgroup, limits.rlimits.memory_bytes)

@@ -123,6 +123,9 @@ struct SessionInner {
     /// For a sub-agent's session: the run its cells hang beneath.
     parent: Option<RunInfo>,
     state: tokio::sync::Mutex<State>,
+    /// The end of its last cell, when that cell was answered before its
+    /// worker was gone (see [`Session::settled`]).
+    tail: std::sync::Mutex<Option<cell::Tail>>,
     /// Last: fields drop in order, and a session that holds the last
     /// reference to its supervisor gives its scratch and cgroups back
     /// before the supervisor removes the directories that hold them.
@@ -210,6 +213,7 @@ impl Session {
                 emits: Default::default(),
                 parent,
                 state: tokio::sync::Mutex::new(State::default()),
+                tail: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -295,9 +299,31 @@ impl Session {
         });
     }
 
+    /// Resolves once the session's last cell is wholly over. A cell is
+    /// answered as soon as its worker has said `done` (and what it used
+    /// has been read from it); its worker's exit, its reaping and the end
+    /// of its process tree follow. The session's next cell waits for them
+    /// before it starts; wait here to see them done before anything else
+    /// (e.g. to count what is left of the session's processes).
+    pub async fn settled(&self) {
+        if let Some(t) = self.tail() {
+            t.wait().await;
+        }
+    }
+
+    /// The end of the session's last cell, while it is not over.
+    pub(crate) fn tail(&self) -> Option<cell::Tail> {
+        let mut tail = crate::util::lock(&self.inner.tail);
+        if tail.as_ref().is_some_and(cell::Tail::is_over) {
+            *tail = None;
+        }
+        tail.clone()
+    }
+
     /// [`Session::run`] with the session's limits tightened by the call's.
     async fn run_one(&self, request: CellRequest, limits: Limits) -> CellResult {
         let mut state = self.inner.state.lock().await;
+        self.settled().await;
         #[cfg(target_os = "linux")]
         state.retired.now();
         state.execution_count += 1;
@@ -342,7 +368,10 @@ impl Session {
         let live = self.live_cell(&mut state, request.language);
         #[cfg(target_os = "linux")]
         let spec = spec.live(live.clone());
-        let (mut result, done) = cell::run_with(self.inner.sup.clone(), spec, prepared).await;
+        let (mut result, done, tail) = cell::run_with(self.inner.sup.clone(), spec, prepared).await;
+        if tail.is_some() {
+            *crate::util::lock(&self.inner.tail) = tail;
+        }
         #[cfg(target_os = "linux")]
         if let Some(live) = live {
             self.after_live(&mut state, &live, done.as_deref(), &mut result)
@@ -669,6 +698,7 @@ impl Session {
         #[cfg(target_os = "linux")]
         {
             let mut state = self.inner.state.lock().await;
+            self.settled().await;
             self.checkpoint_in(&mut state, name).await
         }
         #[cfg(not(target_os = "linux"))]
@@ -684,6 +714,7 @@ impl Session {
         #[cfg(target_os = "linux")]
         {
             let mut state = self.inner.state.lock().await;
+            self.settled().await;
             self.restore_in(&mut state, name).await
         }
         #[cfg(not(target_os = "linux"))]
@@ -750,6 +781,7 @@ impl Session {
             );
         }
         let _state = self.inner.state.lock().await;
+        self.settled().await;
         let mut vars = Namespace::new();
         vars.insert("__call_args".into(), Value::Object(args));
         let code = format!("invoke({cap:?}, __call_args)");
@@ -764,6 +796,7 @@ impl Session {
         forward_output: super::Forward,
     ) -> CellResult {
         let mut state = self.inner.state.lock().await;
+        self.settled().await;
         state.execution_count += 1;
         if let Some(problem) = argv_error(&argv) {
             let mut r =

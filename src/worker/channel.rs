@@ -52,6 +52,21 @@ impl Channel {
         )
     }
 
+    /// Wait until the supervisor closes the channel (what it sends
+    /// meanwhile is not for a cell that is over, and is dropped).
+    pub(crate) fn wait_closed(&mut self) {
+        use std::io::Read;
+        let mut buf = [0u8; 512];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    }
+
     pub(crate) fn next_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id += 1;

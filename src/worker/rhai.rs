@@ -470,8 +470,13 @@ pub(crate) fn run_cell(chan: Rc<RefCell<Channel>>, start: Start) -> i32 {
     let mut chan = chan.borrow_mut();
     match chan.send(&FromWorker::Done(Box::new(done))) {
         // Nothing is left to do (stdout was flushed above): end now, without
-        // exit handlers or destructors.
-        Ok(()) => crate::sandbox::process::exit_now(0),
+        // exit handlers or destructors (once let go, if asked to linger).
+        Ok(()) => {
+            if start.linger {
+                chan.wait_closed();
+            }
+            crate::sandbox::process::exit_now(0)
+        }
         Err(e) => {
             // An oversized result (e.g. a huge value) still ends the cell
             // cleanly with an error instead of silence.

@@ -205,6 +205,7 @@ fn write_protocol_seeds() {
                 },
                 max_frame_bytes: 8 << 20,
                 python_paths: Vec::new(),
+                linger: true,
             }),
         ),
         (

@@ -474,16 +474,19 @@ async fn with_fork_server() -> (Supervisor, u32) {
     (sup, server)
 }
 
+/// The fork server's children named `name`.
+fn forked_named(server: u32, name: &str) -> Vec<i32> {
+    forked_by(server)
+        .into_iter()
+        .filter(|(_, comm)| comm == name)
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 #[tokio::test]
 async fn warm_cells_run_in_spares_and_the_pool_refills() {
     let (sup, server) = with_fork_server().await;
-    let named = |name: &str| -> Vec<i32> {
-        forked_by(server)
-            .into_iter()
-            .filter(|(_, comm)| comm == name)
-            .map(|(pid, _)| pid)
-            .collect()
-    };
+    let named = |name: &str| forked_named(server, name);
     let wait_spares = |n: usize| {
         let named = &named;
         let sup = &sup;
@@ -689,4 +692,39 @@ async fn a_nul_byte_in_shell_code_or_arguments_is_a_usage_error() {
         v.starts_with("invalid_args: ") && v.contains("sub-cell: shell code cannot contain a NUL"),
         "{r:?}"
     );
+}
+
+/// A Rhai cell is answered at its worker's `done`, before the worker has
+/// exited: all it printed (more than a pipe holds at once) is in the
+/// result, with exit code 0 and its usage read from the live worker; once
+/// the session has settled (as it does before its next cell) the worker
+/// is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_answered_at_done_has_all_its_output_and_its_worker_goes_after() {
+    let (sup, server) = with_fork_server().await;
+    let session = sup
+        .session(SessionConfig {
+            prepare_next: true,
+            ..config(&[])
+        })
+        .unwrap();
+    let code = "for i in 0..5000 { print(`line ${i} abcdefghijklmnopqrstuvwxyz0123456789`); } 7";
+    let expected: String = (0..5000)
+        .map(|i| format!("line {i} abcdefghijklmnopqrstuvwxyz0123456789\n"))
+        .collect();
+    for _ in 0..10 {
+        let r = rhai(&session, code).await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.value, json!(7));
+        assert!(r.stdout == expected, "stdout: {} bytes", r.stdout.len());
+        assert!(r.truncated.stdout.is_none());
+        assert_eq!((r.exit.code, r.exit.signal), (Some(0), None));
+        assert!(r.usage.max_rss_kb > 0, "{:?}", r.usage);
+        session.settled().await;
+        assert_eq!(
+            forked_named(server, "cellbox-cell"),
+            Vec::<i32>::new(),
+            "a settled cell's worker lives"
+        );
+    }
 }

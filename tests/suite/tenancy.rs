@@ -16,26 +16,6 @@ fn py(code: &str) -> CellRequest {
     CellRequest::new(Language::Python, code)
 }
 
-/// Host processes holding a file whose path contains `token` open.
-fn holders_of(token: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for pid in pids() {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path())
-                .map(|l| l.to_string_lossy().contains(token))
-                .unwrap_or(false)
-            {
-                out.push(pid);
-                break;
-            }
-        }
-    }
-    out
-}
-
 fn token(name: &str) -> String {
     format!("{name}-{}-{}", std::process::id(), rand_u32())
 }
@@ -55,30 +35,6 @@ fn require_root() {
 
 fn layer(r: &CellResult) -> String {
     layer_detail(r, "cgroup")
-}
-
-/// A Python cell that forks a child into its own session (holding a file
-/// named with `token` open), then writes its own `done` frame on the
-/// protocol descriptor and lives on. The old supervisor returned at that
-/// `done` and killed the cell's process group, so the child (another
-/// session, another group) lived on after the result, with the cell's
-/// scratch directory removed under it and its concurrency slot free.
-fn forged_done(token: &str) -> String {
-    format!(
-        r#"
-import os, struct, time
-pid = os.fork()
-if pid == 0:
-    os.setsid()
-    f = open("{token}", "w")
-    while True:
-        time.sleep(0.05)
-time.sleep(0.3)
-frame = b'{{"t":"done","status":"ok","value":"forged"}}'
-os.write(3, struct.pack(">I", len(frame)) + frame)
-time.sleep(60)
-"#
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,6 +73,42 @@ async fn a_cell_is_over_only_when_its_whole_tree_is_gone() {
     // And the session goes on.
     let r = session.run(py("1 + 1")).await;
     assert_eq!(r.value, serde_json::json!(2), "{r:?}");
+}
+
+/// A cell that keeps no live namespace is answered at its worker's `done`
+/// (what the worker used is read from it while it lingers), but nothing
+/// of it is let go until its whole tree is gone: the session's next cell
+/// waits for that, whatever the worker did after `done`. A forged `done`
+/// (the cell writes it itself and lives on, with a child in a process
+/// session of its own) is answered with what it said while both still
+/// live; they are gone before the next cell has run. Without the wait,
+/// the next cell (a few ms) would be over long before the forger's grace
+/// (2 s) to exit is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_answered_at_done_holds_its_session_until_its_tree_is_gone() {
+    require_root();
+    let sup = one_zygote(pool(1));
+    let session = sup
+        .session(SessionConfig {
+            python_state: cellbox::PythonState::Replay,
+            ..SessionConfig::default()
+        })
+        .unwrap();
+    let t = token("answered-at-done");
+    let r = session.run(py(&forged_done(&t))).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, serde_json::json!("forged"), "{r:?}");
+    assert!(
+        !holders_of(&t).is_empty(),
+        "the cell was answered only once its tree was gone: {r:?}"
+    );
+    let r = session.run(py("1 + 1")).await;
+    assert_eq!(r.value, serde_json::json!(2), "{r:?}");
+    let left = holders_of(&t);
+    assert!(
+        left.is_empty(),
+        "the next cell ran while the previous cell's processes lived: {left:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

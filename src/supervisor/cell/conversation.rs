@@ -287,6 +287,7 @@ mod tests {
             limits: crate::supervisor::Limits::default().script_limits(),
             max_frame_bytes: 1 << 20,
             python_paths: Vec::new(),
+            linger: false,
         })
     }
 

@@ -85,6 +85,8 @@ pub(super) fn opening(
             limits: spec.limits.script_limits(),
             max_frame_bytes: spec.limits.max_frame_bytes,
             python_paths: python_paths(sup, spec),
+            // Its usage is read from it at `done` (see `end::at_done`).
+            linger: true,
         })
     });
     let setup = plan.map(|plan| ToWorker::Setup(Setup { backend, plan }));
@@ -105,6 +107,8 @@ fn python_paths(sup: &Inner, spec: &CellSpec) -> Vec<String> {
 /// Drive `conv` over the worker's protocol socket until the cell's end:
 /// read its frames, write ours, perform its calls, and watch its exit, the
 /// deadline and cancellation. The worker's sandbox report goes to `result`.
+/// After a `done`, the channel's writing half is handed back open: the
+/// worker lingers until it is dropped (see `end::at_done`).
 pub(super) async fn converse(
     sup: &Arc<Inner>,
     spec: &CellSpec,
@@ -113,7 +117,7 @@ pub(super) async fn converse(
     exit_fd: &process::ExitWatch,
     deadline: Instant,
     mut conv: Conversation,
-) -> Outcome {
+) -> (Outcome, Option<OwnedWriteHalf>) {
     let max_frame = spec.limits.max_frame_bytes;
     let stream = match sock
         .set_nonblocking(true)
@@ -121,10 +125,11 @@ pub(super) async fn converse(
     {
         Ok(s) => s,
         Err(e) => {
-            return Outcome::Fatal(
+            let o = Outcome::Fatal(
                 ErrorKind::SpawnError,
                 format!("failed to set up the protocol channel: {e}"),
-            )
+            );
+            return (o, None);
         }
     };
     let (rd, mut wr) = stream.into_split();
@@ -207,7 +212,12 @@ pub(super) async fn converse(
             _ = tokio::time::sleep_until(deadline_t) => Step::Finish(Outcome::Timeout),
         };
     };
-    let _ = wr.shutdown().await;
+    let writer = if matches!(outcome, Outcome::Done(_)) {
+        Some(wr)
+    } else {
+        let _ = wr.shutdown().await;
+        None
+    };
     let ended = conv.end(outcome);
     if let Some(report) = ended.report {
         result.sandbox = Some(report);
@@ -215,7 +225,7 @@ pub(super) async fn converse(
     if ended.policy_denied {
         result.status = Status::PolicyDenied;
     }
-    ended.outcome
+    (ended.outcome, writer)
 }
 
 /// Resolves when `token` is cancelled (never without one).

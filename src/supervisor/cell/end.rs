@@ -1,6 +1,8 @@
 //! A cell's end: its worker gone (a worker that said `done` first gets a
 //! grace to exit by itself), reaped by us or reported by its parent, and
-//! then what is left of its process tree ended.
+//! then what is left of its process tree ended. A worker that said `done`
+//! and lingers has what it used read first ([`at_done`]), so the cell can
+//! be answered at once while its [`Tail`] does the rest.
 
 use super::launch::Reap;
 use crate::sandbox::process;
@@ -95,6 +97,112 @@ pub(super) async fn end(
         r.cpu_ms = r.cpu_ms.max(cpu_ms);
     }
     reaped
+}
+
+/// What a worker that said `done` and lingers (see
+/// [`crate::protocol::Start::linger`]) used, read from the kernel while it
+/// is alive: its peak resident size, and the CPU time of its cell group
+/// (else its own). It exits with code 0 once let go. `None` when that
+/// cannot be read (it is gone already, having not lingered; or not on
+/// Linux): then the cell waits for its reaping, as any other.
+#[cfg(target_os = "linux")]
+pub(super) fn at_done(
+    exit: &process::ExitWatch,
+    group: Option<&Arc<CellGroup>>,
+) -> Option<process::Reaped> {
+    let pid = exit.pid_now()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let max_rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse::<u64>()
+        .ok()?;
+    let cpu_ms = match group.and_then(|g| g.usage().cpu_ms) {
+        Some(ms) => ms,
+        None => {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()? / 1_000_000
+        }
+    };
+    // Read from that process, not another given its pid after it was gone.
+    if exit.has_exited() {
+        return None;
+    }
+    Some(process::Reaped {
+        code: Some(0),
+        signal: None,
+        cpu_ms,
+        max_rss_kb,
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn at_done(
+    _exit: &process::ExitWatch,
+    _group: Option<&Arc<CellGroup>>,
+) -> Option<process::Reaped> {
+    None
+}
+
+/// The rest of a cell that was answered at its worker's `done`: the
+/// worker, let go, seen gone and reaped, and the rest of its process tree
+/// ended. Whatever was the cell's waits for it: its cgroup and scratch
+/// directory are held here, and the session's next cell and a server's
+/// concurrency slot wait for [`Tail::wait`].
+#[derive(Debug, Clone)]
+pub(crate) struct Tail(tokio_util::sync::CancellationToken);
+
+impl Tail {
+    /// End `worker` (watched by `exit`) and its tree in `group`, holding
+    /// `scratch` until then.
+    pub(super) fn start(
+        worker: Worker,
+        exit: process::ExitWatch,
+        group: Option<Arc<CellGroup>>,
+        scratch: Arc<crate::supervisor::scratch::Scratch>,
+    ) -> Tail {
+        let over = tokio_util::sync::CancellationToken::new();
+        // Over when the task is, however it ends.
+        let guard = over.clone().drop_guard();
+        tokio::spawn(async move {
+            let _over = guard;
+            // Let go, it exits by itself (code 0, as its result says), or
+            // is killed after its grace.
+            if let Err(e) = end(worker, &exit, true, group.as_ref()).await {
+                tracing::warn!("a cell answered at its `done`: {e}");
+            }
+            release_group(group).await;
+            if Arc::strong_count(&scratch) == 1 {
+                let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
+            }
+        });
+        Tail(over)
+    }
+
+    /// Resolves once the cell's worker and process tree are gone.
+    pub(crate) async fn wait(&self) {
+        self.0.cancelled().await
+    }
+
+    /// Whether the cell's worker and process tree are gone.
+    pub(crate) fn is_over(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+/// Let go of a cell's group. Emptying it may wait for its last processes:
+/// off the runtime (an empty one, the usual case, is kept for the
+/// session's next cell; one still held elsewhere is let go there).
+pub(super) async fn release_group(group: Option<Arc<CellGroup>>) {
+    if let Some(g) = group {
+        if Arc::strong_count(&g) > 1 || g.is_empty() {
+            drop(g);
+        } else {
+            let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+        }
+    }
 }
 
 /// A live cell whose process became its session's next state process: it
@@ -218,4 +326,26 @@ async fn finish_process(pid: i32, exit: &process::ExitWatch, grace: bool, forked
     let _ = tokio::time::timeout(Duration::from_secs(10), exit.exited()).await;
     // Anything it left in its group dies too.
     let _ = process::kill_group(pid);
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// What a process used is read from it while it lives; once it is
+    /// gone there is nothing to read (and the cell waits for its reaping).
+    #[tokio::test]
+    async fn what_a_lingering_worker_used_is_read_from_it_alive() {
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn");
+        let exit = process::ExitWatch::open(child.id() as i32).expect("watch");
+        let used = at_done(&exit, None).expect("read from the live process");
+        assert_eq!((used.code, used.signal), (Some(0), None));
+        assert!(used.max_rss_kb > 0, "{used:?}");
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        assert!(at_done(&exit, None).is_none());
+    }
 }

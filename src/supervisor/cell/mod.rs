@@ -3,7 +3,8 @@
 //! launched (`launch`: forked from a warm parent or fresh), the protocol
 //! conversation runs (`converse`, driving the sans-I/O `conversation`,
 //! with its capability `calls`), its worker and process tree are ended and
-//! reaped (`end`), its output collected (`streams`), and how it ended is
+//! reaped (`end`; for a worker that said `done`, after the answer, by the
+//! cell's `Tail`), its output collected (`streams`), and how it ended is
 //! classified into its result. The outer limits (wall clock, output caps,
 //! frame size) are enforced here, whatever the worker does.
 
@@ -25,6 +26,7 @@ pub(crate) use calls::MAX_CAP_NAME_BYTES;
 #[cfg(target_os = "linux")]
 pub(crate) use conversation::{Handshake, Step};
 use converse::{converse, opening};
+pub(crate) use end::Tail;
 use launch::{Launch, LaunchError, Launched};
 pub(crate) use prepared::{prepare, Prepared};
 use streams::Streams;
@@ -223,9 +225,16 @@ pub(crate) fn new_run_id() -> String {
     format!("{:x}-{:x}-{n}", t, std::process::id())
 }
 
-/// Run one cell (and, through its `run_cell` calls, its sub-cells).
+/// Run one cell (and, through its `run_cell` calls, its sub-cells); it
+/// returns once the cell's whole process tree is gone (its tail over).
 pub(crate) fn run(sup: Arc<Inner>, spec: CellSpec) -> BoxFut<(CellResult, Option<Box<Done>>)> {
-    run_with(sup, spec, None)
+    Box::pin(async move {
+        let (result, done, tail) = run_with(sup, spec, None).await;
+        if let Some(t) = tail {
+            t.wait().await;
+        }
+        (result, done)
+    })
 }
 
 /// The limits a cell of `spec` runs under: the session's and call's, under
@@ -240,11 +249,15 @@ fn settle_limits(sup: &Inner, spec: &mut CellSpec) {
 
 /// [`run`], in the worker of `prepared` when one was started ahead for
 /// this cell (see [`prepare`]; its language and limits are the cell's).
+/// A cell whose worker said `done` may be answered before its worker is
+/// gone: then its [`Tail`] ends it, and whatever the caller lets go of
+/// once the cell is over (its session's next cell, a concurrency slot)
+/// waits for that tail.
 pub(crate) fn run_with(
     sup: Arc<Inner>,
     mut spec: CellSpec,
     prepared: Option<Prepared>,
-) -> BoxFut<(CellResult, Option<Box<Done>>)> {
+) -> BoxFut<(CellResult, Option<Box<Done>>, Option<Tail>)> {
     Box::pin(async move {
         // Every cell passes here, top-level, `exec` and sub-cells alike:
         // the supervisor's languages and the profile's ceiling hold for all.
@@ -256,7 +269,7 @@ pub(crate) fn run_with(
                 refusal,
             );
             r.execution_count = spec.execution_count;
-            return (r, None);
+            return (r, None, None);
         }
         settle_limits(&sup, &mut spec);
         let _running = Running::new(&sup.cells_running);
@@ -268,11 +281,11 @@ pub(crate) fn run_with(
             &spec.run,
             json!({"language": spec.language.as_str(), "session_id": spec.session_id}),
         );
-        let done = match run_worker(&sup, &spec, &mut result, started, prepared).await {
-            Ok(done) => done,
+        let (done, tail) = match run_worker(&sup, &spec, &mut result, started, prepared).await {
+            Ok(ended) => ended,
             Err(e) => {
                 result.fail_with(ErrorKind::SpawnError, e.to_string());
-                None
+                (None, None)
             }
         };
         if let Some(report) = result.sandbox.as_mut() {
@@ -289,7 +302,7 @@ pub(crate) fn run_with(
             json!({"status": result.status, "wall_ms": result.usage.wall_ms,
                    "error": result.error.as_ref().map(|e| &e.message)}),
         );
-        (result, done)
+        (result, done, tail)
     })
 }
 
@@ -338,7 +351,7 @@ async fn run_worker(
     result: &mut CellResult,
     started: Instant,
     prepared: Option<Prepared>,
-) -> Result<Option<Box<Done>>, LaunchError> {
+) -> Result<(Option<Box<Done>>, Option<Tail>), LaunchError> {
     let (group, launched) = match prepared {
         Some(p) => {
             let (group, launched) = p.into_parts();
@@ -348,20 +361,12 @@ async fn run_worker(
             Ok(g) => (g, None),
             Err(message) => {
                 result.fail_with(ErrorKind::SandboxError, message);
-                return Ok(None);
+                return Ok((None, None));
             }
         },
     };
     let out = life(sup, spec, result, started, group.clone(), launched).await;
-    // Emptying a cgroup may wait for its last processes: off the runtime
-    // (an empty one, the usual case, is kept for the session's next cell).
-    if let Some(g) = group {
-        if g.is_empty() {
-            drop(g);
-        } else {
-            let _ = tokio::task::spawn_blocking(move || drop(g)).await;
-        }
-    }
+    end::release_group(group).await;
     out
 }
 
@@ -376,7 +381,7 @@ async fn life(
     started: Instant,
     group: Option<Arc<CellGroup>>,
     launched: Option<Launched>,
-) -> Result<Option<Box<Done>>, LaunchError> {
+) -> Result<(Option<Box<Done>>, Option<Tail>), LaunchError> {
     let deadline = started + spec.limits.timeout();
     let launched = match launched {
         Some(l) => l,
@@ -386,7 +391,7 @@ async fn life(
             let now = crate::supervisor::warm::ForkFor::Now;
             match launch.start(sup, spec, result, started, now, group).await? {
                 Some(l) => l,
-                None => return Ok(None),
+                None => return Ok((None, None)),
             }
         }
     };
@@ -415,7 +420,33 @@ async fn life(
     };
     let (setup, start) = opening(sup, spec, backend, plan, sourced);
     let conv = Conversation::new(handshake, setup, start);
-    let outcome = converse(sup, spec, result, sock, &exit, deadline, conv).await;
+    let (outcome, writer) = converse(sup, spec, result, sock, &exit, deadline, conv).await;
+    // A worker that said `done` lingers until it is let go: what it used is
+    // read from it first, and then the cell is answered without waiting for
+    // its exit (not a live session's cell, whose process may carry on).
+    #[allow(unused_mut)]
+    let mut answer_now = matches!(outcome, Outcome::Done(_));
+    #[cfg(target_os = "linux")]
+    if spec.live.is_some() {
+        answer_now = false;
+    }
+    let used = answer_now
+        .then(|| end::at_done(&exit, group.as_ref()))
+        .flatten();
+    drop(writer);
+    if let Some(used) = used {
+        let (stdout, stderr) = streams.drain().await;
+        result.record_end(stdout, stderr, Some(&used));
+        let ending = end::Worker {
+            pid: worker.pid,
+            guard: worker.guard,
+            reap: worker.reap,
+            in_flight: worker.in_flight,
+        };
+        let tail = end::Tail::start(ending, exit, group, spec.scratch.clone());
+        let exec = spec.language == Language::Shell;
+        return Ok((classify(&spec.limits, exec, result, outcome), Some(tail)));
+    }
     // A live session's cell that succeeded has forked its successor: it
     // leaves the cell's group before the group is emptied.
     // Or its own process became that state process: it does not exit.
@@ -451,7 +482,7 @@ async fn life(
     let (stdout, stderr) = streams.collect().await;
     result.record_end(stdout, stderr, reaped.as_ref().ok());
     let exec = spec.language == Language::Shell;
-    Ok(classify(&spec.limits, exec, result, outcome))
+    Ok((classify(&spec.limits, exec, result, outcome), None))
 }
 
 /// Turn the outcome and exit information into the result's status/error

@@ -7,13 +7,17 @@ use crate::supervisor::OutputStream;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe::Receiver;
+use tokio_util::sync::CancellationToken;
 
 /// A worker's two output streams, being read.
 pub(super) struct Streams {
     stdout: Arc<Mutex<Capture>>,
     stderr: Arc<Mutex<Capture>>,
     pumps: Vec<tokio::task::JoinHandle<()>>,
+    /// Stop at what the pipes hold now (see [`Streams::drain`]).
+    stop: CancellationToken,
 }
 
 impl Streams {
@@ -23,25 +27,40 @@ impl Streams {
         let out_cap = Arc::new(Mutex::new(Capture::new(cap)));
         let err_cap = Arc::new(Mutex::new(Capture::new(cap)));
         let mut pumps = Vec::new();
+        let stop = CancellationToken::new();
         for (fd, capture, is_out, stream) in [
             (stdout, &out_cap, true, OutputStream::Stdout),
             (stderr, &err_cap, false, OutputStream::Stderr),
         ] {
-            if let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+            if let Ok(rx) = Receiver::from_owned_fd(fd) {
                 let fwd = (spec.forward_output, is_out);
                 let tap = spec.output.clone().map(|tx| Tap {
                     tx,
                     stream,
                     budget: cap,
                 });
-                pumps.push(tokio::spawn(pump(rx, capture.clone(), fwd, tap)));
+                let out = Out {
+                    cap: capture.clone(),
+                    forward: fwd,
+                    tap,
+                };
+                pumps.push(tokio::spawn(pump(rx, out, stop.clone())));
             }
         }
         Streams {
             stdout: out_cap,
             stderr: err_cap,
             pumps,
+            stop,
         }
+    }
+
+    /// What the streams hold by now, when their writer has said `done`:
+    /// it wrote everything before that, so it is in the pipes (or read
+    /// already); what comes later is not the cell's.
+    pub(super) async fn drain(self) -> (Capture, Capture) {
+        self.stop.cancel();
+        self.collect().await
     }
 
     /// What the streams held, once their writers are gone (stragglers get
@@ -59,20 +78,41 @@ struct Tap {
     budget: usize,
 }
 
-async fn pump<R: AsyncRead + Unpin>(
-    mut r: R,
+/// Where a stream's output goes.
+struct Out {
     cap: Arc<Mutex<Capture>>,
     forward: (crate::supervisor::Forward, bool),
-    mut tap: Option<Tap>,
-) {
+    tap: Option<Tap>,
+}
+
+/// Read `r` into `out` until its end, or once `stop` is cancelled, until
+/// it holds nothing more now.
+async fn pump(mut r: Receiver, mut out: Out, stop: CancellationToken) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n = tokio::select! {
+            biased;
+            n = r.read(&mut buf) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = stop.cancelled() => {
+                // Read the pipe itself, not the runtime's last word on
+                // whether it is readable.
+                while let Ok(n @ 1..) = nix::unistd::read(&r, &mut buf) {
+                    out.take(&buf[..n]).await;
+                }
+                return;
+            }
         };
-        let chunk = &buf[..n];
-        if let Some(t) = tap.as_mut() {
+        out.take(&buf[..n]).await;
+    }
+}
+
+impl Out {
+    async fn take(&mut self, chunk: &[u8]) {
+        let (cap, forward) = (&self.cap, self.forward);
+        if let Some(t) = self.tap.as_mut() {
             // Live output is best effort (the result always has it): never
             // wait for a slow consumer, never pass more than the cap.
             let take = chunk.len().min(t.budget);
@@ -86,7 +126,7 @@ async fn pump<R: AsyncRead + Unpin>(
                 }
             }
         }
-        let to_head = crate::util::lock(&cap).push(chunk);
+        let to_head = crate::util::lock(cap).push(chunk);
         let shown = forward.0.shown(chunk, to_head);
         // Flushed before the next read, so that it is out before the result
         // the caller prints after it.
@@ -120,5 +160,53 @@ async fn collect_output(pumps: Vec<tokio::task::JoinHandle<()>>) {
         {
             abort.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::Forward;
+    use std::io::Write;
+
+    /// A worker that said `done` wrote its output before: a drain takes all
+    /// of it (more than a pipe holds at once, so some was read while it was
+    /// written) and ends while the pipe is still open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_takes_what_was_written_without_waiting_for_the_pipes_end() {
+        let (rd, wr) = std::io::pipe().expect("pipe");
+        let rx = Receiver::from_owned_fd(OwnedFd::from(rd)).expect("receiver");
+        let cap = Arc::new(Mutex::new(Capture::new(1 << 20)));
+        let out = Out {
+            cap: cap.clone(),
+            forward: (Forward::No, true),
+            tap: None,
+        };
+        let stop = CancellationToken::new();
+        let pump = tokio::spawn(pump(rx, out, stop.clone()));
+        let data: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let expected = data.clone();
+        // The writer keeps its end open after writing (as a lingering
+        // worker does) until it is told to let go.
+        let (said_done, done_rx) = std::sync::mpsc::channel();
+        let (let_go, let_go_rx) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn(move || {
+            let mut wr = wr;
+            wr.write_all(&data).expect("write");
+            said_done.send(()).expect("done");
+            let _ = let_go_rx.recv();
+        });
+        tokio::task::spawn_blocking(move || done_rx.recv())
+            .await
+            .expect("join")
+            .expect("the writer wrote");
+        stop.cancel();
+        let ended = tokio::time::timeout(Duration::from_secs(30), pump).await;
+        assert!(ended.is_ok(), "the drain waited for the pipe's end");
+        let (text, truncated) = take_capture(&cap).finish();
+        assert!(truncated.is_none());
+        assert_eq!(text.as_bytes(), &expected[..]);
+        let _ = let_go.send(());
+        writer.join().expect("writer");
     }
 }

@@ -935,6 +935,13 @@ def _finish(out):
             posix._exit(_EXIT_PROTOCOL)
     if become:
         _live_become()
+    if _st.get("linger"):
+        # Stay until the supervisor has read what this process used.
+        try:
+            while posix.read(_FD, 512):
+                pass
+        except BaseException:
+            pass
     posix._exit(0)
 
 
@@ -966,6 +973,7 @@ def _main():
         _die("the start frame has no valid max_frame_bytes")
     _st["max"] = max_frame
     _st["pid"] = posix.getpid()
+    _st["linger"] = start.get("linger") is True
     limits = start.get("limits")
     ms = limits.get("timeout_ms") if type(limits) is dict else None
     if type(ms) is int and ms > 0:

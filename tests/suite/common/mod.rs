@@ -303,3 +303,50 @@ pub fn pids_cgroup_of(cgroup: &str) -> String {
         .unwrap_or_else(|| panic!("no pids cgroup in {cgroup}"))
         .to_owned()
 }
+
+/// Host processes holding a file whose path contains `token` open.
+pub fn holders_of(token: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for pid in pids() {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path())
+                .map(|l| l.to_string_lossy().contains(token))
+                .unwrap_or(false)
+            {
+                out.push(pid);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A Python cell that forks a child into its own session (holding a file
+/// named with `token` open), then writes its own `done` frame on the
+/// protocol descriptor and lives on. The old supervisor returned at that
+/// `done` and killed the cell's process group, so the child (another
+/// session, another group) lived on after the result, with the cell's
+/// scratch directory removed under it and its concurrency slot free.
+pub fn forged_done(token: &str) -> String {
+    format!(
+        r#"
+import os, struct, time
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()  # (refused where the cell may not)
+    except OSError:
+        pass
+    f = open("{token}", "w")
+    while True:
+        time.sleep(0.05)
+time.sleep(0.3)
+frame = b'{{"t":"done","status":"ok","value":"forged"}}'
+os.write(3, struct.pack(">I", len(frame)) + frame)
+time.sleep(60)
+"#
+    )
+}
