@@ -433,9 +433,11 @@ async fn life(
     let used = answer_now
         .then(|| end::at_done(&exit, group.as_ref()))
         .flatten();
-    drop(writer);
     if let Some(used) = used {
+        // Drained before it is let go: its exit then takes a core while
+        // this task waits on the pipes' readers.
         let (stdout, stderr) = streams.drain().await;
+        drop(writer);
         result.record_end(stdout, stderr, Some(&used));
         let ending = end::Worker {
             pid: worker.pid,
@@ -447,6 +449,7 @@ async fn life(
         let exec = spec.language == Language::Shell;
         return Ok((classify(&spec.limits, exec, result, outcome), Some(tail)));
     }
+    drop(writer);
     // A live session's cell that succeeded has forked its successor: it
     // leaves the cell's group before the group is emptied.
     // Or its own process became that state process: it does not exit.
