@@ -164,6 +164,31 @@ pub fn watch_readable(
         .map_err(io::Error::from)
 }
 
+/// The peak resident size (kB) of live process `pid`, from its
+/// `/proc/PID/status` (`None` once it has let go of its memory).
+#[cfg(target_os = "linux")]
+pub fn peak_rss_kb(pid: i32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The CPU time (ns) process `pid` has had, from `/proc/PID/schedstat`.
+#[cfg(target_os = "linux")]
+pub fn cpu_ns(pid: i32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 impl ExitWatch {
     /// Watch `pid`, which must be our unreaped child.
     #[cfg(not(target_os = "macos"))]
@@ -204,13 +229,7 @@ impl ExitWatch {
     /// exited (`None` once it has, or where it cannot be told).
     #[cfg(target_os = "linux")]
     pub fn pid_now(&self) -> Option<i32> {
-        use std::os::fd::AsRawFd;
-        let path = format!("/proc/self/fdinfo/{}", self.0.get_ref().as_raw_fd());
-        let text = std::fs::read_to_string(path).ok()?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("Pid:"))
-            .and_then(|v| v.trim().parse::<i32>().ok())
-            .filter(|&p| p > 0)
+        super::linux::groups::pidfd_pid(self.0.get_ref()).ok()
     }
 
     /// Whether the process has exited by now (it does not wait).

@@ -468,21 +468,8 @@ impl LiveCell {
             return None;
         }
         let host = kept.host_pid();
-        let cpu_ns = std::fs::read_to_string(format!("/proc/{host}/schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        let max_rss_kb = std::fs::read_to_string(format!("/proc/{host}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("VmHWM:"))?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0);
+        let cpu_ns = crate::sandbox::process::cpu_ns(host).unwrap_or(0);
+        let max_rss_kb = crate::sandbox::process::peak_rss_kb(host).unwrap_or(0);
         Some(Reaped {
             code: Some(0),
             signal: None,

@@ -111,20 +111,10 @@ pub(super) fn at_done(
     group: Option<&Arc<CellGroup>>,
 ) -> Option<process::Reaped> {
     let pid = exit.pid_now()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let max_rss_kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse::<u64>()
-        .ok()?;
+    let max_rss_kb = process::peak_rss_kb(pid)?;
     let cpu_ms = match group.and_then(|g| g.usage().cpu_ms) {
         Some(ms) => ms,
-        None => {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
-            stat.split_whitespace().next()?.parse::<u64>().ok()? / 1_000_000
-        }
+        None => process::cpu_ns(pid)? / 1_000_000,
     };
     // Read from that process, not another given its pid after it was gone.
     if exit.has_exited() {
