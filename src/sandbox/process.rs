@@ -168,14 +168,47 @@ pub fn watch_readable(
 /// `/proc/PID/status` (`None` once it has let go of its memory).
 #[cfg(target_os = "linux")]
 pub fn peak_rss_kb(pid: i32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
+    vm_hwm_kb(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The `VmHWM` (kB) of a `/proc/PID/status` text.
+#[cfg(target_os = "linux")]
+fn vm_hwm_kb(status: &str) -> Option<u64> {
+    status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))?
         .split_whitespace()
         .next()?
         .parse()
         .ok()
+}
+
+/// What a watched process uses, read while it lives: its pid, learned once,
+/// and its `/proc/PID/status`, kept open (see [`ExitWatch::probe`]), so that
+/// reading it at the end of its cell is one `pread`.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub struct Probe {
+    pid: i32,
+    status: std::fs::File,
+}
+
+#[cfg(target_os = "linux")]
+impl Probe {
+    /// Its pid in our PID namespace.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Its peak resident size (kB) so far; `None` once it has let go of its
+    /// memory (exited).
+    pub fn peak_rss_kb(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        // The whole file is about 1.5 kB; `VmHWM` is in its first lines.
+        let mut buf = [0u8; 4096];
+        let n = self.status.read_at(&mut buf, 0).ok()?;
+        vm_hwm_kb(std::str::from_utf8(buf.get(..n)?).ok()?)
+    }
 }
 
 /// The CPU time (ns) process `pid` has had, from `/proc/PID/schedstat`.
@@ -230,6 +263,20 @@ impl ExitWatch {
     #[cfg(target_os = "linux")]
     pub fn pid_now(&self) -> Option<i32> {
         super::linux::groups::pidfd_pid(self.0.get_ref()).ok()
+    }
+
+    /// Its [`Probe`]: its pid and its `/proc/PID/status` opened now, while
+    /// it lives (`None` once it has exited, or where it cannot be told).
+    #[cfg(target_os = "linux")]
+    pub fn probe(&self) -> Option<Probe> {
+        let pid = self.pid_now()?;
+        let status = std::fs::File::open(format!("/proc/{pid}/status")).ok()?;
+        // Opened while it lived: the file is that process's, not another's
+        // given its pid after it was gone.
+        if self.has_exited() {
+            return None;
+        }
+        Some(Probe { pid, status })
     }
 
     /// Whether the process has exited by now (it does not wait).

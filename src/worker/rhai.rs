@@ -358,7 +358,8 @@ fn replay_definitions(engine: &Engine, defs: &[Definition]) -> AST {
     acc
 }
 
-fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
+/// Run `start`'s cell; `last`: nothing runs after it in this process.
+fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start, last: bool) -> Done {
     // Stop a little before the supervisor's own deadline, so a runaway
     // script ends with a position instead of a SIGKILL.
     let margin = Duration::from_millis((start.limits.timeout_ms / 10).min(200));
@@ -419,8 +420,11 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start) -> Done {
     names.dedup();
     // The worker exits right after `done`: freeing the engine and the
     // script's data first would only cost time (and, in a forked worker,
-    // pages copied from the fork server just to be freed).
-    std::mem::forget((engine, scope, full, cell_ast));
+    // pages copied from the fork server just to be freed). A warm-up's are
+    // freed, so that the cell after it has their pages at hand.
+    if last {
+        std::mem::forget((engine, scope, full, cell_ast));
+    }
     let definitions = if names.is_empty() {
         Vec::new()
     } else {
@@ -458,14 +462,14 @@ pub(crate) fn warm_up(chan: &Rc<RefCell<Channel>>) {
             "max_expr_depth":64,"max_string_bytes":4096,"max_array_len":256,"max_map_len":256},
         "max_frame_bytes":65536}"#;
     if let Ok(ToWorker::Start(start)) = serde_json::from_slice::<ToWorker>(SAMPLE.as_bytes()) {
-        let done = evaluate(chan.clone(), &start);
+        let done = evaluate(chan.clone(), &start, false);
         let _ = serde_json::to_vec(&FromWorker::Done(Box::new(done)));
     }
 }
 
 /// Run one Rhai cell and report it. Returns the worker's exit code.
 pub(crate) fn run_cell(chan: Rc<RefCell<Channel>>, start: Start) -> i32 {
-    let done = evaluate(chan.clone(), &start);
+    let done = evaluate(chan.clone(), &start, true);
     let _ = std::io::stdout().flush();
     let mut chan = chan.borrow_mut();
     match chan.send(&FromWorker::Done(Box::new(done))) {

@@ -728,3 +728,39 @@ async fn a_cell_answered_at_done_has_all_its_output_and_its_worker_goes_after() 
         );
     }
 }
+
+/// A cell whose worker was started ahead has what it used read through
+/// what was opened when its worker started, and read at its `done`: its
+/// peak RSS is what it reached by then, not what its worker had when it
+/// was started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_ahead_reports_what_its_cell_used() {
+    let (sup, _server) = with_fork_server().await;
+    let session = sup
+        .session(SessionConfig {
+            prepare_next: true,
+            ..config(&[])
+        })
+        .unwrap();
+    let small = rhai(&session, "1").await;
+    assert_eq!(small.status, Status::Ok, "{small:?}");
+    for _ in 0..3 {
+        // Its next worker is started ahead meanwhile.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // 8 MiB, doubled into place (and not kept).
+        let r = rhai(
+            &session,
+            "fn f() { let s = \"0123456789abcdef\"; for i in 0..19 { s += s; } s.len() } f()",
+        )
+        .await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.value, json!(8 << 20));
+        assert_eq!((r.exit.code, r.exit.signal), (Some(0), None));
+        assert!(
+            r.usage.max_rss_kb >= small.usage.max_rss_kb + 6 * 1024,
+            "{:?} after {:?}",
+            r.usage,
+            small.usage
+        );
+    }
+}

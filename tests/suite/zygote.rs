@@ -1249,3 +1249,41 @@ async fn a_cell_whose_deadline_passes_waiting_for_a_stopped_zygote_says_so() {
     assert_ne!(live[0].pid, old, "{st:?}");
     drop(stopped);
 }
+
+/// A Python cell whose worker was started ahead has what it used read at
+/// its `done` through what was opened when its worker started: its peak
+/// RSS is what it reached, not what its worker had when it was started.
+#[tokio::test]
+async fn a_worker_started_ahead_reports_what_its_cell_used() {
+    let sup = one_zygote(pool(1));
+    let session = sup
+        .session(SessionConfig {
+            prepare_next: true,
+            // (A live session's cells are not answered at `done`.)
+            python_state: cellbox::PythonState::Replay,
+            ..SessionConfig::default()
+        })
+        .unwrap();
+    let small = py_in(&session, "1").await;
+    assert_eq!(small.status, Status::Ok, "{small:?}");
+    require_warm(&small);
+    for _ in 0..3 {
+        // Its next worker is started ahead meanwhile.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let r = py_in(
+            &session,
+            "big = bytearray(64 << 20)\nfor i in range(0, len(big), 4096):\n    big[i] = 1\nlen(big)",
+        )
+        .await;
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        require_warm(&r);
+        assert_eq!(r.value, json!(64 << 20));
+        assert_eq!((r.exit.code, r.exit.signal), (Some(0), None));
+        assert!(
+            r.usage.max_rss_kb >= small.usage.max_rss_kb + 48 * 1024,
+            "{:?} after {:?}",
+            r.usage,
+            small.usage
+        );
+    }
+}

@@ -101,20 +101,21 @@ pub(super) async fn end(
 
 /// What a worker that said `done` and lingers (see
 /// [`crate::protocol::Start::linger`]) used, read from the kernel while it
-/// is alive: its peak resident size, and the CPU time of its cell group
-/// (else its own). It exits with code 0 once let go. `None` when that
+/// is alive through its `probe`, taken when it was started: its peak
+/// resident size, and the CPU time of its cell group (else its own). It exits with code 0 once let go. `None` when that
 /// cannot be read (it is gone already, having not lingered; or not on
 /// Linux): then the cell waits for its reaping, as any other.
 #[cfg(target_os = "linux")]
 pub(super) fn at_done(
+    probe: Option<&process::Probe>,
     exit: &process::ExitWatch,
     group: Option<&Arc<CellGroup>>,
 ) -> Option<process::Reaped> {
-    let pid = exit.pid_now()?;
-    let max_rss_kb = process::peak_rss_kb(pid)?;
+    let probe = probe?;
+    let max_rss_kb = probe.peak_rss_kb()?;
     let cpu_ms = match group.and_then(|g| g.usage().cpu_ms) {
         Some(ms) => ms,
-        None => process::cpu_ns(pid)? / 1_000_000,
+        None => process::cpu_ns(probe.pid())? / 1_000_000,
     };
     // Read from that process, not another given its pid after it was gone.
     if exit.has_exited() {
@@ -145,10 +146,12 @@ pub(super) fn at_done(
 pub(crate) struct Tail(tokio_util::sync::CancellationToken);
 
 impl Tail {
-    /// End `worker` (watched by `exit`) and its tree in `group`, holding
-    /// `scratch` until then.
+    /// Let go of `worker` (closing `channel`, its end of the protocol
+    /// socket, which it lingers on), and end it (watched by `exit`) and its
+    /// tree in `group`, holding `scratch` until then.
     pub(super) fn start(
         worker: Worker,
+        channel: Option<tokio::net::unix::OwnedWriteHalf>,
         exit: process::ExitWatch,
         group: Option<Arc<CellGroup>>,
         scratch: Arc<crate::supervisor::scratch::Scratch>,
@@ -158,8 +161,11 @@ impl Tail {
         let guard = over.clone().drop_guard();
         tokio::spawn(async move {
             let _over = guard;
-            // Let go, it exits by itself (code 0, as its result says), or
-            // is killed after its grace.
+            // Let go here rather than before the cell is answered: its
+            // exit then takes no core from the answer.
+            drop(channel);
+            // It exits by itself (code 0, as its result says), or is
+            // killed after its grace.
             if let Err(e) = end(worker, &exit, true, group.as_ref()).await {
                 tracing::warn!("a cell answered at its `done`: {e}");
             }
@@ -331,11 +337,16 @@ mod tests {
             .spawn()
             .expect("spawn");
         let exit = process::ExitWatch::open(child.id() as i32).expect("watch");
-        let used = at_done(&exit, None).expect("read from the live process");
+        let probe = exit.probe().expect("a live process is probed");
+        assert_eq!(probe.pid(), child.id() as i32);
+        let used = at_done(Some(&probe), &exit, None).expect("read from the live process");
         assert_eq!((used.code, used.signal), (Some(0), None));
         assert!(used.max_rss_kb > 0, "{used:?}");
         child.kill().expect("kill");
         child.wait().expect("wait");
-        assert!(at_done(&exit, None).is_none());
+        assert!(at_done(Some(&probe), &exit, None).is_none());
+        assert!(probe.peak_rss_kb().is_none(), "read from a reaped process");
+        assert!(exit.probe().is_none(), "a reaped process is probed");
+        assert!(at_done(None, &exit, None).is_none());
     }
 }

@@ -128,6 +128,8 @@ impl Launch {
             match start_forked(fs, limits, deadline_t, group.as_deref(), now).await {
                 Ok((worker, sock)) => {
                     return Ok(Some(Launched {
+                        #[cfg(target_os = "linux")]
+                        probe: probe(spec, &worker),
                         started: worker,
                         sock,
                         backend: Backend::Rhai,
@@ -175,6 +177,8 @@ impl Launch {
             return Ok(None);
         };
         Ok(Some(Launched {
+            #[cfg(target_os = "linux")]
+            probe: probe(spec, &worker),
             started: worker,
             sock,
             backend,
@@ -348,6 +352,20 @@ pub(super) struct Launched {
     pub(super) handshake: Handshake,
     /// The cgroup its processes are in, when there is one.
     pub(super) group: Option<Arc<CellGroup>>,
+    /// What its worker uses, read when it says `done` (see `end::at_done`).
+    #[cfg(target_os = "linux")]
+    pub(super) probe: Option<process::Probe>,
+}
+
+/// The probe of a worker whose cell may be answered at its `done`, taken
+/// as it is started (for a worker started ahead, before its cell comes);
+/// none for a live session's cell, which is not answered there.
+#[cfg(target_os = "linux")]
+fn probe(spec: &CellSpec, worker: &Started) -> Option<process::Probe> {
+    if spec.live.is_some() {
+        return None;
+    }
+    worker.exit.as_ref().ok()?.probe()
 }
 
 /// How the worker's end is learned.

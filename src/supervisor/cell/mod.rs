@@ -402,6 +402,8 @@ async fn life(
         plan,
         handshake,
         group,
+        #[cfg(target_os = "linux")]
+        probe,
     } = launched;
     let streams = Streams::start(spec, worker.stdout, worker.stderr);
     let exit = match worker.exit {
@@ -430,14 +432,18 @@ async fn life(
     if spec.live.is_some() {
         answer_now = false;
     }
+    #[cfg(target_os = "linux")]
+    let used = answer_now
+        .then(|| end::at_done(probe.as_ref(), &exit, group.as_ref()))
+        .flatten();
+    #[cfg(not(target_os = "linux"))]
     let used = answer_now
         .then(|| end::at_done(&exit, group.as_ref()))
         .flatten();
     if let Some(used) = used {
-        // Drained before it is let go: its exit then takes a core while
-        // this task waits on the pipes' readers.
+        // Drained before it is let go (by its tail, which closes the
+        // channel it lingers on).
         let (stdout, stderr) = streams.drain().await;
-        drop(writer);
         result.record_end(stdout, stderr, Some(&used));
         let ending = end::Worker {
             pid: worker.pid,
@@ -445,7 +451,7 @@ async fn life(
             reap: worker.reap,
             in_flight: worker.in_flight,
         };
-        let tail = end::Tail::start(ending, exit, group, spec.scratch.clone());
+        let tail = end::Tail::start(ending, writer, exit, group, spec.scratch.clone());
         let exec = spec.language == Language::Shell;
         return Ok((classify(&spec.limits, exec, result, outcome), Some(tail)));
     }

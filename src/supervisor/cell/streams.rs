@@ -7,17 +7,26 @@ use crate::supervisor::OutputStream;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe::Receiver;
-use tokio_util::sync::CancellationToken;
+
+/// Bytes read from a pipe at once.
+const READ_BYTES: usize = 64 * 1024;
 
 /// A worker's two output streams, being read.
 pub(super) struct Streams {
     stdout: Arc<Mutex<Capture>>,
     stderr: Arc<Mutex<Capture>>,
+    pipes: Vec<Arc<Pipe>>,
     pumps: Vec<tokio::task::JoinHandle<()>>,
-    /// Stop at what the pipes hold now (see [`Streams::drain`]).
-    stop: CancellationToken,
+}
+
+/// One output pipe, read by its pump as it becomes readable, or by
+/// [`Streams::drain`]; whoever reads holds `out` from the read to the
+/// last copy of what it read, so that the output keeps its order.
+struct Pipe {
+    rx: Receiver,
+    out: tokio::sync::Mutex<Out>,
 }
 
 impl Streams {
@@ -26,8 +35,8 @@ impl Streams {
         let cap = spec.limits.max_output_bytes;
         let out_cap = Arc::new(Mutex::new(Capture::new(cap)));
         let err_cap = Arc::new(Mutex::new(Capture::new(cap)));
+        let mut pipes = Vec::new();
         let mut pumps = Vec::new();
-        let stop = CancellationToken::new();
         for (fd, capture, is_out, stream) in [
             (stdout, &out_cap, true, OutputStream::Stdout),
             (stderr, &err_cap, false, OutputStream::Stderr),
@@ -43,24 +52,38 @@ impl Streams {
                     cap: capture.clone(),
                     forward: fwd,
                     tap,
+                    buf: Vec::new(),
+                    over: false,
                 };
-                pumps.push(tokio::spawn(pump(rx, out, stop.clone())));
+                let pipe = Arc::new(Pipe {
+                    rx,
+                    out: tokio::sync::Mutex::new(out),
+                });
+                pumps.push(tokio::spawn(pump(pipe.clone())));
+                pipes.push(pipe);
             }
         }
         Streams {
             stdout: out_cap,
             stderr: err_cap,
+            pipes,
             pumps,
-            stop,
         }
     }
 
     /// What the streams hold by now, when their writer has said `done`:
     /// it wrote everything before that, so it is in the pipes (or read
-    /// already); what comes later is not the cell's.
+    /// already); what comes later is not the cell's. Read here, without
+    /// waiting for the pumps, which stop at their next wake.
     pub(super) async fn drain(self) -> (Capture, Capture) {
-        self.stop.cancel();
-        self.collect().await
+        for pipe in &self.pipes {
+            let mut out = pipe.out.lock().await;
+            if !out.over {
+                read_now(&pipe.rx, &mut out).await;
+                out.over = true;
+            }
+        }
+        (take_capture(&self.stdout), take_capture(&self.stderr))
     }
 
     /// What the streams held, once their writers are gone (stragglers get
@@ -83,34 +106,55 @@ struct Out {
     cap: Arc<Mutex<Capture>>,
     forward: (crate::supervisor::Forward, bool),
     tap: Option<Tap>,
+    /// What was read last (its capacity is kept; it is never zeroed).
+    buf: Vec<u8>,
+    /// Nothing more is read: the pipe ended, or was drained.
+    over: bool,
 }
 
-/// Read `r` into `out` until its end, or once `stop` is cancelled, until
-/// it holds nothing more now.
-async fn pump(mut r: Receiver, mut out: Out, stop: CancellationToken) {
-    let mut buf = vec![0u8; 64 * 1024];
+/// Read the pipe as it becomes readable until its end, or until it was
+/// drained.
+async fn pump(pipe: Arc<Pipe>) {
     loop {
-        let n = tokio::select! {
-            biased;
-            n = r.read(&mut buf) => match n {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            _ = stop.cancelled() => {
-                // Read the pipe itself, not the runtime's last word on
-                // whether it is readable.
-                while let Ok(n @ 1..) = nix::unistd::read(&r, &mut buf) {
-                    out.take(&buf[..n]).await;
-                }
+        if pipe.rx.readable().await.is_err() {
+            return;
+        }
+        let mut out = pipe.out.lock().await;
+        if out.over {
+            return;
+        }
+        read_now(&pipe.rx, &mut out).await;
+        if out.over {
+            return;
+        }
+    }
+}
+
+/// Read what the pipe holds now into `out` (its end marks `out` over).
+async fn read_now(rx: &Receiver, out: &mut Out) {
+    loop {
+        out.buf.clear();
+        out.buf.reserve(READ_BYTES);
+        match rx.try_read_buf(&mut out.buf) {
+            Ok(0) => {
+                out.over = true;
                 return;
             }
-        };
-        out.take(&buf[..n]).await;
+            Ok(_) => out.take().await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                out.over = true;
+                return;
+            }
+        }
     }
 }
 
 impl Out {
-    async fn take(&mut self, chunk: &[u8]) {
+    /// Take in what was read last.
+    async fn take(&mut self) {
+        let chunk = &self.buf[..];
         let (cap, forward) = (&self.cap, self.forward);
         if let Some(t) = self.tap.as_mut() {
             // Live output is best effort (the result always has it): never
@@ -170,8 +214,9 @@ mod tests {
     use std::io::Write;
 
     /// A worker that said `done` wrote its output before: a drain takes all
-    /// of it (more than a pipe holds at once, so some was read while it was
-    /// written) and ends while the pipe is still open.
+    /// of it, in order (more than a pipe holds at once, so some was read by
+    /// the pump while it was written), and ends while the pipe is still
+    /// open; the pump ends at the pipe's end.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_drain_takes_what_was_written_without_waiting_for_the_pipes_end() {
         let (rd, wr) = std::io::pipe().expect("pipe");
@@ -181,9 +226,19 @@ mod tests {
             cap: cap.clone(),
             forward: (Forward::No, true),
             tap: None,
+            buf: Vec::new(),
+            over: false,
         };
-        let stop = CancellationToken::new();
-        let pump = tokio::spawn(pump(rx, out, stop.clone()));
+        let pipe = Arc::new(Pipe {
+            rx,
+            out: tokio::sync::Mutex::new(out),
+        });
+        let streams = Streams {
+            stdout: cap,
+            stderr: Arc::new(Mutex::new(Capture::new(0))),
+            pipes: vec![pipe.clone()],
+            pumps: vec![tokio::spawn(pump(pipe.clone()))],
+        };
         let data: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
         let expected = data.clone();
         // The writer keeps its end open after writing (as a lingering
@@ -200,13 +255,20 @@ mod tests {
             .await
             .expect("join")
             .expect("the writer wrote");
-        stop.cancel();
-        let ended = tokio::time::timeout(Duration::from_secs(30), pump).await;
-        assert!(ended.is_ok(), "the drain waited for the pipe's end");
-        let (text, truncated) = take_capture(&cap).finish();
+        let drained = tokio::time::timeout(Duration::from_secs(30), streams.drain()).await;
+        let (stdout, _) = drained.expect("the drain waited for the pipe's end");
+        let (text, truncated) = stdout.finish();
         assert!(truncated.is_none());
         assert_eq!(text.as_bytes(), &expected[..]);
         let _ = let_go.send(());
         writer.join().expect("writer");
+        let t0 = std::time::Instant::now();
+        while Arc::strong_count(&pipe) > 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the pump outlived its pipe"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
