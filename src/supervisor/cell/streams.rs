@@ -13,6 +13,9 @@ use tokio::net::unix::pipe::Receiver;
 /// Bytes read from a pipe at once.
 const READ_BYTES: usize = 64 * 1024;
 
+/// At most this much is drained from a pipe (see [`drain_now`]).
+const DRAIN_BYTES: usize = 16 << 20;
+
 /// A worker's two output streams, being read.
 pub(super) struct Streams {
     stdout: Arc<Mutex<Capture>>,
@@ -26,6 +29,9 @@ pub(super) struct Streams {
 /// last copy of what it read, so that the output keeps its order.
 struct Pipe {
     rx: Receiver,
+    /// The same pipe, read by the drain as it is, not as the runtime last
+    /// saw it (which may not have seen it readable yet).
+    raw: std::fs::File,
     out: tokio::sync::Mutex<Out>,
 }
 
@@ -41,6 +47,7 @@ impl Streams {
             (stdout, &out_cap, true, OutputStream::Stdout),
             (stderr, &err_cap, false, OutputStream::Stderr),
         ] {
+            let Ok(raw) = fd.try_clone() else { continue };
             if let Ok(rx) = Receiver::from_owned_fd(fd) {
                 let fwd = (spec.forward_output, is_out);
                 let tap = spec.output.clone().map(|tx| Tap {
@@ -57,6 +64,7 @@ impl Streams {
                 };
                 let pipe = Arc::new(Pipe {
                     rx,
+                    raw: std::fs::File::from(raw),
                     out: tokio::sync::Mutex::new(out),
                 });
                 pumps.push(tokio::spawn(pump(pipe.clone())));
@@ -79,7 +87,7 @@ impl Streams {
         for pipe in &self.pipes {
             let mut out = pipe.out.lock().await;
             if !out.over {
-                read_now(&pipe.rx, &mut out).await;
+                drain_now(&pipe.raw, &mut out).await;
                 out.over = true;
             }
         }
@@ -151,6 +159,40 @@ async fn read_now(rx: &Receiver, out: &mut Out) {
     }
 }
 
+/// Read what the pipe holds now into `out`, at most [`DRAIN_BYTES`]: a
+/// writer that goes on writing (not the cell's worker, which said `done`)
+/// does not hold the drain.
+async fn drain_now(raw: &std::fs::File, out: &mut Out) {
+    use std::io::Read;
+    let mut left = DRAIN_BYTES;
+    while left > 0 {
+        out.buf.clear();
+        out.buf.reserve(READ_BYTES);
+        let chunk = READ_BYTES.min(left);
+        // Into the buffer's spare room (nothing zeroed), to its end, the
+        // chunk, or what the pipe holds.
+        let read = raw.take(chunk as u64).read_to_end(&mut out.buf);
+        let n = out.buf.len();
+        left -= n;
+        if n > 0 {
+            out.take().await;
+        }
+        match read {
+            Ok(_) if n == chunk => {}
+            Ok(_) => {
+                // Its end.
+                out.over = true;
+                return;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(_) => {
+                out.over = true;
+                return;
+            }
+        }
+    }
+}
+
 impl Out {
     /// Take in what was read last.
     async fn take(&mut self) {
@@ -213,14 +255,11 @@ mod tests {
     use crate::supervisor::Forward;
     use std::io::Write;
 
-    /// A worker that said `done` wrote its output before: a drain takes all
-    /// of it, in order (more than a pipe holds at once, so some was read by
-    /// the pump while it was written), and ends while the pipe is still
-    /// open; the pump ends at the pipe's end.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_drain_takes_what_was_written_without_waiting_for_the_pipes_end() {
-        let (rd, wr) = std::io::pipe().expect("pipe");
-        let rx = Receiver::from_owned_fd(OwnedFd::from(rd)).expect("receiver");
+    /// Streams of one pipe (as stdout), its pump started.
+    fn stdout_of(rd: std::io::PipeReader) -> (Streams, Arc<Pipe>) {
+        let rd = OwnedFd::from(rd);
+        let raw = std::fs::File::from(rd.try_clone().expect("dup"));
+        let rx = Receiver::from_owned_fd(rd).expect("receiver");
         let cap = Arc::new(Mutex::new(Capture::new(1 << 20)));
         let out = Out {
             cap: cap.clone(),
@@ -231,6 +270,7 @@ mod tests {
         };
         let pipe = Arc::new(Pipe {
             rx,
+            raw,
             out: tokio::sync::Mutex::new(out),
         });
         let streams = Streams {
@@ -239,6 +279,17 @@ mod tests {
             pipes: vec![pipe.clone()],
             pumps: vec![tokio::spawn(pump(pipe.clone()))],
         };
+        (streams, pipe)
+    }
+
+    /// A worker that said `done` wrote its output before: a drain takes all
+    /// of it, in order (more than a pipe holds at once, so some was read by
+    /// the pump while it was written), and ends while the pipe is still
+    /// open; the pump ends at the pipe's end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_takes_what_was_written_without_waiting_for_the_pipes_end() {
+        let (rd, wr) = std::io::pipe().expect("pipe");
+        let (streams, pipe) = stdout_of(rd);
         let data: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
         let expected = data.clone();
         // The writer keeps its end open after writing (as a lingering
@@ -270,5 +321,17 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// What was written before the drain is taken even when the runtime
+    /// has not yet seen the pipe readable (its pump has not run).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_drain_reads_the_pipe_not_the_runtimes_view_of_it() {
+        let (rd, mut wr) = std::io::pipe().expect("pipe");
+        let (streams, _pipe) = stdout_of(rd);
+        wr.write_all(b"said before done\n").expect("write");
+        let (stdout, _) = streams.drain().await;
+        assert_eq!(stdout.finish().0, "said before done\n");
+        drop(wr);
     }
 }
