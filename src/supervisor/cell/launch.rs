@@ -357,40 +357,6 @@ pub(super) struct Launched {
     pub(super) probe: Option<process::Probe>,
 }
 
-impl Launched {
-    /// For a worker started ahead that says `ready` by itself (forked from
-    /// the fork server): read that now, while it waits for its cell, which
-    /// then finds it ready. `false` if it did not say it by `deadline`, or
-    /// said anything else (a sandbox failure): it is of no use then.
-    pub(super) async fn ready_ahead(&mut self, max_frame: usize, deadline: Instant) -> bool {
-        if !matches!(self.handshake, Handshake::SelfReady) {
-            return true;
-        }
-        let Ok(sock) = self.sock.try_clone() else {
-            return false;
-        };
-        let read = async {
-            sock.set_nonblocking(true)?;
-            let mut stream = tokio::net::UnixStream::from_std(sock)?;
-            let frame = crate::protocol::read_frame_async::<crate::protocol::FromWorker, _>(
-                &mut stream,
-                max_frame,
-            )
-            .await
-            .map_err(std::io::Error::other)?;
-            Ok::<_, std::io::Error>(frame)
-        };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        match tokio::time::timeout_at(deadline, read).await {
-            Ok(Ok(crate::protocol::FromWorker::Ready(r))) => {
-                self.handshake = Handshake::PreReady(r.report);
-                true
-            }
-            _ => false,
-        }
-    }
-}
-
 /// The probe of a worker whose cell may be answered at its `done`, taken
 /// as it is started (for a worker started ahead, before its cell comes);
 /// none for a live session's cell, which is not answered there.

@@ -86,21 +86,14 @@ pub(crate) async fn prepare(sup: Arc<Inner>, mut spec: CellSpec) -> Option<Prepa
             group.clone(),
         )
         .await;
-    // One that says `ready` by itself has said it before it is used.
-    let deadline = Instant::now() + spec.limits.timeout();
-    let max_frame = spec.limits.max_frame_bytes;
-    let launched = match launched {
-        Ok(Some(mut l)) => l.ready_ahead(max_frame, deadline).await.then_some(l),
-        Ok(None) | Err(_) => None,
-    };
     match launched {
-        Some(launched) => Some(Prepared {
+        Ok(Some(launched)) => Some(Prepared {
             language: spec.language,
             asked,
             launched,
             group,
         }),
-        None => {
+        Ok(None) | Err(_) => {
             // What a failed start left in the group is ended off the
             // runtime (emptying it may wait).
             if let Some(g) = group.filter(|g| !g.is_empty()) {
