@@ -732,7 +732,7 @@ async fn a_cell_answered_at_done_has_all_its_output_and_its_worker_goes_after() 
 /// A cell whose worker was started ahead has what it used read through
 /// what was opened when its worker started, and read at its `done`: its
 /// peak RSS is what it reached by then, not what its worker had when it
-/// was started.
+/// was started. Its worker's sandbox report is in its result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_started_ahead_reports_what_its_cell_used() {
     let (sup, _server) = with_fork_server().await;
@@ -756,6 +756,15 @@ async fn a_worker_started_ahead_reports_what_its_cell_used() {
         assert_eq!(r.status, Status::Ok, "{r:?}");
         assert_eq!(r.value, json!(8 << 20));
         assert_eq!((r.exit.code, r.exit.signal), (Some(0), None));
+        // Its worker's sandbox report is in its result.
+        let report = r.sandbox.as_ref().expect("a sandbox report");
+        assert!(
+            report
+                .layers
+                .iter()
+                .any(|l| l.name == "seccomp" && l.applied),
+            "{report:?}"
+        );
         assert!(
             r.usage.max_rss_kb >= small.usage.max_rss_kb + 6 * 1024,
             "{:?} after {:?}",
