@@ -102,9 +102,10 @@ pub(super) async fn end(
 /// What a worker that said `done` and lingers (see
 /// [`crate::protocol::Start::linger`]) used, read from the kernel while it
 /// is alive through its `probe`, taken when it was started: its peak
-/// resident size, and the CPU time of its cell group (else its own). It exits with code 0 once let go. `None` when that
-/// cannot be read (it is gone already, having not lingered; or not on
-/// Linux): then the cell waits for its reaping, as any other.
+/// resident size, and the CPU time of its cell group (else its own). It
+/// exits with code 0 once let go. `None` when that cannot be read (it is
+/// gone already, having not lingered; or not on Linux): then the cell
+/// waits for its reaping, as any other.
 #[cfg(target_os = "linux")]
 pub(super) fn at_done(
     probe: Option<&process::Probe>,

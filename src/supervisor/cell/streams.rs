@@ -148,7 +148,13 @@ async fn read_now(rx: &Receiver, out: &mut Out) {
                 out.over = true;
                 return;
             }
-            Ok(_) => out.take().await,
+            Ok(_) => {
+                out.take().await;
+                // A writer that keeps the pipe full does not keep this
+                // runtime thread: the task gives way once its turn is
+                // used up (the runtime's own reads do the same).
+                tokio::task::coop::consume_budget().await;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => {
@@ -176,6 +182,7 @@ async fn drain_now(raw: &std::fs::File, out: &mut Out) {
         left -= n;
         if n > 0 {
             out.take().await;
+            tokio::task::coop::consume_budget().await;
         }
         match read {
             Ok(_) if n == chunk => {}
