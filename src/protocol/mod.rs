@@ -158,6 +158,27 @@ mod tests {
         ));
     }
 
+    /// A frame parsed straight into its type (see `decode_body`) is read
+    /// as the strict way reads it: a tagged array is no frame, and of a
+    /// key given twice the last counts.
+    #[test]
+    fn the_quick_parse_reads_frames_as_the_strict_one_does() {
+        assert!(matches!(
+            read(&frame(br#"["log","x","y"]"#)),
+            Err(FrameError::MissingTag)
+        ));
+        let got = read(&frame(
+            br#"{"t":"log","level":"a","level":"x","message":"y"}"#,
+        ));
+        let want = FromWorker::Log(Log {
+            level: "x".into(),
+            message: "y".into(),
+        });
+        assert_eq!(got.expect("a frame with a repeated key"), want);
+        let spaced = read(&frame(br#"  {"t":"log","level":"x","message":"y"}"#));
+        assert_eq!(spaced.expect("a frame after spaces"), want);
+    }
+
     #[test]
     fn oversize_is_refused_before_allocation_and_on_encode() {
         // A 4 GiB length prefix with no body must fail at once, not allocate.
