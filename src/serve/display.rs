@@ -4,18 +4,18 @@
 //! the content block that holds it (`content_index`), so its bytes are sent
 //! once.
 
-use crate::CellResult;
+use crate::protocol::DisplayItem;
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{json, Value};
 
-/// Append `r`'s display items to `tool`'s content and point its
+/// Append a cell's `display` items to `tool`'s content and point its
 /// `structuredContent` at them.
-pub fn attach(r: &CellResult, tool: &mut CallToolResult) {
-    if r.display.is_empty() {
+pub fn attach(display: &[DisplayItem], tool: &mut CallToolResult) {
+    if display.is_empty() {
         return;
     }
-    let mut described = Vec::with_capacity(r.display.len());
-    for item in &r.display {
+    let mut described = Vec::with_capacity(display.len());
+    for item in display {
         let index = tool.content.len();
         tool.content.push(if item.mime.starts_with("image/") {
             ContentBlock::image(item.data.clone(), item.mime.clone())
@@ -36,8 +36,7 @@ pub fn attach(r: &CellResult, tool: &mut CallToolResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::DisplayItem;
-    use crate::RunInfo;
+    use crate::{CellResult, RunInfo};
 
     #[test]
     fn images_become_image_content_named_by_index() {
@@ -54,7 +53,7 @@ mod tests {
         ];
         let mut tool = CallToolResult::structured(serde_json::to_value(&r).unwrap());
         tool.content = vec![ContentBlock::text("rendering")];
-        attach(&r, &mut tool);
+        attach(&r.display, &mut tool);
         assert_eq!(tool.content.len(), 3);
         let v = serde_json::to_value(&tool.content).unwrap();
         assert_eq!(v[1]["type"], "image");

@@ -204,11 +204,10 @@ fn cut_part(v: &mut Value, ptr: &str, keep: usize) {
 
 /// The readable rendering: excerpts of the streams, the value, the error,
 /// at most about [`CONTENT_BUDGET`] bytes.
-fn content_text(r: &CellResult) -> String {
-    let mut shown = r.clone();
-    shown.stdout = excerpt(&r.stdout, "stdout");
-    shown.stderr = excerpt(&r.stderr, "stderr");
-    let mut text = shown.render_text();
+fn content_text(mut r: CellResult) -> String {
+    r.stdout = excerpt(&r.stdout, "stdout");
+    r.stderr = excerpt(&r.stderr, "stderr");
+    let mut text = r.render_text();
     if text.is_empty() {
         text = "[status: ok; no output and no value]\n".into();
     }
@@ -219,8 +218,13 @@ fn content_text(r: &CellResult) -> String {
 }
 
 /// The result of a cell as an MCP tool result's two parts.
-pub fn fit(r: &CellResult, verbose: bool) -> Result<Fitted, serde_json::Error> {
-    let mut structured = serde_json::to_value(r)?;
+pub fn fit(mut r: CellResult, verbose: bool) -> Result<Fitted, serde_json::Error> {
+    // The sandbox report, left out unless asked for, is not built into a
+    // JSON value only to be removed from it (it was half of the work).
+    if !verbose {
+        r.sandbox = None;
+    }
+    let mut structured = serde_json::to_value(&r)?;
     if !verbose {
         if let Some(m) = structured.as_object_mut() {
             m.remove("run");
@@ -250,22 +254,32 @@ mod tests {
     fn small_results_are_whole_and_plumbing_is_on_request() {
         let mut r = result("hi\n");
         r.value = json!(2.5);
-        let f = fit(&r, false).unwrap();
+        let f = fit(r.clone(), false).unwrap();
         assert_eq!(f.text, "hi\n=> 2.5\n");
         assert_eq!(f.structured["stdout"], "hi\n");
         assert_eq!(f.structured["value"], 2.5);
         assert!(f.structured.get("sandbox").is_none());
         assert!(f.structured.get("run").is_none());
         assert!(f.structured.get("exit").is_some());
-        let v = fit(&r, true).unwrap();
+        let v = fit(r.clone(), true).unwrap();
         assert!(v.structured.get("run").is_some());
         assert!(v.structured.get("sandbox").is_some());
+        // A report, when there is one, only on request too.
+        r.sandbox = Some(crate::sandbox::SandboxReport {
+            profile: "rhai".into(),
+            ..Default::default()
+        });
+        let f = fit(r.clone(), false).unwrap();
+        assert!(f.structured.get("sandbox").is_none());
+        assert_eq!(f.text, "hi\n=> 2.5\n");
+        let v = fit(r, true).unwrap();
+        assert_eq!(v.structured["sandbox"]["profile"], "rhai");
     }
 
     #[test]
     fn content_shows_excerpts_and_output_is_sent_once() {
         let out: String = (0..3000).map(|i| format!("line {i}\n")).collect();
-        let f = fit(&result(&out), false).unwrap();
+        let f = fit(result(&out), false).unwrap();
         assert_eq!(f.structured["stdout"], out.as_str());
         assert!(f.text.starts_with("line 0\n"));
         assert!(f.text.contains("line 2999\n"));
@@ -308,7 +322,7 @@ mod tests {
             line: None,
             column: None,
         });
-        let f = fit(&r, true).unwrap();
+        let f = fit(r.clone(), true).unwrap();
         let size = json_len(&f.structured);
         assert!(size <= STRUCTURED_BUDGET, "{size}");
         assert!(f.text.len() <= CONTENT_BUDGET + 100, "{}", f.text.len());

@@ -170,24 +170,16 @@ fn structured(text: String, value: Value, is_error: bool) -> CallToolResult {
 /// The MCP result for a cell: the data a program needs as
 /// structuredContent, a bounded readable rendering as content (see
 /// [`fit`]), isError for every status but ok.
-pub fn cell_tool_result(r: &CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
+pub fn cell_tool_result(mut r: CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
     // Display items travel as content blocks (see `display`), not inside
     // the structured budget.
-    let lean;
-    let fitted = if r.display.is_empty() {
-        r
-    } else {
-        lean = CellResult {
-            display: Vec::new(),
-            ..r.clone()
-        };
-        &lean
-    };
-    let f = fit::fit(fitted, verbose).map_err(|e| {
+    let display = std::mem::take(&mut r.display);
+    let failed = r.status != Status::Ok;
+    let f = fit::fit(r, verbose).map_err(|e| {
         ErrorData::internal_error(format!("failed to encode the cell result: {e}"), None)
     })?;
-    let mut tool = structured(f.text, f.structured, r.status != Status::Ok);
-    super::display::attach(r, &mut tool);
+    let mut tool = structured(f.text, f.structured, failed);
+    super::display::attach(&display, &mut tool);
     Ok(tool)
 }
 
@@ -575,7 +567,7 @@ impl CellboxServer {
                         SessionError::Unknown { .. } => ErrorKind::UnknownSession,
                         _ => ErrorKind::SessionError,
                     };
-                    return cell_tool_result(&refused(language, kind, e.to_string()), a.verbose);
+                    return cell_tool_result(refused(language, kind, e.to_string()), a.verbose);
                 }
             },
             None => None,
@@ -587,7 +579,7 @@ impl CellboxServer {
                     Refused::Busy(_) => ErrorKind::ServerBusy,
                     Refused::PrincipalBusy(_) => ErrorKind::ClientQueueFull,
                 };
-                return cell_tool_result(&refused(language, kind, refusal.to_string()), a.verbose);
+                return cell_tool_result(refused(language, kind, refusal.to_string()), a.verbose);
             }
         };
 
@@ -674,9 +666,9 @@ impl CellboxServer {
         // Leaving the loop drops `work` with everything it holds: a cell
         // still running is killed and reaped, its slot and lane are freed.
         match outcome {
-            Ok(result) => cell_tool_result(&result, a.verbose),
+            Ok(result) => cell_tool_result(result, a.verbose),
             Err(Interrupted::SessionClosed) => cell_tool_result(
-                &refused(
+                refused(
                     language,
                     ErrorKind::Killed,
                     "the session was closed while this cell ran; the cell was killed".into(),
