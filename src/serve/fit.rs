@@ -132,9 +132,32 @@ fn json_len(v: &Value) -> usize {
     serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX)
 }
 
+/// At least as many bytes as `v` takes as JSON, counted without writing
+/// it: a string as if each byte took the six of an escape.
+fn json_bound(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) => 5,
+        // The longest number serde_json writes: "-1.7976931348623157e308".
+        Value::Number(_) => 24,
+        Value::String(s) => 2 + 6 * s.len(),
+        Value::Array(a) => 2 + a.iter().map(|x| json_bound(x) + 1).sum::<usize>(),
+        Value::Object(m) => {
+            2 + m
+                .iter()
+                .map(|(k, x)| 2 + 6 * k.len() + 1 + json_bound(x) + 1)
+                .sum::<usize>()
+        }
+    }
+}
+
 /// Cut the largest parts of `v` (a serialized [`CellResult`]) until it is at
 /// most `budget` bytes of JSON or nothing is left to cut.
 fn shrink(v: &mut Value, budget: usize) {
+    // Most results are far within the budget: they are not written out
+    // only to be measured.
+    if json_bound(v) <= budget {
+        return;
+    }
     loop {
         let size = json_len(v);
         if size <= budget {
@@ -289,6 +312,36 @@ mod tests {
         );
         assert!(f.text.len() < 2 * EXCERPT_BYTES + 200, "{}", f.text.len());
         assert!(f.text.contains("structuredContent.stdout has all"));
+    }
+
+    #[test]
+    fn the_bound_is_never_below_the_json() {
+        let mut r = result("plain \u{1}\u{1f}\"\\ é 🙂 \n\t");
+        r.stderr = "\u{7f}\u{2028}".repeat(50);
+        r.value = json!({
+            "n": [0, -1, u64::MAX, i64::MIN, 1.5e300, -2.2250738585072014e-308, f64::MAX],
+            "\u{1}key\"": [null, true, false, "", [], {}],
+            "nested": {"a": [{"b": "\u{0}".repeat(10)}]}
+        });
+        r.value_repr = Some("x".repeat(100));
+        r.status = Status::Error;
+        r.error = Some(ScriptError {
+            kind: "E".into(),
+            message: "\u{8}".into(),
+            traceback: None,
+            line: Some(3),
+            column: None,
+        });
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(
+            json_bound(&v) >= json_len(&v),
+            "{} < {}",
+            json_bound(&v),
+            json_len(&v)
+        );
+        for part in v.as_object().unwrap().values() {
+            assert!(json_bound(part) >= json_len(part), "{part}");
+        }
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl Capture {
         if kept == self.total {
             let mut all = self.head;
             all.extend(self.tail);
-            return (String::from_utf8_lossy(&all).into_owned(), None);
+            return (text_of(all), None);
         }
         let omitted = self.total - kept;
         let tail: Vec<u8> = self.tail.into_iter().collect();
@@ -89,9 +89,27 @@ impl Capture {
     }
 }
 
+/// `bytes` as text: taken as it is when it is UTF-8 (checked, not copied),
+/// else with each invalid sequence replaced by U+FFFD.
+fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_output_is_text_with_invalid_bytes_replaced() {
+        let mut c = Capture::new(1024);
+        c.push(b"ok \xff\xfe \xc3\xa9");
+        let (text, trunc) = c.finish();
+        assert_eq!(text, "ok \u{fffd}\u{fffd} \u{e9}");
+        assert!(trunc.is_none());
+        let mut c = Capture::new(1024);
+        c.push("é and 🙂\n".as_bytes());
+        assert_eq!(c.finish().0, "é and 🙂\n");
+    }
 
     #[test]
     fn under_cap_is_verbatim() {
