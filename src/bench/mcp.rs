@@ -72,6 +72,33 @@ fn obj(v: Value) -> JsonObject {
     }
 }
 
+/// A Rhai cell that prints [`CHATTY_BYTES`] bytes (400 lines), within
+/// `serve`'s default cap on a stream, so that all of it is carried.
+const CHATTY: &str = r#"let line = "0123456789012345678901234567890123456789012345678901234567890123456789012345678";
+for i in 0..400 { print(line); }
+1"#;
+const CHATTY_BYTES: usize = 400 * 80;
+
+/// A chatty cell's call, timed; one whose stdout did not come whole is an
+/// error (the line would not measure what it says).
+async fn timed_chatty(peer: &Peer<RoleClient>, args: Value) -> Result<Duration, String> {
+    let t = Instant::now();
+    let r = call(peer, "execute_code", args).await?;
+    let d = t.elapsed();
+    let got = r
+        .structured_content
+        .as_ref()
+        .and_then(|v| v.get("stdout"))
+        .and_then(Value::as_str)
+        .map_or(0, str::len);
+    if got != CHATTY_BYTES {
+        return Err(format!(
+            "the chatty cell's stdout came with {got} bytes, not {CHATTY_BYTES}"
+        ));
+    }
+    Ok(d)
+}
+
 /// One tool call; a call that fails or reports an error is an error.
 pub async fn call(
     peer: &Peer<RoleClient>,
@@ -178,11 +205,13 @@ pub async fn run(n: usize) -> Result<String, String> {
     let session = create_session(&peer).await?;
     let in_session = json!({"language": "python", "code": "pass", "session_id": session});
     let rhai_in_session = json!({"language": "rhai", "code": "1", "session_id": session});
+    let chatty_in_session = json!({"language": "rhai", "code": CHATTY, "session_id": session});
     for _ in 0..5 {
         call(&peer, "list_sessions", json!({})).await?;
         call(&peer, "execute_code", py("pass")).await?;
         call(&peer, "execute_code", in_session.clone()).await?;
         call(&peer, "execute_code", rhai_in_session.clone()).await?;
+        timed_chatty(&peer, chatty_in_session.clone()).await?;
         call(
             &peer,
             "execute_code",
@@ -203,8 +232,10 @@ pub async fn run(n: usize) -> Result<String, String> {
     let lib_session = super::prepared_session(&lib)?;
     for _ in 0..5 {
         super::timed_session_cell(&lib_session, "1".into()).await?;
+        super::timed_session_cell(&lib_session, CHATTY.into()).await?;
     }
     let bare = [BARE_PYTHON, "-c", "pass"];
+    let (mut chatty, mut lib_chatty) = (Series::default(), Series::default());
     let (mut list, mut base, mut pass, mut sess, mut rhai, mut rhai_sess, mut lib_rhai) = (
         Series::default(),
         Series::default(),
@@ -236,7 +267,12 @@ pub async fn run(n: usize) -> Result<String, String> {
         rhai_sess.push(timed(&peer, "execute_code", rhai_in_session.clone()).await?);
         tokio::time::sleep(SETTLE).await;
         lib_rhai.push(super::timed_session_cell(&lib_session, "1".into()).await?);
+        tokio::time::sleep(SETTLE).await;
+        chatty.push(timed_chatty(&peer, chatty_in_session.clone()).await?);
+        tokio::time::sleep(SETTLE).await;
+        lib_chatty.push(super::timed_session_cell(&lib_session, CHATTY.into()).await?);
     }
+    let (chatty, lib_chatty) = (chatty.figures(), lib_chatty.figures());
     let (list, base, pass, sess, rhai, rhai_sess, lib_rhai) = (
         list.figures(),
         base.figures(),
@@ -284,6 +320,17 @@ pub async fn run(n: usize) -> Result<String, String> {
         "library rhai 1, in a session, its worker started ahead {}  (the MCP call's p50 less list_sessions' and this: {:+.2} ms)",
         p50_p99(&lib_rhai),
         beyond * 1e3
+    );
+    // What carrying a cell's output costs through MCP (the result fitted,
+    // serialized, sent and read) beyond what it costs through the library.
+    let more = |a: &Figures, b: &Figures| (a.p50.as_secs_f64() - b.p50.as_secs_f64()) * 1e3;
+    let _ = writeln!(
+        out,
+        "mcp execute_code rhai printing {CHATTY_BYTES} bytes, in a session {}  ({:+.2} ms over rhai 1; through the library {}, {:+.2} ms over its rhai 1)",
+        p50_p99(&chatty),
+        more(&chatty, &rhai_sess),
+        p50_p99(&lib_chatty),
+        more(&lib_chatty, &lib_rhai)
     );
 
     // Throughput: through serve and through the library in this process

@@ -1,6 +1,7 @@
 //! `cellbox bench --mcp`: `serve` driven over stdio through an MCP client
 //! gives every line of its report (each call it timed had to succeed, or
-//! the bench fails), with the ratios against the baselines of the run.
+//! the bench fails; a chatty cell's output had to come whole), with the
+//! ratios against the baselines of the run.
 
 use super::common::*;
 
@@ -24,6 +25,7 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         "mcp execute_code rhai 1, no session",
         "mcp execute_code rhai 1, in a session",
         "library rhai 1, in a session, its worker started ahead",
+        "mcp execute_code rhai printing 32000 bytes, in a session",
         "python cells at concurrency 2 (4 rounds, alternating with the library):",
         "mcp serve + pools, 16 idle sessions:",
         "mcp a session's next Rhai worker, waiting:",
@@ -33,5 +35,6 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
     assert!(report.contains("x bare python3 -c pass"), "{report}");
     assert!(report.contains("x list_sessions"), "{report}");
     assert!(report.contains("vs the library's"), "{report}");
+    assert!(report.contains("ms over its rhai 1"), "{report}");
     assert!(report.contains("MiB PSS"), "{report}");
 }
