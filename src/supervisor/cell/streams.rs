@@ -212,7 +212,7 @@ impl Out {
             if take > 0 {
                 let c = crate::supervisor::OutputChunk {
                     stream: t.stream,
-                    text: String::from_utf8_lossy(&chunk[..take]).into_owned(),
+                    text: crate::supervisor::output::text_from(&chunk[..take]),
                 };
                 if t.tx.try_send(c).is_ok() {
                     t.budget -= take;
