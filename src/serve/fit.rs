@@ -342,6 +342,11 @@ mod tests {
         for part in v.as_object().unwrap().values() {
             assert!(json_bound(part) >= json_len(part), "{part}");
         }
+        // A number is written in at most 24 bytes only while serde_json
+        // keeps numbers as machine numbers (not with `arbitrary_precision`,
+        // which another crate could turn on for all).
+        let long: Value = serde_json::from_str("-123456789012345678901234567890.5e-300").unwrap();
+        assert!(json_len(&long) <= json_bound(&long), "{long}");
     }
 
     #[test]
