@@ -337,8 +337,10 @@ pub async fn cli_main(args: BenchArgs) -> ExitCode {
 
 /// The whole report.
 pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
+    // A fresh worker for each cell, made on its path: nothing prepared.
     let cold = Supervisor::builder()
         .warm(false)
+        .prepare_runs(false)
         .build()
         .map_err(|e| e.to_string())?;
     let warm = Supervisor::builder()
@@ -460,6 +462,19 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             let _ = writeln!(
                 out,
                 "rhai   cell, warm, alternating with spawn+wait /bin/true: {} /bin/true; goal <= 1x)",
+                side_by_side(&c, &b)
+            );
+            // The same with each cell's session made on its path and torn
+            // down after it, as before sessions were prepared for `run`.
+            let unprepared = Supervisor::builder()
+                .warm(true)
+                .prepare_runs(false)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let (c, b) = cells_alternating(&unprepared, language, code, &["/bin/true"], n).await?;
+            let _ = writeln!(
+                out,
+                "rhai   cell, warm, its session made on its path (prepare_runs off), alternating with spawn+wait /bin/true: {} /bin/true)",
                 side_by_side(&c, &b)
             );
             // The same in one session that starts its next cell's worker
@@ -613,6 +628,7 @@ async fn sandbox_cost(n: usize, with_layers: &Supervisor) -> Result<String, Stri
     std::fs::write(&path, text).map_err(|e| e.to_string())?;
     let without = Supervisor::builder()
         .warm(false)
+        .prepare_runs(false)
         .profile(Language::Rhai, path.to_string_lossy().into_owned())
         .build()
         .map_err(|e| e.to_string())?;

@@ -279,7 +279,7 @@ pub async fn cmd_exec(opts: CellOpts, json: bool, argv: Vec<String>) -> ExitCode
 
 /// A supervisor for the cells of one command: they run one at a time, so
 /// together (with a warm worker's own share) they are held to one cell's
-/// memory limit.
+/// memory limit, and none is prepared for a next one.
 pub fn build_supervisor(
     opts: &CellOpts,
     warm: bool,
@@ -287,6 +287,7 @@ pub fn build_supervisor(
 ) -> Result<Supervisor, String> {
     let mut b = Supervisor::builder()
         .warm(warm)
+        .prepare_runs(false)
         .cells_memory_bytes(config.limits.rlimits.memory_bytes.saturating_add(64 << 20));
     if let Some(p) = &opts.cell.python {
         b = b.python(p);

@@ -52,7 +52,7 @@ pub enum WarmWorkers {
     /// The supervisor ran a trial cell in each language on the warm path.
     Started {
         cells: TrialCells,
-        pools: PoolStatus,
+        pools: Box<PoolStatus>,
     },
     /// No supervisor could be built.
     Failed { error: String },
@@ -113,7 +113,8 @@ impl WarmWorkers {
     /// path) and read back the pools: what a long-lived surface would get
     /// here.
     pub async fn start(python: Option<&Path>) -> WarmWorkers {
-        let mut b = Supervisor::builder().warm(true);
+        // Two cells and gone: nothing to prepare for a next one.
+        let mut b = Supervisor::builder().warm(true).prepare_runs(false);
         if let Some(p) = python {
             b = b.python(p);
         }
@@ -141,7 +142,7 @@ impl WarmWorkers {
         let python = trial(Language::Python).await;
         WarmWorkers::Started {
             cells: TrialCells { rhai, python },
-            pools: sup.pool_status().await,
+            pools: Box::new(sup.pool_status().await),
         }
     }
 }
@@ -267,7 +268,7 @@ impl fmt::Display for DoctorReport {
 impl fmt::Display for WarmWorkers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (cells, pools) = match self {
-            WarmWorkers::Started { cells, pools } => (Some(cells), Some(pools)),
+            WarmWorkers::Started { cells, pools } => (Some(cells), Some(pools.as_ref())),
             WarmWorkers::Failed { .. } => (None, None),
         };
         writeln!(f, "warm workers (fork server, Python zygotes):")?;

@@ -84,8 +84,6 @@ struct State {
     /// `notifications/cancelled` that arrives on another connection (a
     /// separate HTTP POST) reaches them.
     inflight: Arc<InflightTable>,
-    /// Sessions for calls that name none.
-    throwaway: Arc<super::throwaway::Throwaway>,
 }
 
 /// The MCP server: cheap to clone, every clone shares one state.
@@ -365,11 +363,6 @@ impl CellboxServer {
             settings.max_queue,
             settings.max_queue_per_principal,
         );
-        let throwaway = super::throwaway::Throwaway::new(
-            sup.clone(),
-            settings.session.clone(),
-            &settings.languages,
-        );
         CellboxServer {
             state: Arc::new(State {
                 sup,
@@ -381,7 +374,6 @@ impl CellboxServer {
                 tools: tokio::sync::OnceCell::new(),
                 log_levels: std::sync::Mutex::new(HashMap::new()),
                 inflight: Arc::default(),
-                throwaway,
             }),
         }
     }
@@ -394,9 +386,9 @@ impl CellboxServer {
         &self.state.gate
     }
 
-    /// The sessions prepared for calls that name none.
-    pub(crate) fn throwaway(&self) -> &Arc<super::throwaway::Throwaway> {
-        &self.state.throwaway
+    /// The supervisor that runs the calls' cells.
+    pub(crate) fn supervisor(&self) -> &Supervisor {
+        &self.state.sup
     }
 
     /// Run the sandbox probe once (tool descriptions wait for it).
@@ -605,7 +597,11 @@ impl CellboxServer {
                     let result = l.session.run(request).await;
                     (result, l.session.tail())
                 }
-                None => st.throwaway.run(request).await,
+                None => {
+                    st.sup
+                        .run_answered(request, st.settings.session.clone())
+                        .await
+                }
             };
             // A cell answered at its worker's `done` keeps its slot until
             // its worker and process tree are gone.

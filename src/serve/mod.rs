@@ -38,7 +38,6 @@ pub mod schema;
 #[cfg(target_os = "linux")]
 pub mod session_files;
 pub mod sessions;
-mod throwaway;
 
 pub use config::{ServeArgs, ServeConfig, Settings, Transport};
 
@@ -334,7 +333,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(2);
 fn spawn_trimmer(server: &CellboxServer, shutdown: CancellationToken) {
     let sessions = server.sessions().clone();
     let gate = server.gate().clone();
-    let throwaway = server.throwaway().clone();
+    let sup = server.supervisor().clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TRIM_EVERY);
         let mut trimmed_at = (0u64, 0usize);
@@ -342,7 +341,7 @@ fn spawn_trimmer(server: &CellboxServer, shutdown: CancellationToken) {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {
-                    throwaway.trim();
+                    sup.trim_prepared();
                     let now = (gate.total_admitted(), sessions.len());
                     if gate.admitted() == 0 && now != trimmed_at {
                         trimmed_at = now;

@@ -25,6 +25,7 @@ mod result;
 mod scratch;
 mod session;
 mod tenancy;
+mod throwaway;
 mod warm;
 #[cfg(target_os = "linux")]
 mod zygote;
@@ -242,6 +243,8 @@ pub(crate) struct Inner {
     python: OnceLock<Result<PythonInfo, PythonError>>,
     shim: OnceLock<Option<PathBuf>>,
     warm: bool,
+    /// Whether [`Supervisor::run`] prepares the session of the next cell.
+    prepare_runs: bool,
     forkserver: tokio::sync::Mutex<Option<Arc<warm::ForkServer>>>,
     profile_cache:
         std::sync::Mutex<std::collections::HashMap<String, Arc<crate::profiles::Profile>>>,
@@ -450,6 +453,7 @@ pub struct SupervisorBuilder {
     profiles: std::collections::BTreeMap<Language, String>,
     languages: std::collections::BTreeSet<Language>,
     warm: bool,
+    prepare_runs: bool,
     #[cfg(target_os = "linux")]
     pool: zygote::PoolConfig,
     scratch_bytes: u64,
@@ -527,6 +531,25 @@ impl SupervisorBuilder {
     /// cell is faster with it off.
     pub fn warm(mut self, on: bool) -> Self {
         self.warm = on;
+        self
+    }
+
+    /// Prepare the session of the next [`Supervisor::run`] ahead: once a
+    /// cell run without a session of its own is over, a new session is
+    /// made with that cell's configuration, its scratch and cgroups made
+    /// and a worker started in the languages of the latest such cells,
+    /// waiting for the next cell's code; the used one is torn down off the
+    /// cell's path. The next cell with the same configuration only sends
+    /// its code; one with another configuration makes its session on the
+    /// spot and the prepared one is let go. A prepared session has run
+    /// nothing, so no cell sees another's files, processes or groups.
+    ///
+    /// On by default. It holds one idle session (two for a while after
+    /// cells ran at once) with its waiting workers until the supervisor is
+    /// dropped or [`Supervisor::release_prepared`] is called; a caller that
+    /// runs one cell and exits is better off without it.
+    pub fn prepare_runs(mut self, on: bool) -> Self {
+        self.prepare_runs = on;
         self
     }
 
@@ -695,6 +718,7 @@ impl SupervisorBuilder {
             _ => None,
         };
         Ok(Supervisor {
+            runs: Arc::default(),
             inner: Arc::new(Inner {
                 cells_running: Default::default(),
                 #[cfg(target_os = "linux")]
@@ -710,6 +734,7 @@ impl SupervisorBuilder {
                 python: OnceLock::new(),
                 shim: OnceLock::new(),
                 warm: self.warm,
+                prepare_runs: self.prepare_runs,
                 forkserver: tokio::sync::Mutex::new(None),
                 profile_cache: Default::default(),
                 scratch_root,
@@ -729,25 +754,39 @@ impl SupervisorBuilder {
 #[derive(Clone)]
 pub struct Supervisor {
     inner: Arc<Inner>,
+    /// The sessions prepared for [`Supervisor::run`]. Held by the handles,
+    /// not by `inner`, which each of those sessions holds: they go when
+    /// the last handle does.
+    runs: Arc<throwaway::Throwaway>,
 }
 
 /// A handle on a [`Supervisor`] that does not keep it alive: for
 /// capabilities that run cells of their own (a declared command tool), which
 /// the supervisor's own registry holds.
 #[derive(Clone, Default)]
-pub struct WeakSupervisor(std::sync::Weak<Inner>);
+pub struct WeakSupervisor {
+    inner: std::sync::Weak<Inner>,
+    runs: std::sync::Weak<throwaway::Throwaway>,
+}
 
 impl WeakSupervisor {
     /// The supervisor, while it exists.
     pub fn upgrade(&self) -> Option<Supervisor> {
-        self.0.upgrade().map(|inner| Supervisor { inner })
+        let inner = self.inner.upgrade()?;
+        // Once every handle is gone (a session still holds the supervisor),
+        // none is prepared for its next `run`: this handle starts afresh.
+        let runs = self.runs.upgrade().unwrap_or_default();
+        Some(Supervisor { inner, runs })
     }
 }
 
 impl Supervisor {
     /// A handle that does not keep this supervisor alive.
     pub fn downgrade(&self) -> WeakSupervisor {
-        WeakSupervisor(Arc::downgrade(&self.inner))
+        WeakSupervisor {
+            inner: Arc::downgrade(&self.inner),
+            runs: Arc::downgrade(&self.runs),
+        }
     }
 }
 
@@ -774,6 +813,7 @@ impl Supervisor {
                 .into_iter()
                 .collect(),
             warm: true,
+            prepare_runs: true,
             #[cfg(target_os = "linux")]
             pool: zygote::PoolConfig::default(),
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
@@ -788,14 +828,18 @@ impl Supervisor {
         Session::new(self.inner.clone(), config)
     }
 
-    /// Run one cell in a fresh throwaway session.
+    /// Run one cell in a fresh throwaway session, made ahead unless
+    /// [`SupervisorBuilder::prepare_runs`] is off. Returned once the cell
+    /// is wholly over (its worker and every process it left are gone).
     pub async fn run(&self, request: CellRequest, config: SessionConfig) -> CellResult {
-        // One cell has no next one to keep a live namespace for.
-        let config = SessionConfig {
-            python_state: PythonState::Replay,
-            ..config
-        };
-        match self.session(config) {
+        if self.inner.prepare_runs {
+            let (result, tail) = self.runs.run(&self.inner, request, config, false).await;
+            if let Some(t) = tail {
+                t.wait().await;
+            }
+            return result;
+        }
+        match self.session(throwaway::for_one_cell(config)) {
             // Returned once the cell is wholly over: nothing else holds it.
             Ok(s) => {
                 let result = s.run(request).await;
@@ -809,6 +853,32 @@ impl Supervisor {
                 e.to_string(),
             ),
         }
+    }
+
+    /// [`Supervisor::run`] in a session prepared ahead, returned when the
+    /// cell is answered, for a caller that has yet to hand the result on;
+    /// the end of the cell when its worker was not gone yet (see
+    /// [`Session::settled`]).
+    pub(crate) async fn run_answered(
+        &self,
+        request: CellRequest,
+        config: SessionConfig,
+    ) -> (CellResult, Option<Tail>) {
+        self.runs.run(&self.inner, request, config, true).await
+    }
+
+    /// Give back the sessions prepared for the next [`Supervisor::run`]
+    /// (see [`SupervisorBuilder::prepare_runs`]), and any being prepared
+    /// once it is made; none is prepared again before the next such cell.
+    /// Returns once those prepared are torn down.
+    pub async fn release_prepared(&self) {
+        self.runs.release().await;
+    }
+
+    /// Give back the sessions prepared for the next [`Supervisor::run`]
+    /// beyond those still wanted, while no such cell runs.
+    pub(crate) fn trim_prepared(&self) {
+        self.runs.trim();
     }
 
     /// Run a program under the shell profile's sandbox (`cellbox exec`).
@@ -913,6 +983,7 @@ impl Supervisor {
             None => Vec::new(),
         };
         PoolStatus {
+            prepared_runs: self.runs.prepared(),
             warm: self.inner.warm,
             rhai_fork_server: rhai,
             rhai_fork_server_pid: rhai_pid,
@@ -952,6 +1023,7 @@ impl Supervisor {
     #[cfg(not(target_os = "linux"))]
     pub async fn pool_status(&self) -> PoolStatus {
         PoolStatus {
+            prepared_runs: self.runs.prepared(),
             warm: false,
             rhai_fork_server: false,
             rhai_fork_server_pid: None,

@@ -47,4 +47,8 @@ pub struct PoolStatus {
     pub max_cells: u64,
     pub max_age_ms: u64,
     pub python: Vec<ZygoteStatus>,
+    /// Sessions prepared for the next [`super::Supervisor::run`], each
+    /// with its waiting workers (see
+    /// [`super::SupervisorBuilder::prepare_runs`]).
+    pub prepared_runs: usize,
 }

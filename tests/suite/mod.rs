@@ -15,6 +15,7 @@ mod models;
 mod notebook;
 #[cfg(target_os = "linux")]
 mod oneshot_rhai;
+mod prepared;
 mod python;
 mod rhai;
 mod scratch;

@@ -459,10 +459,13 @@ async fn a_cancelled_cell_leaves_no_process() {
 /// A supervisor with its pools started, and its fork server's pid.
 async fn with_fork_server() -> (Supervisor, u32) {
     // Without session cgroups: with them, every cell is forked for it
-    // (and joins its groups itself), and the server keeps no spares.
+    // (and joins its groups itself), and the server keeps no spares. And
+    // without sessions prepared for the next cell, whose workers would
+    // take spares between the cells these tests count.
     let sup = Supervisor::builder()
         .worker_exe(bin())
         .session_cgroups(false)
+        .prepare_runs(false)
         .build()
         .unwrap();
     sup.start_pools().await.unwrap();

@@ -65,7 +65,12 @@ async fn warm_cells_come_from_a_live_zygote_and_cold_ones_do_not() {
 /// there, and no process of the supervisor's waits for it on the host side.
 #[tokio::test]
 async fn pool_processes_are_the_supervisors_children_and_pid_1_of_their_namespaces() {
-    let sup = supervisor();
+    // Nothing prepared for a next cell: the pool alone is counted.
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .prepare_runs(false)
+        .build()
+        .unwrap();
     let r = run_py(&sup, "6 * 7").await;
     require_warm(&r);
     let r = sup

@@ -71,10 +71,13 @@ pub fn layer_detail(r: &CellResult, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// A supervisor whose Python pool runs with `config`.
+/// A supervisor whose Python pool runs with `config`, and which prepares
+/// nothing for its next cell (a prepared worker would be a cell of the
+/// pool between those a test counts).
 pub fn one_zygote(config: PoolConfig) -> Supervisor {
     Supervisor::builder()
         .worker_exe(bin())
+        .prepare_runs(false)
         .python_pool(config)
         .build()
         .unwrap()
