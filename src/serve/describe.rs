@@ -40,7 +40,8 @@ pub async fn probe(sup: &Supervisor, settings: &Settings) -> Observations {
     let mut out = BTreeMap::new();
     for &language in &settings.languages {
         let req = CellRequest::new(language, probe_code(language)).timeout(Duration::from_secs(20));
-        let r = sup.run(req, settings.session.clone()).await;
+        // A probe is no sign of calls to come: nothing is prepared after it.
+        let r = sup.run_unprepared(req, settings.session.clone()).await;
         let failure = (r.status != Status::Ok).then(|| {
             let msg = r
                 .error

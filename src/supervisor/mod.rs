@@ -839,6 +839,17 @@ impl Supervisor {
             }
             return result;
         }
+        self.run_unprepared(request, config).await
+    }
+
+    /// [`Supervisor::run`] in a session made for the cell and torn down
+    /// after it, leaving nothing prepared (for a cell that is no sign of
+    /// more to come, such as a server's probe of its sandbox).
+    pub(crate) async fn run_unprepared(
+        &self,
+        request: CellRequest,
+        config: SessionConfig,
+    ) -> CellResult {
         match self.session(throwaway::for_one_cell(config)) {
             // Returned once the cell is wholly over: nothing else holds it.
             Ok(s) => {
