@@ -41,17 +41,10 @@ const OVERLAP_KEEP: Duration = Duration::from_secs(5);
 /// result is out well within this.
 const AFTER_REPLY: Duration = Duration::from_millis(1);
 
-/// How long a cell waits for a session being prepared before it makes its
-/// own: one being prepared is ready sooner than one made anew, unless
-/// something holds it up.
-const PREPARING_WAIT: Duration = Duration::from_secs(2);
-
 /// The sessions prepared for cells run without one.
 #[derive(Default)]
 pub(crate) struct Throwaway {
     state: Mutex<State>,
-    /// Told whenever a preparation ends (made, dropped or failed).
-    prepared: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -149,7 +142,7 @@ impl Throwaway {
         }
         // Counts the cell as running until it returns (or is dropped).
         let _running = Running(self.clone());
-        let ready = self.take(&config).await;
+        let ready = self.take(&config);
         let session = match ready {
             Some(s) => s,
             None => match Session::new(inner.clone(), config) {
@@ -175,8 +168,7 @@ impl Throwaway {
         // the next session at once.
         //
         // The next session is counted as being prepared from now on, so
-        // that a cell that comes before it is ready waits for it rather
-        // than making one more.
+        // that cells ending meanwhile do not prepare more than wanted.
         let (busy, reserved) = {
             let mut st = lock(&self.state);
             let busy = st.running > 1 || st.wanted() > 1;
@@ -203,35 +195,21 @@ impl Throwaway {
         (result, tail)
     }
 
-    /// A prepared session made with `config`, waiting for one being
-    /// prepared (up to [`PREPARING_WAIT`]); `None` when there is none to
-    /// wait for. Sessions prepared with another configuration are let go,
-    /// and the next ones are prepared with this one.
-    async fn take(&self, config: &SessionConfig) -> Option<Session> {
-        let waited = Instant::now();
-        loop {
-            let prepared = self.prepared.notified();
-            {
-                let mut st = lock(&self.state);
-                if st.config.as_ref() != Some(config) {
-                    let stale = st.let_go();
-                    st.config = Some(config.clone());
-                    drop(st);
-                    drop_off_runtime(stale);
-                    return None;
-                }
-                if let Some(s) = st.ready.pop_front() {
-                    return Some(s);
-                }
-                if st.preparing == 0 {
-                    return None;
-                }
-            }
-            let left = PREPARING_WAIT.saturating_sub(waited.elapsed());
-            if tokio::time::timeout(left, prepared).await.is_err() {
-                return None;
-            }
+    /// A prepared session made with `config`, if one is ready. Sessions
+    /// prepared with another configuration are let go, and the next ones
+    /// are prepared with this one. A cell does not wait for one being
+    /// prepared: when cells come back to back, making its own at once
+    /// while that one is finished for the next cell keeps both cores busy.
+    fn take(&self, config: &SessionConfig) -> Option<Session> {
+        let mut st = lock(&self.state);
+        if st.config.as_ref() != Some(config) {
+            let stale = st.let_go();
+            st.config = Some(config.clone());
+            drop(st);
+            drop_off_runtime(stale);
+            return None;
         }
+        st.ready.pop_front()
     }
 
     /// How many sessions are prepared now.
@@ -268,8 +246,8 @@ impl Throwaway {
         if !sessions.is_empty() {
             let _ = tokio::task::spawn_blocking(move || drop(sessions)).await;
         }
-        // A preparation under way sees the new generation and drops what
-        // it made itself.
+        // A preparation under way (or about to begin) sees the new
+        // generation (or no configuration) and drops what it made itself.
         while lock(&self.state).preparing > 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -296,8 +274,6 @@ impl Throwaway {
                 }
                 let Some(config) = st.config.clone() else {
                     st.preparing -= 1;
-                    drop(st);
-                    self.prepared.notify_waiters();
                     return;
                 };
                 (config, st.generation, st.to_prepare(&offered))
@@ -333,7 +309,6 @@ impl Throwaway {
                 // The next cell makes its session and says why it failed.
                 None => false,
             };
-            self.prepared.notify_waiters();
             if !go_on {
                 return;
             }
@@ -356,7 +331,6 @@ impl Drop for Reserved {
     fn drop(&mut self) {
         if let Some(t) = self.0.take() {
             lock(&t.state).preparing -= 1;
-            t.prepared.notify_waiters();
         }
     }
 }

@@ -3,25 +3,9 @@
 //! and goes with the supervisor.
 
 use super::common::*;
-use cellbox::{Capability, CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
+use cellbox::{CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
 use serde_json::json;
 use std::time::{Duration, Instant};
-
-fn add_capability() -> Capability {
-    Capability::new(
-        "add",
-        "Add two integers",
-        json!({"type": "object",
-               "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-               "required": ["a", "b"], "additionalProperties": false}),
-        |_ctx, args| async move {
-            let a = args["a"].as_i64().unwrap_or(0);
-            let b = args["b"].as_i64().unwrap_or(0);
-            Ok(json!(a + b))
-        },
-    )
-    .unwrap()
-}
 
 /// Wait until `sup` has a session prepared for its next `run`.
 async fn until_prepared(sup: &Supervisor) {

@@ -6,7 +6,7 @@
 //! loudly naming it if not (a bomb is never let loose on an unlimited host).
 
 use super::common::*;
-use cellbox::{Capability, CellRequest, CellResult, Language, SessionConfig, Status, Supervisor};
+use cellbox::{CellRequest, CellResult, Language, SessionConfig, Status, Supervisor};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -158,22 +158,6 @@ async fn subprocess_and_libc_system_cannot_run_programs() {
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_ne!(r.value[0], json!(0), "system() succeeded: {:?}", r.value);
     assert_eq!(r.value[1], json!(false), "the command ran: {:?}", r.value);
-}
-
-fn add_capability() -> Capability {
-    Capability::new(
-        "add",
-        "Add two integers",
-        json!({"type": "object",
-               "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-               "required": ["a", "b"], "additionalProperties": false}),
-        |_ctx, args| async move {
-            let a = args["a"].as_i64().unwrap_or(0);
-            let b = args["b"].as_i64().unwrap_or(0);
-            Ok(json!(a + b))
-        },
-    )
-    .unwrap()
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Rhai cells end to end through the library.
 
 use super::common::*;
-use cellbox::{Capability, CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
+use cellbox::{CellRequest, Language, Limits, SessionConfig, Status, Supervisor};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -151,19 +151,7 @@ async fn call_budget_ends_the_cell() {
 
 #[tokio::test]
 async fn host_capability_with_schema_validation() {
-    let add = Capability::new(
-        "add",
-        "Add two integers",
-        json!({"type": "object",
-               "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-               "required": ["a", "b"], "additionalProperties": false}),
-        |_ctx, args| async move {
-            let a = args["a"].as_i64().unwrap_or(0);
-            let b = args["b"].as_i64().unwrap_or(0);
-            Ok(json!(a + b))
-        },
-    )
-    .unwrap();
+    let add = add_capability();
     let sup = Supervisor::builder()
         .worker_exe(bin())
         .capability(add)

@@ -11,8 +11,8 @@ pub mod serve;
 pub use procs::{cmdline, comm, descendants, pids, processes, stat, Proc};
 
 use cellbox::{
-    CellRequest, CellResult, EventSink, Language, Policy, PoolConfig, Session, SessionConfig,
-    Supervisor,
+    Capability, CellRequest, CellResult, EventSink, Language, Policy, PoolConfig, Session,
+    SessionConfig, Supervisor,
 };
 use std::path::PathBuf;
 
@@ -23,6 +23,23 @@ pub fn bin() -> PathBuf {
 
 pub fn supervisor() -> Supervisor {
     Supervisor::builder().worker_exe(bin()).build().unwrap()
+}
+
+/// `add(a, b)`: a host capability that adds two integers (schema-checked).
+pub fn add_capability() -> Capability {
+    Capability::new(
+        "add",
+        "Add two integers",
+        serde_json::json!({"type": "object",
+               "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+               "required": ["a", "b"], "additionalProperties": false}),
+        |_ctx, args| async move {
+            let a = args["a"].as_i64().unwrap_or(0);
+            let b = args["b"].as_i64().unwrap_or(0);
+            Ok(serde_json::json!(a + b))
+        },
+    )
+    .unwrap()
 }
 
 /// `config` with Python's namespace carried as JSON and replayed
