@@ -347,6 +347,13 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         .warm(true)
         .build()
         .map_err(|e| e.to_string())?;
+    // Warm, with each cell's session made on its path and torn down after
+    // it: what preparing the next cell's session gains, or costs.
+    let unprepared = Supervisor::builder()
+        .warm(true)
+        .prepare_runs(false)
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut out = String::new();
     let base = baseline_spawn(&["/bin/true"], n)?;
     let _ = writeln!(
@@ -434,8 +441,13 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             }
             // The pool is measured warm, not while it starts.
             warm.start_pools().await.map_err(|e| e.to_string())?;
+            unprepared.start_pools().await.map_err(|e| e.to_string())?;
         }
-        for (mode, sup) in [("spawn", &cold), ("warm ", &warm)] {
+        for (mode, sup) in [
+            ("spawn", &cold),
+            ("warm ", &warm),
+            ("warm, prepare_runs off,", &unprepared),
+        ] {
             for conc in [1usize, 2] {
                 let f = cells(sup, language, code, n, conc).await?;
                 let _ = writeln!(
@@ -466,11 +478,6 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
             );
             // The same with each cell's session made on its path and torn
             // down after it, as before sessions were prepared for `run`.
-            let unprepared = Supervisor::builder()
-                .warm(true)
-                .prepare_runs(false)
-                .build()
-                .map_err(|e| e.to_string())?;
             let (c, b) = cells_alternating(&unprepared, language, code, &["/bin/true"], n).await?;
             let _ = writeln!(
                 out,

@@ -725,7 +725,20 @@ async fn upstream_http_server_restarted_between_calls_is_reconnected() {
         c.abort();
     }
     let _ = server.await;
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    // The port can stay taken for a moment: a process another test starts
+    // meanwhile holds a copy of the old listener from its fork until it
+    // closes what it inherited. Not for long.
+    let mut tries = 0;
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 200 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            Err(e) => panic!("the port {addr} could not be taken again: {e}"),
+        }
+    };
     let _server = serve_counted(listener, calls_on.clone(), conns);
     let code = "[tools.remote.add(a=2, b=2), tools.remote.add(a=3, b=3)]";
     let r = py(&sup, code, &["remote.*"]).await;
