@@ -446,7 +446,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         for (mode, sup) in [
             ("spawn", &cold),
             ("warm ", &warm),
-            ("warm, prepare_runs off,", &unprepared),
+            ("warm, prepare_runs off", &unprepared),
         ] {
             for conc in [1usize, 2] {
                 let f = cells(sup, language, code, n, conc).await?;

@@ -260,7 +260,9 @@ impl ExecImage {
 
 /// `clone(flags | SIGCHLD)` with a child that, making only system calls on
 /// what `image` holds (so the caller may have other threads): closes
-/// `image.close`, sets a parent-death SIGKILL, waits for `G` on
+/// `image.close` and every other fd it inherited but 0, 1, 2 and those of
+/// `image` (so that it holds none of the caller's files, listening sockets
+/// or pipe ends while it waits), sets a parent-death SIGKILL, waits for `G` on
 /// `image.go`, joins `image.cgroups`, puts `image.null` on fds 0 and 1
 /// and `image.protocol` on fd 3, starts a session, unblocks every signal,
 /// gives SIGPIPE its default action back and executes `image`. Returns
@@ -269,6 +271,12 @@ impl ExecImage {
 pub fn clone_exec(flags: libc::c_int, image: &ExecImage) -> io::Result<libc::pid_t> {
     let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
     let null = std::ptr::null_mut::<libc::c_void>();
+    // What the child keeps, sorted, made here: the child may not allocate.
+    let mut keep = vec![0, 1, 2, image.go, image.protocol, image.null];
+    keep.extend(&image.cgroups);
+    keep.retain(|fd| *fd >= 0);
+    keep.sort_unstable();
+    keep.dedup();
     // SAFETY: with a NULL stack and without CLONE_VM the child runs on a
     // copy-on-write copy of this thread's stack, as after fork(2). It runs
     // only `exec_child`, which makes system calls on memory prepared before
@@ -276,13 +284,32 @@ pub fn clone_exec(flags: libc::c_int, image: &ExecImage) -> io::Result<libc::pid
     // allocator state is touched in the child.
     let rc = check(unsafe { libc::syscall(libc::SYS_clone, flags, null, null, null, null) })?;
     if rc == 0 {
-        exec_child(image)
+        exec_child(image, &keep)
     }
     Ok(rc as libc::pid_t)
 }
 
+/// Close every fd but those in `keep` (sorted, without duplicates), with
+/// one `close_range(2)` for each gap between them: system calls only, so
+/// safe in the child of a clone. Errors are ignored: on a kernel without
+/// `close_range` (before 5.9) the fds stay open until the exec, which
+/// closes them all (they are close-on-exec).
+fn close_all_but(keep: &[libc::c_int]) {
+    let mut first: u32 = 0;
+    for fd in keep {
+        let Ok(fd) = u32::try_from(*fd) else { continue };
+        if fd > first {
+            // SAFETY: close_range takes plain integers and only closes fds.
+            unsafe { libc::syscall(libc::SYS_close_range, first, fd - 1, 0u32) };
+        }
+        first = fd.saturating_add(1);
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+}
+
 /// The child of [`clone_exec`]. Never returns.
-fn exec_child(image: &ExecImage) -> ! {
+fn exec_child(image: &ExecImage, keep: &[libc::c_int]) -> ! {
     // SAFETY: every call below is a system call (through its libc wrapper,
     // none of which allocates or locks) on integers, on the `image` memory
     // prepared before the clone, or on locals of this frame; the process
@@ -292,6 +319,7 @@ fn exec_child(image: &ExecImage) -> ! {
         if image.close >= 0 {
             libc::close(image.close);
         }
+        close_all_but(keep);
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,
@@ -580,5 +608,75 @@ pub fn die_by_signal(sig: libc::c_int) {
         libc::sigaddset(&mut set, sig);
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::kill(libc::getpid(), sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    /// The fds `pid` has open, by number.
+    fn open_fds(pid: libc::pid_t) -> Vec<i32> {
+        let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|dir| {
+                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        fds.sort_unstable();
+        fds
+    }
+
+    #[test]
+    fn a_clone_exec_child_holds_none_of_the_callers_fds_while_it_waits() {
+        // What the caller has open besides: a listening socket and the
+        // write end of a pipe, both close-on-exec as Rust opens them.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (pipe_r, pipe_w) = crate::sandbox::compat::pipe_cloexec().expect("pipe");
+        let (parent_end, child_end) = UnixStream::pair().expect("socketpair");
+        let (protocol, _theirs) = UnixStream::pair().expect("socketpair");
+        let null = std::fs::File::open("/dev/null").expect("/dev/null");
+        let mut image = ExecImage::new(Path::new("/bin/true"), &["true"], &[]).expect("image");
+        image.go = child_end.as_raw_fd();
+        image.close = parent_end.as_raw_fd();
+        image.protocol = protocol.as_raw_fd();
+        image.null = null.as_raw_fd();
+        let pid = clone_exec(0, &image).expect("clone");
+        drop(child_end);
+        // 0, 1 and 2 as far as the test runs with them open.
+        let ours = open_fds(std::process::id() as libc::pid_t);
+        let mut want: Vec<i32> = [0, 1, 2]
+            .into_iter()
+            .filter(|fd| ours.contains(fd))
+            .chain([image.go, image.protocol, image.null])
+            .collect();
+        want.sort_unstable();
+        // The child closes what it does not keep before it waits for `G`;
+        // wait for it to get there (it never goes on without `G`).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = open_fds(pid);
+        while seen != want && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            seen = open_fds(pid);
+        }
+        let held = [
+            listener.as_raw_fd(),
+            pipe_r.as_raw_fd(),
+            pipe_w.as_raw_fd(),
+            parent_end.as_raw_fd(),
+        ];
+        (&parent_end).write_all(b"G").expect("go");
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        assert_eq!(
+            seen, want,
+            "the waiting child's fds (the caller's listener, pipe ends and its end of `go` are {held:?})"
+        );
+        assert!(
+            matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))),
+            "{status:?}"
+        );
     }
 }
