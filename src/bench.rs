@@ -309,6 +309,11 @@ pub struct BenchArgs {
     /// Measure `cellbox serve` over stdio through an MCP client instead.
     #[arg(long)]
     pub mcp: bool,
+    /// With `--mcp`: also drive `serve` through the official MCP Python
+    /// SDK, run by this interpreter (one that can `import mcp`, 1.x or
+    /// 2.x); repeat to measure several.
+    #[arg(long = "mcp-python", value_name = "PYTHON", requires = "mcp")]
+    pub mcp_python: Vec<std::path::PathBuf>,
     /// Measure only the tools lines (an upstream MCP tool call, `search_files` against `rg`).
     #[arg(long, conflicts_with = "mcp")]
     pub tools: bool,
@@ -317,7 +322,7 @@ pub struct BenchArgs {
 /// `cellbox bench`: print the report.
 pub async fn cli_main(args: BenchArgs) -> ExitCode {
     let report = if args.mcp {
-        mcp::run(args.iterations).await
+        mcp::run(args.iterations, &args.mcp_python).await
     } else if args.tools {
         tools_lines(args.iterations).await
     } else {

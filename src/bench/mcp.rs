@@ -10,7 +10,7 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The interpreter of the bare baseline.
@@ -194,7 +194,10 @@ async fn mcp_throughput(
 
 /// The MCP report: `serve` (this binary) driven over stdio, `n` samples a
 /// line, interleaved with the bare baseline.
-pub async fn run(n: usize) -> Result<String, String> {
+pub async fn run(n: usize, sdk_pythons: &[PathBuf]) -> Result<String, String> {
+    for python in sdk_pythons {
+        sdk_importable(python).await?;
+    }
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let served = Served::start(&me, &["--python", BARE_PYTHON]).await?;
     let peer = served.peer();
@@ -321,6 +324,13 @@ pub async fn run(n: usize) -> Result<String, String> {
         p50_p99(&lib_rhai),
         beyond * 1e3
     );
+    // The same calls through the official Python SDK, which an agent
+    // built on it pays for too (its own per-call work, and checking each
+    // result against the tool's output schema), against its own
+    // list_sessions and the bare baseline of this run.
+    for python in sdk_pythons {
+        sdk_lines(&mut out, &me, python, n, &base).await?;
+    }
     // What carrying a cell's output costs through MCP (the result fitted,
     // serialized, sent and read) beyond what it costs through the library.
     let more = |a: &Figures, b: &Figures| (a.p50.as_secs_f64() - b.p50.as_secs_f64()) * 1e3;
@@ -420,6 +430,142 @@ pub async fn run(n: usize) -> Result<String, String> {
     );
     served.stop().await;
     Ok(out)
+}
+
+/// The driver `--mcp-python` runs (see its docstring).
+const SDK_DRIVER: &str = include_str!("mcp_sdk.py");
+
+/// What the driver prints: the SDK's version and each line's samples, in
+/// seconds.
+#[derive(serde::Deserialize)]
+struct SdkSamples {
+    version: String,
+    list: Vec<f64>,
+    python: Vec<f64>,
+    rhai: Vec<f64>,
+    rhai_session: Vec<f64>,
+}
+
+/// That `python` runs and has the SDK, said before the run rather than
+/// after the rest of it.
+async fn sdk_importable(python: &Path) -> Result<(), String> {
+    let out = tokio::process::Command::new(python)
+        .args(["-c", "import mcp"])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .map_err(|_| {
+            format!(
+                "{} -c 'import mcp' took over {PATIENCE:?}",
+                python.display()
+            )
+        })?
+        .map_err(|e| format!("--mcp-python {}: cannot run it: {e}", python.display()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(format!(
+        "--mcp-python {}: it cannot import mcp, the official MCP Python SDK ({}); \
+         give an interpreter that has it (`pip install mcp` in a venv)",
+        python.display(),
+        err.lines().last().unwrap_or("no error printed")
+    ))
+}
+
+/// `cellbox serve` (this binary) driven through the official MCP Python SDK
+/// in `python`, `n` rounds; its lines appended to `out`.
+async fn sdk_lines(
+    out: &mut String,
+    me: &Path,
+    python: &Path,
+    n: usize,
+    bare: &Figures,
+) -> Result<(), String> {
+    let me = me.to_str().ok_or("this binary's path is not UTF-8")?;
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.arg("-c")
+        .arg(SDK_DRIVER)
+        .arg(me)
+        .arg(BARE_PYTHON)
+        .arg(n.to_string())
+        .arg(SETTLE.as_secs_f64().to_string())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    // Each round is four calls with a pause before each; a minute more
+    // for the server's start, its pools and the warm-up.
+    let patience = PATIENCE + (SETTLE + Duration::from_millis(50)) * 4 * n as u32;
+    let done = tokio::time::timeout(patience, cmd.output())
+        .await
+        .map_err(|_| {
+            format!(
+                "the MCP Python SDK driver ({}) took over {patience:?}",
+                python.display()
+            )
+        })?
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if !done.status.success() {
+        let err = String::from_utf8_lossy(&done.stderr);
+        let last = err.lines().rev().take(5).collect::<Vec<_>>();
+        return Err(format!(
+            "the MCP Python SDK driver ({}) failed ({}): {}",
+            python.display(),
+            done.status,
+            last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    let s: SdkSamples = stdout
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| format!("the MCP Python SDK driver printed no samples: {stdout}"))?;
+    let series = |v: &[f64]| -> Result<Figures, String> {
+        if v.len() != n || v.iter().any(|x| !x.is_finite() || *x < 0.0) {
+            return Err(format!(
+                "the MCP Python SDK driver gave {} samples, not {n} durations",
+                v.len()
+            ));
+        }
+        let d: Vec<Duration> = v.iter().map(|x| Duration::from_secs_f64(*x)).collect();
+        let total = d.iter().sum();
+        Ok(figures(d, total))
+    };
+    let (list, py, rhai, rhai_sess) = (
+        series(&s.list)?,
+        series(&s.python)?,
+        series(&s.rhai)?,
+        series(&s.rhai_session)?,
+    );
+    let who = format!("mcp (Python SDK {})", s.version);
+    let _ = writeln!(
+        out,
+        "{who}: serve over stdio, the SDK's ClientSession run by {}, {n} of each in turn",
+        python.display()
+    );
+    let _ = writeln!(
+        out,
+        "{who} list_sessions (round trip)     {}",
+        p50_p99(&list)
+    );
+    let _ = writeln!(
+        out,
+        "{who} execute_code python pass, no session {}  (p50 = {:.2}x bare python3 -c pass)",
+        p50_p99(&py),
+        ratio(py.p50, bare.p50)
+    );
+    for (what, f) in [("no session  ", &rhai), ("in a session", &rhai_sess)] {
+        let _ = writeln!(
+            out,
+            "{who} execute_code rhai 1, {what} {}  (p50 = {:.2}x its list_sessions; {:+.2} ms over it)",
+            p50_p99(f),
+            ratio(f.p50, list.p50),
+            (f.p50.as_secs_f64() - list.p50.as_secs_f64()) * 1e3
+        );
+    }
+    Ok(())
 }
 
 /// Resident and proportional set size, in KiB, of a process and those of

@@ -489,7 +489,7 @@ impl CellboxServer {
             &st.settings,
         )));
         tools.extend(direct_tools(&st.sup));
-        tools
+        tools.into_iter().map(schema::with_dialect).collect()
     }
 
     // Logging notifications are how MCP hosts show live output today;

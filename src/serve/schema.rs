@@ -13,8 +13,40 @@ fn object(v: Value) -> Map<String, Value> {
     }
 }
 
+/// `v`, an object schema, or null: the type widened to `["object",
+/// "null"]` (its other keywords apply to objects alone), which says the
+/// same as `anyOf` with a null schema in two nodes fewer.
 fn nullable(v: Value) -> Value {
-    json!({"anyOf": [v, {"type": "null"}]})
+    match v {
+        Value::Object(mut m) if m.get("type") == Some(&json!("object")) => {
+            m.insert("type".into(), json!(["object", "null"]));
+            Value::Object(m)
+        }
+        v => json!({"anyOf": [v, {"type": "null"}]}),
+    }
+}
+
+/// The JSON Schema dialect every output schema declares.
+///
+/// Some clients check every result against its tool's output schema with a
+/// one-shot validator, which first checks the schema itself against its
+/// dialect's metaschema: the official Python SDK 1.x calls
+/// `jsonschema.validate` on each `tools/call`. A schema that names no
+/// dialect is checked as 2020-12 (MCP's default), whose metaschema costs
+/// about five times as much per node as draft-07's; every keyword used here
+/// means the same in both. Each node costs too, so repeated parts are
+/// written once (`definitions`).
+pub const DIALECT: &str = "http://json-schema.org/draft-07/schema#";
+
+/// `tool` with its output schema (if any) declaring [`DIALECT`], unless it
+/// names one already.
+pub fn with_dialect(mut tool: rmcp::model::Tool) -> rmcp::model::Tool {
+    if let Some(schema) = tool.output_schema.as_mut() {
+        if !schema.contains_key("$schema") {
+            std::sync::Arc::make_mut(schema).insert("$schema".into(), json!(DIALECT));
+        }
+    }
+    tool
 }
 
 /// `execute_code` arguments. `languages` are the ones this server accepts.
@@ -104,7 +136,7 @@ pub fn no_input() -> Map<String, Value> {
 /// results carry them only when the call asks (`verbose`).
 pub fn cell_result() -> Map<String, Value> {
     let count = json!({"type": "integer", "minimum": 0});
-    let truncation = nullable(json!({
+    let truncation_def = nullable(json!({
         "type": "object",
         "properties": {
             "total_bytes": count, "kept_head": count, "kept_tail": count
@@ -112,11 +144,13 @@ pub fn cell_result() -> Map<String, Value> {
         "required": ["total_bytes", "kept_head", "kept_tail"],
         "additionalProperties": false
     }));
+    let truncation = json!({"$ref": "#/definitions/truncation"});
     let opt_int = json!({"type": ["integer", "null"]});
     let opt_str = json!({"type": ["string", "null"]});
     object(json!({
-        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$schema": DIALECT,
         "title": "CellResult",
+        "definitions": {"truncation": truncation_def},
         "description": "How one cell ended: output, last value, error, namespace changes, usage.",
         "type": "object",
         "properties": {
@@ -449,8 +483,75 @@ mod tests {
         let mut bad = v.clone();
         bad["status"] = json!("fine");
         assert!(!validate(cell_result(), &bad).is_empty());
-        let mut bad = v;
+        let mut bad = v.clone();
         bad["surprise"] = json!(1);
         assert!(!validate(cell_result(), &bad).is_empty());
+
+        // The parts written once and referred to, and the nullable objects
+        // written as a widened type, still hold each value to its shape.
+        for (part, wrong) in [
+            (
+                "/truncated/stdout",
+                json!({"total_bytes": -1, "kept_head": 0, "kept_tail": 0}),
+            ),
+            ("/truncated/final_answer", json!({"total_bytes": 1})),
+            ("/truncated/value", json!("cut")),
+            ("/error", json!({"type": "E"})),
+            ("/error", json!("boom")),
+            ("/sandbox", json!({"layers": []})),
+        ] {
+            let mut bad = v.clone();
+            set(&mut bad, part, wrong.clone());
+            assert!(
+                !validate(cell_result(), &bad).is_empty(),
+                "{part} = {wrong} passed"
+            );
+        }
+        for part in [
+            "/truncated/stdout",
+            "/truncated/value",
+            "/error",
+            "/sandbox",
+        ] {
+            let mut ok = v.clone();
+            set(&mut ok, part, Value::Null);
+            let errs = validate(cell_result(), &ok);
+            assert!(errs.is_empty(), "{part} = null: {errs:?}");
+        }
+    }
+
+    /// `v` with the member at `pointer` (its parent an object) set to `to`.
+    fn set(v: &mut Value, pointer: &str, to: Value) {
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        v.pointer_mut(parent).unwrap()[key] = to;
+    }
+
+    #[test]
+    fn every_output_schema_names_its_dialect_once() {
+        let tool = |output: Map<String, Value>| {
+            rmcp::model::Tool::new("t", "d", no_input())
+                .with_raw_output_schema(std::sync::Arc::new(output))
+        };
+        for s in [created_session(), session_done(), session_list()] {
+            let t = with_dialect(tool(s));
+            let schema = t.output_schema.unwrap();
+            assert_eq!(schema["$schema"], json!(DIALECT));
+            jsonschema::validator_for(&Value::Object((*schema).clone())).unwrap();
+        }
+        // One that names a dialect keeps it; a tool without an output
+        // schema gets none.
+        let mut other = created_session();
+        other.insert(
+            "$schema".into(),
+            json!("https://json-schema.org/draft/2020-12/schema"),
+        );
+        let kept = with_dialect(tool(other)).output_schema.unwrap();
+        assert_eq!(
+            kept["$schema"],
+            json!("https://json-schema.org/draft/2020-12/schema")
+        );
+        assert_eq!(cell_result()["$schema"], json!(DIALECT));
+        let bare = with_dialect(rmcp::model::Tool::new("t", "d", no_input()));
+        assert!(bare.output_schema.is_none());
     }
 }

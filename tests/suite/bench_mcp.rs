@@ -1,14 +1,20 @@
 //! `cellbox bench --mcp`: `serve` driven over stdio through an MCP client
 //! gives every line of its report (each call it timed had to succeed, or
 //! the bench fails; a chatty cell's output had to come whole), with the
-//! ratios against the baselines of the run.
+//! ratios against the baselines of the run. With `--mcp-python`, the
+//! official Python SDK (1.x and 2.x, from the client matrix) drives it too.
 
+use super::clients::installed;
 use super::common::*;
 
 #[test]
 fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
+    let (py1, py2) = (installed("py1/bin/python"), installed("py2/bin/python"));
     let out = std::process::Command::new(bin())
-        .args(["bench", "--mcp", "--iterations", "3"])
+        .args(["bench", "--mcp", "--iterations", "3", "--mcp-python"])
+        .arg(&py1)
+        .arg("--mcp-python")
+        .arg(&py2)
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
@@ -37,4 +43,55 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
     assert!(report.contains("vs the library's"), "{report}");
     assert!(report.contains("ms over its rhai 1"), "{report}");
     assert!(report.contains("MiB PSS"), "{report}");
+    // Each SDK's lines, under the version it reported.
+    for major in ["1.", "2."] {
+        let who = format!("mcp (Python SDK {major}");
+        for line in [
+            ": serve over stdio, the SDK's ClientSession run by",
+            " list_sessions (round trip)",
+            " execute_code python pass, no session",
+            " execute_code rhai 1, no session",
+            " execute_code rhai 1, in a session",
+        ] {
+            let found = report
+                .lines()
+                .any(|l| l.starts_with(&who) && l.contains(line));
+            assert!(found, "no {who}...{line:?} in:\n{report}");
+        }
+    }
+    assert!(report.contains("x its list_sessions"), "{report}");
+}
+
+/// An interpreter without the SDK fails the bench at once, saying so, not
+/// after the rest of the run or with a report that lacks its lines.
+#[test]
+fn bench_mcp_with_an_interpreter_lacking_the_sdk_fails_and_says_why() {
+    let out = std::process::Command::new(bin())
+        .args([
+            "bench",
+            "--mcp",
+            "--iterations",
+            "1",
+            "--mcp-python",
+            "/usr/bin/python3",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot import mcp"), "{err}");
+    assert!(err.contains("No module named 'mcp'"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // And one that does not exist.
+    let out = std::process::Command::new(bin())
+        .args(["bench", "--mcp", "--mcp-python", "/nonexistent/python"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("/nonexistent/python: cannot run it"), "{err}");
 }

@@ -34,7 +34,7 @@ fn scripts() -> PathBuf {
 }
 
 /// `path` under the clients directory; panics, naming the fix, if absent.
-fn installed(path: &str) -> PathBuf {
+pub(super) fn installed(path: &str) -> PathBuf {
     let p = clients_dir().join(path);
     assert!(
         p.exists(),

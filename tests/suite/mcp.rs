@@ -288,11 +288,20 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
         ]
     );
     for t in &tools {
-        assert!(
-            t.output_schema.is_some(),
-            "{} declares no outputSchema",
+        let output = t
+            .output_schema
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} declares no outputSchema", t.name));
+        // A dialect named, so that a client checking each result with a
+        // one-shot validator checks the schema against draft-07's
+        // metaschema, not 2020-12's (see `schema::DIALECT`).
+        assert_eq!(
+            output.get("$schema"),
+            Some(&json!(cellbox::serve::schema::DIALECT)),
+            "{}'s outputSchema names no dialect",
             t.name
         );
+        jsonschema::validator_for(&Value::Object((**output).clone())).unwrap();
         jsonschema::validator_for(&Value::Object((*t.input_schema).clone())).unwrap();
     }
     let exec_tool = tool(&tools, "execute_code");
