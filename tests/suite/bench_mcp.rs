@@ -66,15 +66,16 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
 /// after the rest of the run or with a report that lacks its lines.
 #[test]
 fn bench_mcp_with_an_interpreter_lacking_the_sdk_fails_and_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    // A Python without site-packages (-S), so without the SDK even where
+    // it is installed for the system's interpreter.
+    let dir = tempfile::tempdir().unwrap();
+    let bare = dir.path().join("python");
+    std::fs::write(&bare, "#!/bin/sh\nexec /usr/bin/python3 -I -S \"$@\"\n").unwrap();
+    std::fs::set_permissions(&bare, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = std::process::Command::new(bin())
-        .args([
-            "bench",
-            "--mcp",
-            "--iterations",
-            "1",
-            "--mcp-python",
-            "/usr/bin/python3",
-        ])
+        .args(["bench", "--mcp", "--iterations", "1", "--mcp-python"])
+        .arg(&bare)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
