@@ -527,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn every_output_schema_names_its_dialect_once() {
+    fn every_output_schema_names_a_dialect_and_a_named_one_is_kept() {
         let tool = |output: Map<String, Value>| {
             rmcp::model::Tool::new("t", "d", no_input())
                 .with_raw_output_schema(std::sync::Arc::new(output))
