@@ -74,6 +74,14 @@ fn obj(v: Value) -> JsonObject {
 
 /// A Rhai cell that prints [`CHATTY_BYTES`] bytes (400 lines), within
 /// `serve`'s default cap on a stream, so that all of it is carried.
+/// What the grown session holds (see its line).
+const GROW: &str = r#"let context = ""; context.pad(1000000, 'x');
+let rows = []; for i in 0..10000 { rows.push(#{id: i, name: `row ${i}`}) }
+rows.len()"#;
+
+/// The pause before each call of the grown session's line.
+const GROWN_PAUSE: Duration = Duration::from_millis(50);
+
 const CHATTY: &str = r#"let line = "0123456789012345678901234567890123456789012345678901234567890123456789012345678";
 for i in 0..400 { print(line); }
 1"#;
@@ -342,6 +350,33 @@ pub async fn run(n: usize, sdk_pythons: &[PathBuf]) -> Result<String, String> {
         p50_p99(&lib_chatty),
         more(&lib_chatty, &lib_rhai)
     );
+
+    // A session that has grown: the same Rhai cell in a session holding a
+    // 1 MB string and 10,000 small maps, after a pause long enough for its
+    // next worker to be started and sent them (an agent's next step comes
+    // after a model's turn, much later).
+    let grown = create_session(&peer).await?;
+    call(
+        &peer,
+        "execute_code",
+        json!({"language": "rhai", "session_id": grown, "code": GROW}),
+    )
+    .await?;
+    let rhai_grown = json!({"language": "rhai", "code": "1", "session_id": grown});
+    let mut big = Series::default();
+    for _ in 0..n {
+        tokio::time::sleep(GROWN_PAUSE).await;
+        big.push(timed(&peer, "execute_code", rhai_grown.clone()).await?);
+    }
+    let big = big.figures();
+    let _ = writeln!(
+        out,
+        "mcp execute_code rhai 1, in a session holding a 1 MB string and 10,000 maps, {} ms apart {}  ({:.2}x rhai 1 in a session holding nothing)",
+        GROWN_PAUSE.as_millis(),
+        p50_p99(&big),
+        ratio(big.p50, rhai_sess.p50)
+    );
+    call(&peer, "close_session", json!({"session_id": grown})).await?;
 
     // Throughput: through serve and through the library in this process
     // (the same cells, the same concurrency), in alternating rounds, so

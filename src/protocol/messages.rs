@@ -139,8 +139,10 @@ pub struct Setup {
 pub struct Start {
     pub language: String,
     pub code: String,
+    /// The session's carried namespace (shared, not copied, while the
+    /// frame is written).
     #[serde(default)]
-    pub vars: Map<String, Value>,
+    pub vars: std::sync::Arc<Map<String, Value>>,
     #[serde(default)]
     pub definitions: Vec<Definition>,
     #[serde(default)]
@@ -156,6 +158,10 @@ pub struct Start {
     /// can be read from the live process before it exits.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub linger: bool,
+    /// The cell's variables are those of the worker's `preload` frame
+    /// (`vars` is then empty). A worker that got none refuses the cell.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preloaded: bool,
 }
 
 /// What kind of failure a capability call met, as told to the script. A
@@ -279,12 +285,24 @@ impl Reply {
 #[serde(tag = "t", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ToWorker {
     Setup(Setup),
+    Preload(Preload),
     Start(Start),
     Reply(Reply),
 }
 
 impl Tagged for ToWorker {
-    const TAGS: &'static [&'static str] = &["setup", "start", "reply"];
+    const TAGS: &'static [&'static str] = &["setup", "preload", "start", "reply"];
+}
+
+/// supervisor → a Rhai worker started ahead of its session's next cell,
+/// after its `ready` and before any `start`: the session's carried
+/// namespace, made ready while no cell is there. A `start` that says
+/// `preloaded` then carries no `vars`: these are its variables.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preload {
+    #[serde(default)]
+    pub vars: std::sync::Arc<Map<String, Value>>,
 }
 
 /// worker → supervisor: the sandbox is in place.
@@ -338,9 +356,14 @@ pub struct Done {
     /// `repr()`), for display; the backend may leave it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repr: Option<String>,
-    /// The whole carried namespace after the cell (JSON values only).
+    /// The carried namespace after the cell (JSON values only), but for
+    /// the names in `kept`.
     #[serde(default)]
     pub vars: Map<String, Value>,
+    /// Names of `start`'s variables the cell left as they were: carried
+    /// over as the session has them, not sent back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
     #[serde(default)]
     pub dropped: Vec<DroppedVar>,
     /// Definitions made by this cell.

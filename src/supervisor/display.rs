@@ -90,6 +90,7 @@ mod tests {
             value: serde_json::Value::Null,
             repr: None,
             vars: Default::default(),
+            kept: vec![],
             dropped: vec![],
             definitions: vec![],
             error: None,

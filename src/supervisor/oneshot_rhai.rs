@@ -92,7 +92,7 @@ fn run_planned(
     let start = Start {
         language: "rhai".into(),
         code: code.to_owned(),
-        vars: Map::new(),
+        vars: Default::default(),
         definitions: Vec::new(),
         capabilities: registry.iter().map(|c| c.spec()).collect(),
         limits: limits.script_limits(),
@@ -100,6 +100,7 @@ fn run_planned(
         python_paths: Vec::new(),
         // This process reaps the cell itself: nothing to read first.
         linger: false,
+        preloaded: false,
     };
     // Held until the cell has ended; dropping it kills what is left.
     let cgroup = match super::oneshot::cell_cgroup(plan.layers.cgroup, limits.rlimits.memory_bytes)

@@ -7,6 +7,7 @@ use super::{valid_var_name, CellRequest, Error, Inner, Language, Limits, Namespa
 use crate::protocol::{Definition, Done};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// How a session is configured.
@@ -663,13 +664,31 @@ impl Session {
             // Ending them may wait for them to be gone.
             let _ = tokio::task::spawn_blocking(move || drop(stale)).await;
         }
-        let spec =
-            CellSpec::new(self.view(), RunInfo::root(), language, String::new()).limits(limits);
+        // Its variables as they are now go with it (a Rhai worker gets them
+        // ahead); none while a cell of the session runs, which may change
+        // them.
+        let vars = match self.inner.state.try_lock() {
+            Ok(state) if language == Language::Rhai => state.vars.clone(),
+            _ => Arc::default(),
+        };
+        let spec = CellSpec::new(self.view(), RunInfo::root(), language, String::new())
+            .limits(limits)
+            .vars(vars);
         let Some(p) = cell::prepare(self.inner.sup.clone(), spec).await else {
             return false;
         };
         crate::util::lock(&self.inner.prepared).push(p);
         true
+    }
+
+    /// Whether a worker waiting for the session's next `language` cell
+    /// holds the session's variables as they are now (a Rhai worker gets
+    /// them ahead: that cell then sends only its code).
+    pub async fn next_cell_has_vars(&self, language: Language) -> bool {
+        let vars = self.inner.state.lock().await.vars.clone();
+        crate::util::lock(&self.inner.prepared)
+            .iter()
+            .any(|p| p.language() == language && p.waiting() && p.holds(&vars))
     }
 
     /// A prepared worker for a `language` cell with `limits`, if one is
@@ -933,10 +952,18 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
             changed.push(k.clone());
         }
     }
+    // A name the worker says it kept is carried over only if the session
+    // has it and the cell did not send a value for it too.
+    let kept: HashSet<&str> = done
+        .kept
+        .iter()
+        .filter(|k| state.vars.contains_key(*k) && !done.vars.contains_key(*k))
+        .map(String::as_str)
+        .collect();
     let deleted: Vec<String> = state
         .vars
         .keys()
-        .filter(|k| !done.vars.contains_key(*k))
+        .filter(|k| !done.vars.contains_key(*k) && !kept.contains(k.as_str()))
         .cloned()
         .collect();
     // A name is either a variable or a definition: the newest wins.
@@ -954,12 +981,35 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
             state.definitions.push((language, d.clone()));
         }
     }
-    let mut vars: Namespace = done
-        .vars
-        .iter()
-        .filter(|(k, _)| valid_var_name(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    // Names keep their places; new ones follow. The kept values move from
+    // the old namespace (copied only while it is shared, with a checkpoint
+    // or a running cell's frame).
+    let old = Arc::try_unwrap(std::mem::take(&mut state.vars)).unwrap_or_else(|shared| {
+        shared
+            .iter()
+            .map(|(k, v)| {
+                let v = if kept.contains(k.as_str()) {
+                    v.clone()
+                } else {
+                    Value::Null
+                };
+                (k.clone(), v)
+            })
+            .collect()
+    });
+    let mut vars = Namespace::new();
+    for (k, v) in old {
+        if kept.contains(k.as_str()) {
+            vars.insert(k, v);
+        } else if let Some(v) = done.vars.get(&k).filter(|_| valid_var_name(&k)) {
+            vars.insert(k, v.clone());
+        }
+    }
+    for (k, v) in &done.vars {
+        if valid_var_name(k) && !vars.contains_key(k) {
+            vars.insert(k.clone(), v.clone());
+        }
+    }
     for d in &done.definitions {
         for n in &d.names {
             vars.remove(n);

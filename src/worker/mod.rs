@@ -277,7 +277,7 @@ pub(crate) fn run_rhai_in_cell(
     let mut chan = Channel::new(stream, DEFAULT_MAX_FRAME_BYTES);
     chan.set_max_frame(start.max_frame_bytes);
     let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);
-    rhai::run_cell(std::rc::Rc::new(std::cell::RefCell::new(chan)), start)
+    rhai::run_cell(std::rc::Rc::new(std::cell::RefCell::new(chan)), start, None)
 }
 
 /// Build what every Rhai cell's engine needs (its standard package), ahead
@@ -351,16 +351,24 @@ fn run_sandboxed(
             if waits && !chan.borrow().readable_now() {
                 rhai::warm_up(&chan);
             }
-            let received = chan.borrow_mut().recv();
-            let start = match received {
-                Ok(ToWorker::Start(s)) => s,
-                _ => return EXIT_PROTOCOL,
+            // A worker started ahead of its session's next cell may get
+            // the session's variables first (once), and makes them ready.
+            let mut preloaded = None;
+            let start = loop {
+                let received = chan.borrow_mut().recv();
+                match received {
+                    Ok(ToWorker::Preload(p)) if preloaded.is_none() => {
+                        preloaded = Some(rhai::Preloaded::new(p));
+                    }
+                    Ok(ToWorker::Start(s)) => break s,
+                    _ => return EXIT_PROTOCOL,
+                }
             };
             chan.borrow_mut().set_max_frame(start.max_frame_bytes);
             // A spare that waited under another name is a cell now.
             #[cfg(target_os = "linux")]
             let _ = nix::sys::prctl::set_name(crate::sandbox::forkserver::CELL_NAME);
-            rhai::run_cell(chan, start)
+            rhai::run_cell(chan, start, preloaded)
         }
         Backend::Python {
             interpreter,

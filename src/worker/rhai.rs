@@ -2,9 +2,9 @@
 //! Capability functions are protocol round-trips to the supervisor.
 
 use super::channel::Channel;
-use super::json::{from_json, to_json};
+use super::json::{from_json, same, to_json};
 use crate::protocol::{
-    CapabilitySpec, Definition, Done, DoneStatus, DroppedVar, FromWorker, ReplyErrorKind,
+    CapabilitySpec, Definition, Done, DoneStatus, DroppedVar, FromWorker, Preload, ReplyErrorKind,
     ScriptError, ScriptLimits, Start, ToWorker,
 };
 use rhai::packages::{Package, StandardPackage};
@@ -333,6 +333,7 @@ fn failed(status: DoneStatus, error: ScriptError, limit: Option<String>) -> Done
         value: Value::Null,
         repr: None,
         vars: Map::new(),
+        kept: Vec::new(),
         dropped: Vec::new(),
         definitions: Vec::new(),
         error: Some(error),
@@ -358,8 +359,106 @@ fn replay_definitions(engine: &Engine, defs: &[Definition]) -> AST {
     acc
 }
 
-/// Run `start`'s cell; `last`: nothing runs after it in this process.
-fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start, last: bool) -> Done {
+/// A session's variables sent ahead of its cell (a `preload` frame), made
+/// into the cell's scope while the worker waits.
+pub(crate) struct Preloaded {
+    vars: std::sync::Arc<Map<String, Value>>,
+    scope: Scope<'static>,
+}
+
+impl Preloaded {
+    pub(crate) fn new(p: Preload) -> Preloaded {
+        Preloaded {
+            scope: scope_of(&p.vars),
+            vars: p.vars,
+        }
+    }
+}
+
+fn scope_of(vars: &Map<String, Value>) -> Scope<'static> {
+    let mut scope = Scope::new();
+    for (k, v) in vars {
+        scope.push_dynamic(k.as_str(), from_json(v));
+    }
+    scope
+}
+
+/// The scope after a cell: each name once, at its first place, with its
+/// newest value; those equal to what the cell was given go back as names
+/// only (`kept`), so that a session that holds a large value does not have
+/// it copied and sent back after every cell. The rest as JSON, or dropped.
+fn carried(
+    scope: &Scope<'static>,
+    given: &Map<String, Value>,
+) -> (Map<String, Value>, Vec<String>, Vec<DroppedVar>) {
+    let mut entries: Vec<(&str, &Dynamic)> = Vec::new();
+    let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let newest_first: Vec<(&str, bool, &Dynamic)> = scope.iter_raw().collect();
+    for (name, _constant, v) in newest_first.into_iter().rev() {
+        match at.get(name) {
+            Some(&i) => entries[i].1 = v,
+            None => {
+                at.insert(name, entries.len());
+                entries.push((name, v));
+            }
+        }
+    }
+    let (mut vars, mut kept, mut dropped) = (Map::new(), Vec::new(), Vec::new());
+    for (name, v) in entries {
+        // A value shared with a closure is read through a copy.
+        let flat;
+        let v = if v.is_shared() {
+            flat = v.flatten_clone();
+            &flat
+        } else {
+            v
+        };
+        if given.get(name).is_some_and(|g| same(v, g, 0)) {
+            kept.push(name.to_owned());
+            continue;
+        }
+        match to_json(v, 0) {
+            Ok(j) => {
+                vars.insert(name.to_owned(), j);
+            }
+            Err(reason) => dropped.push(DroppedVar {
+                name: name.to_owned(),
+                type_name: v.type_name().to_owned(),
+                reason,
+            }),
+        }
+    }
+    (vars, kept, dropped)
+}
+
+/// Run `start`'s cell (with the variables of `preloaded` when `start`
+/// says so); `last`: nothing runs after it in this process.
+fn evaluate(
+    chan: Rc<RefCell<Channel>>,
+    start: &Start,
+    last: bool,
+    preloaded: Option<Preloaded>,
+) -> Done {
+    let (given, mut scope) = match (start.preloaded, preloaded) {
+        (true, Some(p)) => (p.vars, p.scope),
+        (false, stale) => {
+            // Sent ahead and changed since: the worker exits after this
+            // cell, so what it made need not be freed.
+            std::mem::forget(stale);
+            (start.vars.clone(), scope_of(&start.vars))
+        }
+        (true, None) => {
+            return failed(
+                DoneStatus::Error,
+                ScriptError {
+                    kind: "ProtocolError".into(),
+                    message: "the cell's variables were to be sent ahead, and were not".into(),
+                    ..ScriptError::default()
+                },
+                None,
+            )
+        }
+    };
     // Stop a little before the supervisor's own deadline, so a runaway
     // script ends with a position instead of a SIGKILL.
     let margin = Duration::from_millis((start.limits.timeout_ms / 10).min(200));
@@ -368,10 +467,6 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start, last: bool) -> Done {
     let mut engine = hardened_engine(&start.limits, deadline);
     register_capabilities(&mut engine, &start.capabilities, chan);
 
-    let mut scope = Scope::new();
-    for (k, v) in &start.vars {
-        scope.push_dynamic(k.as_str(), from_json(v));
-    }
     let cell_ast = match engine.compile(&start.code) {
         Ok(a) => a,
         Err(e) => {
@@ -398,20 +493,7 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start, last: bool) -> Done {
         }
     };
     let value = to_json(&value, 0).unwrap_or_else(|_| Value::String(value.to_string()));
-    let mut vars = Map::new();
-    let mut dropped = Vec::new();
-    for (name, _constant, v) in scope.iter() {
-        match to_json(&v, 0) {
-            Ok(j) => {
-                vars.insert(name.to_owned(), j);
-            }
-            Err(reason) => dropped.push(DroppedVar {
-                name: name.to_owned(),
-                type_name: v.type_name().to_owned(),
-                reason,
-            }),
-        }
-    }
+    let (vars, kept, dropped) = carried(&scope, &given);
     let mut names: Vec<String> = cell_ast
         .iter_functions()
         .map(|f| f.name.to_string())
@@ -423,7 +505,7 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start, last: bool) -> Done {
     // pages copied from the fork server just to be freed). A warm-up's are
     // freed, so that the cell after it has their pages at hand.
     if last {
-        std::mem::forget((engine, scope, full, cell_ast));
+        std::mem::forget((engine, scope, full, cell_ast, given));
     }
     let definitions = if names.is_empty() {
         Vec::new()
@@ -438,6 +520,7 @@ fn evaluate(chan: Rc<RefCell<Channel>>, start: &Start, last: bool) -> Done {
         value,
         repr: None,
         vars,
+        kept,
         dropped,
         definitions,
         error: None,
@@ -462,14 +545,18 @@ pub(crate) fn warm_up(chan: &Rc<RefCell<Channel>>) {
             "max_expr_depth":64,"max_string_bytes":4096,"max_array_len":256,"max_map_len":256},
         "max_frame_bytes":65536}"#;
     if let Ok(ToWorker::Start(start)) = serde_json::from_slice::<ToWorker>(SAMPLE.as_bytes()) {
-        let done = evaluate(chan.clone(), &start, false);
+        let done = evaluate(chan.clone(), &start, false, None);
         let _ = serde_json::to_vec(&FromWorker::Done(Box::new(done)));
     }
 }
 
 /// Run one Rhai cell and report it. Returns the worker's exit code.
-pub(crate) fn run_cell(chan: Rc<RefCell<Channel>>, start: Start) -> i32 {
-    let done = evaluate(chan.clone(), &start, true);
+pub(crate) fn run_cell(
+    chan: Rc<RefCell<Channel>>,
+    start: Start,
+    preloaded: Option<Preloaded>,
+) -> i32 {
+    let done = evaluate(chan.clone(), &start, true, preloaded);
     let _ = std::io::stdout().flush();
     let mut chan = chan.borrow_mut();
     match chan.send(&FromWorker::Done(Box::new(done))) {

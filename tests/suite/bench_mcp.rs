@@ -32,6 +32,7 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         "mcp execute_code rhai 1, in a session",
         "library rhai 1, in a session, its worker started ahead",
         "mcp execute_code rhai printing 32000 bytes, in a session",
+        "mcp execute_code rhai 1, in a session holding a 1 MB string and 10,000 maps, 50 ms apart",
         "python cells at concurrency 2 (4 rounds, alternating with the library):",
         "mcp serve + pools, 16 idle sessions:",
         "mcp a session's next Rhai worker, waiting:",
@@ -42,6 +43,10 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
     assert!(report.contains("x list_sessions"), "{report}");
     assert!(report.contains("vs the library's"), "{report}");
     assert!(report.contains("ms over its rhai 1"), "{report}");
+    assert!(
+        report.contains("x rhai 1 in a session holding nothing"),
+        "{report}"
+    );
     assert!(report.contains("MiB PSS"), "{report}");
     // Each SDK's lines, under the version it reported.
     for major in ["1.", "2."] {

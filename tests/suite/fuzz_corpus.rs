@@ -183,7 +183,8 @@ fn write_protocol_seeds() {
                 vars: json!({"a": [1, 2.5, "s"], "b": {"c": null}})
                     .as_object()
                     .unwrap()
-                    .clone(),
+                    .clone()
+                    .into(),
                 definitions: vec![Definition {
                     names: vec!["f".into()],
                     source: "def f(y):\n    return y * 2\n".into(),
@@ -206,6 +207,17 @@ fn write_protocol_seeds() {
                 max_frame_bytes: 8 << 20,
                 python_paths: Vec::new(),
                 linger: true,
+                preloaded: false,
+            }),
+        ),
+        (
+            "preload",
+            ToWorker::Preload(Preload {
+                vars: json!({"context": "a long text", "rows": [{"id": 1}, {"id": 2}]})
+                    .as_object()
+                    .unwrap()
+                    .clone()
+                    .into(),
             }),
         ),
         (
@@ -286,6 +298,7 @@ fn write_protocol_seeds() {
                     .as_object()
                     .unwrap()
                     .clone(),
+                kept: vec!["context".into()],
                 dropped: vec![DroppedVar {
                     name: "fh".into(),
                     type_name: "TextIOWrapper".into(),

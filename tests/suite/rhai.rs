@@ -764,3 +764,81 @@ async fn a_worker_started_ahead_reports_what_its_cell_used() {
         );
     }
 }
+
+/// A Rhai session's next worker, started ahead, is sent the session's
+/// variables and makes them ready while it waits: its cell sends only its
+/// code, and gives back only what it changed (a session that holds a
+/// large value has it neither sent nor sent back on every cell). What the
+/// cell sees and what the session keeps are as if it had been sent all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_ahead_is_sent_the_sessions_variables() {
+    let sup = supervisor();
+    let session = sup.session(config(&[])).unwrap();
+    let fill = r#"let ctx = ""; ctx.pad(200000, 'a');
+let rows = []; for i in 0..100 { rows.push(#{id: i, name: `row ${i}`}) }
+let n = 1; ctx.len()"#;
+    let r = rhai(&session, fill).await;
+    assert_eq!(r.value, json!(200000), "{r:?}");
+    let ready = || async {
+        assert!(session.prepare_cell(Language::Rhai).await);
+        assert!(session.next_cell_has_vars(Language::Rhai).await);
+    };
+
+    // A cell that changes nothing: nothing changed, everything kept.
+    ready().await;
+    let r = rhai(&session, "n + ctx.len() + rows.len() + rows[99].id").await;
+    assert_eq!(r.value, json!(200200), "{r:?}");
+    assert!(
+        r.vars.changed.is_empty() && r.vars.deleted.is_empty(),
+        "{:?}",
+        r.vars
+    );
+    let names: Vec<String> = session.vars().await.keys().cloned().collect();
+    assert_eq!(names, ["ctx", "rows", "n"]);
+
+    // Changed in place, rebound, new: each reported and kept.
+    ready().await;
+    let r = rhai(
+        &session,
+        r#"rows[0].id = 99; n = 2; let m = "new"; rows[0].id"#,
+    )
+    .await;
+    assert_eq!(r.value, json!(99), "{r:?}");
+    let mut changed = r.vars.changed.clone();
+    changed.sort();
+    assert_eq!(changed, ["m", "n", "rows"], "{:?}", r.vars);
+    assert_eq!(session.get_var("rows").await.unwrap()[0]["id"], json!(99));
+    assert_eq!(session.get_var("n").await, Some(json!(2)));
+    let ctx = session.get_var("ctx").await.unwrap();
+    assert_eq!(ctx.as_str().map(str::len), Some(200000));
+
+    // Rebound to an equal value, shadowed: not a change; a value that
+    // cannot be carried is dropped, and deleted.
+    ready().await;
+    let r = rhai(
+        &session,
+        "let n = 2; let m = 5; let m = \"new\"; let f = Fn(\"x\"); n",
+    )
+    .await;
+    assert_eq!(r.value, json!(2), "{r:?}");
+    assert!(r.vars.changed.is_empty(), "{:?}", r.vars);
+    assert_eq!(r.vars.dropped.len(), 1, "{:?}", r.vars);
+    assert_eq!(r.vars.dropped[0].name, "f");
+
+    // Set by the host after its worker was started: the cell sees the
+    // host's value, sent with it.
+    ready().await;
+    session.set_var("n", json!(7)).await.unwrap();
+    assert!(!session.next_cell_has_vars(Language::Rhai).await);
+    let r = rhai(&session, "n * 6").await;
+    assert_eq!(r.value, json!(42), "{r:?}");
+    assert!(r.vars.changed.is_empty(), "{:?}", r.vars);
+
+    // A failed cell changes nothing, and the next is sent the same.
+    ready().await;
+    let r = rhai(&session, "n = 8; throw \"no\"").await;
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    ready().await;
+    let r = rhai(&session, "[n, ctx.len(), rows[0].id, m]").await;
+    assert_eq!(r.value, json!([7, 200000, 99, "new"]), "{r:?}");
+}

@@ -281,13 +281,14 @@ mod tests {
         ToWorker::Start(Start {
             language: "python".into(),
             code: "1".into(),
-            vars: Map::new(),
+            vars: Default::default(),
             definitions: Vec::new(),
             capabilities: Vec::new(),
             limits: crate::supervisor::Limits::default().script_limits(),
             max_frame_bytes: 1 << 20,
             python_paths: Vec::new(),
             linger: false,
+            preloaded: false,
         })
     }
 

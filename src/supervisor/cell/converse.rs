@@ -10,8 +10,7 @@ use crate::protocol::{
 };
 use crate::sandbox::{process, SandboxPlan};
 use crate::supervisor::result::{CellResult, ErrorKind, Status};
-use crate::supervisor::Inner;
-use serde_json::{Map, Value};
+use crate::supervisor::{Inner, Namespace};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
@@ -67,10 +66,15 @@ pub(super) fn opening(
     backend: Backend,
     plan: Option<SandboxPlan>,
     sourced: Vec<crate::protocol::CapabilitySpec>,
+    preloaded: Option<Arc<Namespace>>,
 ) -> (Option<ToWorker>, Option<ToWorker>) {
     let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
         let (vars, definitions) =
-            live_part(spec).unwrap_or_else(|| (Map::clone(&spec.vars), spec.definitions.clone()));
+            live_part(spec).unwrap_or_else(|| (spec.vars.clone(), spec.definitions.clone()));
+        // Variables sent ahead are the cell's if the session has not
+        // changed them since (the same namespace, not an equal one).
+        let preloaded = preloaded.is_some_and(|p| Arc::ptr_eq(&p, &vars));
+        let vars = if preloaded { Arc::default() } else { vars };
         ToWorker::Start(Start {
             language: spec.language.as_str().to_owned(),
             code: spec.code.clone(),
@@ -87,6 +91,7 @@ pub(super) fn opening(
             python_paths: python_paths(sup, spec),
             // Its usage is read from it at `done` (see `end::at_done`).
             linger: true,
+            preloaded,
         })
     });
     let setup = plan.map(|plan| ToWorker::Setup(Setup { backend, plan }));
@@ -272,13 +277,14 @@ impl std::fmt::Display for SendError {
 /// `None` for any other cell, and for a new state process (which the start
 /// frame seeds with the carried ones).
 #[cfg(target_os = "linux")]
-fn live_part(spec: &CellSpec) -> Option<(Map<String, Value>, Vec<crate::protocol::Definition>)> {
+fn live_part(spec: &CellSpec) -> Option<(Arc<Namespace>, Vec<crate::protocol::Definition>)> {
     use std::sync::atomic::Ordering::SeqCst;
     let l = spec.live.as_ref()?;
-    (l.running.load(SeqCst) && !l.fresh.load(SeqCst)).then(|| (l.pending_vars.clone(), Vec::new()))
+    (l.running.load(SeqCst) && !l.fresh.load(SeqCst))
+        .then(|| (Arc::new(l.pending_vars.clone()), Vec::new()))
 }
 
 #[cfg(not(target_os = "linux"))]
-fn live_part(_spec: &CellSpec) -> Option<(Map<String, Value>, Vec<crate::protocol::Definition>)> {
+fn live_part(_spec: &CellSpec) -> Option<(Arc<Namespace>, Vec<crate::protocol::Definition>)> {
     None
 }

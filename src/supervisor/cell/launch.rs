@@ -136,6 +136,7 @@ impl Launch {
                         plan: None,
                         handshake: Handshake::SelfReady,
                         group,
+                        preloaded: None,
                     }));
                 }
                 // Its deadline came while it waited: say so, with the real
@@ -185,6 +186,7 @@ impl Launch {
             plan: Some(plan),
             handshake,
             group,
+            preloaded: None,
         }))
     }
 }
@@ -355,6 +357,9 @@ pub(super) struct Launched {
     /// What its worker uses, read when it says `done` (see `end::at_done`).
     #[cfg(target_os = "linux")]
     pub(super) probe: Option<process::Probe>,
+    /// The variables sent ahead to it (a worker started ahead; see
+    /// `prepared::preload`).
+    pub(super) preloaded: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 /// The probe of a worker whose cell may be answered at its `done`, taken

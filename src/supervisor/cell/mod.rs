@@ -404,6 +404,7 @@ async fn life(
         group,
         #[cfg(target_os = "linux")]
         probe,
+        preloaded,
     } = launched;
     let streams = Streams::start(spec, worker.stdout, worker.stderr);
     let exit = match worker.exit {
@@ -420,7 +421,7 @@ async fn life(
     } else {
         Vec::new()
     };
-    let (setup, start) = opening(sup, spec, backend, plan, sourced);
+    let (setup, start) = opening(sup, spec, backend, plan, sourced, preloaded);
     let conv = Conversation::new(handshake, setup, start);
     let (outcome, writer) = converse(sup, spec, result, sock, &exit, deadline, conv).await;
     // A worker that said `done` lingers until it is let go: what it used is

@@ -7,18 +7,22 @@
 //! code.
 //!
 //! A prepared worker has run nothing and holds nothing of a cell: only its
-//! session's groups and scratch directory, which are its session's alone,
+//! session's groups and scratch directory, and for a Rhai cell the
+//! session's variables (sent ahead, see [`preload`]), which are its
+//! session's alone,
 //! so it is used by a cell of that session or ended with it (killed, its
 //! cell group emptied), never handed to another session.
 
 use super::launch::{Launch, Launched};
 use super::{cell_group, settle_limits, CellSpec};
+use crate::protocol::{encode_frame, Backend, Preload, ToWorker, DEFAULT_MAX_FRAME_BYTES};
 use crate::supervisor::result::CellResult;
 use crate::supervisor::tenancy::CellGroup;
 use crate::supervisor::warm::ForkFor;
 use crate::supervisor::{Inner, Language, Limits};
+use std::io::Write;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A cell's worker started ahead (see the module docs). Dropping it kills
 /// the worker and empties its cell group, which may wait for the worker to
@@ -50,6 +54,15 @@ impl Prepared {
     /// from outside, or its parent may have gone).
     pub(crate) fn waiting(&self) -> bool {
         matches!(&self.launched.started.exit, Ok(w) if !w.has_exited())
+    }
+
+    /// Whether it was sent `vars` ahead (the same namespace, not an equal
+    /// one: a namespace shared this way is never changed in place).
+    pub(crate) fn holds(&self, vars: &Arc<crate::supervisor::Namespace>) -> bool {
+        self.launched
+            .preloaded
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, vars))
     }
 
     pub(super) fn into_parts(self) -> (Option<Arc<CellGroup>>, Launched) {
@@ -87,12 +100,21 @@ pub(crate) async fn prepare(sup: Arc<Inner>, mut spec: CellSpec) -> Option<Prepa
         )
         .await;
     match launched {
-        Ok(Some(launched)) => Some(Prepared {
-            language: spec.language,
-            asked,
-            launched,
-            group,
-        }),
+        Ok(Some(mut launched)) => {
+            if !preload(&spec, &mut launched).await {
+                drop(launched);
+                if let Some(g) = group.filter(|g| !g.is_empty()) {
+                    let _ = tokio::task::spawn_blocking(move || drop(g)).await;
+                }
+                return None;
+            }
+            Some(Prepared {
+                language: spec.language,
+                asked,
+                launched,
+                group,
+            })
+        }
         Ok(None) | Err(_) => {
             // What a failed start left in the group is ended off the
             // runtime (emptying it may wait).
@@ -101,5 +123,53 @@ pub(crate) async fn prepare(sup: Arc<Inner>, mut spec: CellSpec) -> Option<Prepa
             }
             None
         }
+    }
+}
+
+/// How long a worker started ahead may take to read its `preload` frame.
+const PRELOAD_WITHIN: Duration = Duration::from_secs(5);
+
+/// Send a forked Rhai worker the session's variables (`spec.vars`) in a
+/// `preload` frame, which it makes into its cell's scope while it waits:
+/// a cell of a session that holds large values then sends only its code.
+/// Nothing is sent when there are none, to a worker that needs its
+/// `setup` first, or when they do not fit a frame (the cell's `start`
+/// carries them then). False when the worker did not take them: it is no
+/// use then.
+async fn preload(spec: &CellSpec, launched: &mut Launched) -> bool {
+    let fits = spec.language == Language::Rhai
+        && matches!(launched.backend, Backend::Rhai)
+        && launched.plan.is_none()
+        && !spec.vars.is_empty();
+    if !fits {
+        return true;
+    }
+    let vars = spec.vars.clone();
+    let frame = match encode_frame(
+        &ToWorker::Preload(Preload { vars: vars.clone() }),
+        DEFAULT_MAX_FRAME_BYTES,
+    ) {
+        Ok(f) => f,
+        Err(_) => return true,
+    };
+    let Ok(mut sock) = launched.sock.try_clone() else {
+        return false;
+    };
+    let sent = tokio::task::spawn_blocking(move || {
+        sock.set_write_timeout(Some(PRELOAD_WITHIN))?;
+        sock.write_all(&frame)?;
+        sock.set_write_timeout(None)
+    })
+    .await;
+    match sent {
+        Ok(Ok(())) => {
+            launched.preloaded = Some(vars);
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::debug!("a worker started ahead did not take its session's variables: {e}");
+            false
+        }
+        Err(_) => false,
     }
 }
