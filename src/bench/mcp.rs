@@ -363,18 +363,21 @@ pub async fn run(n: usize, sdk_pythons: &[PathBuf]) -> Result<String, String> {
     )
     .await?;
     let rhai_grown = json!({"language": "rhai", "code": "1", "session_id": grown});
-    let mut big = Series::default();
+    let (mut big, mut small) = (Series::default(), Series::default());
     for _ in 0..n {
         tokio::time::sleep(GROWN_PAUSE).await;
         big.push(timed(&peer, "execute_code", rhai_grown.clone()).await?);
+        tokio::time::sleep(GROWN_PAUSE).await;
+        small.push(timed(&peer, "execute_code", rhai_in_session.clone()).await?);
     }
-    let big = big.figures();
+    let (big, small) = (big.figures(), small.figures());
     let _ = writeln!(
         out,
-        "mcp execute_code rhai 1, in a session holding a 1 MB string and 10,000 maps, {} ms apart {}  ({:.2}x rhai 1 in a session holding nothing)",
+        "mcp execute_code rhai 1, in a session holding a 1 MB string and 10,000 maps, {} ms apart {}  ({:.2}x rhai 1 in a session holding nothing, in turn with it: {})",
         GROWN_PAUSE.as_millis(),
         p50_p99(&big),
-        ratio(big.p50, rhai_sess.p50)
+        ratio(big.p50, small.p50),
+        p50_p99(&small)
     );
     call(&peer, "close_session", json!({"session_id": grown})).await?;
 

@@ -292,6 +292,17 @@ pub enum ToWorker {
 
 impl Tagged for ToWorker {
     const TAGS: &'static [&'static str] = &["setup", "preload", "start", "reply"];
+
+    fn variant(tag: &str, fields: &[u8]) -> Option<serde_json::Result<Self>> {
+        use serde_json::from_slice;
+        Some(match tag {
+            "setup" => from_slice(fields).map(ToWorker::Setup),
+            "preload" => from_slice(fields).map(ToWorker::Preload),
+            "start" => from_slice(fields).map(ToWorker::Start),
+            "reply" => from_slice(fields).map(ToWorker::Reply),
+            _ => return None,
+        })
+    }
 }
 
 /// supervisor → a Rhai worker started ahead of its session's next cell,
@@ -422,4 +433,16 @@ pub enum FromWorker {
 impl Tagged for FromWorker {
     const TAGS: &'static [&'static str] =
         &["ready", "sandbox_error", "call", "emit", "log", "done"];
+
+    fn variant(tag: &str, fields: &[u8]) -> Option<serde_json::Result<Self>> {
+        use serde_json::from_slice;
+        Some(match tag {
+            "ready" => from_slice(fields).map(FromWorker::Ready),
+            "sandbox_error" => from_slice(fields).map(FromWorker::SandboxError),
+            "call" => from_slice(fields).map(FromWorker::Call),
+            "log" => from_slice(fields).map(FromWorker::Log),
+            "done" => from_slice(fields).map(FromWorker::Done),
+            _ => return None,
+        })
+    }
 }
