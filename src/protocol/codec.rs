@@ -50,31 +50,36 @@ pub enum FrameError {
 pub trait Tagged: Serialize + DeserializeOwned {
     const TAGS: &'static [&'static str];
 
-    /// The message of tag `tag`, read from `fields` (the frame's object
-    /// without its tag) straight into that variant's own type: serde reads
-    /// a tagged enum by copying the whole frame into a buffer of its own
-    /// first, which a frame carrying a session's variables pays for in time
-    /// and memory. `None` for a tag this type does not read this way.
+    /// The message of tag `tag`, read from `fields` (what follows the tag
+    /// in the frame, see [`read_fields`]) straight into that variant's own
+    /// type: serde reads a tagged enum by copying the whole frame into a
+    /// buffer of its own first, which a frame carrying a session's
+    /// variables pays for in time and memory. `None` for a tag this type
+    /// does not read this way.
     fn variant(_tag: &str, _fields: &[u8]) -> Option<serde_json::Result<Self>> {
         None
     }
 }
 
 /// A frame as this codec writes it, `{"t":"<tag>",<fields>}`: its tag (one
-/// without escapes), and its other fields as an object of their own.
-pub(super) fn split_tag(body: &[u8]) -> Option<(&str, Vec<u8>)> {
+/// without escapes), and what follows it (`,"<first key>…}` or `}`; a
+/// comma before no key is not JSON, and is left to the strict parse).
+pub(super) fn split_tag(body: &[u8]) -> Option<(&str, &[u8])> {
     let rest = body.strip_prefix(br#"{"t":""#)?;
     let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
     let tag = std::str::from_utf8(&rest[..end]).ok()?;
     let after = rest.get(end..)?.strip_prefix(b"\"")?;
-    let mut fields = Vec::with_capacity(after.len() + 1);
+    let well_formed = after.starts_with(b"}") || after.starts_with(b",\"");
+    well_formed.then_some((tag, after))
+}
+
+/// The fields that follow a frame's tag (see [`split_tag`]), read as an
+/// object of their own into `T`.
+pub(super) fn read_fields<T: DeserializeOwned>(after_tag: &[u8]) -> serde_json::Result<T> {
+    let mut fields = Vec::with_capacity(after_tag.len() + 1);
     fields.push(b'{');
-    match after.first() {
-        Some(b',') => fields.extend_from_slice(&after[1..]),
-        Some(b'}') => fields.extend_from_slice(after),
-        _ => return None,
-    }
-    Some((tag, fields))
+    fields.extend_from_slice(after_tag.strip_prefix(b",").unwrap_or(after_tag));
+    serde_json::from_slice(&fields)
 }
 
 /// Encode a message as one frame (prefix + body).
@@ -104,7 +109,7 @@ pub fn decode_body<M: Tagged>(body: &[u8]) -> Result<M, FrameError> {
     // (An object only: serde would also take a tagged enum written as an
     // array, which this protocol does not speak.)
     if let Some((tag, fields)) = split_tag(body) {
-        if let Some(Ok(m)) = M::variant(tag, &fields) {
+        if let Some(Ok(m)) = M::variant(tag, fields) {
             return Ok(m);
         }
     }

@@ -294,12 +294,12 @@ impl Tagged for ToWorker {
     const TAGS: &'static [&'static str] = &["setup", "preload", "start", "reply"];
 
     fn variant(tag: &str, fields: &[u8]) -> Option<serde_json::Result<Self>> {
-        use serde_json::from_slice;
+        use super::codec::read_fields;
         Some(match tag {
-            "setup" => from_slice(fields).map(ToWorker::Setup),
-            "preload" => from_slice(fields).map(ToWorker::Preload),
-            "start" => from_slice(fields).map(ToWorker::Start),
-            "reply" => from_slice(fields).map(ToWorker::Reply),
+            "setup" => read_fields(fields).map(ToWorker::Setup),
+            "preload" => read_fields(fields).map(ToWorker::Preload),
+            "start" => read_fields(fields).map(ToWorker::Start),
+            "reply" => read_fields(fields).map(ToWorker::Reply),
             _ => return None,
         })
     }
@@ -435,13 +435,13 @@ impl Tagged for FromWorker {
         &["ready", "sandbox_error", "call", "emit", "log", "done"];
 
     fn variant(tag: &str, fields: &[u8]) -> Option<serde_json::Result<Self>> {
-        use serde_json::from_slice;
+        use super::codec::read_fields;
         Some(match tag {
-            "ready" => from_slice(fields).map(FromWorker::Ready),
-            "sandbox_error" => from_slice(fields).map(FromWorker::SandboxError),
-            "call" => from_slice(fields).map(FromWorker::Call),
-            "log" => from_slice(fields).map(FromWorker::Log),
-            "done" => from_slice(fields).map(FromWorker::Done),
+            "ready" => read_fields(fields).map(FromWorker::Ready),
+            "sandbox_error" => read_fields(fields).map(FromWorker::SandboxError),
+            "call" => read_fields(fields).map(FromWorker::Call),
+            "log" => read_fields(fields).map(FromWorker::Log),
+            "done" => read_fields(fields).map(FromWorker::Done),
             _ => return None,
         })
     }

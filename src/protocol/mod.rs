@@ -193,7 +193,7 @@ mod tests {
                 let want: M = serde_json::from_slice(&body).unwrap();
                 assert_eq!(decode_body::<M>(&body).unwrap(), want);
                 let (tag, fields) = super::codec::split_tag(&body).unwrap();
-                if let Some(got) = M::variant(tag, &fields) {
+                if let Some(got) = M::variant(tag, fields) {
                     assert_eq!(got.unwrap(), want);
                     direct += 1;
                 }
@@ -216,11 +216,17 @@ mod tests {
         // A key given twice: the direct read refuses it, the last counts.
         let twice = br#"{"t":"reply","id":1,"id":2,"ok":null}"#;
         let (tag, fields) = super::codec::split_tag(twice).unwrap();
-        assert!(ToWorker::variant(tag, &fields).unwrap().is_err());
+        assert!(ToWorker::variant(tag, fields).unwrap().is_err());
         assert!(matches!(decode_body::<ToWorker>(twice), Ok(ToWorker::Reply(r)) if r.id == 2));
         // A tag with an escape, or one alone, is not split.
         assert!(super::codec::split_tag(br#"{"t":"st\u0061rt","code":""}"#).is_none());
-        assert_eq!(super::codec::split_tag(br#"{"t":"x"}"#).unwrap().1, b"{}");
+        let (_, alone) = super::codec::split_tag(br#"{"t":"x"}"#).unwrap();
+        let fields: serde_json::Map<String, serde_json::Value> =
+            super::codec::read_fields(alone).unwrap();
+        assert!(fields.is_empty());
+        // A comma before no key is no JSON: not split, refused as before.
+        assert!(super::codec::split_tag(br#"{"t":"preload",}"#).is_none());
+        assert!(decode_body::<ToWorker>(br#"{"t":"preload",}"#).is_err());
     }
 
     #[test]

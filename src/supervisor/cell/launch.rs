@@ -359,7 +359,7 @@ pub(super) struct Launched {
     pub(super) probe: Option<process::Probe>,
     /// The variables sent ahead to it (a worker started ahead; see
     /// `prepared::preload`).
-    pub(super) preloaded: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    pub(super) preloaded: Option<Arc<crate::supervisor::Namespace>>,
 }
 
 /// The probe of a worker whose cell may be answered at its `done`, taken

@@ -99,23 +99,21 @@ pub(crate) async fn prepare(sup: Arc<Inner>, mut spec: CellSpec) -> Option<Prepa
             group.clone(),
         )
         .await;
-    match launched {
-        Ok(Some(mut launched)) => {
-            if !preload(&spec, &mut launched).await {
-                drop(launched);
-                if let Some(g) = group.filter(|g| !g.is_empty()) {
-                    let _ = tokio::task::spawn_blocking(move || drop(g)).await;
-                }
-                return None;
-            }
-            Some(Prepared {
-                language: spec.language,
-                asked,
-                launched,
-                group,
-            })
+    let mut launched = launched.ok().flatten();
+    if let Some(l) = launched.as_mut() {
+        if !preload(&spec, l).await {
+            // Of no use now: ended with what it left in its group, below.
+            launched = None;
         }
-        Ok(None) | Err(_) => {
+    }
+    match launched {
+        Some(launched) => Some(Prepared {
+            language: spec.language,
+            asked,
+            launched,
+            group,
+        }),
+        None => {
             // What a failed start left in the group is ended off the
             // runtime (emptying it may wait).
             if let Some(g) = group.filter(|g| !g.is_empty()) {
