@@ -28,6 +28,7 @@ pub struct SessionConfig {
     /// next cell then only sends its code. For sessions that run many
     /// cells, such as a server's named sessions; the worker waits, one of
     /// the session's processes, until a cell uses it or the session ends.
+    /// A cell that comes while it is being started waits for it (up to 2 s).
     #[serde(skip)]
     pub prepare_next: bool,
 }
@@ -114,6 +115,9 @@ struct SessionInner {
     prepared: std::sync::Mutex<Vec<cell::Prepared>>,
     /// The next cell to start a worker for (see [`Session::prepare_next`]).
     next: std::sync::Mutex<NextCell>,
+    /// Told each time the task of [`Session::prepare_next`] has started a
+    /// worker (or given up), and when it stops.
+    next_done: tokio::sync::Notify,
     id: String,
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
@@ -139,7 +143,21 @@ struct SessionInner {
 #[derive(Default)]
 struct NextCell {
     wanted: Option<(Language, Limits)>,
+    /// What the task is starting a worker for now.
+    doing: Option<(Language, Limits)>,
     busy: bool,
+}
+
+impl NextCell {
+    /// Whether a worker for a `language` cell with `limits` is asked for
+    /// or being started.
+    fn coming(&self, language: Language, limits: &Limits) -> bool {
+        self.busy
+            && [&self.wanted, &self.doing]
+                .into_iter()
+                .flatten()
+                .any(|(l, lim)| *l == language && lim == limits)
+    }
 }
 
 impl Drop for SessionInner {
@@ -169,6 +187,10 @@ impl Drop for SessionInner {
 /// [`SessionConfig::prepare_next`]): its fork and sandboxing would
 /// otherwise compete with handing the result on.
 const PREPARE_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How long a cell waits for a worker being started ahead for it (see
+/// `Session::worker_coming`) before it starts its own.
+const WAIT_FOR_COMING: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A sequence of cells sharing a namespace. Cells of one session run one
 /// at a time; clone the handle freely.
@@ -206,6 +228,7 @@ impl Session {
             inner: Arc::new(SessionInner {
                 prepared: std::sync::Mutex::new(Vec::new()),
                 next: Default::default(),
+                next_done: tokio::sync::Notify::new(),
                 id: cell::new_run_id(),
                 sup,
                 config,
@@ -258,6 +281,7 @@ impl Session {
         let language = request.language;
         let limits = self.inner.config.limits.tighten(&request.limits);
         let next = self.inner.config.prepare_next.then(|| limits.clone());
+        self.worker_coming(language, &limits).await;
         let result = self.run_one(request, limits).await;
         if let Some(limits) = next {
             self.prepare_next(language, limits);
@@ -290,14 +314,36 @@ impl Session {
                     let mut next = crate::util::lock(&inner.next);
                     let wanted = next.wanted.take();
                     next.busy = wanted.is_some();
+                    next.doing.clone_from(&wanted);
                     wanted
                 };
                 let Some((language, limits)) = wanted else {
+                    inner.next_done.notify_waiters();
                     return;
                 };
-                Session { inner }.prepare_cell_with(language, limits).await;
+                let session = Session { inner };
+                session.prepare_cell_with(language, limits).await;
+                crate::util::lock(&session.inner.next).doing = None;
+                session.inner.next_done.notify_waiters();
             }
         });
+    }
+
+    /// Wait (up to [`WAIT_FOR_COMING`]) while a worker that fits a
+    /// `language` cell with `limits` is being started ahead: a cell that
+    /// comes in quick succession after the one before then uses it, with
+    /// the session's variables it was sent, rather than starting another
+    /// beside it. That other would send a session that holds large values
+    /// whole with its code, competing for the CPU with the one started
+    /// ahead, and leave it waiting with variables no longer the session's.
+    async fn worker_coming(&self, language: Language, limits: &Limits) {
+        let done = self.inner.next_done.notified();
+        tokio::pin!(done);
+        // Told from here on, even before this is awaited.
+        done.as_mut().enable();
+        if crate::util::lock(&self.inner.next).coming(language, limits) {
+            let _ = tokio::time::timeout(WAIT_FOR_COMING, done).await;
+        }
     }
 
     /// Resolves once the session's last cell is wholly over. A cell is
@@ -638,19 +684,32 @@ impl Session {
 
     /// [`Session::prepare_cell`] for a cell with `limits` (the session's,
     /// tightened by a call's). A worker of that language waiting for other
-    /// limits (or gone) is ended first, so that a session whose calls ask
-    /// for other limits each time keeps one at most.
+    /// limits, sent variables the session no longer holds, or gone is ended
+    /// first, so that a session whose calls ask for other limits each time
+    /// keeps one at most.
     async fn prepare_cell_with(&self, language: Language, limits: Limits) -> bool {
         let live_python =
             language == Language::Python && self.inner.config.python_state == PythonState::Live;
         if live_python || language == Language::Shell {
             return false;
         }
+        // Its variables as they are now go with it (a Rhai worker gets them
+        // ahead); none while a cell of the session runs, which may change
+        // them.
+        let vars = match self.inner.state.try_lock() {
+            Ok(state) if language == Language::Rhai => Some(state.vars.clone()),
+            Ok(_) => Some(Arc::default()),
+            Err(_) => None,
+        };
         let stale: Vec<cell::Prepared> = {
             let mut ready = crate::util::lock(&self.inner.prepared);
+            // One waiting with variables the session no longer has (sent
+            // before `set_var`, or before a cell that did not use it) is
+            // ended and started again with these.
+            let current = |p: &cell::Prepared| vars.as_ref().is_none_or(|v| !p.holds_other(v));
             if ready
                 .iter()
-                .any(|p| p.fits(language, &limits) && p.waiting())
+                .any(|p| p.fits(language, &limits) && p.waiting() && current(p))
             {
                 return true;
             }
@@ -664,16 +723,9 @@ impl Session {
             // Ending them may wait for them to be gone.
             let _ = tokio::task::spawn_blocking(move || drop(stale)).await;
         }
-        // Its variables as they are now go with it (a Rhai worker gets them
-        // ahead); none while a cell of the session runs, which may change
-        // them.
-        let vars = match self.inner.state.try_lock() {
-            Ok(state) if language == Language::Rhai => state.vars.clone(),
-            _ => Arc::default(),
-        };
         let spec = CellSpec::new(self.view(), RunInfo::root(), language, String::new())
             .limits(limits)
-            .vars(vars);
+            .vars(vars.unwrap_or_default());
         let Some(p) = cell::prepare(self.inner.sup.clone(), spec).await else {
             return false;
         };

@@ -11,6 +11,7 @@ use rhai::packages::{Package, StandardPackage};
 use rhai::{Dynamic, Engine, EvalAltResult, Position, Scope, AST};
 use serde_json::{Map, Value};
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::io::Write;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -390,7 +391,9 @@ fn scope_of(vars: &Map<String, Value>) -> Scope<'static> {
 fn carried(
     scope: &Scope<'static>,
     given: &Map<String, Value>,
+    code: &str,
 ) -> (Map<String, Value>, Vec<String>, Vec<DroppedVar>) {
+    let named = named_in(code, given);
     let mut entries: Vec<(&str, &Dynamic)> = Vec::new();
     let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let newest_first: Vec<(&str, bool, &Dynamic)> = scope.iter_raw().collect();
@@ -413,7 +416,14 @@ fn carried(
         } else {
             v
         };
-        if given.get(name).is_some_and(|g| same(v, g, 0)) {
+        // A given variable the cell does not name is as it was given; one
+        // it names is compared.
+        let unchanged = match given.get(name) {
+            Some(_) if !named.contains(name) => true,
+            Some(g) => same(v, g, 0),
+            None => false,
+        };
+        if unchanged {
             kept.push(name.to_owned());
             continue;
         }
@@ -429,6 +439,25 @@ fn carried(
         }
     }
     (vars, kept, dropped)
+}
+
+/// The names of `given` that occur anywhere in `code`: the only variables
+/// a cell can have changed. A Rhai script reaches a variable only by its
+/// name: `eval` is disabled, a function does not see its caller's scope,
+/// a closure captures by name, and no custom syntax or variable resolver
+/// is registered. So a name that does not occur in the text is not
+/// touched, and need not be compared (that is O(its size) per cell in a
+/// session holding large values). All of them when the search cannot be
+/// built.
+fn named_in<'a>(code: &str, given: &'a Map<String, Value>) -> HashSet<&'a str> {
+    let names: Vec<&str> = given.keys().map(String::as_str).collect();
+    match aho_corasick::AhoCorasick::new(&names) {
+        Ok(search) => search
+            .find_overlapping_iter(code)
+            .filter_map(|m| names.get(m.pattern().as_usize()).copied())
+            .collect(),
+        Err(_) => names.into_iter().collect(),
+    }
 }
 
 /// Run `start`'s cell (with the variables of `preloaded` when `start`
@@ -493,7 +522,7 @@ fn evaluate(
         }
     };
     let value = to_json(&value, 0).unwrap_or_else(|_| Value::String(value.to_string()));
-    let (vars, kept, dropped) = carried(&scope, &given);
+    let (vars, kept, dropped) = carried(&scope, &given, &start.code);
     let mut names: Vec<String> = cell_ast
         .iter_functions()
         .map(|f| f.name.to_string())
@@ -585,6 +614,96 @@ pub(crate) fn run_cell(
                 Ok(()) => 0,
                 Err(_) => 7,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vars(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    #[test]
+    fn names_are_found_anywhere_in_the_text_overlapping_or_not() {
+        let given = vars(json!({"ab": 1, "b": 2, "abc": 3, "zz": 4, "ü": 5, "ctx": 6}));
+        let mut found: Vec<&str> = named_in("abc + ü // ctx in a comment", &given)
+            .into_iter()
+            .collect();
+        found.sort();
+        assert_eq!(found, ["ab", "abc", "b", "ctx", "ü"]);
+        assert!(named_in("1", &given).is_empty());
+        assert!(named_in("anything", &Map::new()).is_empty());
+    }
+
+    #[test]
+    fn a_variable_the_cell_does_not_name_is_kept_without_a_look() {
+        // The scope holds other values than were given, as if changed: one
+        // the code names is sent back; one it does not name is kept (it
+        // cannot have changed, so it is not compared).
+        let given = vars(json!({"big": "x", "other": [1, 2]}));
+        let mut scope = Scope::new();
+        scope.push_dynamic("big", Dynamic::from("y".to_owned()));
+        scope.push_dynamic("other", Dynamic::from_array(vec![Dynamic::from(1_i64)]));
+        let (sent, kept, dropped) = carried(&scope, &given, "other.len()");
+        assert_eq!(kept, ["big"]);
+        assert_eq!(Value::Object(sent), json!({"other": [1]}));
+        assert!(dropped.is_empty());
+        let (sent, kept, _) = carried(&scope, &given, "big + other.len()");
+        assert!(kept.is_empty());
+        assert_eq!(Value::Object(sent), json!({"big": "y", "other": [1]}));
+    }
+
+    /// What lets the worker skip a variable the cell does not name: no
+    /// script reaches one without naming it. Each of these tries, and the
+    /// variables are as they were given afterwards.
+    #[test]
+    fn no_script_changes_a_variable_without_naming_it() {
+        let given = vars(json!({
+            "secret": {"k": [1, 2, 3], "s": "text"},
+            "plain_text": "abc",
+            "count_7": 7,
+        }));
+        let attempts = [
+            // a function does not see its caller's scope, even as a method
+            r#"fn f() { this.k = 0; this } let m = #{}; m.f()"#,
+            r#"fn g(x) { x.k = 0; } let m = #{k: 1}; g(m); m"#,
+            // a name built at run time reaches functions, never variables
+            r#"let p = Fn("sec" + "ret"); p.call()"#,
+            r#"let c = "plain" + "_text"; call(Fn(c))"#,
+            r#"let c = "count" + "_7"; is_def_var(c)"#,
+            r#"curry(Fn("sec" + "ret"), 1).call()"#,
+            r#"let o = #{}; o.call(Fn("sec" + "ret"))"#,
+            // a closure captures only what it names
+            r#"let q = 1; let f = || { q += 1; q }; f.call(); f.call()"#,
+            // global:: reaches constants only
+            r#"fn k() { global::count } k()"#,
+            r#"let s = `${"sec"}ret`; s"#,
+            // names declared, shadowed in a block and gone
+            r#"{ let x = 1; let y = #{}; y.k = 5; } 2"#,
+        ];
+        let limits = crate::supervisor::Limits::default().script_limits();
+        for code in attempts {
+            let mut scope = scope_of(&given);
+            let engine = hardened_engine(&limits, Instant::now() + Duration::from_secs(5));
+            // Failing is fine; changing a variable is not.
+            let _ = engine.eval_with_scope::<Dynamic>(&mut scope, code);
+            assert!(named_in(code, &given).is_empty(), "{code}");
+            for (name, value) in &given {
+                let now = scope.get(name).map(|d| to_json(d, 0).ok());
+                assert_eq!(now, Some(Some(value.clone())), "{code}: {name}");
+            }
+            let (sent, kept, dropped) = carried(&scope, &given, code);
+            // Only what the cell declared goes back.
+            let back = sent.keys().chain(dropped.iter().map(|d| &d.name));
+            assert!(back.into_iter().all(|k| !given.contains_key(k)), "{code}");
+            assert_eq!(kept, ["secret", "plain_text", "count_7"], "{code}");
         }
     }
 }

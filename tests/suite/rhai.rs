@@ -833,6 +833,14 @@ let n = 1; ctx.len()"#;
     let r = rhai(&session, "n * 6").await;
     assert_eq!(r.value, json!(42), "{r:?}");
     assert!(r.vars.changed.is_empty(), "{:?}", r.vars);
+    // One started ahead and set afterwards is ended and started again
+    // when a worker is asked for: it is then sent the host's value.
+    ready().await;
+    session.set_var("n", json!(8)).await.unwrap();
+    ready().await;
+    let r = rhai(&session, "n * 6").await;
+    assert_eq!(r.value, json!(48), "{r:?}");
+    session.set_var("n", json!(7)).await.unwrap();
 
     // A failed cell changes nothing, and the next is sent the same.
     ready().await;
@@ -841,4 +849,57 @@ let n = 1; ctx.len()"#;
     ready().await;
     let r = rhai(&session, "[n, ctx.len(), rows[0].id, m]").await;
     assert_eq!(r.value, json!([7, 200000, 99, "new"]), "{r:?}");
+}
+
+/// Cells that follow each other at once, in a session that holds values
+/// and starts each next worker ahead: each waits for the worker being
+/// started for it rather than starting another beside it, and sees what
+/// the cell before it left, whichever worker it runs in.
+#[tokio::test]
+async fn cells_in_quick_succession_see_what_the_cell_before_left() {
+    let sup = supervisor();
+    let session = sup
+        .session(SessionConfig {
+            prepare_next: true,
+            ..config(&[])
+        })
+        .unwrap();
+    let r = rhai(
+        &session,
+        r#"let ctx = ""; ctx.pad(300000, 'a'); let n = 0; n"#,
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    for i in 1..=30_i64 {
+        let code = if i % 10 == 0 {
+            // Now and then one that does not name the counter.
+            "ctx.len()"
+        } else {
+            "n += 1; ctx += \"b\"; n * 1000000 + ctx.len()"
+        };
+        let r = rhai(&session, code).await;
+        assert_eq!(r.status, Status::Ok, "{i}: {r:?}");
+        let n = i - i / 10;
+        let expected = if i % 10 == 0 {
+            300_000 + n
+        } else {
+            n * 1_000_000 + 300_000 + n
+        };
+        assert_eq!(r.value, json!(expected), "{i}: {r:?}");
+    }
+    session.settled().await;
+    assert_eq!(session.get_var("n").await, Some(json!(27)));
+    // The last one started ahead is sent the variables as they are now.
+    let mut holds = false;
+    for _ in 0..200 {
+        holds = session.next_cell_has_vars(Language::Rhai).await;
+        if holds {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        holds,
+        "no worker started ahead holds the session's variables"
+    );
 }

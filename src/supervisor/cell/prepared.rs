@@ -65,6 +65,12 @@ impl Prepared {
             .is_some_and(|p| Arc::ptr_eq(p, vars))
     }
 
+    /// Whether it was sent variables ahead, and not `vars`: a cell of its
+    /// session would have to send them whole after all.
+    pub(crate) fn holds_other(&self, vars: &Arc<crate::supervisor::Namespace>) -> bool {
+        self.launched.preloaded.is_some() && !self.holds(vars)
+    }
+
     pub(super) fn into_parts(self) -> (Option<Arc<CellGroup>>, Launched) {
         (self.group, self.launched)
     }
@@ -143,27 +149,28 @@ async fn preload(spec: &CellSpec, launched: &mut Launched) -> bool {
         return true;
     }
     let vars = spec.vars.clone();
-    let frame = match encode_frame(
-        &ToWorker::Preload(Preload { vars: vars.clone() }),
-        DEFAULT_MAX_FRAME_BYTES,
-    ) {
-        Ok(f) => f,
-        Err(_) => return true,
-    };
     let Ok(mut sock) = launched.sock.try_clone() else {
         return false;
     };
+    // Encoded off the runtime too: a session holding megabytes would hold
+    // up every other session's cells on this thread meanwhile.
+    let frame = ToWorker::Preload(Preload { vars: vars.clone() });
     let sent = tokio::task::spawn_blocking(move || {
+        let Ok(frame) = encode_frame(&frame, DEFAULT_MAX_FRAME_BYTES) else {
+            return Ok(false);
+        };
         sock.set_write_timeout(Some(PRELOAD_WITHIN))?;
         sock.write_all(&frame)?;
-        sock.set_write_timeout(None)
+        sock.set_write_timeout(None).map(|()| true)
     })
     .await;
     match sent {
-        Ok(Ok(())) => {
+        Ok(Ok(true)) => {
             launched.preloaded = Some(vars);
             true
         }
+        // Too large for a frame: the cell's `start` carries them.
+        Ok(Ok(false)) => true,
         Ok(Err(e)) => {
             tracing::debug!("a worker started ahead did not take its session's variables: {e}");
             false
