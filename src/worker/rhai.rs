@@ -441,23 +441,38 @@ fn carried(
     (vars, kept, dropped)
 }
 
-/// The names of `given` that occur anywhere in `code`: the only variables
-/// a cell can have changed. A Rhai script reaches a variable only by its
+/// The names of `given` that are words of `code`: the only variables a
+/// cell can have changed. A Rhai script reaches a variable only by its
 /// name: `eval` is disabled, a function does not see its caller's scope,
 /// a closure captures by name, and no custom syntax or variable resolver
-/// is registered. So a name that does not occur in the text is not
+/// is registered. So a variable whose name is no word of the text is not
 /// touched, and need not be compared (that is O(its size) per cell in a
-/// session holding large values). All of them when the search cannot be
-/// built.
+/// session holding large values).
+///
+/// A word is a longest run of letters, digits and `_`: an identifier is
+/// read as one, and code that does not compile never gets here. A word
+/// that does not start with a letter or `_` (a number, where an
+/// identifier may follow in the same run) counts from each letter or `_`
+/// in it too. A name found in a string or a comment is compared, which is
+/// only slower.
 fn named_in<'a>(code: &str, given: &'a Map<String, Value>) -> HashSet<&'a str> {
-    let names: Vec<&str> = given.keys().map(String::as_str).collect();
-    match aho_corasick::AhoCorasick::new(&names) {
-        Ok(search) => search
-            .find_overlapping_iter(code)
-            .filter_map(|m| names.get(m.pattern().as_usize()).copied())
-            .collect(),
-        Err(_) => names.into_iter().collect(),
+    let word_start = |c: char| c.is_alphabetic() || c == '_';
+    let mut words: HashSet<&str> = HashSet::new();
+    for run in code.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+        if !run.starts_with(word_start) {
+            for (i, c) in run.char_indices() {
+                if word_start(c) {
+                    words.insert(&run[i..]);
+                }
+            }
+        }
+        words.insert(run);
     }
+    given
+        .keys()
+        .map(String::as_str)
+        .filter(|k| words.contains(k))
+        .collect()
 }
 
 /// Run `start`'s cell (with the variables of `preloaded` when `start`
@@ -631,14 +646,21 @@ mod tests {
     }
 
     #[test]
-    fn names_are_found_anywhere_in_the_text_overlapping_or_not() {
-        let given = vars(json!({"ab": 1, "b": 2, "abc": 3, "zz": 4, "ü": 5, "ctx": 6}));
-        let mut found: Vec<&str> = named_in("abc + ü // ctx in a comment", &given)
-            .into_iter()
-            .collect();
+    fn names_are_the_words_of_the_text() {
+        let given = vars(json!({
+            "ab": 1, "b": 2, "abc": 3, "zz": 4, "ü": 5, "ctx": 6, "x1": 7, "ff": 8,
+            "in_str": 9, "n": 10, "my-var": 11,
+        }));
+        let code = "abc + ü.len() // ctx in a comment\n`${in_str}` + 2x1 + 0xff + n";
+        let mut found: Vec<&str> = named_in(code, &given).into_iter().collect();
         found.sort();
-        assert_eq!(found, ["ab", "abc", "b", "ctx", "ü"]);
+        // "ab" and "b" are parts of a word, not words; after a digit a
+        // word may start anywhere ("x1", "ff": read as if a number ended
+        // there).
+        assert_eq!(found, ["abc", "ctx", "ff", "in_str", "n", "x1", "ü"]);
         assert!(named_in("1", &given).is_empty());
+        // A name that is no identifier is not one a script can name.
+        assert!(named_in("my-var", &given).is_empty());
         assert!(named_in("anything", &Map::new()).is_empty());
     }
 
