@@ -456,6 +456,10 @@ fn carried(
 /// in it too. A name found in a string or a comment is compared, which is
 /// only slower.
 fn named_in<'a>(code: &str, given: &'a Map<String, Value>) -> HashSet<&'a str> {
+    // A cell without a session, the most common, has nothing to look for.
+    if given.is_empty() {
+        return HashSet::new();
+    }
     let word_start = |c: char| c.is_alphabetic() || c == '_';
     let mut words: HashSet<&str> = HashSet::new();
     for run in code.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
