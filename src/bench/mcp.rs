@@ -467,7 +467,90 @@ pub async fn run(n: usize, sdk_pythons: &[PathBuf]) -> Result<String, String> {
         mib(with_rhai.1) - mib(all.1)
     );
     served.stop().await;
+
+    starts(&mut out, &me).await?;
     Ok(out)
+}
+
+/// Starts of `serve` timed by [`starts`].
+const STARTS: usize = 20;
+
+/// How long a stopped `serve` may take to exit.
+const EXIT_WITHIN: Duration = Duration::from_secs(10);
+
+/// One start of `serve` as a client that spawns it per task sees it: from
+/// the spawn to `initialize` answered, to `tools/list` answered, and to a
+/// Python `pass` cell's result. The server is stopped and gone after.
+async fn one_start(binary: &Path) -> Result<[Duration; 3], String> {
+    let t = Instant::now();
+    let served = Served::start(binary, &["--python", BARE_PYTHON]).await?;
+    let init = t.elapsed();
+    let peer = served.peer();
+    match tokio::time::timeout(PATIENCE, peer.list_all_tools()).await {
+        Ok(Ok(tools)) if tools.iter().any(|t| t.name == "execute_code") => {}
+        Ok(Ok(_)) => return Err("tools/list gave no execute_code".to_owned()),
+        Ok(Err(e)) => return Err(format!("tools/list: {e}")),
+        Err(_) => return Err(format!("tools/list: no answer within {PATIENCE:?}")),
+    }
+    let listed = t.elapsed();
+    call(
+        &peer,
+        "execute_code",
+        json!({"language": "python", "code": "pass"}),
+    )
+    .await?;
+    let first = t.elapsed();
+    let pid = served.pid;
+    served.stop().await;
+    // The next start is not to share the machine with this one's exit.
+    let gone = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|st| st.rsplit(')').next().is_some_and(|r| !r.starts_with(" Z")))
+    {
+        if gone.elapsed() > EXIT_WITHIN {
+            return Err(format!("serve ({pid}) did not exit within {EXIT_WITHIN:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok([init, listed, first])
+}
+
+/// What a client that starts `serve` for each task waits for before its
+/// first result, in turn with a bare `python3 -c pass`.
+async fn starts(out: &mut String, me: &Path) -> Result<(), String> {
+    let bare = [BARE_PYTHON, "-c", "pass"];
+    let (mut base, mut init, mut listed, mut first) = (
+        Series::default(),
+        Series::default(),
+        Series::default(),
+        Series::default(),
+    );
+    one_start(me).await?;
+    for _ in 0..STARTS {
+        tokio::time::sleep(SETTLE * 10).await;
+        base.push(tokio::task::block_in_place(|| spawn_once(&bare))?);
+        tokio::time::sleep(SETTLE * 10).await;
+        let [i, l, f] = one_start(me).await?;
+        init.push(i);
+        listed.push(l);
+        first.push(f);
+    }
+    let (base, init, listed, first) = (
+        base.figures(),
+        init.figures(),
+        listed.figures(),
+        first.figures(),
+    );
+    let _ = writeln!(
+        out,
+        "mcp serve started for one task ({STARTS} starts: spawned, initialize, tools/list, python pass), to the first result {}  ({:.2}x bare python3 -c pass in turn with it: {}); initialize answered p50 {:.1} ms, tools/list p50 {:.1} ms",
+        p50_p99(&first),
+        ratio(first.p50, base.p50),
+        p50_p99(&base),
+        init.p50.as_secs_f64() * 1e3,
+        listed.p50.as_secs_f64() * 1e3
+    );
+    Ok(())
 }
 
 /// The driver `--mcp-python` runs (see its docstring).

@@ -210,6 +210,11 @@ zygote_channel! {
             /// server's `init`).
             #[serde(default, skip_serializing_if = "Option::is_none")]
             cloned: Option<Vec<String>>,
+            /// The shim and the zygote precompiled by this interpreter (a
+            /// file the sandbox opens read-only, see loader.py); `None` runs
+            /// them from source.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            precompiled: Option<String>,
         },
         Ready {
             report: SandboxReport,

@@ -35,33 +35,59 @@ fn probe_code(language: Language) -> &'static str {
     }
 }
 
-/// Run one trivial cell per enabled language and keep its sandbox report.
+/// Run one trivial cell per enabled language, all at once, and keep each
+/// one's sandbox report. The first `tools/list` waits for this, and the
+/// Python probe waits for a zygote to start: run one after another, the
+/// other languages' cells added their time to it.
 pub async fn probe(sup: &Supervisor, settings: &Settings) -> Observations {
-    let mut out = BTreeMap::new();
+    let mut probes = tokio::task::JoinSet::new();
     for &language in &settings.languages {
-        let req = CellRequest::new(language, probe_code(language)).timeout(Duration::from_secs(20));
-        // A probe is no sign of calls to come: nothing is prepared after it.
-        let r = sup.run_unprepared(req, settings.session.clone()).await;
-        let failure = (r.status != Status::Ok).then(|| {
-            let msg = r
-                .error
-                .as_ref()
-                .map(|e| format!("{}: {}", e.kind, e.message))
-                .unwrap_or_default();
-            format!("a test cell ended with status {}: {msg}", r.status)
-        });
-        if let Some(f) = &failure {
-            tracing::warn!("{language} cells may not work on this host: {f}");
+        let sup = sup.clone();
+        let session = settings.session.clone();
+        probes.spawn(async move { (language, probe_one(&sup, language, session).await) });
+    }
+    let mut out = BTreeMap::new();
+    while let Some(joined) = probes.join_next().await {
+        match joined {
+            Ok((language, observed)) => {
+                out.insert(language, observed);
+            }
+            Err(e) => tracing::warn!("a probe cell's task ended early: {e}"),
         }
-        out.insert(
-            language,
-            Observed {
-                sandbox: r.sandbox,
-                failure,
-            },
-        );
+    }
+    // A probe whose task ended early (it panicked) says so like a failed cell.
+    for &language in &settings.languages {
+        out.entry(language).or_insert_with(|| Observed {
+            sandbox: None,
+            failure: Some("its test cell did not finish".to_owned()),
+        });
     }
     out
+}
+
+async fn probe_one(
+    sup: &Supervisor,
+    language: Language,
+    session: crate::SessionConfig,
+) -> Observed {
+    let req = CellRequest::new(language, probe_code(language)).timeout(Duration::from_secs(20));
+    // A probe is no sign of calls to come: nothing is prepared after it.
+    let r = sup.run_unprepared(req, session).await;
+    let failure = (r.status != Status::Ok).then(|| {
+        let msg = r
+            .error
+            .as_ref()
+            .map(|e| format!("{}: {}", e.kind, e.message))
+            .unwrap_or_default();
+        format!("a test cell ended with status {}: {msg}", r.status)
+    });
+    if let Some(f) = &failure {
+        tracing::warn!("{language} cells may not work on this host: {f}");
+    }
+    Observed {
+        sandbox: r.sandbox,
+        failure,
+    }
 }
 
 fn bytes(n: u64) -> String {

@@ -77,6 +77,8 @@ struct State {
     observed: tokio::sync::OnceCell<Observations>,
     /// The tool list, built once the probe is done.
     tools: tokio::sync::OnceCell<Vec<Tool>>,
+    /// The warm workers started (see [`CellboxServer::start_pools`]).
+    pools: tokio::sync::OnceCell<()>,
     /// `logging/setLevel` per client (see [`client_of`]); none set: all.
     #[allow(deprecated)]
     log_levels: std::sync::Mutex<HashMap<String, LoggingLevel>>,
@@ -372,6 +374,7 @@ impl CellboxServer {
                 shutdown,
                 observed: tokio::sync::OnceCell::new(),
                 tools: tokio::sync::OnceCell::new(),
+                pools: tokio::sync::OnceCell::new(),
                 log_levels: std::sync::Mutex::new(HashMap::new()),
                 inflight: Arc::default(),
             }),
@@ -399,12 +402,29 @@ impl CellboxServer {
             .await
     }
 
-    /// The tools, with descriptions that include the probe's findings.
+    /// Start the warm workers (the Rhai fork server, the Python zygotes),
+    /// once; without them cells run cold. A cell that comes first waits
+    /// only for the worker it needs.
+    pub async fn start_pools(&self) {
+        self.state
+            .pools
+            .get_or_init(|| async {
+                if let Err(e) = self.state.sup.start_pools().await {
+                    eprintln!("cellbox serve: warm workers unavailable, cells run cold: {e}");
+                }
+            })
+            .await;
+    }
+
+    /// The tools, with descriptions that include the probe's findings. The
+    /// first call starts the warm workers and probes the sandbox at once,
+    /// and returns once both are done: a client that has the tool list
+    /// meets a server at rest.
     pub async fn list(&self) -> &[Tool] {
         self.state
             .tools
             .get_or_init(|| async {
-                let observed = self.observations().await;
+                let ((), observed) = tokio::join!(self.start_pools(), self.observations());
                 self.tools(Some(observed))
             })
             .await

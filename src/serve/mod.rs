@@ -474,14 +474,13 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    // The warm workers (Rhai fork server, Python zygotes) start now, not
-    // on the first cell; without them cells run cold.
-    if let Err(e) = sup.start_pools().await {
-        eprintln!("cellbox serve: warm workers unavailable, cells run cold: {e}");
-    }
     let shutdown = CancellationToken::new();
     let server = CellboxServer::new(sup, settings.clone(), shutdown.clone());
-    // Probe the sandbox now so the first tools/list does not wait for it.
+    // The warm workers (Rhai fork server, Python zygotes) start now, not on
+    // the first cell, and the sandbox is probed for the tools' descriptions
+    // at the same time (see `CellboxServer::list`). The client's
+    // `initialize` is answered meanwhile: `tools/list` waits for both, a
+    // cell only for the worker it needs.
     tokio::spawn({
         let server = server.clone();
         let shutdown = shutdown.clone();

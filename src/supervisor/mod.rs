@@ -241,7 +241,7 @@ pub(crate) struct Inner {
     pub(crate) languages: std::collections::BTreeSet<Language>,
     python_path: Option<PathBuf>,
     python: OnceLock<Result<PythonInfo, PythonError>>,
-    shim: OnceLock<Option<PathBuf>>,
+    shim: Arc<OnceLock<Option<PathBuf>>>,
     warm: bool,
     /// Whether [`Supervisor::run`] prepares the session of the next cell.
     prepare_runs: bool,
@@ -411,18 +411,8 @@ impl Inner {
     /// The precompiled shim for the interpreter, when it could be made
     /// (otherwise cells run the shim from source).
     pub(crate) fn precompiled_shim(&self) -> Option<&PathBuf> {
-        self.shim
-            .get_or_init(|| {
-                let info = self.python().ok()?;
-                match python::precompiled_shim(info) {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        tracing::warn!("running the Python shim from source: {e}");
-                        None
-                    }
-                }
-            })
-            .as_ref()
+        let info = self.python().ok()?;
+        python::precompiled_once(&self.shim, info)
     }
 
     pub(crate) fn python(&self) -> Result<&PythonInfo, PythonError> {
@@ -732,7 +722,7 @@ impl SupervisorBuilder {
                 languages: self.languages,
                 python_path: self.python,
                 python: OnceLock::new(),
-                shim: OnceLock::new(),
+                shim: Arc::default(),
                 warm: self.warm,
                 prepare_runs: self.prepare_runs,
                 forkserver: tokio::sync::Mutex::new(None),
@@ -946,15 +936,22 @@ impl Supervisor {
         if !self.inner.warm {
             return Ok(());
         }
-        let _ = self.inner.fork_server().await;
-        #[cfg(target_os = "linux")]
-        if let Some(p) = &self.inner.pools {
-            let profile = self.inner.profile_name(Language::Python, None);
-            p.fill(&self.inner, &profile)
-                .await
-                .map_err(|e| Error::Config(e.to_string()))?;
-        }
-        Ok(())
+        // Both at once, the zygotes first: a zygote takes the longest to
+        // be ready (its interpreter starts), and is launched on a thread of
+        // its own while the fork server starts here.
+        let python = async {
+            #[cfg(target_os = "linux")]
+            if let Some(p) = &self.inner.pools {
+                let profile = self.inner.profile_name(Language::Python, None);
+                return p
+                    .fill(&self.inner, &profile)
+                    .await
+                    .map_err(|e| Error::Config(e.to_string()));
+            }
+            Ok(())
+        };
+        let (python, _) = tokio::join!(python, self.inner.fork_server());
+        python
     }
 
     /// Bytes of memory all cells may hold together, when this supervisor

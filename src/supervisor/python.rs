@@ -99,6 +99,22 @@ pub(crate) fn precompiled_shim(info: &PythonInfo) -> Result<PathBuf, PythonError
     shim_file(info).map_err(PythonError::Shim)
 }
 
+/// [`precompiled_shim`], made once per supervisor: `None` (said once) when
+/// it cannot be, and cells and zygotes run the shim from source.
+pub(crate) fn precompiled_once<'a>(
+    slot: &'a std::sync::OnceLock<Option<PathBuf>>,
+    info: &PythonInfo,
+) -> Option<&'a PathBuf> {
+    slot.get_or_init(|| match precompiled_shim(info) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!("running the Python shim from source: {e}");
+            None
+        }
+    })
+    .as_ref()
+}
+
 fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -133,6 +149,7 @@ fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
     h.update(meta.mtime().to_le_bytes());
     h.update(crate::worker::python::SHIM.as_bytes());
     h.update(crate::worker::python::LOADER.as_bytes());
+    h.update(crate::worker::python::ZYGOTE.as_bytes());
     let name: String = h.finalize()[..12]
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -149,6 +166,7 @@ fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
             "-c",
             crate::worker::python::SHIM,
             "--precompile",
+            crate::worker::python::ZYGOTE,
         ])
         .env_clear()
         .stdin(std::process::Stdio::null())

@@ -148,6 +148,10 @@ struct Launch {
     cgroup: Option<Arc<crate::sandbox::linux::cgroup::CellCgroup>>,
     /// The profile's package paths and preloaded modules.
     python: crate::profiles::PythonPackages,
+    /// The interpreter, and the supervisor's precompiled shim for it (made
+    /// on the launcher thread the first time: it runs the interpreter).
+    info: crate::PythonInfo,
+    shim: Arc<std::sync::OnceLock<Option<PathBuf>>>,
 }
 
 impl Zygote {
@@ -156,7 +160,7 @@ impl Zygote {
     fn start(
         launch: &Launch,
         profile: &str,
-        plan: SandboxPlan,
+        mut plan: SandboxPlan,
         ceiling: Rlimits,
         runtime: tokio::runtime::Handle,
     ) -> Result<Zygote, PoolError> {
@@ -167,7 +171,15 @@ impl Zygote {
             stall_timeout,
             cgroup,
             python,
+            info,
+            shim,
         } = launch;
+        // Read-only in the zygote's sandbox, and so in its cells' (cold
+        // cells are given it too).
+        let precompiled = crate::supervisor::python::precompiled_once(shim, info).map(|p| {
+            plan.read_only.push(p.clone());
+            p.to_string_lossy().into_owned()
+        });
         let answer_timeout = *answer_timeout;
         let stall_timeout = *stall_timeout;
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
@@ -194,6 +206,7 @@ impl Zygote {
             plan: Box::new(plan),
             python: python.clone(),
             cloned: started.cloned,
+            precompiled,
         };
         zygote::send(ours.as_fd(), &setup, &[])
             .map_err(PoolError::io("send the zygote its setup"))?;
@@ -720,6 +733,8 @@ impl Pools {
                 mode => sup.cgroup_for(mode).map(|_| sup.cells_cgroup.clone())?,
             },
             python: profile.python.clone(),
+            info: py.clone(),
+            shim: sup.shim.clone(),
         };
         let name = profile_name.to_owned();
         let runtime = tokio::runtime::Handle::current();

@@ -404,7 +404,7 @@ fn run_zygote(late: Option<String>) -> i32 {
             return EXIT_PROTOCOL;
         }
     };
-    let (interpreter, plan, python, cloned) =
+    let (interpreter, plan, python, cloned, precompiled) =
         match zygote::recv::<ZygoteMsg>(ctl.as_fd(), zygote::MAX_PACKET_BYTES) {
             Ok(Some((
                 ZygoteMsg::Setup {
@@ -412,9 +412,10 @@ fn run_zygote(late: Option<String>) -> i32 {
                     plan,
                     python,
                     cloned,
+                    precompiled,
                 },
                 _,
-            ))) => (interpreter, plan, python, cloned),
+            ))) => (interpreter, plan, python, cloned, precompiled),
             Ok(_) => {
                 eprintln!("cellbox zygote: expected a setup message");
                 return EXIT_PROTOCOL;
@@ -460,7 +461,7 @@ fn run_zygote(late: Option<String>) -> i32 {
     drop(fds);
     drop(anchors);
     // fd 3 stays open (and inheritable) for the interpreter.
-    let err = python::exec_zygote(&interpreter, &config);
+    let err = python::exec_zygote(&interpreter, &config, precompiled.as_deref());
     drop(ctl);
     eprintln!("cellbox zygote: failed to start {interpreter}: {err}");
     EXIT_PROTOCOL

@@ -34,23 +34,19 @@ pub const LOADER: &str = include_str!("python/loader.py");
 pub const ZYGOTE: &str = include_str!("python/zygote.py");
 
 /// Replace this process with the interpreter running the shim in zygote
-/// mode (control channel on fd 3). Returns only on failure.
+/// mode (control channel on fd 3), from the precompiled shim when there is
+/// one (see loader.py). Returns only on failure.
 #[cfg(target_os = "linux")]
-pub(crate) fn exec_zygote(interpreter: &str, config: &str) -> String {
-    let argv: Vec<String> = [
-        interpreter,
-        "-I",
-        "-S",
-        "-B",
-        "-c",
-        SHIM,
-        "--zygote",
-        ZYGOTE,
-        config,
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+pub(crate) fn exec_zygote(interpreter: &str, config: &str, precompiled: Option<&str>) -> String {
+    let mut argv: Vec<String> = [interpreter, "-I", "-S", "-B", "-c"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    match precompiled {
+        // Compiling the shim and the zygote took most of a zygote's start.
+        Some(path) => argv.extend([LOADER, path, "--zygote", config].map(str::to_owned)),
+        None => argv.extend([SHIM, "--zygote", ZYGOTE, config].map(str::to_owned)),
+    }
     crate::sandbox::exec(&argv, &[]).to_string()
 }
 

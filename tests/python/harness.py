@@ -21,6 +21,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIM_PATH = os.path.join(ROOT, "src", "worker", "python", "shim.py")
 LOADER_PATH = os.path.join(ROOT, "src", "worker", "python", "loader.py")
+ZYGOTE_PATH = os.path.join(ROOT, "src", "worker", "python", "zygote.py")
 PYTHON = "/usr/bin/python3"
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 
@@ -28,6 +29,8 @@ with open(SHIM_PATH, encoding="utf-8") as _f:
     SHIM = _f.read()
 with open(LOADER_PATH, encoding="utf-8") as _f:
     LOADER = _f.read()
+with open(ZYGOTE_PATH, encoding="utf-8") as _f:
+    ZYGOTE = _f.read()
 
 # "source": python3 -c <shim>; "precompiled": python3 -c <loader> PATH, PATH
 # holding the shim's --precompile output. The test suite runs in both modes.
@@ -39,7 +42,7 @@ def precompiled_blob():
     global _blob
     if _blob is None:
         _blob = subprocess.run(
-            [PYTHON, "-I", "-S", "-B", "-c", SHIM, "--precompile"], stdin=subprocess.DEVNULL, capture_output=True, env={}, check=True
+            [PYTHON, "-I", "-S", "-B", "-c", SHIM, "--precompile", ZYGOTE], stdin=subprocess.DEVNULL, capture_output=True, env={}, check=True
         ).stdout
     return _blob
 

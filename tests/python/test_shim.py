@@ -613,10 +613,10 @@ class ImportSet(unittest.TestCase):
         import subprocess
         import tempfile
 
-        version, shim, cold = marshal.loads(harness.precompiled_blob())
+        version, shim, cold, zygote = marshal.loads(harness.precompiled_blob())
         self.assertEqual(version, sys.hexversion)
         with tempfile.NamedTemporaryFile(suffix=".marshal") as f:
-            f.write(marshal.dumps((version + 1, shim, cold)))
+            f.write(marshal.dumps((version + 1, shim, cold, zygote)))
             f.flush()
             p = subprocess.run([harness.PYTHON, "-I", "-S", "-B", "-c", harness.LOADER, f.name], capture_output=True, env={})
         self.assertEqual(p.returncode, 7)
@@ -625,6 +625,19 @@ class ImportSet(unittest.TestCase):
     def test_cold_part_is_ready_made_when_precompiled(self):
         r = run_cell("type(add.__globals__.get('_COLD_CODE')).__name__")
         self.assertEqual(r.value, "code" if harness.MODE == "precompiled" else "NoneType")
+
+    def test_a_cell_keeps_no_zygote_code(self):
+        # The precompiled file holds the zygote's code too; a cell started
+        # from it lets it go.
+        r = run_cell("sorted(k for k in add.__globals__ if 'ZYGOTE' in k.upper())")
+        self.assertEqual(r.value, [])
+
+    def test_precompile_needs_the_zygote_source(self):
+        import subprocess
+
+        p = subprocess.run([harness.PYTHON, "-I", "-S", "-B", "-c", harness.SHIM, "--precompile"], capture_output=True, env={}, stdin=subprocess.DEVNULL)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(p.stdout, b"")
 
 
 if __name__ == "__main__":

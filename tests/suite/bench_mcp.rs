@@ -36,6 +36,7 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         "python cells at concurrency 2 (4 rounds, alternating with the library):",
         "mcp serve + pools, 16 idle sessions:",
         "mcp a session's next Rhai worker, waiting:",
+        "mcp serve started for one task (20 starts: spawned, initialize, tools/list, python pass), to the first result",
     ] {
         assert!(report.contains(line), "no {line:?} in:\n{report}");
     }
@@ -48,6 +49,11 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         "{report}"
     );
     assert!(report.contains("MiB PSS"), "{report}");
+    assert!(
+        report.contains("x bare python3 -c pass in turn with it")
+            && report.contains("tools/list p50"),
+        "{report}"
+    );
     // Each SDK's lines, under the version it reported.
     for major in ["1.", "2."] {
         let who = format!("mcp (Python SDK {major}");

@@ -2350,3 +2350,49 @@ async fn a_cell_answered_at_done_keeps_its_slot_until_its_tree_is_gone() {
         "the next call ran while the previous call's processes lived: {left:?}"
     );
 }
+
+#[tokio::test]
+async fn calls_made_right_after_initialize_run_while_the_warm_workers_start() {
+    // `initialize` is answered while the warm workers start and the sandbox
+    // is probed: calls made at once wait only for the worker they need,
+    // and the tool list asked for after them is whole.
+    let s = stdio_server(&[]).await;
+    let ((py, py_err, _), (rhai, rhai_err, _), (sh, sh_err, _)) = tokio::join!(
+        exec(
+            &s.client,
+            json!({"language": "python", "code": "import os\n[6 * 7, os.getpid()]", "verbose": true})
+        ),
+        exec(&s.client, json!({"language": "rhai", "code": "6 * 7"})),
+        exec(&s.client, json!({"language": "shell", "code": "echo 42"})),
+    );
+    assert!(!py_err && !rhai_err && !sh_err, "{py} {rhai} {sh}");
+    assert_eq!(py["value"][0], 42, "{py}");
+    // Forked from a zygote (a cold cell is PID 1 of its namespace).
+    assert!(py["value"][1].as_i64().unwrap() > 1, "{py}");
+    let hygiene = py["sandbox"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "hygiene")
+        .unwrap_or_else(|| panic!("no hygiene layer: {py}"));
+    assert!(
+        hygiene["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Python zygote"),
+        "{py}"
+    );
+    assert_eq!(rhai["value"], 42, "{rhai}");
+    assert_eq!(sh["stdout"], "42\n", "{sh}");
+    let listed = tools(&s.client).await;
+    let exec_tool = tool(&listed, "execute_code");
+    let description = exec_tool.description.as_deref().unwrap_or("");
+    for language in ["rhai", "python", "shell"] {
+        assert!(description.contains(language), "{description}");
+    }
+    assert!(
+        !description.contains("WARNING") && !description.contains("test cell"),
+        "a probe failed: {description}"
+    );
+    s.client.cancel().await.unwrap();
+}

@@ -1292,3 +1292,75 @@ async fn a_worker_started_ahead_reports_what_its_cell_used() {
         );
     }
 }
+
+/// What a process was started with, argument by argument.
+fn cmdline(pid: i32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    raw.split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_zygote_starts_from_the_precompiled_shim() {
+    // Compiling the shim and the zygote's loop took most of a zygote's
+    // start: it loads both ready-made, as a cold cell loads the shim.
+    let sup = one_zygote(pool(1));
+    let zygote = zygote_process(the_live_zygote(&sup).await);
+    let argv = cmdline(zygote);
+    assert!(argv.len() >= 9, "{argv:?}");
+    assert_eq!(argv[1..5], ["-I", "-S", "-B", "-c"], "{argv:?}");
+    assert!(
+        argv[5].starts_with("# cellbox: start a Python cell, or a zygote"),
+        "not the loader: {:?}",
+        &argv[5][..argv[5].len().min(80)]
+    );
+    assert!(argv[6].ends_with(".shim"), "{argv:?}");
+    assert_eq!(argv[7], "--zygote");
+    assert!(
+        !argv.iter().any(|a| a.contains("def _main")),
+        "the shim's source was given too"
+    );
+    // Its cells work (the second on the same zygote).
+    let r = run_py(&sup, "import sys\n[len(sys.argv), 6 * 7]").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.value, json!([1, 42]));
+}
+
+#[test]
+fn a_zygote_starts_from_source_when_the_shim_cannot_be_precompiled() {
+    // The cache directory is writable by others: the shim made there is
+    // not trusted, and the zygote compiles the shim and its loop itself.
+    let tmp = tempfile::tempdir().unwrap();
+    let euid = nix::unistd::geteuid().as_raw();
+    let shared = tmp.path().join(format!("cellbox-shim-{euid}"));
+    std::fs::create_dir(&shared).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = tmp.path().join("cell.py");
+    std::fs::write(&script, "import sys\nprint(len(sys.argv), 6 * 7)\n").unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["run", "--warm", "--json"])
+        .arg(&script)
+        .env("TMPDIR", tmp.path())
+        .env("CELLBOX_LOG", "cellbox=warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("running the Python shim from source"),
+        "{stderr}"
+    );
+    let r: CellResult = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    require_warm(&r);
+    assert_eq!(r.stdout, "1 42\n");
+    assert_eq!(
+        std::fs::read_dir(&shared).unwrap().count(),
+        0,
+        "nothing is cached in a directory others can write"
+    );
+}

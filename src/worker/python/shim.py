@@ -1348,26 +1348,45 @@ _MAIN_THREAD = _thread.get_ident()
 _STDOUT = sys.stdout
 _STDERR = sys.stderr
 
-if sys.argv[1:] == ["--precompile"] and "_COLD_CODE" not in _G:
-    # `python3 -I -S -B -c <shim> --precompile`, run once outside any
-    # sandbox by the same interpreter the cells use: print this module's
-    # code and the cold part's, marshalled, for loader.py.
+if sys.argv[1:2] == ["--precompile"] and len(sys.argv) == 3 and "_COLD_CODE" not in _G:
+    # `python3 -I -S -B -c <shim> --precompile <zygote.py>`, run once
+    # outside any sandbox by the same interpreter the cells use: print this
+    # module's code, the cold part's and the zygote's, marshalled, for
+    # loader.py.
     import marshal
 
-    _STDOUT.buffer.write(marshal.dumps((sys.hexversion, sys._getframe().f_code, compile(_COLD, "<cellbox shim>", "exec", 0, True))))
+    _STDOUT.buffer.write(
+        marshal.dumps(
+            (
+                sys.hexversion,
+                sys._getframe().f_code,
+                compile(_COLD, "<cellbox shim>", "exec", 0, True),
+                compile(sys.argv[2], "<cellbox zygote>", "exec", 0, True),
+            )
+        )
+    )
     _STDOUT.flush()
 else:
     try:
         _STDOUT.reconfigure(line_buffering=True)  # output up to a kill is not lost
     except Exception:
         pass
-    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) == 4:
-        # `... -c <shim> --zygote <zygote.py> <config>`: stay resident and
-        # fork one child per cell; each child ends in _main() below.
-        _ZYGOTE_SRC, _ZYGOTE_CONFIG = sys.argv[2], sys.argv[3]
+    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) in (3, 4):
+        # `... -c <shim> --zygote <zygote.py> <config>`, or from loader.py
+        # `--zygote <config>` with the zygote's code ready-made: stay
+        # resident and fork one child per cell; each child ends in _main()
+        # below.
+        _ZYGOTE_CONFIG = sys.argv[-1]
+        _zygote_code = _G.pop("_ZYGOTE_CODE", None)
+        if _zygote_code is None:
+            if len(sys.argv) != 4:
+                posix.write(2, b"cellbox zygote: no zygote code given\n")
+                posix._exit(7)
+            _zygote_code = compile(sys.argv[2], "<cellbox zygote>", "exec", 0, True)
         sys.argv = [_CELL]
-        exec(compile(_ZYGOTE_SRC, "<cellbox zygote>", "exec", 0, True), _G)
+        exec(_zygote_code, _G)
         posix._exit(0)
+    _G.pop("_ZYGOTE_CODE", None)
     sys.argv = [_CELL]
     try:
         sys.path.append(posix.getcwd())  # modules in the scratch dir, after the stdlib
