@@ -948,7 +948,7 @@ impl Supervisor {
                     .await
                     .map_err(|e| Error::Config(e.to_string()));
             }
-            Ok(())
+            Ok::<(), Error>(())
         };
         let (python, _) = tokio::join!(python, self.inner.fork_server());
         python
