@@ -115,6 +115,7 @@ impl PoolClient {
 
     /// Whether some request has waited for its answer `within` or longer
     /// (counting those given up on and still unanswered).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // the zygotes' (Linux)
     pub(crate) fn waiting_since(&self, within: Duration) -> bool {
         let s = lock(&self.state);
         let slow = |t: &Instant| t.elapsed() >= within;
@@ -122,6 +123,7 @@ impl PoolClient {
     }
 
     /// Whether a request given up on is unanswered `within` or longer.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // the zygotes' (Linux)
     pub(crate) fn overdue(&self, within: Duration) -> bool {
         lock(&self.state)
             .unanswered

@@ -1080,6 +1080,7 @@ pub(crate) fn apply_first(language: Language, done: &Done, result: &mut CellResu
 }
 
 /// A checkpoint's name: 1 to 64 letters, digits, `_`, `-` or `.`.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // live sessions are Linux-only
 fn valid_checkpoint_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= 64

@@ -23,6 +23,7 @@ pub(crate) const POOL_LOG: &str = "cellbox::pool";
 /// Why a pool parent (the Rhai fork server, a Python zygote) did not start
 /// or did not fork a cell.
 #[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // some variants: the zygotes' (Linux)
 pub(crate) enum PoolError {
     /// A system call on the way failed (`what` says which, as "failed to
     /// ..." reads it).
@@ -375,7 +376,7 @@ impl ForkServer {
             .map_err(PoolError::io("start the fork server"))?;
         let server_pid = started.pid;
         // Until the server is handed to its `ServerEnd`, any failure ends it.
-        let guard = super::zygote::KillAndReap(server_pid);
+        let guard = KillAndReap(server_pid);
         // Pool-wide layers first; a server that cannot apply them is not used.
         let report = forkserver::send(
             ours.as_fd(),
@@ -646,5 +647,18 @@ impl Drop for ForkServer {
         if self.stalled.load(Ordering::SeqCst) && was_open {
             let _ = crate::sandbox::process::kill_pid(self.pid);
         }
+    }
+}
+
+/// A pool process (a fork server, a zygote) not yet handed to what ends
+/// it: killed and reaped when dropped, so a start that fails half-way
+/// leaves no process and no zombie (`std::mem::forget` it once handed
+/// over).
+pub(super) struct KillAndReap(pub(super) i32);
+
+impl Drop for KillAndReap {
+    fn drop(&mut self) {
+        let _ = crate::sandbox::process::kill_pid(self.0);
+        let _ = crate::sandbox::process::reap(self.0);
     }
 }

@@ -10,7 +10,7 @@
 //! Landlock domain, only the cell's own directory for the cell.
 
 use super::pool_client::PoolClient;
-use super::warm::{PoolError, POOL_LOG};
+use super::warm::{KillAndReap, PoolError, POOL_LOG};
 use super::{Inner, Language};
 use crate::plan::Rlimits;
 use crate::sandbox::linux::landlock::{CellRules, Grant};
@@ -500,18 +500,6 @@ impl Drop for Zygote {
             );
             let _ = crate::sandbox::process::kill_pid(self.pid);
         }
-    }
-}
-
-/// Kills and reaps a zygote whose start failed half-way.
-/// A pool process not (yet) handed to what ends it: killed and reaped
-/// when dropped (`std::mem::forget` it once handed over).
-pub(super) struct KillAndReap(pub(super) i32);
-
-impl Drop for KillAndReap {
-    fn drop(&mut self) {
-        let _ = crate::sandbox::process::kill_pid(self.0);
-        let _ = crate::sandbox::process::reap(self.0);
     }
 }
 

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 /// Why a cell's worker could not be started.
 #[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // some variants: Linux-only paths
 pub(crate) enum LaunchError {
     /// A system call on the way failed (`what` says which, as "failed to
     /// ..." reads it).
