@@ -418,13 +418,19 @@ impl CellboxServer {
 
     /// The tools, with descriptions that include the probe's findings. The
     /// first call starts the warm workers and probes the sandbox at once,
-    /// and returns once both are done: a client that has the tool list
-    /// meets a server at rest.
+    /// and once the workers are up prepares the session of the first call
+    /// that names none (its workers forked from them); it returns once all
+    /// is done: a client that has the tool list meets a server at rest.
     pub async fn list(&self) -> &[Tool] {
         self.state
             .tools
             .get_or_init(|| async {
-                let ((), observed) = tokio::join!(self.start_pools(), self.observations());
+                let warm = async {
+                    self.start_pools().await;
+                    let session = self.state.settings.session.clone();
+                    self.state.sup.prepare_for_runs(session).await;
+                };
+                let ((), observed) = tokio::join!(warm, self.observations());
                 self.tools(Some(observed))
             })
             .await

@@ -868,6 +868,20 @@ impl Supervisor {
         self.runs.run(&self.inner, request, config, true).await
     }
 
+    /// Prepare a session for the first [`Supervisor::run`] with `config`
+    /// now, rather than after it: the session is made, and a worker is
+    /// started in it for each of Rhai and Python the supervisor runs, so
+    /// that the first such cell only sends its code (the cells after it
+    /// are prepared for anyway). Returns once it is ready. Nothing is done
+    /// when [`SupervisorBuilder::prepare_runs`] is off, when one is ready
+    /// or being made already, or when cells with another configuration
+    /// ran first.
+    pub async fn prepare_for_runs(&self, config: SessionConfig) {
+        if self.inner.prepare_runs {
+            self.runs.expect(self.inner.clone(), config).await;
+        }
+    }
+
     /// Give back the sessions prepared for the next [`Supervisor::run`]
     /// (see [`SupervisorBuilder::prepare_runs`]), and any being prepared
     /// once it is made; none is prepared again before the next such cell.

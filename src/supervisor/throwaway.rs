@@ -15,8 +15,9 @@
 //! are prepared with the configuration of the latest cell; a cell with
 //! another one makes its session on the spot, and the prepared ones go.
 //!
-//! Nothing is prepared before the first such cell, nor after
-//! [`Throwaway::release`] until the next.
+//! Nothing is prepared before the first such cell (unless the caller
+//! expects some: see [`Throwaway::expect`], which `serve` calls as it
+//! starts), nor after [`Throwaway::release`] until the next.
 
 use super::{Inner, PythonState, Session, SessionConfig};
 use crate::util::lock;
@@ -78,8 +79,12 @@ impl State {
     }
 
     /// The languages of `offered` to start workers for, the latest cell's
-    /// first.
+    /// first; every one offered before the first cell (see
+    /// [`Throwaway::expect`]).
     fn to_prepare(&self, offered: &[Language]) -> Vec<Language> {
+        if self.recent.is_empty() {
+            return offered.to_vec();
+        }
         let mut out = Vec::new();
         for l in self.recent.iter().rev() {
             if offered.contains(l) && !out.contains(l) {
@@ -212,6 +217,24 @@ impl Throwaway {
         st.ready.pop_front()
     }
 
+    /// Prepare a session for cells with `config` before the first comes,
+    /// with a worker waiting in each language (the first cell's then only
+    /// sends its code). Returns once it is ready, or at once when one is
+    /// ready or being made, or when cells with another configuration
+    /// came first (theirs is what is prepared).
+    pub(crate) async fn expect(self: &Arc<Self>, inner: Arc<Inner>, config: SessionConfig) {
+        let config = for_one_cell(config);
+        {
+            let mut st = lock(&self.state);
+            match &st.config {
+                None => st.config = Some(config),
+                Some(c) if *c == config => {}
+                Some(_) => return,
+            }
+        }
+        self.clone().refill(inner, None).await;
+    }
+
     /// How many sessions are prepared now.
     pub(crate) fn prepared(&self) -> usize {
         lock(&self.state).ready.len()
@@ -289,8 +312,21 @@ impl Throwaway {
             .ok()
             .flatten();
             if let Some(s) = &made {
-                for l in languages {
-                    s.prepare_cell(l).await;
+                let mut languages = languages;
+                let mut done: Vec<Language> = Vec::new();
+                // Cells that came while it was made may have been of another
+                // language: it gets a worker for theirs too before it is
+                // ready.
+                while !languages.is_empty() {
+                    for l in languages {
+                        s.prepare_cell(l).await;
+                        done.push(l);
+                    }
+                    languages = lock(&self.state)
+                        .to_prepare(&offered)
+                        .into_iter()
+                        .filter(|l| !done.contains(l))
+                        .collect();
                 }
             }
             let mut st = lock(&self.state);

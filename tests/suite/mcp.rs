@@ -141,6 +141,28 @@ fn descendants(root: i32) -> Vec<i32> {
     found
 }
 
+/// The server's own children (its Python zygotes and Rhai fork server).
+fn helpers(server_pid: i32) -> Vec<i32> {
+    process_stats()
+        .into_iter()
+        .filter(|p| p.ppid == server_pid)
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// User and system CPU time of `pid`, in clock ticks (0 once it is gone).
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+    // After the name: state is the 1st field, utime the 12th, stime the 13th.
+    after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum()
+}
+
 /// Stat line and command line of each pid, for failure messages.
 fn show(pids: &[i32]) -> String {
     pids.iter()
@@ -238,12 +260,13 @@ async fn wait_gone(pids: &[i32], what: &str) {
         }
         assert!(
             t0.elapsed() < PATIENCE,
-            "{what}: processes {left:?} are still there: {:?}",
+            "{what}: processes {left:?} are still there: {:?}\n{}",
             process_stats()
                 .into_iter()
                 .filter(|p| left.contains(&p.pid))
                 .map(|p| (p.pid, p.ppid, p.state))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>(),
+            show(&left)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -643,9 +666,11 @@ async fn exceptions_and_timeouts_are_errors() {
 async fn cancel_kills(language: &str, code: &str) {
     let s = stdio_server(&["--max-operations", "0"]).await;
     // tools/list waits for the startup probe, so its cells are gone; what
-    // is left are the supervisor's idle helpers.
+    // is left are the supervisor's idle helpers (its own children) and the
+    // session prepared for the first call without one, whose worker is the
+    // cell's.
     tools(&s.client).await;
-    let baseline = descendants(s.pid);
+    let baseline = helpers(s.pid);
     let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
         json!({"language": language, "code": code, "timeout_seconds": 600}),
     ));
@@ -658,7 +683,17 @@ async fn cancel_kills(language: &str, code: &str) {
     )
     .await
     .unwrap();
-    let workers = wait_for_workers(s.pid, &baseline).await;
+    // Once the cell runs (its worker may have been waiting before the
+    // call), every process beyond the helpers is the cell's session's.
+    let running = |p: i32| match language {
+        "rhai" => common::procs::comm(p) == "cellbox-cell",
+        "shell" => common::procs::comm(p) == "sleep",
+        // The endless loop: more CPU time than a worker waiting for its
+        // cell ever takes.
+        _ => cpu_ticks(p) >= 20,
+    };
+    wait_for_descendants(s.pid, &baseline, "the cell", running).await;
+    let workers = extra(s.pid, &baseline);
     handle.cancel(Some("test".into())).await.unwrap();
     wait_gone(&workers, "after notifications/cancelled").await;
     let left = extra(s.pid, &baseline);
@@ -2094,6 +2129,26 @@ fn waiting_rhai_workers(server: i32) -> Vec<i32> {
         .collect()
 }
 
+/// Whether a Python process shares the session cgroup of `pid` (where
+/// cgroups are not used, whether any Python process waits below a zygote).
+fn has_python_sibling(pid: i32) -> bool {
+    let session = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/cgroup"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains(":pids:"))
+            .and_then(|l| l.rsplit_once('/').map(|(dir, _)| dir.to_owned()))
+    };
+    let Some(mine) = session(pid) else {
+        return false;
+    };
+    process_stats().iter().any(|p| {
+        p.pid != pid
+            && common::comm(p.pid).starts_with("python")
+            && session(p.pid).as_deref() == Some(mine.as_str())
+    })
+}
+
 /// Each call without a session runs in a session made for it alone, with
 /// a worker started ahead that no other call runs in: a Python call in a
 /// new, empty scratch directory; a Rhai call in a worker that is gone once
@@ -2125,10 +2180,14 @@ async fn calls_without_a_session_each_run_in_a_fresh_prepared_session_and_leave_
         let before = if n == 0 {
             Vec::new()
         } else {
+            // Its session is ready once both its workers wait (the Python
+            // one is started after the Rhai one, and may take a moment to
+            // be ready): a call that comes sooner makes its own.
             let t0 = Instant::now();
             loop {
                 let w = waiting_rhai_workers(s.pid);
-                if !w.is_empty() {
+                if !w.is_empty() && w.iter().all(|p| has_python_sibling(*p)) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                     break w;
                 }
                 assert!(
@@ -2349,6 +2408,33 @@ async fn a_cell_answered_at_done_keeps_its_slot_until_its_tree_is_gone() {
         left.is_empty(),
         "the next call ran while the previous call's processes lived: {left:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_without_a_session_finds_its_session_made_at_start() {
+    // By the time the tool list is answered, the session of the first
+    // call that names none is made, its workers waiting: that call only
+    // sends its code.
+    let s = stdio_server(&[]).await;
+    let _ = tools(&s.client).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let (r, is_err, _) = exec(
+        &s.client,
+        json!({"language": "python", "code": "import os\n[os.stat('.').st_mtime, os.listdir('.')]"}),
+    )
+    .await;
+    assert!(!is_err, "{r}");
+    let made = r["value"][0].as_f64().unwrap();
+    assert!(
+        made < asked - 1.0,
+        "its scratch was made at {made}, the call made at {asked}: {r}"
+    );
+    assert_eq!(r["value"][1], json!([]), "{r}");
+    s.client.cancel().await.unwrap();
 }
 
 #[tokio::test]

@@ -175,3 +175,72 @@ async fn prepared_sessions_go_with_the_supervisor() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Seconds since the epoch, as the cells' clock reads them.
+fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[tokio::test]
+async fn prepare_for_runs_makes_the_first_runs_session_before_it_comes() {
+    let sup = supervisor();
+    assert_eq!(sup.pool_status().await.prepared_runs, 0);
+    // Returns once the session is ready, workers and all.
+    sup.prepare_for_runs(SessionConfig::default()).await;
+    assert_eq!(sup.pool_status().await.prepared_runs, 1);
+    // Asked again while one is ready: nothing more is made.
+    sup.prepare_for_runs(SessionConfig::default()).await;
+    assert_eq!(sup.pool_status().await.prepared_runs, 1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let asked = now_s();
+    // The cell's scratch was made before the cell was asked for: the
+    // session is the one prepared, and it has seen nothing.
+    let r = run_py(
+        &sup,
+        "import os\n[os.stat('.').st_mtime, sorted(os.listdir('.'))]",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let made = r.value[0].as_f64().unwrap();
+    assert!(
+        made < asked - 1.0,
+        "the scratch was made at {made}, the cell asked for at {asked}: {r:?}"
+    );
+    assert_eq!(r.value[1], json!([]), "{r:?}");
+    // The first Rhai cell finds a worker of its own language in the next
+    // one, prepared after that cell.
+    until_prepared(&sup).await;
+    let r = sup
+        .run(
+            CellRequest::new(Language::Rhai, "40 + 2"),
+            SessionConfig::default(),
+        )
+        .await;
+    assert_eq!(r.value, json!(42), "{r:?}");
+
+    // Prepared for one configuration, a cell with another gets its own:
+    // the policy of the prepared session is not the cell's.
+    let other = supervisor();
+    let allowed = config(&["emit"]);
+    other.prepare_for_runs(allowed).await;
+    assert_eq!(other.pool_status().await.prepared_runs, 1);
+    let r = other
+        .run(
+            CellRequest::new(Language::Rhai, "emit(\"x\"); 1"),
+            config(&[]),
+        )
+        .await;
+    assert_eq!(r.status, Status::PolicyDenied, "{r:?}");
+
+    // Without `prepare_runs`, nothing.
+    let off = Supervisor::builder()
+        .worker_exe(bin())
+        .prepare_runs(false)
+        .build()
+        .unwrap();
+    off.prepare_for_runs(SessionConfig::default()).await;
+    assert_eq!(off.pool_status().await.prepared_runs, 0);
+}
