@@ -221,7 +221,8 @@ impl Throwaway {
     /// with a worker waiting in each language (the first cell's then only
     /// sends its code). Returns once it is ready, or at once when one is
     /// ready or being made, or when cells with another configuration
-    /// came first (theirs is what is prepared).
+    /// came first (theirs is what is prepared). Given up on (dropped), the
+    /// preparation goes on.
     pub(crate) async fn expect(self: &Arc<Self>, inner: Arc<Inner>, config: SessionConfig) {
         let config = for_one_cell(config);
         {
@@ -232,7 +233,10 @@ impl Throwaway {
                 Some(_) => return,
             }
         }
-        self.clone().refill(inner, None).await;
+        // On a task of its own: a caller that stops waiting does not stop
+        // the preparation halfway (which would leave it counted as under
+        // way, and nothing prepared again).
+        let _ = tokio::spawn(self.clone().refill(inner, None)).await;
     }
 
     /// How many sessions are prepared now.

@@ -244,3 +244,20 @@ async fn prepare_for_runs_makes_the_first_runs_session_before_it_comes() {
     off.prepare_for_runs(SessionConfig::default()).await;
     assert_eq!(off.pool_status().await.prepared_runs, 0);
 }
+
+#[tokio::test]
+async fn prepare_for_runs_given_up_on_still_prepares() {
+    let sup = supervisor();
+    // Given up on at once: the session is still made, and so is the next
+    // after a cell.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(1),
+        sup.prepare_for_runs(SessionConfig::default()),
+    )
+    .await;
+    assert!(gave_up.is_err(), "prepared within 1 ms?");
+    until_prepared(&sup).await;
+    let r = run_py(&sup, "6 * 7").await;
+    assert_eq!(r.value, json!(42), "{r:?}");
+    until_prepared(&sup).await;
+}
