@@ -2129,8 +2129,8 @@ fn waiting_rhai_workers(server: i32) -> Vec<i32> {
         .collect()
 }
 
-/// Whether a Python process shares the session cgroup of `pid` (where
-/// cgroups are not used, whether any Python process waits below a zygote).
+/// Whether a Python process shares the session cgroup of `pid` (without
+/// session cgroups, any Python process in its group, a zygote included).
 fn has_python_sibling(pid: i32) -> bool {
     let session = |p: i32| {
         std::fs::read_to_string(format!("/proc/{p}/cgroup"))
