@@ -2418,10 +2418,7 @@ async fn the_first_call_without_a_session_finds_its_session_made_at_start() {
     let s = stdio_server(&[]).await;
     let _ = tools(&s.client).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let asked = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let asked = common::now_s();
     let (r, is_err, _) = exec(
         &s.client,
         json!({"language": "python", "code": "import os\n[os.stat('.').st_mtime, os.listdir('.')]"}),

@@ -176,14 +176,6 @@ async fn prepared_sessions_go_with_the_supervisor() {
     }
 }
 
-/// Seconds since the epoch, as the cells' clock reads them.
-fn now_s() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
 #[tokio::test]
 async fn prepare_for_runs_makes_the_first_runs_session_before_it_comes() {
     let sup = supervisor();

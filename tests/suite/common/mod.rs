@@ -21,6 +21,14 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cellbox"))
 }
 
+/// Seconds since the epoch, as a cell's clock reads them.
+pub fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 pub fn supervisor() -> Supervisor {
     Supervisor::builder().worker_exe(bin()).build().unwrap()
 }
