@@ -565,6 +565,7 @@ struct SdkSamples {
     python: Vec<f64>,
     rhai: Vec<f64>,
     rhai_session: Vec<f64>,
+    python_full_schema: Vec<f64>,
 }
 
 /// That `python` runs and has the SDK, said before the run rather than
@@ -615,9 +616,9 @@ async fn sdk_lines(
         .arg(SETTLE.as_secs_f64().to_string())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    // Each round is four calls with a pause before each; a minute more
+    // Each round is five calls with a pause before each; a minute more
     // for the server's start, its pools and the warm-up.
-    let patience = PATIENCE + (SETTLE + Duration::from_millis(50)) * 4 * n as u32;
+    let patience = PATIENCE + (SETTLE + Duration::from_millis(50)) * 5 * n as u32;
     let done = tokio::time::timeout(patience, cmd.output())
         .await
         .map_err(|_| {
@@ -654,11 +655,12 @@ async fn sdk_lines(
         let total = d.iter().sum();
         Ok(figures(d, total))
     };
-    let (list, py, rhai, rhai_sess) = (
+    let (list, py, rhai, rhai_sess, py_full) = (
         series(&s.list)?,
         series(&s.python)?,
         series(&s.rhai)?,
         series(&s.rhai_session)?,
+        series(&s.python_full_schema)?,
     );
     let who = format!("mcp (Python SDK {})", s.version);
     let _ = writeln!(
@@ -676,6 +678,14 @@ async fn sdk_lines(
         "{who} execute_code python pass, no session {}  (p50 = {:.2}x bare python3 -c pass)",
         p50_p99(&py),
         ratio(py.p50, bare.p50)
+    );
+    let _ = writeln!(
+        out,
+        "{who} execute_code python pass, no session, serve listing the full output schema \
+         (--output-schema full) {}  (p50 = {:.2}x bare python3 -c pass; {:+.2} ms over the compact one's)",
+        p50_p99(&py_full),
+        ratio(py_full.p50, bare.p50),
+        (py_full.p50.as_secs_f64() - py.p50.as_secs_f64()) * 1e3
     );
     for (what, f) in [("no session  ", &rhai), ("in a session", &rhai_sess)] {
         let _ = writeln!(

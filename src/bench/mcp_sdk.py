@@ -6,7 +6,10 @@ an agent built on it calls the server.
 
 Each of ITERATIONS rounds times, in turn and each after a pause of
 SETTLE_SECONDS: list_sessions, a Python `pass` without a session, a Rhai
-`1` without a session, and a Rhai `1` in a session. Prints one JSON line:
+`1` without a session, a Rhai `1` in a session, and a Python `pass`
+without a session through a second server that lists the full output
+schema (`--output-schema full`; the first lists the default, compact
+one), both clients of one SDK in one process. Prints one JSON line:
 the SDK's version and each call's durations in seconds. A call that fails
 or whose result is an error ends the run with a message and status 1.
 """
@@ -38,34 +41,44 @@ async def call(session, tool, args):
 
 
 async def main(cellbox, serve_python, n, settle):
-    server = StdioServerParameters(command=cellbox, args=["serve", "--python", serve_python])
+    args = ["serve", "--python", serve_python]
+    server = StdioServerParameters(command=cellbox, args=args)
+    full = StdioServerParameters(command=cellbox, args=[*args, "--output-schema", "full"])
     with open(os.devnull, "w") as quiet:
-        async with stdio_client(server, errlog=quiet) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                created = await call(session, "create_session", {})
-                sid = field(created, "structured_content", "structuredContent")["session_id"]
-                calls = {
-                    "list": ("list_sessions", {}),
-                    "python": ("execute_code", {"language": "python", "code": "pass"}),
-                    "rhai": ("execute_code", {"language": "rhai", "code": "1"}),
-                    "rhai_session": (
-                        "execute_code",
-                        {"language": "rhai", "code": "1", "session_id": sid},
-                    ),
-                }
-                # Warm-up: what is made once (the tools' schemas fetched,
-                # a session's first worker) is not charged to the samples.
-                for _ in range(5):
-                    for tool, args in calls.values():
-                        await call(session, tool, args)
-                samples = {key: [] for key in calls}
-                for _ in range(n):
-                    for key, (tool, args) in calls.items():
-                        await asyncio.sleep(settle)
-                        t = time.perf_counter()
-                        await call(session, tool, args)
-                        samples[key].append(time.perf_counter() - t)
+        async with (
+            stdio_client(server, errlog=quiet) as (read, write),
+            stdio_client(full, errlog=quiet) as (full_read, full_write),
+            ClientSession(read, write) as session,
+            ClientSession(full_read, full_write) as full_session,
+        ):
+            await session.initialize()
+            await full_session.initialize()
+            created = await call(session, "create_session", {})
+            sid = field(created, "structured_content", "structuredContent")["session_id"]
+            python = ("execute_code", {"language": "python", "code": "pass"})
+            calls = {
+                "list": (session, "list_sessions", {}),
+                "python": (session, *python),
+                "rhai": (session, "execute_code", {"language": "rhai", "code": "1"}),
+                "rhai_session": (
+                    session,
+                    "execute_code",
+                    {"language": "rhai", "code": "1", "session_id": sid},
+                ),
+                "python_full_schema": (full_session, *python),
+            }
+            # Warm-up: what is made once (the tools' schemas fetched,
+            # a session's first worker) is not charged to the samples.
+            for _ in range(5):
+                for on, tool, args in calls.values():
+                    await call(on, tool, args)
+            samples = {key: [] for key in calls}
+            for _ in range(n):
+                for key, (on, tool, args) in calls.items():
+                    await asyncio.sleep(settle)
+                    t = time.perf_counter()
+                    await call(on, tool, args)
+                    samples[key].append(time.perf_counter() - t)
     print(json.dumps({"version": version("mcp"), **samples}), flush=True)
 
 

@@ -8,7 +8,7 @@
 //! each case the future running the cell is dropped, and dropping it kills
 //! the worker's process group and reaps it.
 
-use super::config::Settings;
+use super::config::{OutputSchema, Settings};
 use super::describe::{self, Facts, Observations};
 use super::fit;
 use super::gate::{Gate, Refused};
@@ -459,7 +459,10 @@ impl CellboxServer {
             ),
         )
         .with_title("Run code in a sandbox")
-        .with_raw_output_schema(Arc::new(schema::cell_result()))
+        .with_raw_output_schema(Arc::new(match st.settings.output_schema {
+            OutputSchema::Compact => schema::cell_result_compact(),
+            OutputSchema::Full => schema::cell_result(),
+        }))
         .with_annotations(
             ToolAnnotations::with_title("Run code in a sandbox")
                 .read_only(false)

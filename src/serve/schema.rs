@@ -182,6 +182,7 @@ pub fn cell_result() -> Map<String, Value> {
             },
             "error": nullable(json!({
                 "type": "object",
+                "description": "Why the cell did not succeed, or null.",
                 "properties": {
                     "type": {"type": "string"},
                     "message": {"type": "string"},
@@ -226,6 +227,8 @@ pub fn cell_result() -> Map<String, Value> {
             },
             "vars": {
                 "type": "object",
+                "description": "The session's variables the cell set or deleted, and those it \
+                                set that could not be kept (no JSON form).",
                 "properties": {
                     "changed": {"type": "array", "items": {"type": "string"}},
                     "deleted": {"type": "array", "items": {"type": "string"}},
@@ -243,7 +246,9 @@ pub fn cell_result() -> Map<String, Value> {
                 "required": ["changed", "deleted", "dropped"],
                 "additionalProperties": false
             },
-            "calls": {"type": "array", "items": {
+            "calls": {"type": "array",
+                      "description": "The capability calls the cell made, in order.",
+                      "items": {
                 "type": "object",
                 "properties": {
                     "cap": {"type": "string"},
@@ -258,6 +263,8 @@ pub fn cell_result() -> Map<String, Value> {
             }},
             "usage": {
                 "type": "object",
+                "description": "What the cell used: wall-clock and CPU time, peak memory, \
+                                capability calls.",
                 "properties": {
                     "wall_ms": count, "cpu_ms": count, "max_rss_kb": count, "calls": count
                 },
@@ -266,6 +273,8 @@ pub fn cell_result() -> Map<String, Value> {
             },
             "run": {
                 "type": "object",
+                "description": "This run's id, its parent's (null for a run no cell \
+                                started) and its root's, and how deep it is.",
                 "properties": {
                     "run_id": {"type": "string"},
                     "parent_run_id": opt_str,
@@ -297,6 +306,7 @@ pub fn cell_result() -> Map<String, Value> {
             })),
             "exit": {
                 "type": "object",
+                "description": "How the worker process ended: its exit code or signal.",
                 "properties": {"code": opt_int, "signal": opt_int},
                 "required": ["code", "signal"],
                 "additionalProperties": false
@@ -306,7 +316,7 @@ pub fn cell_result() -> Map<String, Value> {
                 "enum": ["kept", "rolled_back", "restored"],
                 "description": "A Python cell of a live session: kept (the namespace is the one the cell left), rolled_back (the cell did not succeed: every object is as it was before it), restored (the cell asked for restore(name))."
             },
-            "notes": {"type": "array", "items": {"type": "string"}}
+            "notes": {"type": "array", "items": {"type": "string"}, "description": "Things worth knowing about how the cell ran (threads that did not survive it, a live namespace that could not be used)."}
         },
         "required": [
             "status", "execution_count", "language", "stdout", "stderr", "truncated",
@@ -314,6 +324,139 @@ pub fn cell_result() -> Map<String, Value> {
         ],
         "additionalProperties": false
     }))
+}
+
+/// `execute_code`'s output schema as listed by default ([`OutputSchema`]):
+/// [`cell_result`] with every field of its top level kept as it is but
+/// those with parts of their own (objects, lists, objects or null), which
+/// keep their plain type (none when null is allowed too) and get the
+/// shape of their parts written out in their description, made from the
+/// full schema itself (`Shape: {total_bytes: integer, ...} or null`).
+///
+/// A client that checks results against it still checks every field's
+/// presence and type, the status values and that nothing else is there;
+/// what it no longer checks is inside the nested parts, which a model or a
+/// reader still sees described. The full schema's nodes are what a client
+/// checking it with a one-shot validator pays for on every call (about
+/// 100 of them; 22 here): see [`DIALECT`].
+///
+/// [`OutputSchema`]: crate::serve::config::OutputSchema
+pub fn cell_result_compact() -> Map<String, Value> {
+    compact(cell_result())
+}
+
+/// `schema` (an object schema) with each property that has parts of its
+/// own outlined (see [`cell_result_compact`]), and its `definitions` gone.
+fn compact(mut schema: Map<String, Value>) -> Map<String, Value> {
+    let defs = match schema.shift_remove("definitions") {
+        Some(Value::Object(d)) => d,
+        _ => Map::new(),
+    };
+    if let Some(Value::Object(props)) = schema.get_mut("properties") {
+        for p in props.values_mut() {
+            if has_parts(p, &defs) {
+                *p = outlined(p, &defs);
+            }
+        }
+    }
+    schema
+}
+
+/// `s` itself, or the definition it refers to.
+fn resolved<'a>(s: &'a Value, defs: &'a Map<String, Value>) -> &'a Value {
+    match s.get("$ref").and_then(Value::as_str) {
+        Some(r) => r
+            .strip_prefix("#/definitions/")
+            .and_then(|name| defs.get(name))
+            .unwrap_or(s),
+        None => s,
+    }
+}
+
+/// Whether `s` describes parts of its own (or allows more than one type).
+fn has_parts(s: &Value, defs: &Map<String, Value>) -> bool {
+    let s = resolved(s, defs);
+    ["properties", "items", "anyOf"]
+        .iter()
+        .any(|k| s.get(k).is_some())
+        || s.get("type").is_some_and(Value::is_array)
+}
+
+/// The compact form of the property schema `s`: its type when that is one
+/// type, and its description followed by its shape.
+fn outlined(s: &Value, defs: &Map<String, Value>) -> Value {
+    let s = resolved(s, defs);
+    let mut out = Map::new();
+    if let Some(t @ Value::String(_)) = s.get("type") {
+        out.insert("type".into(), t.clone());
+    }
+    let shape = format!("Shape: {}.", outline(s, defs));
+    let description = match s.get("description").and_then(Value::as_str) {
+        Some(d) => format!("{d} {shape}"),
+        None => shape,
+    };
+    out.insert("description".into(), Value::String(description));
+    Value::Object(out)
+}
+
+/// The shape `s` describes, written out: `{name: string, line?: integer or
+/// null}`, `[string]`, `"a" | "b"`; `?` marks a member that may be absent.
+fn outline(s: &Value, defs: &Map<String, Value>) -> String {
+    let s = resolved(s, defs);
+    if let Some(Value::Array(values)) = s.get("enum") {
+        let values: Vec<String> = values.iter().map(Value::to_string).collect();
+        return values.join(" | ");
+    }
+    if let Some(Value::Array(any)) = s.get("anyOf") {
+        let each: Vec<String> = any.iter().map(|a| outline(a, defs)).collect();
+        return each.join(" or ");
+    }
+    match s.get("type") {
+        Some(Value::String(t)) => outline_of_type(t, s, defs),
+        Some(Value::Array(types)) => {
+            let each: Vec<String> = types
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|t| outline_of_type(t, s, defs))
+                .collect();
+            each.join(" or ")
+        }
+        _ => "any JSON value".into(),
+    }
+}
+
+/// The shape of `s` taken as of type `t`.
+fn outline_of_type(t: &str, s: &Value, defs: &Map<String, Value>) -> String {
+    match t {
+        "object" => match s.get("properties").and_then(Value::as_object) {
+            Some(props) => {
+                let required: Vec<&str> = s
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let members: Vec<String> = props
+                    .iter()
+                    .map(|(name, p)| {
+                        let mark = if required.contains(&name.as_str()) {
+                            ""
+                        } else {
+                            "?"
+                        };
+                        format!("{name}{mark}: {}", outline(p, defs))
+                    })
+                    .collect();
+                format!("{{{}}}", members.join(", "))
+            }
+            None => "object".into(),
+        },
+        "array" => match s.get("items") {
+            Some(items) => format!("[{}]", outline(items, defs)),
+            None => "array".into(),
+        },
+        "integer" if s.get("minimum") == Some(&json!(0)) => "integer >= 0".into(),
+        t => t.to_owned(),
+    }
 }
 
 /// `create_session` result.
@@ -413,6 +556,7 @@ mod tests {
             session_id_input(),
             no_input(),
             cell_result(),
+            cell_result_compact(),
             created_session(),
             session_done(),
             session_list(),
@@ -479,6 +623,29 @@ mod tests {
         let v = serde_json::to_value(&full).unwrap();
         let errs = validate(cell_result(), &v);
         assert!(errs.is_empty(), "{errs:?}");
+        for r in [&v, &serde_json::to_value(&empty).unwrap()] {
+            let errs = validate(cell_result_compact(), r);
+            assert!(errs.is_empty(), "compact: {errs:?}");
+        }
+        // The compact schema still holds the top level to its shape.
+        for (part, wrong) in [
+            ("/status", json!("fine")),
+            ("/surprise", json!(1)),
+            ("/usage", json!("fast")),
+            ("/calls", json!({})),
+            ("/execution_count", json!("one")),
+            ("/state", json!("lost")),
+        ] {
+            let mut bad = v.clone();
+            set(&mut bad, part, wrong.clone());
+            assert!(
+                !validate(cell_result_compact(), &bad).is_empty(),
+                "compact: {part} = {wrong} passed"
+            );
+        }
+        let mut bad = v.clone();
+        bad.as_object_mut().unwrap().remove("exit");
+        assert!(!validate(cell_result_compact(), &bad).is_empty());
 
         let mut bad = v.clone();
         bad["status"] = json!("fine");
@@ -518,6 +685,104 @@ mod tests {
             let errs = validate(cell_result(), &ok);
             assert!(errs.is_empty(), "{part} = null: {errs:?}");
         }
+    }
+
+    /// Every object member name in `s`'s properties, at any depth.
+    fn member_names(s: &Value, defs: &Map<String, Value>, out: &mut Vec<String>) {
+        let s = resolved(s, defs);
+        if let Some(props) = s.get("properties").and_then(Value::as_object) {
+            for (name, p) in props {
+                out.push(name.clone());
+                member_names(p, defs, out);
+            }
+        }
+        if let Some(items) = s.get("items") {
+            member_names(items, defs, out);
+        }
+    }
+
+    #[test]
+    fn the_compact_schema_keeps_the_top_level_and_writes_out_the_parts() {
+        let full = cell_result();
+        let compact = cell_result_compact();
+        let defs = full["definitions"].as_object().unwrap().clone();
+        // The top level as it was: its keywords, every field, what is
+        // required, nothing else allowed.
+        for k in [
+            "$schema",
+            "title",
+            "description",
+            "type",
+            "required",
+            "additionalProperties",
+        ] {
+            assert_eq!(compact[k], full[k], "{k}");
+        }
+        assert!(compact.get("definitions").is_none());
+        let fp = full["properties"].as_object().unwrap();
+        let cp = compact["properties"].as_object().unwrap();
+        assert_eq!(fp.keys().collect::<Vec<_>>(), cp.keys().collect::<Vec<_>>());
+        let text = serde_json::to_string(&compact).unwrap();
+        assert!(!text.contains("$ref"), "{text}");
+        let mut outlined = 0;
+        for (name, f) in fp {
+            let c = &cp[name];
+            if !has_parts(f, &defs) {
+                assert_eq!(c, f, "{name} is kept as it is");
+                continue;
+            }
+            outlined += 1;
+            // A plain type is kept; an object that may be null gets none.
+            assert_eq!(
+                c.get("type"),
+                f.get("type").filter(|t| t.is_string()),
+                "{name}"
+            );
+            let d = c["description"].as_str().unwrap();
+            if let Some(own) = f.get("description").and_then(Value::as_str) {
+                assert!(d.starts_with(own), "{name}: {d}");
+            }
+            // Every member of its parts is named in its shape.
+            let mut names = Vec::new();
+            member_names(f, &defs, &mut names);
+            for n in names {
+                let named = d.contains(&format!("{n}: ")) || d.contains(&format!("{n}?: "));
+                assert!(named, "{name}: {n} not in {d}");
+            }
+            assert!(c.as_object().unwrap().len() <= 2, "{name}: {c}");
+        }
+        assert!(outlined >= 8, "{outlined}");
+        let shape = |name: &str| cp[name]["description"].as_str().unwrap().to_owned();
+        assert!(
+            shape("error").ends_with(
+                "Shape: {type: string, message: string, traceback?: string or null, \
+             line?: integer or null, column?: integer or null} or null."
+            ),
+            "{}",
+            shape("error")
+        );
+        let t =
+            "{total_bytes: integer >= 0, kept_head: integer >= 0, kept_tail: integer >= 0} or null";
+        assert!(
+            shape("truncated").contains(&format!(
+                "Shape: {{stdout: {t}, stderr: {t}, value?: {t}, final_answer?: {t}, \
+             calls?: {{total: integer >= 0, kept: integer >= 0}}}}."
+            )),
+            "{}",
+            shape("truncated")
+        );
+        assert!(shape("vars").contains("{changed: [string], deleted: [string], dropped: [{name: string, type: string, reason: string}]}"), "{}", shape("vars"));
+        // Few nodes: what a one-shot validator checks against the
+        // metaschema on every call.
+        fn nodes(v: &Value) -> usize {
+            match v {
+                Value::Object(m) => 1 + m.values().map(nodes).sum::<usize>(),
+                Value::Array(a) => a.iter().map(nodes).sum(),
+                _ => 0,
+            }
+        }
+        let (c, f) = (nodes(&Value::Object(compact)), nodes(&Value::Object(full)));
+        assert!(c * 3 < f, "compact {c} nodes, full {f}");
     }
 
     /// `v` with the member at `pointer` (its parent an object) set to `to`.

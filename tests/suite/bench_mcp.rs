@@ -61,6 +61,7 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
             ": serve over stdio, the SDK's ClientSession run by",
             " list_sessions (round trip)",
             " execute_code python pass, no session",
+            " execute_code python pass, no session, serve listing the full output schema",
             " execute_code rhai 1, no session",
             " execute_code rhai 1, in a session",
         ] {
@@ -71,6 +72,7 @@ fn bench_mcp_reports_each_line_from_calls_that_succeeded() {
         }
     }
     assert!(report.contains("x its list_sessions"), "{report}");
+    assert!(report.contains("ms over the compact one's"), "{report}");
 }
 
 /// An interpreter without the SDK fails the bench at once, saying so, not

@@ -113,6 +113,9 @@ impl Drop for HttpServe {
     }
 }
 
+/// `execute_code` listing its full output schema (every nested part typed).
+const FULL_SCHEMA: &[&str] = &["--output-schema", "full"];
+
 fn python_client(venv: &str, transport: &str, big_cap: bool) {
     let python = installed(&format!("{venv}/bin/python"));
     let mut cmd = Command::new(python);
@@ -131,7 +134,9 @@ fn python_client(venv: &str, transport: &str, big_cap: bool) {
             cmd.arg(bin()).args(SERVE_ARGS).args(extra);
         }
         _ => {
-            let s = HttpServe::start(extra);
+            // Each SDK checks results against both output schemas: the
+            // compact one (the default) over stdio, the full one over HTTP.
+            let s = HttpServe::start(&[extra, FULL_SCHEMA].concat());
             cmd.arg(&s.url);
             _server = s;
         }
@@ -185,7 +190,7 @@ fn ts_client(transport: &str) {
             cmd.arg(bin()).args(SERVE_ARGS);
         }
         _ => {
-            let s = HttpServe::start(&[]);
+            let s = HttpServe::start(FULL_SCHEMA);
             cmd.arg(&s.url);
             _server = s;
         }

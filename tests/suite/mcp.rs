@@ -125,11 +125,20 @@ fn output_validator(tools: &[Tool]) -> jsonschema::Validator {
     jsonschema::validator_for(&Value::Object((*schema).clone())).unwrap()
 }
 
+/// `result` matches the output schema listed (`v`) and the full one too
+/// (every nested part typed; see `--output-schema`).
 fn assert_conforms(v: &jsonschema::Validator, result: &Value) {
     let errors: Vec<String> = v.iter_errors(result).map(|e| e.to_string()).collect();
     assert!(
         errors.is_empty(),
         "result does not match outputSchema: {errors:?}\n{result:#}"
+    );
+    let full = Value::Object(cellbox::serve::schema::cell_result());
+    let full = jsonschema::validator_for(&full).unwrap();
+    let errors: Vec<String> = full.iter_errors(result).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "result does not match the full output schema: {errors:?}\n{result:#}"
     );
 }
 
@@ -328,6 +337,12 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
         jsonschema::validator_for(&Value::Object((*t.input_schema).clone())).unwrap();
     }
     let exec_tool = tool(&tools, "execute_code");
+    // The compact output schema by default (`--output-schema full` lists
+    // every nested part typed: below).
+    assert_eq!(
+        exec_tool.output_schema.as_deref(),
+        Some(&cellbox::serve::schema::cell_result_compact())
+    );
     let d = exec_tool.description.as_deref().unwrap();
     for needle in [
         "wall clock 7 s",
@@ -354,9 +369,13 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
     let required = &exec_tool.input_schema["required"];
     assert_eq!(required, &json!(["language", "code"]));
 
-    let s2 = stdio_server(&["--language", "rhai"]).await;
+    let s2 = stdio_server(&["--language", "rhai", "--output-schema", "full"]).await;
     let tools = self::tools(&s2.client).await;
     let exec_tool = tool(&tools, "execute_code");
+    assert_eq!(
+        exec_tool.output_schema.as_deref(),
+        Some(&cellbox::serve::schema::cell_result())
+    );
     assert_eq!(
         exec_tool.input_schema["properties"]["language"]["enum"],
         json!(["rhai"])
