@@ -1,7 +1,9 @@
 //! JSON schemas of the MCP tools: what each takes, and what each returns as
 //! `structuredContent`. The `execute_code` output schema is the
-//! [`crate::CellResult`] shape of DESIGN §7; a test serializes real results
-//! and validates them against it, so the two cannot drift apart silently.
+//! [`crate::CellResult`] shape of DESIGN §7 ([`cell_result`], listed with
+//! `--output-schema full`; by default its compact form,
+//! [`cell_result_compact`], made from it); a test serializes real results
+//! and validates them against both, so they cannot drift apart silently.
 
 use crate::{Language, Status};
 use serde_json::{json, Map, Value};
@@ -331,7 +333,7 @@ pub fn cell_result() -> Map<String, Value> {
 /// those with parts of their own (objects, lists, objects or null), which
 /// keep their plain type (none when null is allowed too) and get the
 /// shape of their parts written out in their description, made from the
-/// full schema itself (`Shape: {total_bytes: integer, ...} or null`).
+/// full schema itself (`Shape: {total_bytes: integer >= 0, ...} or null`).
 ///
 /// A client that checks results against it still checks every field's
 /// presence and type, the status values and that nothing else is there;
