@@ -42,20 +42,10 @@ os.getcwd()";
 
     // Rhai the same: nothing of the cell before, whose session prepared
     // this one with a Rhai worker waiting.
-    let r = sup
-        .run(
-            CellRequest::new(Language::Rhai, "let kept = 5; kept"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_rhai(&sup, "let kept = 5; kept").await;
     assert_eq!(r.value, json!(5), "{r:?}");
     until_prepared(&sup).await;
-    let r = sup
-        .run(
-            CellRequest::new(Language::Rhai, "kept"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_rhai(&sup, "kept").await;
     assert_eq!(r.status, Status::Error, "{r:?}");
     assert!(
         r.error.as_ref().is_some_and(|e| e.message.contains("kept")),
@@ -121,12 +111,7 @@ async fn without_prepare_runs_nothing_is_prepared_and_release_gives_it_back() {
         .unwrap();
     let on = supervisor();
     for sup in [&off, &on] {
-        let r = sup
-            .run(
-                CellRequest::new(Language::Rhai, "1"),
-                SessionConfig::default(),
-            )
-            .await;
+        let r = run_rhai(sup, "1").await;
         assert_eq!(r.value, json!(1), "{r:?}");
     }
     until_prepared(&on).await;
@@ -141,12 +126,7 @@ async fn without_prepare_runs_nothing_is_prepared_and_release_gives_it_back() {
         "a session was prepared after the release, before any cell"
     );
     // The next cell prepares again.
-    let r = on
-        .run(
-            CellRequest::new(Language::Rhai, "2"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_rhai(&on, "2").await;
     assert_eq!(r.value, json!(2), "{r:?}");
     until_prepared(&on).await;
 }
@@ -205,12 +185,7 @@ async fn prepare_for_runs_makes_the_first_runs_session_before_it_comes() {
     // The first Rhai cell finds a worker of its own language in the next
     // one, prepared after that cell.
     until_prepared(&sup).await;
-    let r = sup
-        .run(
-            CellRequest::new(Language::Rhai, "40 + 2"),
-            SessionConfig::default(),
-        )
-        .await;
+    let r = run_rhai(&sup, "40 + 2").await;
     assert_eq!(r.value, json!(42), "{r:?}");
 
     // Prepared for one configuration, a cell with another gets its own:

@@ -87,6 +87,15 @@ pub async fn run_py(sup: &Supervisor, code: impl Into<String>) -> CellResult {
     .await
 }
 
+/// Run a Rhai cell on `sup` with the default session config.
+pub async fn run_rhai(sup: &Supervisor, code: impl Into<String>) -> CellResult {
+    sup.run(
+        CellRequest::new(Language::Rhai, code),
+        SessionConfig::default(),
+    )
+    .await
+}
+
 /// `detail` of the sandbox layer `name` of a cell's report ("" without one).
 pub fn layer_detail(r: &CellResult, name: &str) -> String {
     r.sandbox
