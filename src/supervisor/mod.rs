@@ -241,7 +241,7 @@ pub(crate) struct Inner {
     pub(crate) languages: std::collections::BTreeSet<Language>,
     python_path: Option<PathBuf>,
     python: OnceLock<Result<PythonInfo, PythonError>>,
-    shim: Arc<OnceLock<Option<PathBuf>>>,
+    shim: Arc<OnceLock<Option<python::HeldShim>>>,
     warm: bool,
     /// Whether [`Supervisor::run`] prepares the session of the next cell.
     prepare_runs: bool,

@@ -95,14 +95,41 @@ pub(crate) fn resolve(explicit: Option<&Path>) -> Result<PythonInfo, PythonError
 /// shim is most of a fresh interpreter's extra start-up; a cell loads the
 /// ready-made code object instead (the file is opened read-only in the
 /// sandbox).
-pub(crate) fn precompiled_shim(info: &PythonInfo) -> Result<PathBuf, PythonError> {
+///
+/// The file is held with a shared lock for as long as the returned value
+/// lives. Making or finding it sweeps the directory of the files no living
+/// holder has locked (those of other interpreters, of older shims), so the
+/// cache does not grow with every upgrade.
+pub(crate) fn precompiled_shim(info: &PythonInfo) -> Result<HeldShim, PythonError> {
     shim_file(info).map_err(PythonError::Shim)
 }
 
-/// [`precompiled_shim`], made once per supervisor: `None` (said once) when
-/// it cannot be, and cells and zygotes run the shim from source.
+/// A precompiled shim in use: its path, and a shared `flock` on it that no
+/// sweep breaks, released when this is dropped.
+pub(crate) struct HeldShim {
+    path: PathBuf,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl HeldShim {
+    pub(crate) fn path(&self) -> &PathBuf {
+        &self.path
+    }
+}
+
+impl std::fmt::Debug for HeldShim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldShim")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// [`precompiled_shim`], made once per supervisor and held while it lives:
+/// `None` (said once) when it cannot be, and cells and zygotes run the shim
+/// from source.
 pub(crate) fn precompiled_once<'a>(
-    slot: &'a std::sync::OnceLock<Option<PathBuf>>,
+    slot: &'a std::sync::OnceLock<Option<HeldShim>>,
     info: &PythonInfo,
 ) -> Option<&'a PathBuf> {
     slot.get_or_init(|| match precompiled_shim(info) {
@@ -113,9 +140,18 @@ pub(crate) fn precompiled_once<'a>(
         }
     })
     .as_ref()
+    .map(HeldShim::path)
 }
 
-fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
+/// The cache's file names end so. Files ending in `.shim` alone were
+/// written by supervisors that did not lock theirs, and are never swept.
+const SHIM_SUFFIX: &str = ".pyshim";
+
+/// A temporary file left in the cache by a supervisor that died while
+/// writing it is removed once it is this old (a write takes milliseconds).
+const STALE_TEMPORARY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+fn shim_file(info: &PythonInfo) -> Result<HeldShim, String> {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let euid = nix::unistd::geteuid().as_raw();
@@ -154,9 +190,12 @@ fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let path = dir.join(format!("{name}.shim"));
-    if path.is_file() && trusted(&path) {
-        return Ok(path);
+    let path = dir.join(format!("{name}{SHIM_SUFFIX}"));
+    if trusted(&path) {
+        if let Some(lock) = hold(&path) {
+            sweep(&dir, &path);
+            return Ok(HeldShim { path, _lock: lock });
+        }
     }
     let out = std::process::Command::new(&info.executable)
         .args([
@@ -179,14 +218,86 @@ fn shim_file(info: &PythonInfo) -> Result<PathBuf, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let tmp = tempfile::NamedTempFile::new_in(&dir)
+    let mut tmp = tempfile::NamedTempFile::new_in(&dir)
         .map_err(|e| format!("failed to write in {}: {e}", dir.display()))?;
-    std::fs::write(tmp.path(), &out.stdout)
+    std::io::Write::write_all(&mut tmp, &out.stdout)
         .and_then(|()| std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)))
         .map_err(|e| format!("failed to write the precompiled shim: {e}"))?;
+    // Locked before it has its name, so no sweep can take it between.
+    let lock = tmp
+        .as_file()
+        .try_clone()
+        .map_err(|e| format!("failed to hold the precompiled shim: {e}"))
+        .and_then(|f| {
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock)
+                .map_err(|(_, e)| format!("failed to lock the precompiled shim: {e}"))
+        })?;
     tmp.persist(&path)
         .map_err(|e| format!("failed to store the precompiled shim: {e}"))?;
-    Ok(path)
+    sweep(&dir, &path);
+    Ok(HeldShim { path, _lock: lock })
+}
+
+/// The file at `path`, opened and share-locked, if it is still the file at
+/// `path` once locked (a sweep may have removed it between the open and the
+/// lock; it then holds an exclusive lock, and this gets none).
+fn hold(path: &Path) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::File::open(path).ok()?;
+    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock).ok()?;
+    same_file(&lock, path).then_some(lock)
+}
+
+/// Whether `file` is the file that `path` names now (not a symlink).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => !b.file_type().is_symlink() && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Remove from the cache directory every precompiled shim but `keep` that
+/// no supervisor holds (an exclusive lock is had without waiting only when
+/// no shared one is held), and temporary files left by a supervisor that
+/// died writing one. Best effort: what cannot be removed stays.
+fn sweep(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path == keep {
+            continue;
+        }
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(SHIM_SUFFIX) {
+            let Ok(file) = std::fs::File::open(&path) else {
+                continue;
+            };
+            let Ok(lock) =
+                nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            else {
+                continue; // in use
+            };
+            if same_file(&lock, &path) {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => tracing::debug!("removed the unused {}", path.display()),
+                    Err(e) => tracing::debug!("could not remove {}: {e}", path.display()),
+                }
+            }
+        } else if name.starts_with(".tmp") {
+            let old = entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_TEMPORARY);
+            if old {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -216,13 +327,80 @@ mod tests {
         };
         let a = precompiled_shim(&info).unwrap();
         let b = precompiled_shim(&info).unwrap();
-        assert_eq!(a, b);
-        let m = std::fs::metadata(&a).unwrap();
+        assert_eq!(a.path(), b.path());
+        assert!(a.path().to_string_lossy().ends_with(SHIM_SUFFIX));
+        // Held: no sweep could take it while either lives.
+        let file = std::fs::File::open(a.path()).unwrap();
+        let Err((file, _)) =
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        else {
+            panic!("a held shim must not be lockable for removal");
+        };
+        drop((a, b, file));
+        let m = std::fs::metadata(precompiled_shim(&info).unwrap().path()).unwrap();
         assert_eq!(
             m.mode() & 0o022,
             0,
             "the cache file must not be writable by others"
         );
         assert!(m.len() > 1000);
+    }
+
+    #[test]
+    fn the_sweep_takes_only_what_nobody_holds() {
+        use nix::fcntl::{Flock, FlockArg};
+        let dir = tempfile::tempdir().unwrap();
+        let at = |n: &str| dir.path().join(n);
+        for n in [
+            "keep.pyshim",
+            "held.pyshim",
+            "unused.pyshim",
+            "legacy.shim",
+            ".tmpOld",
+            ".tmpNew",
+        ] {
+            std::fs::write(at(n), b"code").unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - STALE_TEMPORARY * 2;
+        std::fs::File::options()
+            .write(true)
+            .open(at(".tmpOld"))
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        // Another supervisor holding its shim, the way `hold` does.
+        let held = hold(&at("held.pyshim")).expect("an unlocked file can be held");
+        // A symlink named like a shim is not followed to its target.
+        std::os::unix::fs::symlink(at("keep.pyshim"), at("link.pyshim")).unwrap();
+        sweep(dir.path(), &at("keep.pyshim"));
+        let left = |n: &str| at(n).exists() || at(n).symlink_metadata().is_ok();
+        assert!(left("keep.pyshim"), "the caller's own shim is kept");
+        assert!(left("held.pyshim"), "a shim another holder locks is kept");
+        assert!(!left("unused.pyshim"), "a shim nobody holds is removed");
+        assert!(
+            left("legacy.shim"),
+            "files of unlocking supervisors are kept"
+        );
+        assert!(!left(".tmpOld"), "a stale temporary file is removed");
+        assert!(left(".tmpNew"), "a temporary file being written is kept");
+        assert!(
+            std::fs::read(at("keep.pyshim")).is_ok(),
+            "the symlink's target is untouched"
+        );
+        drop(held);
+        sweep(dir.path(), &at("keep.pyshim"));
+        assert!(!left("held.pyshim"), "let go, it is removed");
+        assert!(left("keep.pyshim"));
+        // A file being swept cannot be held: the sweep's exclusive lock
+        // refuses the shared one, and `hold` says so rather than use it.
+        let file = std::fs::File::open(at("keep.pyshim")).unwrap();
+        let sweeping = Flock::lock(file, FlockArg::LockExclusiveNonblock).unwrap();
+        assert!(hold(&at("keep.pyshim")).is_none());
+        drop(sweeping);
+        // And a file replaced under its name is not the one held.
+        let file = std::fs::File::open(at("keep.pyshim")).unwrap();
+        std::fs::remove_file(at("keep.pyshim")).unwrap();
+        std::fs::write(at("keep.pyshim"), b"other").unwrap();
+        assert!(!same_file(&file, &at("keep.pyshim")));
     }
 }

@@ -151,7 +151,7 @@ struct Launch {
     /// The interpreter, and the supervisor's precompiled shim for it (made
     /// on the launcher thread the first time: it runs the interpreter).
     info: crate::PythonInfo,
-    shim: Arc<std::sync::OnceLock<Option<PathBuf>>>,
+    shim: Arc<std::sync::OnceLock<Option<crate::supervisor::python::HeldShim>>>,
 }
 
 impl Zygote {
