@@ -166,11 +166,6 @@ fn shim_file(info: &PythonInfo) -> Result<HeldShim, String> {
     }
     // Trust the directory only if it is ours and nobody else can write it
     // (a planted file would run inside every cell).
-    let trusted = |p: &Path| {
-        std::fs::symlink_metadata(p)
-            .map(|m| !m.file_type().is_symlink() && m.uid() == euid && m.mode() & 0o022 == 0)
-            .unwrap_or(false)
-    };
     if !trusted(&dir) {
         return Err(format!(
             "{} is not owned by uid {euid} or is writable by others",
@@ -190,37 +185,72 @@ fn shim_file(info: &PythonInfo) -> Result<HeldShim, String> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let path = dir.join(format!("{name}{SHIM_SUFFIX}"));
-    if trusted(&path) {
-        if let Some(lock) = hold(&path) {
-            sweep(&dir, &path);
-            return Ok(HeldShim { path, _lock: lock });
+    cached(&dir, &name, || {
+        let out = std::process::Command::new(&info.executable)
+            .args([
+                "-I",
+                "-S",
+                "-B",
+                "-c",
+                crate::worker::python::SHIM,
+                "--precompile",
+                crate::worker::python::ZYGOTE,
+            ])
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("failed to run {}: {e}", info.executable.display()))?;
+        if !out.status.success() || out.stdout.is_empty() {
+            return Err(format!(
+                "precompiling the shim failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
+        Ok(out.stdout)
+    })
+}
+
+/// Owned by this process's user, not a symlink, and writable by nobody
+/// else.
+fn trusted(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid().as_raw();
+    std::fs::symlink_metadata(p)
+        .map(|m| !m.file_type().is_symlink() && m.uid() == euid && m.mode() & 0o022 == 0)
+        .unwrap_or(false)
+}
+
+/// The cache file `name` in `dir` (a trusted directory), held: the one
+/// there if there is one, else one written with what `make` gives. The
+/// directory is swept of what nobody holds either way.
+fn cached(
+    dir: &Path,
+    name: &str,
+    make: impl FnOnce() -> Result<Vec<u8>, String>,
+) -> Result<HeldShim, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("{name}{SHIM_SUFFIX}"));
+    let found = |path: PathBuf| -> Result<HeldShim, String> {
+        let lock = hold(&path)
+            .filter(|_| trusted(&path))
+            .ok_or_else(|| format!("{} is being replaced", path.display()))?;
+        sweep(dir, &path);
+        Ok(HeldShim { path, _lock: lock })
+    };
+    if trusted(&path) {
+        if let Ok(held) = found(path.clone()) {
+            return Ok(held);
+        }
+    } else if std::fs::symlink_metadata(&path).is_ok() {
+        // Not as this user writes them: made again.
+        std::fs::remove_file(&path)
+            .map_err(|e| format!("failed to remove {}: {e}", path.display()))?;
     }
-    let out = std::process::Command::new(&info.executable)
-        .args([
-            "-I",
-            "-S",
-            "-B",
-            "-c",
-            crate::worker::python::SHIM,
-            "--precompile",
-            crate::worker::python::ZYGOTE,
-        ])
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("failed to run {}: {e}", info.executable.display()))?;
-    if !out.status.success() || out.stdout.is_empty() {
-        return Err(format!(
-            "precompiling the shim failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let mut tmp = tempfile::NamedTempFile::new_in(&dir)
+    let bytes = make()?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .map_err(|e| format!("failed to write in {}: {e}", dir.display()))?;
-    std::io::Write::write_all(&mut tmp, &out.stdout)
+    std::io::Write::write_all(&mut tmp, &bytes)
         .and_then(|()| std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)))
         .map_err(|e| format!("failed to write the precompiled shim: {e}"))?;
     // Locked before it has its name, so no sweep can take it between.
@@ -232,10 +262,16 @@ fn shim_file(info: &PythonInfo) -> Result<HeldShim, String> {
             nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock)
                 .map_err(|(_, e)| format!("failed to lock the precompiled shim: {e}"))
         })?;
-    tmp.persist(&path)
-        .map_err(|e| format!("failed to store the precompiled shim: {e}"))?;
-    sweep(&dir, &path);
-    Ok(HeldShim { path, _lock: lock })
+    // Never over another supervisor's file of the same name, made at the
+    // same time: that one holds its file, not one put in its place.
+    match tmp.persist_noclobber(&path) {
+        Ok(_) => {
+            sweep(dir, &path);
+            Ok(HeldShim { path, _lock: lock })
+        }
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => found(path),
+        Err(e) => Err(format!("failed to store the precompiled shim: {e}")),
+    }
 }
 
 /// The file at `path`, opened and share-locked, if it is still the file at
@@ -402,5 +438,56 @@ mod tests {
         std::fs::remove_file(at("keep.pyshim")).unwrap();
         std::fs::write(at("keep.pyshim"), b"other").unwrap();
         assert!(!same_file(&file, &at("keep.pyshim")));
+    }
+
+    #[test]
+    fn a_cached_shim_is_found_made_or_taken_from_a_concurrent_maker() {
+        use nix::fcntl::{Flock, FlockArg};
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let at = |n: &str| dir.path().join(n);
+        let locked_for_removal = |p: &Path| {
+            let f = std::fs::File::open(p).unwrap();
+            Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok()
+        };
+        std::fs::write(at("stale.pyshim"), b"old").unwrap();
+        // Made when missing, held, and the directory swept.
+        let made = cached(dir.path(), "a", || Ok(b"ours".to_vec())).unwrap();
+        assert_eq!(made.path(), &at("a.pyshim"));
+        assert_eq!(std::fs::read(made.path()).unwrap(), b"ours");
+        assert!(!locked_for_removal(made.path()), "made and held");
+        assert!(!at("stale.pyshim").exists(), "swept");
+        // Found when there: `make` is not run.
+        let found = cached(dir.path(), "a", || panic!("must not be made again")).unwrap();
+        assert_eq!(found.path(), made.path());
+        drop((made, found));
+        assert!(
+            locked_for_removal(&at("a.pyshim")),
+            "let go with its holders"
+        );
+        // Another maker stores the same name first: its file is the one
+        // held, never replaced under it.
+        let theirs = cached(dir.path(), "b", || {
+            std::fs::write(at("b.pyshim"), b"theirs").unwrap();
+            std::fs::set_permissions(at("b.pyshim"), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+            Ok(b"ours".to_vec())
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(theirs.path()).unwrap(), b"theirs");
+        assert!(!locked_for_removal(theirs.path()));
+        // A file others may write is not used: it is made again.
+        std::fs::write(at("c.pyshim"), b"planted").unwrap();
+        std::fs::set_permissions(at("c.pyshim"), std::fs::Permissions::from_mode(0o666)).unwrap();
+        let remade = cached(dir.path(), "c", || Ok(b"ours".to_vec())).unwrap();
+        assert_eq!(std::fs::read(remade.path()).unwrap(), b"ours");
+        let mode = std::fs::metadata(remade.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o022, 0);
+        // What `make` cannot give is said.
+        let e = cached(dir.path(), "d", || Err("no interpreter".into())).unwrap_err();
+        assert!(e.contains("no interpreter"), "{e}");
     }
 }

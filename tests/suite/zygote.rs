@@ -1316,7 +1316,7 @@ async fn a_zygote_starts_from_the_precompiled_shim() {
         "not the loader: {:?}",
         &argv[5][..argv[5].len().min(80)]
     );
-    assert!(argv[6].ends_with(".shim"), "{argv:?}");
+    assert!(argv[6].ends_with(".pyshim"), "{argv:?}");
     assert_eq!(argv[7], "--zygote");
     assert!(
         !argv.iter().any(|a| a.contains("def _main")),
