@@ -133,9 +133,11 @@ fn assert_conforms(v: &jsonschema::Validator, result: &Value) {
         errors.is_empty(),
         "result does not match outputSchema: {errors:?}\n{result:#}"
     );
-    let full = Value::Object(cellbox::serve::schema::cell_result());
-    let full = jsonschema::validator_for(&full).unwrap();
-    let errors: Vec<String> = full.iter_errors(result).map(|e| e.to_string()).collect();
+    // Compiled once for the whole suite.
+    static FULL: std::sync::LazyLock<jsonschema::Validator> = std::sync::LazyLock::new(|| {
+        jsonschema::validator_for(&Value::Object(cellbox::serve::schema::cell_result())).unwrap()
+    });
+    let errors: Vec<String> = FULL.iter_errors(result).map(|e| e.to_string()).collect();
     assert!(
         errors.is_empty(),
         "result does not match the full output schema: {errors:?}\n{result:#}"
