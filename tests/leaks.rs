@@ -150,9 +150,15 @@ async fn no_leaked_fds_zombies_or_dirs_after_250_cells_on_either_path() {
         let (procs, spares) = settled_processes();
         two_hundred_and_fifty_cells(&sup).await;
         sup.release_prepared().await;
-        // The pool refills its spares in the background; let it.
+        // The pool refills its spares in the background, and the last
+        // cells' sessions are torn down on blocking threads after their
+        // results (their scratch removed last); let both finish.
         for _ in 0..100 {
-            if open_fds().0 == fds.0 && settled_processes() == (procs.clone(), spares) {
+            if open_fds().0 == fds.0
+                && settled_processes() == (procs.clone(), spares)
+                && in_pool() == pool_dirs
+                && scratch_dirs() == dirs
+            {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
