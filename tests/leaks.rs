@@ -150,9 +150,10 @@ async fn no_leaked_fds_zombies_or_dirs_after_250_cells_on_either_path() {
         let (procs, spares) = settled_processes();
         two_hundred_and_fifty_cells(&sup).await;
         sup.release_prepared().await;
-        // The pool refills its spares in the background, and the last
-        // cells' sessions are torn down on blocking threads after their
-        // results (their scratch removed last); let both finish.
+        // The release has waited for the cells' sessions to be torn down
+        // (`prepared::release_returns_once_the_sessions_of_cells_over_are_gone`
+        // holds it to that); the pool refills its spares in the background:
+        // let that finish.
         for _ in 0..100 {
             if open_fds().0 == fds.0
                 && settled_processes() == (procs.clone(), spares)

@@ -885,7 +885,9 @@ impl Supervisor {
     /// Give back the sessions prepared for the next [`Supervisor::run`]
     /// (see [`SupervisorBuilder::prepare_runs`]), and any being prepared
     /// once it is made; none is prepared again before the next such cell.
-    /// Returns once those prepared are torn down.
+    /// Returns once those prepared are torn down, and so are the sessions
+    /// of the `run` cells already answered (each goes once its worker and
+    /// what it left running are gone): nothing of those cells is left.
     pub async fn release_prepared(&self) {
         self.runs.release().await;
     }

@@ -358,6 +358,17 @@ impl Session {
         }
     }
 
+    /// Let go of this handle, ending the workers started ahead for the
+    /// session's next cells here, on this thread, rather than on a
+    /// blocking thread of their own as a dropped session does: when this
+    /// is the last handle, the session is wholly gone (its scratch and
+    /// groups given back) once this returns. For a blocking thread, as
+    /// it may wait for those workers to go.
+    pub(crate) fn end_prepared_here(self) {
+        let prepared = std::mem::take(&mut *crate::util::lock(&self.inner.prepared));
+        drop(prepared);
+    }
+
     /// The end of the session's last cell, while it is not over.
     pub(crate) fn tail(&self) -> Option<cell::Tail> {
         let mut tail = crate::util::lock(&self.inner.tail);

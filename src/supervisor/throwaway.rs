@@ -61,6 +61,9 @@ struct State {
     /// Sessions being prepared now, or to be prepared by a task already
     /// on its way (see [`Reserved`]).
     preparing: usize,
+    /// Sessions let go (used, stale or beyond those wanted) and being
+    /// torn down now (see [`Throwaway::tear_down`]).
+    ending: usize,
     /// Cells running now.
     running: usize,
     /// When a cell last started while another ran.
@@ -111,14 +114,49 @@ pub(crate) fn for_one_cell(config: SessionConfig) -> SessionConfig {
     }
 }
 
-/// Drop sessions on a blocking thread: tearing one down may wait.
-fn drop_off_runtime(sessions: Vec<Session>) {
-    if !sessions.is_empty() {
-        tokio::task::spawn_blocking(move || drop(sessions));
+/// Sessions being torn down, counted in [`State::ending`] until they are
+/// gone.
+struct Ending {
+    of: Arc<Throwaway>,
+    sessions: Vec<Session>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        // Each is the last handle of its session (its cell is over, or it
+        // never ran one): its workers started ahead are ended here, on
+        // this thread, rather than on another blocking thread of their
+        // own, so that the session is wholly gone (its scratch and groups
+        // given back) before the count drops.
+        for s in self.sessions.drain(..) {
+            s.end_prepared_here();
+        }
+        let mut st = lock(&self.of.state);
+        st.ending = st.ending.saturating_sub(1);
     }
 }
 
 impl Throwaway {
+    /// Tear `sessions` down on a blocking thread (it may wait for their
+    /// workers to go), counted as ending until they are gone: see
+    /// [`Throwaway::release`].
+    fn tear_down(self: &Arc<Self>, sessions: Vec<Session>) {
+        if !sessions.is_empty() {
+            let ending = self.ending(sessions);
+            tokio::task::spawn_blocking(move || drop(ending));
+        }
+    }
+
+    /// `sessions`, counted as ending from now until the value is dropped
+    /// (which tears them down).
+    fn ending(self: &Arc<Self>, sessions: Vec<Session>) -> Ending {
+        lock(&self.state).ending += 1;
+        Ending {
+            of: self.clone(),
+            sessions,
+        }
+    }
+
     /// Run one cell in a session of its own, a prepared one when one fits,
     /// and prepare the next once it is over; the end of the cell when it
     /// was answered before its worker was gone (see [`Session::settled`]).
@@ -185,16 +223,18 @@ impl Throwaway {
         };
         let me = self.clone();
         let inner = inner.clone();
-        let ending = tail.clone();
+        let cell_end = tail.clone();
+        // Counted as ending from now: a release waits for it.
+        let ending = self.ending(vec![session]);
         tokio::spawn(async move {
             if reply_pending && !busy {
                 tokio::time::sleep(AFTER_REPLY).await;
             }
             // Its cell is wholly over before it is torn down.
-            if let Some(t) = ending {
+            if let Some(t) = cell_end {
                 t.wait().await;
             }
-            drop_off_runtime(vec![session]);
+            tokio::task::spawn_blocking(move || drop(ending));
             me.refill(inner, reserved).await;
         });
         (result, tail)
@@ -205,13 +245,13 @@ impl Throwaway {
     /// are prepared with this one. A cell does not wait for one being
     /// prepared: when cells come back to back, making its own at once
     /// while that one is finished for the next cell keeps both cores busy.
-    fn take(&self, config: &SessionConfig) -> Option<Session> {
+    fn take(self: &Arc<Self>, config: &SessionConfig) -> Option<Session> {
         let mut st = lock(&self.state);
         if st.config.as_ref() != Some(config) {
             let stale = st.let_go();
             st.config = Some(config.clone());
             drop(st);
-            drop_off_runtime(stale);
+            self.tear_down(stale);
             return None;
         }
         st.ready.pop_front()
@@ -247,7 +287,7 @@ impl Throwaway {
     /// Give back the prepared sessions beyond those wanted (two are wanted
     /// only for a while after cells overlapped) while no cell runs: they
     /// are torn down on a blocking thread.
-    pub(crate) fn trim(&self) {
+    pub(crate) fn trim(self: &Arc<Self>) {
         let extra: Vec<Session> = {
             let mut st = lock(&self.state);
             let keep = st.wanted();
@@ -257,25 +297,33 @@ impl Throwaway {
             let n = st.ready.len() - keep;
             st.ready.drain(..n).collect()
         };
-        drop_off_runtime(extra);
+        self.tear_down(extra);
     }
 
     /// Give back every prepared session, and any being prepared once it
     /// is made; none is prepared again before the next cell. Returns once
-    /// those prepared are torn down and none is being prepared.
-    pub(crate) async fn release(&self) {
+    /// none is being prepared and every session let go is torn down:
+    /// those prepared, and those of the cells over by then (a cell's
+    /// session goes once its worker is gone, after its result).
+    pub(crate) async fn release(self: &Arc<Self>) {
         let sessions = {
             let mut st = lock(&self.state);
             // Nothing to prepare with until the next cell.
             st.config = None;
             st.let_go()
         };
-        if !sessions.is_empty() {
-            let _ = tokio::task::spawn_blocking(move || drop(sessions)).await;
-        }
+        self.tear_down(sessions);
         // A preparation under way (or about to begin) sees the new
-        // generation (or no configuration) and drops what it made itself.
-        while lock(&self.state).preparing > 0 {
+        // generation (or no configuration) and lets go of what it made
+        // itself; a cell over just now hands its session on to be torn
+        // down once its worker is gone.
+        loop {
+            {
+                let st = lock(&self.state);
+                if st.preparing == 0 && st.ending == 0 {
+                    return;
+                }
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -343,7 +391,7 @@ impl Throwaway {
                 // Let go while it was made: it goes too.
                 Some(s) => {
                     drop(st);
-                    drop_off_runtime(vec![s]);
+                    self.tear_down(vec![s]);
                     false
                 }
                 // The next cell makes its session and says why it failed.

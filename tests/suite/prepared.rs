@@ -228,3 +228,49 @@ async fn prepare_for_runs_given_up_on_still_prepares() {
     assert_eq!(r.value, json!(42), "{r:?}");
     until_prepared(&sup).await;
 }
+
+#[tokio::test]
+async fn release_returns_once_the_sessions_of_cells_over_are_gone() {
+    let sup = supervisor();
+    let r = run_rhai(&sup, "1").await;
+    assert_eq!(r.value, json!(1), "{r:?}");
+    let root = sup
+        .pool_status()
+        .await
+        .scratch_root
+        .expect("a warm supervisor's scratch root");
+    let listed = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    sup.release_prepared().await;
+    let before = listed();
+    // Cells whose sessions hold something to give back: files in their
+    // scratch, and a process left running that their end has to stop.
+    for i in 0..3 {
+        let r = run_py(
+            &sup,
+            &format!(
+                "import os, time\nopen('f{i}', 'w').write('x')\nif os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\n{i}"
+            ),
+        )
+        .await;
+        assert_eq!(r.value, json!(i), "{r:?}");
+        let r = run_rhai(&sup, &format!("{i}")).await;
+        assert_eq!(r.value, json!(i), "{r:?}");
+    }
+    // Straight after the last result: the release waits for the cells'
+    // sessions too, not only for those prepared.
+    sup.release_prepared().await;
+    assert_eq!(
+        listed(),
+        before,
+        "scratch of the cells' sessions left in {} after the release",
+        root.display()
+    );
+    assert_eq!(sup.pool_status().await.prepared_runs, 0);
+}
