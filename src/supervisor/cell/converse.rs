@@ -66,14 +66,14 @@ pub(super) fn opening(
     backend: Backend,
     plan: Option<SandboxPlan>,
     sourced: Vec<crate::protocol::CapabilitySpec>,
-    preloaded: Option<Arc<Namespace>>,
+    preloaded: Option<std::sync::Weak<Namespace>>,
 ) -> (Option<ToWorker>, Option<ToWorker>) {
     let start = (!matches!(backend, Backend::Exec { .. })).then(|| {
         let (vars, definitions) =
             live_part(spec).unwrap_or_else(|| (spec.vars.clone(), spec.definitions.clone()));
         // Variables sent ahead are the cell's if the session has not
         // changed them since (the same namespace, not an equal one).
-        let preloaded = preloaded.is_some_and(|p| Arc::ptr_eq(&p, &vars));
+        let preloaded = preloaded.is_some_and(|p| super::prepared::same_namespace(&p, &vars));
         let vars = if preloaded { Arc::default() } else { vars };
         ToWorker::Start(Start {
             language: spec.language.as_str().to_owned(),

@@ -359,8 +359,11 @@ pub(super) struct Launched {
     #[cfg(target_os = "linux")]
     pub(super) probe: Option<process::Probe>,
     /// The variables sent ahead to it (a worker started ahead; see
-    /// `prepared::preload`).
-    pub(super) preloaded: Option<Arc<crate::supervisor::Namespace>>,
+    /// `prepared::preload`), known by identity only: weak, so that the
+    /// session changing its namespace (`Session::set_var`) while this
+    /// worker waits moves it rather than copying it whole; the namespace
+    /// it then holds is another, and this worker's is stale.
+    pub(super) preloaded: Option<std::sync::Weak<crate::supervisor::Namespace>>,
 }
 
 /// The probe of a worker whose cell may be answered at its `done`, taken

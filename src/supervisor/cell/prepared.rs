@@ -62,7 +62,7 @@ impl Prepared {
         self.launched
             .preloaded
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, vars))
+            .is_some_and(|p| same_namespace(p, vars))
     }
 
     /// Whether it was sent variables ahead, and not `vars`: a cell of its
@@ -74,6 +74,19 @@ impl Prepared {
     pub(super) fn into_parts(self) -> (Option<Arc<CellGroup>>, Launched) {
         (self.group, self.launched)
     }
+}
+
+/// Whether `sent`, the variables a worker was sent ahead, are `vars`: the
+/// same namespace, not an equal one. A session never changes a namespace
+/// in place while it is shared, and a weak reference alone makes it move
+/// (not copy) the namespace to change it, so the one it changes is
+/// another; and the weak reference keeps the allocation, so no other
+/// namespace is ever made at the same address.
+pub(super) fn same_namespace(
+    sent: &std::sync::Weak<crate::supervisor::Namespace>,
+    vars: &Arc<crate::supervisor::Namespace>,
+) -> bool {
+    std::ptr::eq(sent.as_ptr(), Arc::as_ptr(vars))
 }
 
 /// Start the worker of a cell of `spec` (its code is not needed, and not
@@ -166,7 +179,7 @@ async fn preload(spec: &CellSpec, launched: &mut Launched) -> bool {
     .await;
     match sent {
         Ok(Ok(true)) => {
-            launched.preloaded = Some(vars);
+            launched.preloaded = Some(Arc::downgrade(&vars));
             true
         }
         // Too large for a frame: the cell's `start` carries them.
@@ -176,5 +189,43 @@ async fn preload(spec: &CellSpec, launched: &mut Launched) -> bool {
             false
         }
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_namespace;
+    use crate::supervisor::Namespace;
+    use serde_json::{json, Value};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_namespace_sent_ahead_is_moved_not_copied_when_the_session_changes_it() {
+        let mut vars: Arc<Namespace> = Arc::new(Namespace::new());
+        Arc::make_mut(&mut vars).insert("big".into(), Value::String("x".repeat(1 << 20)));
+        let text = |v: &Arc<Namespace>| v["big"].as_str().map(str::as_ptr);
+        let before = text(&vars);
+        let sent = Arc::downgrade(&vars);
+        assert!(same_namespace(&sent, &vars));
+        // A clone shares it; the session's copy-on-write change of a shared
+        // one is a copy, and another namespace.
+        let shared = vars.clone();
+        assert!(same_namespace(&sent, &shared));
+        Arc::make_mut(&mut vars).insert("n".into(), json!(1));
+        assert!(!same_namespace(&sent, &vars));
+        assert_ne!(text(&vars), before, "shared: copied");
+        drop(shared);
+        // Known weakly only, as a worker's preload is: changed without a
+        // copy (the megabyte is moved, not cloned), and stale all the same.
+        let mut vars: Arc<Namespace> = Arc::new((*vars).clone());
+        let before = text(&vars);
+        let sent = Arc::downgrade(&vars);
+        Arc::make_mut(&mut vars).insert("n".into(), json!(2));
+        assert_eq!(text(&vars), before, "held weakly: copied anyway");
+        assert!(!same_namespace(&sent, &vars));
+        assert_eq!(vars["n"], json!(2));
+        // An unchanged one stays the same.
+        let sent = Arc::downgrade(&vars);
+        assert!(same_namespace(&sent, &vars.clone()));
     }
 }
