@@ -220,6 +220,9 @@ zygote_channel! {
             report: SandboxReport,
             anchors: Vec<String>,
         },
+        /// After `ready`, from the interpreter: its profile's modules are
+        /// imported and it takes spawns now.
+        Serving,
         SandboxError {
             layer: String,
             message: String,

@@ -77,6 +77,10 @@ pub(crate) enum PoolError {
     ZygoteNotReady,
     #[error("the Python zygote exited during setup")]
     ZygoteExited,
+    #[error(
+        "the Python zygote did not finish starting its interpreter and preloading its modules within {0} s"
+    )]
+    ZygoteNotServing(u64),
     /// The zygote's reply was not one the protocol allows here.
     #[error("the Python zygote sent {0}")]
     ZygoteSent(&'static str),

@@ -103,6 +103,13 @@ const SLOW_ANSWER: Duration = Duration::from_millis(100);
 /// How long a stalled zygote's report of a cell's end is waited for.
 const STALLED_REPORT_WITHIN: Duration = Duration::from_millis(50);
 
+/// How long a zygote may take, once sandboxed, to start its interpreter,
+/// import its profile's `preload` modules and say it serves: seconds for
+/// large libraries read from a cold disk. Only then is it given cells, so
+/// that the wait for a spawn's answer (the stall window) measures the fork
+/// alone, never the imports.
+const SERVING_WITHIN: Duration = Duration::from_secs(60);
+
 /// How a cell ended when its zygote vanished before reporting it: the
 /// kernel killed every process of the zygote's PID namespace.
 const LOST: Reaped = Reaped {
@@ -243,6 +250,17 @@ impl Zygote {
             what: "prepare the cells' Landlock rules",
             source,
         })?;
+        // Its sandbox is on; its interpreter now starts and imports what
+        // the profile preloads.
+        if !super::warm::readable_within(&ours, SERVING_WITHIN) {
+            return Err(PoolError::ZygoteNotServing(SERVING_WITHIN.as_secs()));
+        }
+        match zygote::recv::<ZygoteMsg>(ours.as_fd(), 1 << 16) {
+            Ok(Some((ZygoteMsg::Serving, fds))) if fds.is_empty() => {}
+            Ok(Some(_)) => return Err(PoolError::ZygoteSent("an unexpected message")),
+            Ok(None) => return Err(PoolError::ZygoteExited),
+            Err(e) => return Err(PoolError::io("read the zygote's serving message")(e)),
+        }
         let client = Arc::new(PoolClient::new(ours, Some(LOST)));
         let reader_fd = client
             .reader_fd()

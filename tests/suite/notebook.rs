@@ -25,8 +25,14 @@ fn require_package(module: &str, deb: &str) {
     );
 }
 
-/// The built-in python profile plus a `[python]` section.
+/// The built-in python profile plus a `[python]` section with Debian's
+/// package directory.
 fn packages_profile(dir: &Path, preload: &[&str]) -> PathBuf {
+    python_profile(dir, Path::new(DIST_PACKAGES), preload)
+}
+
+/// The built-in python profile plus a `[python]` section, written in `dir`.
+fn python_profile(dir: &Path, packages: &Path, preload: &[&str]) -> PathBuf {
     let base = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/sandbox-profiles/python.toml"
@@ -34,7 +40,7 @@ fn packages_profile(dir: &Path, preload: &[&str]) -> PathBuf {
     .unwrap();
     let preload: Vec<String> = preload.iter().map(|m| format!("{m:?}")).collect();
     let text = format!(
-        "{base}\n[python]\npaths = [{DIST_PACKAGES:?}]\npreload = [{}]\n",
+        "{base}\n[python]\npaths = [{packages:?}]\npreload = [{}]\n",
         preload.join(", ")
     );
     let path = dir.join("python-packages.toml");
@@ -585,6 +591,50 @@ mod over_mcp {
         assert_eq!(content[index]["type"], "image", "{s}");
         assert!(s["display"][0].get("data").is_none(), "sent once: {s}");
     }
+}
+
+/// A zygote whose preloaded module takes longer to import than a zygote may
+/// take to answer a spawn (one second by default) is given its first cell
+/// only once the import is over: the wait for that spawn's answer is not
+/// charged with the import, the zygote is not taken for a stalled one, and
+/// the session's live namespace is there from its first cell.
+#[tokio::test]
+async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("cellbox_slow_import.py"),
+        "import time\ntime.sleep(1.5)\nLOADED = True\n",
+    )
+    .unwrap();
+    let profile = python_profile(dir.path(), dir.path(), &["cellbox_slow_import"]);
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .warm(true)
+        .profile(Language::Python, profile.to_string_lossy())
+        .build()
+        .unwrap();
+    let s = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(
+        &s,
+        "import sys\nn = 1\nsys.modules['cellbox_slow_import'].LOADED",
+    )
+    .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(true), "not preloaded: {r:?}");
+    assert!(r.notes.is_empty(), "{r:?}");
+    assert_eq!(r.state, Some(cellbox::StateOutcome::Kept), "{r:?}");
+    assert!(hygiene(&r).contains("zygote"), "{r:?}");
+    let r = py_in(&s, "n + 1").await;
+    assert_eq!(r.value, json!(2), "{r:?}");
+    // A cell of another session is forked from the same zygote.
+    let r = run_py(&sup, "import sys\n'cellbox_slow_import' in sys.modules").await;
+    assert_eq!(r.value, json!(true), "{r:?}");
+    assert!(hygiene(&r).contains("zygote"), "{r:?}");
+    let pools = sup.pool_status().await;
+    assert!(
+        !pools.python.is_empty() && pools.python.iter().all(|z| z.alive && !z.stalled),
+        "a zygote was taken for a stalled one: {pools:?}"
+    );
 }
 
 /// A live session keeps numpy arrays (and a view sharing one's memory)

@@ -721,6 +721,10 @@ def _zygote():
     # compiler's work on the shim, the imports' temporaries): they would
     # otherwise stay resident in the zygote for its whole life.
     _libc.malloc_trim(0)
+    # The supervisor gives this zygote cells from now on: the time its
+    # interpreter took to start and import the preloaded modules is not
+    # counted against the answer to its first spawn.
+    _zsend({"op": "serving"})
     while True:
         events = poller.poll()
         for fd, ev in events:
