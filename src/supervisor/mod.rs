@@ -947,7 +947,9 @@ impl Supervisor {
 
     /// Start the warm workers now (the Rhai fork server and every zygote of
     /// the Python pool for the supervisor's Python profile) instead of on
-    /// the first cell. A no-op when warm workers are off.
+    /// the first cell; returns once they take cells (a zygote once its
+    /// profile's preload modules are imported). A no-op when warm workers
+    /// are off.
     pub async fn start_pools(&self) -> Result<(), Error> {
         if !self.inner.warm {
             return Ok(());

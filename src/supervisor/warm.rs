@@ -78,7 +78,7 @@ pub(crate) enum PoolError {
     #[error("the Python zygote exited during setup")]
     ZygoteExited,
     #[error(
-        "the Python zygote did not finish starting its interpreter and preloading its modules within {0} s"
+        "the Python zygote did not finish starting its interpreter and importing its preload modules within {0} s"
     )]
     ZygoteNotServing(u64),
     /// The zygote's reply was not one the protocol allows here.

@@ -105,10 +105,20 @@ const STALLED_REPORT_WITHIN: Duration = Duration::from_millis(50);
 
 /// How long a zygote may take, once sandboxed, to start its interpreter,
 /// import its profile's `preload` modules and say it serves: seconds for
-/// large libraries read from a cold disk. Only then is it given cells, so
-/// that the wait for a spawn's answer (the stall window) measures the fork
-/// alone, never the imports.
+/// large libraries read from a cold disk. A spawn asked of it meanwhile
+/// waits for that (within the cell's deadline), and the window for its
+/// answer (the stall window) starts only then: it measures the fork alone,
+/// never the imports.
 const SERVING_WITHIN: Duration = Duration::from_secs(60);
+
+/// Why a zygote was not waited for until it serves (see `Zygote::served_by`).
+enum ServedBy {
+    Gone,
+    /// Not within [`SERVING_WITHIN`] of its start.
+    Never,
+    /// Not by the cell's deadline.
+    Deadline,
+}
 
 /// How a cell ended when its zygote vanished before reporting it: the
 /// kernel killed every process of the zygote's PID namespace.
@@ -134,6 +144,9 @@ pub(crate) struct Zygote {
     ceiling: Rlimits,
     answer_timeout: Duration,
     stall_timeout: Duration,
+    /// Whether its interpreter said `serving`: its preload modules are
+    /// imported and it reads spawns (see [`SERVING_WITHIN`]).
+    serving: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Decrements a zygote's in-flight count when a warm cell is over.
@@ -250,17 +263,6 @@ impl Zygote {
             what: "prepare the cells' Landlock rules",
             source,
         })?;
-        // Its sandbox is on; its interpreter now starts and imports what
-        // the profile preloads.
-        if !super::warm::readable_within(&ours, SERVING_WITHIN) {
-            return Err(PoolError::ZygoteNotServing(SERVING_WITHIN.as_secs()));
-        }
-        match zygote::recv::<ZygoteMsg>(ours.as_fd(), 1 << 16) {
-            Ok(Some((ZygoteMsg::Serving, fds))) if fds.is_empty() => {}
-            Ok(Some(_)) => return Err(PoolError::ZygoteSent("an unexpected message")),
-            Ok(None) => return Err(PoolError::ZygoteExited),
-            Err(e) => return Err(PoolError::io("read the zygote's serving message")(e)),
-        }
         let client = Arc::new(PoolClient::new(ours, Some(LOST)));
         let reader_fd = client
             .reader_fd()
@@ -277,7 +279,10 @@ impl Zygote {
             client: client.clone(),
             pid,
         };
-        runtime.spawn(read_loop(reader, end));
+        // Its sandbox is on; its interpreter now starts and imports what
+        // the profile preloads, and says `serving` once it takes spawns.
+        let (serves, serving) = tokio::sync::watch::channel(false);
+        runtime.spawn(read_loop(reader, end, serves, profile.to_owned()));
         Ok(Zygote {
             profile: profile.to_owned(),
             client,
@@ -291,6 +296,7 @@ impl Zygote {
             ceiling,
             answer_timeout,
             stall_timeout,
+            serving,
         })
     }
 
@@ -315,9 +321,37 @@ impl Zygote {
         !self.client.waiting_since(SLOW_ANSWER)
     }
 
-    /// Whether a spawn its cell gave up on is unanswered past the window.
+    /// Whether a spawn its cell gave up on is unanswered past the window,
+    /// or it has not said it serves within [`SERVING_WITHIN`].
     fn overdue(&self) -> bool {
         self.client.overdue(self.stall_window())
+            || (!self.serves() && self.born.elapsed() >= SERVING_WITHIN)
+    }
+
+    /// Whether it said it serves (see [`SERVING_WITHIN`]).
+    fn serves(&self) -> bool {
+        *self.serving.borrow()
+    }
+
+    /// Wait until it serves (at once if it does), within [`SERVING_WITHIN`]
+    /// of its start and by `deadline`. `Ok(true)`: it had to be waited for.
+    async fn served_by(&self, deadline: tokio::time::Instant) -> Result<bool, ServedBy> {
+        if self.serves() {
+            return Ok(false);
+        }
+        let within = tokio::time::Instant::from_std(self.born + SERVING_WITHIN);
+        let mut serving = self.serving.clone();
+        let waited = tokio::time::timeout_at(within.min(deadline), async {
+            serving.wait_for(|s| *s).await.map(|_| ())
+        })
+        .await;
+        match waited {
+            Ok(Ok(())) => Ok(true),
+            // Its channel closed: it is gone.
+            Ok(Err(_)) => Err(ServedBy::Gone),
+            Err(_) if within <= deadline => Err(ServedBy::Never),
+            Err(_) => Err(ServedBy::Deadline),
+        }
     }
 
     /// It did not answer `what` in time: it takes no new cells (the pool
@@ -442,6 +476,30 @@ impl Zygote {
                 return Err(Failed(PoolError::io("reach the Python zygote")(e)));
             }
         };
+        // One still importing its preload modules reads the spawn once it
+        // serves: the window for its answer starts then, so that the
+        // imports are never taken for a stall.
+        let asked = match self.served_by(deadline).await {
+            Ok(false) => asked,
+            Ok(true) => Instant::now(),
+            Err(why) => {
+                // Not an unanswered spawn (see `overdue`): whether it is
+                // stalled is its start's to tell.
+                self.client.give_up(id, None);
+                let waited = asked.elapsed();
+                return Err(match why {
+                    ServedBy::Gone => Failed(PoolError::ZygoteGone),
+                    ServedBy::Never => {
+                        self.mark_stalled("its start (it did not say it serves)", waited);
+                        SpawnError::Stalled(PoolError::ZygoteNotServing(SERVING_WITHIN.as_secs()))
+                    }
+                    ServedBy::Deadline => SpawnError::Deadline(PoolError::ZygoteDeadline {
+                        pid: self.pid,
+                        waited_ms: waited.as_millis(),
+                    }),
+                });
+            }
+        };
         let window = self.stall_window();
         let stall_at = tokio::time::Instant::from_std(asked) + window;
         match tokio::time::timeout_at(stall_at.min(deadline), rx).await {
@@ -559,10 +617,23 @@ impl Drop for ZygoteEnd {
     }
 }
 
-async fn read_loop(fd: tokio::io::unix::AsyncFd<OwnedFd>, end: ZygoteEnd) {
-    // Anything but the envelope from a zygote is a protocol violation: it
-    // is replaced.
-    end.client.read::<ZygoteMsg>(&fd, 4096, |_, _| false).await;
+async fn read_loop(
+    fd: tokio::io::unix::AsyncFd<OwnedFd>,
+    end: ZygoteEnd,
+    serves: tokio::sync::watch::Sender<bool>,
+    profile: String,
+) {
+    let pid = end.pid;
+    // Anything but the envelope and one `serving` (with no fds) from a
+    // zygote is a protocol violation: it is replaced.
+    let serving = |m: ZygoteMsg, fds: Vec<OwnedFd>| {
+        let first = matches!(m, ZygoteMsg::Serving) && fds.is_empty() && !serves.send_replace(true);
+        if first {
+            tracing::info!(target: POOL_LOG, profile = %profile, pid, "Python zygote started");
+        }
+        first
+    };
+    end.client.read::<ZygoteMsg>(&fd, 4096, serving).await;
     // `end` cleans up (on a blocking thread: reaping waits).
     let _ = tokio::task::spawn_blocking(move || drop(end)).await;
 }
@@ -626,7 +697,7 @@ impl Pools {
         // one, else a new one (the pool size allowing).
         if running {
             let answering = (0..slot.len())
-                .filter(|&k| slot[k].answering())
+                .filter(|&k| slot[k].answering() && slot[k].serves())
                 .min_by_key(|&k| slot[k].in_flight.load(Ordering::SeqCst));
             if let Some(k) = answering {
                 return Ok(slot[k].clone());
@@ -639,12 +710,15 @@ impl Pools {
             return slot.last().cloned().ok_or(PoolError::NoZygote);
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % slot.len();
-        // The least busy of those that answer (one keeping a spawn waiting
-        // may be stalling), starting from a rotating index.
+        // The least busy of those that serve and answer (one still
+        // importing its preload modules keeps a spawn waiting; one keeping
+        // a spawn waiting otherwise may be stalling), starting from a
+        // rotating index.
         let best = (0..slot.len())
             .map(|k| (i + k) % slot.len())
             .min_by_key(|&k| {
                 (
+                    !slot[k].serves(),
                     !slot[k].answering(),
                     slot[k].in_flight.load(Ordering::SeqCst),
                 )
@@ -653,14 +727,26 @@ impl Pools {
         Ok(slot[best].clone())
     }
 
-    /// Start every zygote of `profile` now.
+    /// Start every zygote of `profile` now; returns once each serves (its
+    /// preload modules imported), or within [`SERVING_WITHIN`].
     pub(crate) async fn fill(&self, sup: &Inner, profile: &str) -> Result<(), PoolError> {
-        let mut map = self.zygotes.lock().await;
-        let slot = map.entry(profile.to_owned()).or_default();
-        self.prune(slot);
-        while slot.len() < self.config.size.max(1) {
-            let z = self.start_one(sup, profile).await?;
-            slot.push(Arc::new(z));
+        let started = {
+            let mut map = self.zygotes.lock().await;
+            let slot = map.entry(profile.to_owned()).or_default();
+            self.prune(slot);
+            while slot.len() < self.config.size.max(1) {
+                let z = self.start_one(sup, profile).await?;
+                slot.push(Arc::new(z));
+            }
+            slot.clone()
+        };
+        // Waited for with the pool free: a cell may meanwhile take one
+        // that serves already.
+        for z in started {
+            let by = tokio::time::Instant::from_std(z.born + SERVING_WITHIN);
+            if let Err(ServedBy::Never) = z.served_by(by).await {
+                return Err(PoolError::ZygoteNotServing(SERVING_WITHIN.as_secs()));
+            }
         }
         Ok(())
     }
@@ -757,7 +843,8 @@ impl Pools {
             .inspect_err(|e| {
                 tracing::warn!(target: POOL_LOG, profile = %profile_name, "a Python zygote failed to start: {e}");
             })?;
-        tracing::info!(target: POOL_LOG, profile = %profile_name, pid = z.pid, "Python zygote started");
+        // "started" is logged once it serves (see `read_loop`).
+        tracing::debug!(target: POOL_LOG, profile = %profile_name, pid = z.pid, "Python zygote sandboxed; its interpreter starts");
         Ok(z)
     }
 

@@ -594,16 +594,17 @@ mod over_mcp {
 }
 
 /// A zygote whose preloaded module takes longer to import than a zygote may
-/// take to answer a spawn (one second by default) is given its first cell
-/// only once the import is over: the wait for that spawn's answer is not
-/// charged with the import, the zygote is not taken for a stalled one, and
-/// the session's live namespace is there from its first cell.
+/// take to answer a spawn (one second by default) forks its first cell once
+/// the import is over: the wait for that spawn's answer is not charged with
+/// the import, the zygote is not taken for a stalled one, and the session's
+/// live namespace is there from its first cell. A cell whose own limit
+/// passes while the zygote imports ends `timeout`, and says why.
 #[tokio::test]
 async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("cellbox_slow_import.py"),
-        "import time\ntime.sleep(1.5)\nLOADED = True\n",
+        "import time\ntime.sleep(2)\nLOADED = True\n",
     )
     .unwrap();
     let profile = python_profile(dir.path(), dir.path(), &["cellbox_slow_import"]);
@@ -613,6 +614,16 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
         .profile(Language::Python, profile.to_string_lossy())
         .build()
         .unwrap();
+    let mut hurried = cellbox::CellRequest::new(Language::Python, "1");
+    hurried.limits.timeout_ms = Some(500);
+    let r = sup.run(hurried, SessionConfig::default()).await;
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    let message = r
+        .error
+        .as_ref()
+        .map(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("zygote"), "{r:?}");
     let s = sup.session(SessionConfig::default()).unwrap();
     let r = py_in(
         &s,
