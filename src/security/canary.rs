@@ -42,6 +42,76 @@ const HOST_TMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
 /// Uid of the unprivileged victim (`nobody`).
 const NOBODY: u32 = 65534;
 
+/// TCP ports the canary listeners of this process hold (runs go on in
+/// parallel): a bind probe never counts one of them as the cell's.
+static LISTENER_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+/// Local ports of the connections the harness's own bind probes made, and
+/// when. A canary listener that one of them reached saw the harness, not a
+/// cell. Kept for `PROBE_MEMORY`, far longer than any run.
+static PROBE_PORTS: Mutex<Vec<(u16, Instant)>> = Mutex::new(Vec::new());
+const PROBE_MEMORY: Duration = Duration::from_secs(600);
+
+fn own_ports(set: &Mutex<BTreeSet<u16>>) -> std::sync::MutexGuard<'_, BTreeSet<u16>> {
+    crate::util::lock(set)
+}
+
+fn remember_probe(port: u16) {
+    let mut v = crate::util::lock(&PROBE_PORTS);
+    v.retain(|(_, at)| at.elapsed() < PROBE_MEMORY);
+    v.push((port, Instant::now()));
+}
+
+fn was_probe(port: u16) -> bool {
+    crate::util::lock(&PROBE_PORTS)
+        .iter()
+        .any(|(p, at)| *p == port && at.elapsed() < PROBE_MEMORY)
+}
+
+/// The host's ephemeral port range (`ip_local_port_range`): what `bind` to
+/// port 0 and `connect` pick from.
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u16>);
+            match (it.next(), it.next()) {
+                (Some(Ok(lo)), Some(Ok(hi))) if lo <= hi => Some((lo, hi)),
+                _ => None,
+            }
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// A free port for a cell to try to listen on, outside the ephemeral range
+/// when there is room: the harness connects to it while the cell runs, and
+/// a port from that range could meanwhile be given to another run's canary
+/// listener (they bind port 0) or to any host process, which would then be
+/// taken for the cell's. Falls back to a port the kernel picks.
+fn probe_port() -> Result<u16, String> {
+    let (lo, hi) = ephemeral_range();
+    let below = (10_000u32, u32::from(lo));
+    let above = (u32::from(hi) + 1, 65_536u32);
+    let (start, end) = if below.1.saturating_sub(below.0) >= above.1.saturating_sub(above.0) {
+        below
+    } else {
+        above
+    };
+    if end > start && end - start >= 256 {
+        for _ in 0..64 {
+            let r = u32::from_str_radix(&random_hex(4), 16).unwrap_or(0);
+            let Ok(port) = u16::try_from(start + r % (end - start)) else {
+                continue;
+            };
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    let probe =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("failed to find a free port: {e}"))?;
+    Ok(probe.local_addr().map_err(|e| e.to_string())?.port())
+}
+
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     let filled = File::open("/dev/urandom")
@@ -314,7 +384,8 @@ impl Mode {
 
 #[derive(Debug, Default)]
 struct Hits {
-    tcp: Vec<String>,
+    /// The peer's port and what was seen.
+    tcp: Vec<(u16, String)>,
     udp: Vec<String>,
     unix: Vec<String>,
     abstract_: Vec<String>,
@@ -356,14 +427,77 @@ fn read_some(mut s: impl Read) -> Vec<u8> {
     Vec::new()
 }
 
+/// Who made a loopback connection, for the evidence: the client end's row
+/// in the harness's own `/proc/net/tcp(6)` (which exists only if the client
+/// is in the host's network namespace), its uid, and the process holding it,
+/// if it still does. Best effort; `None` when the row is gone.
+fn tcp_client_owner(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<String> {
+    fn hex_addr(a: std::net::SocketAddr) -> String {
+        match a.ip() {
+            std::net::IpAddr::V4(ip) => {
+                format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), a.port())
+            }
+            std::net::IpAddr::V6(ip) => {
+                let words: String = ip
+                    .octets()
+                    .chunks(4)
+                    .map(|c| format!("{:08X}", u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                    .collect();
+                format!("{words}:{:04X}", a.port())
+            }
+        }
+    }
+    let table = if peer.is_ipv4() { "tcp" } else { "tcp6" };
+    let text = std::fs::read_to_string(format!("/proc/net/{table}")).ok()?;
+    let (from, to) = (hex_addr(peer), hex_addr(local));
+    let row = text.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 9 && f[1] == from && f[2] == to).then(|| (f[7].to_owned(), f[9].to_owned()))
+    })?;
+    let (uid, inode) = row;
+    let link = format!("socket:[{inode}]");
+    let holder = (inode != "0")
+        .then(|| {
+            std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+                let pid = p.file_name().to_string_lossy().parse::<u32>().ok()?;
+                let fds = std::fs::read_dir(p.path().join("fd")).ok()?;
+                let held = fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .map(|t| t.as_os_str() == link.as_str())
+                        .unwrap_or(false)
+                });
+                held.then(|| {
+                    let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+                    let me = if pid == std::process::id() {
+                        ", the harness"
+                    } else {
+                        ""
+                    };
+                    format!("pid {pid} {:?}{me}", comm.trim())
+                })
+            })
+        })
+        .flatten()
+        .unwrap_or_else(|| "no process holds it now".into());
+    Some(format!(" [uid {uid}, {holder}]"))
+}
+
 impl Listeners {
     fn poll(&self, hits: &Mutex<Hits>, probe_bind: bool) {
         let mut h = crate::util::lock(hits);
         while let Ok((s, peer)) = self.tcp.accept() {
             let _ = s.set_nonblocking(true);
             let data = read_some(&s);
-            h.tcp
-                .push(format!("TCP connection from {peer}{}", show_bytes(&data)));
+            let who = self
+                .tcp
+                .local_addr()
+                .ok()
+                .and_then(|l| tcp_client_owner(peer, l))
+                .unwrap_or_default();
+            h.tcp.push((
+                peer.port(),
+                format!("TCP connection from {peer}{who}{}", show_bytes(&data)),
+            ));
         }
         let mut buf = [0u8; 2048];
         while let Ok((n, peer)) = self.udp.recv_from(&mut buf) {
@@ -385,11 +519,19 @@ impl Listeners {
                 .push(format!("abstract socket connection{}", show_bytes(&data)));
         }
         if let (Some(port), true) = (self.bind_port, probe_bind) {
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                h.bind.push(format!(
-                    "the harness connected to the cell's listener on 127.0.0.1:{port}"
-                ));
+            // A port one of this process's own canaries listens on is not
+            // the cell's (possible only if the port had to be an ephemeral
+            // one, see `probe_port`).
+            if !own_ports(&LISTENER_PORTS).contains(&port) {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
+                    if let Ok(local) = s.local_addr() {
+                        remember_probe(local.port());
+                    }
+                    h.bind.push(format!(
+                        "the harness connected to the cell's listener on 127.0.0.1:{port}"
+                    ));
+                }
             }
         }
     }
@@ -510,9 +652,7 @@ impl RunCanaries {
             r.map_err(|e| format!("failed to make a canary listener non-blocking: {e}"))?;
         }
         let bind_port = if attack.uses("BIND_PORT") || attack.wants(Canary::Bind) {
-            let probe = TcpListener::bind("127.0.0.1:0")
-                .map_err(|e| format!("failed to find a free port: {e}"))?;
-            Some(probe.local_addr().map_err(|e| e.to_string())?.port())
+            Some(probe_port()?)
         } else {
             None
         };
@@ -576,6 +716,7 @@ impl RunCanaries {
             watcher: None,
             probe_bind: Arc::new(AtomicBool::new(false)),
         };
+        own_ports(&LISTENER_PORTS).insert(tcp_port);
         rc.stop_victims()?;
         let listeners = Listeners {
             tcp,
@@ -691,9 +832,17 @@ impl RunCanaries {
         }
         let mut ev = Vec::new();
         let hits = std::mem::take(&mut *crate::util::lock(&self.hits));
+        // The harness's own bind probes are not the cell: they can only reach
+        // this listener if they had to use an ephemeral port.
+        let tcp: Vec<String> = hits
+            .tcp
+            .into_iter()
+            .filter(|(peer, _)| !was_probe(*peer))
+            .map(|(_, seen)| seen)
+            .collect();
         // Listeners: a hit is an escape whether or not the attack declared it.
         for (list, what) in [
-            (&hits.tcp, "TCP listener"),
+            (&tcp, "TCP listener"),
             (&hits.udp, "UDP listener"),
             (&hits.unix, "unix socket listener"),
             (&hits.abstract_, "abstract socket listener"),
@@ -838,6 +987,7 @@ impl Drop for RunCanaries {
         if let Some(w) = self.watcher.take() {
             let _ = w.join();
         }
+        own_ports(&LISTENER_PORTS).remove(&self.tcp_port);
         for v in &mut self.victims {
             let _ = v.child.kill();
             let _ = v.child.wait();
@@ -884,7 +1034,72 @@ fn listen_abstract(name: &str, dir: &std::path::Path) -> std::io::Result<UnixLis
 
 #[cfg(test)]
 mod tests {
-    use super::contains_token;
+    use super::*;
+
+    fn listeners(dir: &Path, bind_port: Option<u16>) -> Listeners {
+        let tag = random_hex(4);
+        let l = Listeners {
+            tcp: TcpListener::bind("127.0.0.1:0").expect("tcp"),
+            udp: UdpSocket::bind("127.0.0.1:0").expect("udp"),
+            unix: UnixListener::bind(dir.join(format!("{tag}.sock"))).expect("unix"),
+            abstract_: listen_abstract(&format!("cbx-test-{tag}"), dir).expect("abstract"),
+            bind_port,
+        };
+        l.tcp.set_nonblocking(true).expect("nonblocking");
+        l.udp.set_nonblocking(true).expect("nonblocking");
+        l.unix.set_nonblocking(true).expect("nonblocking");
+        l.abstract_.set_nonblocking(true).expect("nonblocking");
+        l
+    }
+
+    #[test]
+    fn bind_probe_ports_lie_outside_the_ephemeral_range() {
+        let (lo, hi) = ephemeral_range();
+        assert!(lo > 10_256, "this test needs room below {lo}");
+        for _ in 0..20 {
+            let p = probe_port().expect("a free port");
+            assert!(p < lo || p > hi, "{p} is in {lo}-{hi}");
+            TcpListener::bind(("127.0.0.1", p)).expect("the port is free");
+        }
+    }
+
+    /// Runs go on in parallel: one run's bind probe reaching another run's
+    /// TCP canary is the harness, not a cell, on both sides.
+    #[test]
+    fn the_harness_own_probe_is_no_escape_on_either_side() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let canary = listeners(dir.path(), None);
+        let port = canary.tcp.local_addr().expect("addr").port();
+        let prober = listeners(dir.path(), Some(port));
+        // Registered, the other run's listener is not probed at all.
+        own_ports(&LISTENER_PORTS).insert(port);
+        let hits = Mutex::new(Hits::default());
+        prober.poll(&hits, true);
+        own_ports(&LISTENER_PORTS).remove(&port);
+        assert!(crate::util::lock(&hits).bind.is_empty());
+        // Had it been (an ephemeral bind port that another canary was then
+        // given), the canary still knows the connection for the harness's.
+        prober.poll(&hits, true);
+        assert_eq!(crate::util::lock(&hits).bind.len(), 1);
+        let seen = Mutex::new(Hits::default());
+        canary.poll(&seen, false);
+        let tcp = &crate::util::lock(&seen).tcp;
+        assert_eq!(tcp.len(), 1, "{tcp:?}");
+        assert!(was_probe(tcp[0].0), "{tcp:?}");
+        // Anyone else's connection still counts.
+        let other = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let other_port = other.local_addr().expect("addr").port();
+        let seen = Mutex::new(Hits::default());
+        canary.poll(&seen, false);
+        let tcp = &crate::util::lock(&seen).tcp;
+        assert_eq!(
+            tcp.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+            [other_port]
+        );
+        assert!(!was_probe(other_port));
+        // And says who made it: here, this very process.
+        assert!(tcp[0].1.contains(", the harness]"), "{tcp:?}");
+    }
 
     #[test]
     fn token_matching_respects_boundaries() {
