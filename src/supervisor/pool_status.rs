@@ -15,6 +15,10 @@ pub struct ZygoteStatus {
     pub age_ms: u64,
     /// Running and taking cells (not dead, not stalled).
     pub alive: bool,
+    /// Its interpreter has started and imported the profile's `preload`
+    /// modules, so a cell is forked at once. While it is still importing
+    /// it is `alive` but not `serving`, and a cell sent to it waits.
+    pub serving: bool,
     /// It stopped answering in time: it takes no cells and is replaced.
     pub stalled: bool,
 }

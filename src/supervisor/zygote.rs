@@ -554,6 +554,7 @@ impl Zygote {
             in_flight: self.in_flight.load(Ordering::SeqCst),
             age_ms: self.born.elapsed().as_millis() as u64,
             alive: !self.is_dead() && !self.is_stalled(),
+            serving: self.serves(),
             stalled: self.is_stalled(),
         }
     }

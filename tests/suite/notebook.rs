@@ -598,13 +598,19 @@ mod over_mcp {
 /// the import is over: the wait for that spawn's answer is not charged with
 /// the import, the zygote is not taken for a stalled one, and the session's
 /// live namespace is there from its first cell. A cell whose own limit
-/// passes while the zygote imports ends `timeout`, and says why.
+/// passes while the zygote imports ends `timeout`, and says why; the pool's
+/// status meanwhile shows the zygote alive but not serving.
 #[tokio::test]
 async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     let dir = tempfile::tempdir().unwrap();
+    // Its import lasts until the test opens the gate (30 s at most).
     std::fs::write(
         dir.path().join("cellbox_slow_import.py"),
-        "import time\ntime.sleep(2)\nLOADED = True\n",
+        "import os, time\n\
+         gate = os.path.join(os.path.dirname(__file__), 'gate')\n\
+         end = time.monotonic() + 30\n\
+         while not os.path.exists(gate) and time.monotonic() < end:\n    time.sleep(0.05)\n\
+         LOADED = True\n",
     )
     .unwrap();
     let profile = python_profile(dir.path(), dir.path(), &["cellbox_slow_import"]);
@@ -624,6 +630,23 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
         .map(|e| e.message.clone())
         .unwrap_or_default();
     assert!(message.contains("zygote"), "{r:?}");
+    // Still importing: alive, not yet serving, not stalled.
+    let pools = sup.pool_status().await;
+    assert!(
+        !pools.python.is_empty()
+            && pools
+                .python
+                .iter()
+                .all(|z| z.alive && !z.serving && !z.stalled),
+        "{pools:?}"
+    );
+    // The import ends 1.5 s into the next cell: longer than a zygote may
+    // take to answer a spawn, which must not be charged with it.
+    let gate = dir.path().join("gate");
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        std::fs::write(gate, "").unwrap();
+    });
     let s = sup.session(SessionConfig::default()).unwrap();
     let r = py_in(
         &s,
@@ -641,9 +664,14 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     let r = run_py(&sup, "import sys\n'cellbox_slow_import' in sys.modules").await;
     assert_eq!(r.value, json!(true), "{r:?}");
     assert!(hygiene(&r).contains("zygote"), "{r:?}");
+    opener.join().unwrap();
     let pools = sup.pool_status().await;
     assert!(
-        !pools.python.is_empty() && pools.python.iter().all(|z| z.alive && !z.stalled),
+        !pools.python.is_empty()
+            && pools
+                .python
+                .iter()
+                .all(|z| z.alive && z.serving && !z.stalled),
         "a zygote was taken for a stalled one: {pools:?}"
     );
 }
