@@ -42,9 +42,36 @@ const HOST_TMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
 /// Uid of the unprivileged victim (`nobody`).
 const NOBODY: u32 = 65534;
 
-/// TCP ports the canary listeners of this process hold (runs go on in
-/// parallel): a bind probe never counts one of them as the cell's.
-static LISTENER_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+/// Every port a canary listener (TCP or UDP) of this process has had, and
+/// every port handed out as `{{BIND_PORT}}`. Runs go on in parallel and one
+/// after another; a run never gets a port an earlier run had, so anything
+/// an earlier run left behind (a control cell's straggling connection, a
+/// bind probe) cannot reach a later run's canary, and a bind probe never
+/// connects to a canary.
+static CANARY_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+static BIND_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Bind with `bind` until the port is one no run of this process has had
+/// (the ports met on the way stay bound until then, so the kernel does not
+/// offer them again), and record it in `CANARY_PORTS`.
+fn fresh_port<T>(
+    what: &str,
+    bind: impl Fn() -> std::io::Result<T>,
+    port_of: impl Fn(&T) -> std::io::Result<u16>,
+) -> Result<(T, u16), String> {
+    let mut met = Vec::new();
+    for _ in 0..64 {
+        let sock = bind().map_err(|e| format!("failed to bind {what}: {e}"))?;
+        let port = port_of(&sock).map_err(|e| format!("failed to read {what}'s port: {e}"))?;
+        if !own_ports(&BIND_PORTS).contains(&port) && own_ports(&CANARY_PORTS).insert(port) {
+            return Ok((sock, port));
+        }
+        met.push(sock);
+    }
+    Err(format!(
+        "failed to bind {what}: 64 ports in a row were ones earlier runs had"
+    ))
+}
 /// Local ports of the connections the harness's own bind probes made, and
 /// when. A canary listener that one of them reached saw the harness, not a
 /// cell. Kept for `PROBE_MEMORY`, far longer than any run.
@@ -102,14 +129,25 @@ fn probe_port() -> Result<u16, String> {
             let Ok(port) = u16::try_from(start + r % (end - start)) else {
                 continue;
             };
-            if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            if own_ports(&CANARY_PORTS).contains(&port) {
+                continue;
+            }
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() && own_ports(&BIND_PORTS).insert(port) {
                 return Ok(port);
             }
         }
     }
-    let probe =
-        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("failed to find a free port: {e}"))?;
-    Ok(probe.local_addr().map_err(|e| e.to_string())?.port())
+    let mut met = Vec::new();
+    for _ in 0..64 {
+        let probe = TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| format!("failed to find a free port: {e}"))?;
+        let port = probe.local_addr().map_err(|e| e.to_string())?.port();
+        if !own_ports(&CANARY_PORTS).contains(&port) && own_ports(&BIND_PORTS).insert(port) {
+            return Ok(port);
+        }
+        met.push(probe);
+    }
+    Err("failed to find a port no earlier run had".into())
 }
 
 pub(crate) fn random_hex(bytes: usize) -> String {
@@ -519,10 +557,10 @@ impl Listeners {
                 .push(format!("abstract socket connection{}", show_bytes(&data)));
         }
         if let (Some(port), true) = (self.bind_port, probe_bind) {
-            // A port one of this process's own canaries listens on is not
-            // the cell's (possible only if the port had to be an ephemeral
-            // one, see `probe_port`).
-            if !own_ports(&LISTENER_PORTS).contains(&port) {
+            // A port one of this process's own canaries has had is not
+            // the cell's (`probe_port` never hands one out; this holds if
+            // one is taken for it all the same).
+            if !own_ports(&CANARY_PORTS).contains(&port) {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
                 if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
                     if let Ok(local) = s.local_addr() {
@@ -637,12 +675,16 @@ impl RunCanaries {
         let abstract_name = format!("cbx-security-{}", random_hex(8));
         let abstract_ = listen_abstract(&abstract_name, &sock_dir)
             .map_err(|e| format!("failed to listen on abstract socket {abstract_name}: {e}"))?;
-        let tcp = TcpListener::bind("127.0.0.1:0")
-            .map_err(|e| format!("failed to listen on 127.0.0.1 TCP: {e}"))?;
-        let udp = UdpSocket::bind("127.0.0.1:0")
-            .map_err(|e| format!("failed to bind 127.0.0.1 UDP: {e}"))?;
-        let tcp_port = tcp.local_addr().map_err(|e| e.to_string())?.port();
-        let udp_port = udp.local_addr().map_err(|e| e.to_string())?.port();
+        let (tcp, tcp_port) = fresh_port(
+            "the 127.0.0.1 TCP canary",
+            || TcpListener::bind("127.0.0.1:0"),
+            |l| l.local_addr().map(|a| a.port()),
+        )?;
+        let (udp, udp_port) = fresh_port(
+            "the 127.0.0.1 UDP canary",
+            || UdpSocket::bind("127.0.0.1:0"),
+            |u| u.local_addr().map(|a| a.port()),
+        )?;
         for r in [
             tcp.set_nonblocking(true),
             udp.set_nonblocking(true),
@@ -716,7 +758,6 @@ impl RunCanaries {
             watcher: None,
             probe_bind: Arc::new(AtomicBool::new(false)),
         };
-        own_ports(&LISTENER_PORTS).insert(tcp_port);
         rc.stop_victims()?;
         let listeners = Listeners {
             tcp,
@@ -987,7 +1028,6 @@ impl Drop for RunCanaries {
         if let Some(w) = self.watcher.take() {
             let _ = w.join();
         }
-        own_ports(&LISTENER_PORTS).remove(&self.tcp_port);
         for v in &mut self.victims {
             let _ = v.child.kill();
             let _ = v.child.wait();
@@ -1063,6 +1103,42 @@ mod tests {
         }
     }
 
+    /// No run gets a port an earlier run of the process had, as a canary
+    /// or as its bind port, even when the kernel offers it again.
+    #[test]
+    fn no_port_is_handed_out_twice() {
+        let mut seen = BTreeSet::new();
+        for _ in 0..40 {
+            // Dropped at once: the kernel is free to offer it again.
+            let (_, p) = fresh_port(
+                "a test listener",
+                || TcpListener::bind("127.0.0.1:0"),
+                |l| l.local_addr().map(|a| a.port()),
+            )
+            .expect("a port");
+            assert!(seen.insert(p), "{p} handed out twice");
+            let b = probe_port().expect("a bind port");
+            assert!(seen.insert(b), "{b} handed out twice");
+        }
+        // A port the kernel offers that an earlier run had is passed over.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let offered = l.local_addr().expect("addr").port();
+        own_ports(&CANARY_PORTS).insert(offered);
+        drop(l);
+        let (_, p) = fresh_port(
+            "a test listener",
+            || {
+                // The port `offered` for as long as it is free, as a
+                // kernel offering it again would.
+                TcpListener::bind(("127.0.0.1", offered))
+                    .or_else(|_| TcpListener::bind("127.0.0.1:0"))
+            },
+            |l| l.local_addr().map(|a| a.port()),
+        )
+        .expect("a port");
+        assert_ne!(p, offered);
+    }
+
     /// Runs go on in parallel: one run's bind probe reaching another run's
     /// TCP canary is the harness, not a cell, on both sides.
     #[test]
@@ -1072,10 +1148,10 @@ mod tests {
         let port = canary.tcp.local_addr().expect("addr").port();
         let prober = listeners(dir.path(), Some(port));
         // Registered, the other run's listener is not probed at all.
-        own_ports(&LISTENER_PORTS).insert(port);
+        own_ports(&CANARY_PORTS).insert(port);
         let hits = Mutex::new(Hits::default());
         prober.poll(&hits, true);
-        own_ports(&LISTENER_PORTS).remove(&port);
+        own_ports(&CANARY_PORTS).remove(&port);
         assert!(crate::util::lock(&hits).bind.is_empty());
         // Had it been (an ephemeral bind port that another canary was then
         // given), the canary still knows the connection for the harness's.
