@@ -631,15 +631,7 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
         .unwrap_or_default();
     assert!(message.contains("zygote"), "{r:?}");
     // Still importing: alive, not yet serving, not stalled.
-    let pools = sup.pool_status().await;
-    assert!(
-        !pools.python.is_empty()
-            && pools
-                .python
-                .iter()
-                .all(|z| z.alive && !z.serving && !z.stalled),
-        "{pools:?}"
-    );
+    zygotes_are(&sup, false).await;
     // The import ends 1.5 s into the next cell: longer than a zygote may
     // take to answer a spawn, which must not be charged with it.
     let gate = dir.path().join("gate");
@@ -665,14 +657,20 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     assert_eq!(r.value, json!(true), "{r:?}");
     assert!(hygiene(&r).contains("zygote"), "{r:?}");
     opener.join().unwrap();
+    zygotes_are(&sup, true).await;
+}
+
+/// Every zygote of the pool (there is one) is alive and not stalled, and
+/// serves or not as `serving` says.
+async fn zygotes_are(sup: &Supervisor, serving: bool) {
     let pools = sup.pool_status().await;
     assert!(
         !pools.python.is_empty()
             && pools
                 .python
                 .iter()
-                .all(|z| z.alive && z.serving && !z.stalled),
-        "a zygote was taken for a stalled one: {pools:?}"
+                .all(|z| z.alive && z.serving == serving && !z.stalled),
+        "{pools:?}"
     );
 }
 
