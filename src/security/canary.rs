@@ -72,6 +72,7 @@ fn fresh_port<T>(
         "failed to bind {what}: 64 ports in a row were ones earlier runs had"
     ))
 }
+
 /// Local ports of the connections the harness's own bind probes made, and
 /// when. A canary listener that one of them reached saw the harness, not a
 /// cell. Kept for `PROBE_MEMORY`, far longer than any run.
@@ -873,8 +874,9 @@ impl RunCanaries {
         }
         let mut ev = Vec::new();
         let hits = std::mem::take(&mut *crate::util::lock(&self.hits));
-        // The harness's own bind probes are not the cell: they can only reach
-        // this listener if they had to use an ephemeral port.
+        // The harness's own bind probes are not the cell. They never connect
+        // to a canary's port (see `CANARY_PORTS`); this holds even if one
+        // did.
         let tcp: Vec<String> = hits
             .tcp
             .into_iter()
