@@ -51,11 +51,20 @@ const NOBODY: u32 = 65534;
 static CANARY_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 static BIND_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
+/// Record `port` in `into` unless a run of this process already had it
+/// (in either set).
+fn claim(port: u16, into: &Mutex<BTreeSet<u16>>) -> bool {
+    !crate::util::lock(&CANARY_PORTS).contains(&port)
+        && !crate::util::lock(&BIND_PORTS).contains(&port)
+        && crate::util::lock(into).insert(port)
+}
+
 /// Bind with `bind` until the port is one no run of this process has had
 /// (the ports met on the way stay bound until then, so the kernel does not
-/// offer them again), and record it in `CANARY_PORTS`.
+/// offer them again), and record it in `into`.
 fn fresh_port<T>(
     what: &str,
+    into: &Mutex<BTreeSet<u16>>,
     bind: impl Fn() -> std::io::Result<T>,
     port_of: impl Fn(&T) -> std::io::Result<u16>,
 ) -> Result<(T, u16), String> {
@@ -63,7 +72,7 @@ fn fresh_port<T>(
     for _ in 0..64 {
         let sock = bind().map_err(|e| format!("failed to bind {what}: {e}"))?;
         let port = port_of(&sock).map_err(|e| format!("failed to read {what}'s port: {e}"))?;
-        if !own_ports(&BIND_PORTS).contains(&port) && own_ports(&CANARY_PORTS).insert(port) {
+        if claim(port, into) {
             return Ok((sock, port));
         }
         met.push(sock);
@@ -78,10 +87,6 @@ fn fresh_port<T>(
 /// cell. Kept for `PROBE_MEMORY`, far longer than any run.
 static PROBE_PORTS: Mutex<Vec<(u16, Instant)>> = Mutex::new(Vec::new());
 const PROBE_MEMORY: Duration = Duration::from_secs(600);
-
-fn own_ports(set: &Mutex<BTreeSet<u16>>) -> std::sync::MutexGuard<'_, BTreeSet<u16>> {
-    crate::util::lock(set)
-}
 
 fn remember_probe(port: u16) {
     let mut v = crate::util::lock(&PROBE_PORTS);
@@ -130,25 +135,18 @@ fn probe_port() -> Result<u16, String> {
             let Ok(port) = u16::try_from(start + r % (end - start)) else {
                 continue;
             };
-            if own_ports(&CANARY_PORTS).contains(&port) {
-                continue;
-            }
-            if TcpListener::bind(("0.0.0.0", port)).is_ok() && own_ports(&BIND_PORTS).insert(port) {
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() && claim(port, &BIND_PORTS) {
                 return Ok(port);
             }
         }
     }
-    let mut met = Vec::new();
-    for _ in 0..64 {
-        let probe = TcpListener::bind("127.0.0.1:0")
-            .map_err(|e| format!("failed to find a free port: {e}"))?;
-        let port = probe.local_addr().map_err(|e| e.to_string())?.port();
-        if !own_ports(&CANARY_PORTS).contains(&port) && own_ports(&BIND_PORTS).insert(port) {
-            return Ok(port);
-        }
-        met.push(probe);
-    }
-    Err("failed to find a port no earlier run had".into())
+    fresh_port(
+        "a port for the cell",
+        &BIND_PORTS,
+        || TcpListener::bind("127.0.0.1:0"),
+        |l| l.local_addr().map(|a| a.port()),
+    )
+    .map(|(_, port)| port)
 }
 
 pub(crate) fn random_hex(bytes: usize) -> String {
@@ -561,7 +559,7 @@ impl Listeners {
             // A port one of this process's own canaries has had is not
             // the cell's (`probe_port` never hands one out; this holds if
             // one is taken for it all the same).
-            if !own_ports(&CANARY_PORTS).contains(&port) {
+            if !crate::util::lock(&CANARY_PORTS).contains(&port) {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
                 if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
                     if let Ok(local) = s.local_addr() {
@@ -678,11 +676,13 @@ impl RunCanaries {
             .map_err(|e| format!("failed to listen on abstract socket {abstract_name}: {e}"))?;
         let (tcp, tcp_port) = fresh_port(
             "the 127.0.0.1 TCP canary",
+            &CANARY_PORTS,
             || TcpListener::bind("127.0.0.1:0"),
             |l| l.local_addr().map(|a| a.port()),
         )?;
         let (udp, udp_port) = fresh_port(
             "the 127.0.0.1 UDP canary",
+            &CANARY_PORTS,
             || UdpSocket::bind("127.0.0.1:0"),
             |u| u.local_addr().map(|a| a.port()),
         )?;
@@ -1114,6 +1114,7 @@ mod tests {
             // Dropped at once: the kernel is free to offer it again.
             let (_, p) = fresh_port(
                 "a test listener",
+                &CANARY_PORTS,
                 || TcpListener::bind("127.0.0.1:0"),
                 |l| l.local_addr().map(|a| a.port()),
             )
@@ -1125,10 +1126,11 @@ mod tests {
         // A port the kernel offers that an earlier run had is passed over.
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let offered = l.local_addr().expect("addr").port();
-        own_ports(&CANARY_PORTS).insert(offered);
+        crate::util::lock(&CANARY_PORTS).insert(offered);
         drop(l);
         let (_, p) = fresh_port(
             "a test listener",
+            &CANARY_PORTS,
             || {
                 // The port `offered` for as long as it is free, as a
                 // kernel offering it again would.
@@ -1150,10 +1152,10 @@ mod tests {
         let port = canary.tcp.local_addr().expect("addr").port();
         let prober = listeners(dir.path(), Some(port));
         // Registered, the other run's listener is not probed at all.
-        own_ports(&CANARY_PORTS).insert(port);
+        crate::util::lock(&CANARY_PORTS).insert(port);
         let hits = Mutex::new(Hits::default());
         prober.poll(&hits, true);
-        own_ports(&CANARY_PORTS).remove(&port);
+        crate::util::lock(&CANARY_PORTS).remove(&port);
         assert!(crate::util::lock(&hits).bind.is_empty());
         // Had it been (an ephemeral bind port that another canary was then
         // given), the canary still knows the connection for the harness's.
