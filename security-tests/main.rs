@@ -2,7 +2,7 @@
 //! in this directory runs against the freshly built `cellbox` binary. Zero
 //! escapes and zero errors is the bar; anything else fails the build.
 //!
-//! `cargo test --release --test security -- NAME` runs only attacks whose
+//! `cargo test --profile test-release --test security -- NAME` runs only attacks whose
 //! name contains NAME.
 //!
 //! After the script attacks comes the multi-tenant section (`tenancy/`):
@@ -65,7 +65,7 @@ fn check_catalog(dir: &Path) -> Result<Vec<security::Attack>, String> {
 }
 
 /// The first free argument, skipping libtest's own options (and the values
-/// of those that take one), so `cargo test --release -- --test-threads 2`
+/// of those that take one), so `cargo test --profile test-release -- --test-threads 2`
 /// does not read "2" as a filter.
 fn filter_arg(args: &[String]) -> Option<String> {
     const WITH_VALUE: &[&str] = &[

@@ -80,7 +80,7 @@ pub mod security;
 pub mod soak;
 
 // The README's Rust example is a whole program: compiled and run with the
-// doc-tests (`cargo test --release`), so it stays true as written.
+// doc-tests (`cargo test --profile test-release`), so it stays true as written.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

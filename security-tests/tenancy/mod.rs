@@ -20,7 +20,7 @@
 //! of the way), so a broken attack cannot pass as "blocked". Return
 //! `Err(..)` when the attack or its control could not be run or judged.
 //!
-//! `cargo test --release --test security -- tenant_` runs only this section.
+//! `cargo test --profile test-release --test security -- tenant_` runs only this section.
 
 mod call_records;
 mod caps;

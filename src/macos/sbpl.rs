@@ -549,7 +549,7 @@ pub(crate) mod tests {
         assert!(
             stale.is_empty(),
             "the kept policies differ from the compiler's: {stale:?}; \
-             run `CELLBOX_BLESS=1 cargo test --release --lib macos::sbpl` and review the diff"
+             run `CELLBOX_BLESS=1 cargo test --profile test-release --lib macos::sbpl` and review the diff"
         );
     }
 

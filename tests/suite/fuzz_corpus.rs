@@ -151,7 +151,7 @@ fn fuzz_corpus_jsonrpc_http() {
 }
 
 /// Rewrites the protocol seeds from the real message types:
-/// `CELLBOX_WRITE_SEEDS=1 cargo test --release --test all -- --ignored write_protocol_seeds`.
+/// `CELLBOX_WRITE_SEEDS=1 cargo test --profile test-release --test all -- --ignored write_protocol_seeds`.
 #[test]
 #[ignore]
 fn write_protocol_seeds() {

@@ -32,9 +32,22 @@ fn fake_program() -> PathBuf {
             .filter_map(|p| modified(&src.join(p)))
             .max();
             if modified(&exe) < newest_source {
+                // The profile this test was built with names its directory
+                // (`dev`'s is `debug`).
+                let profile = match dir.file_name().and_then(|n| n.to_str()) {
+                    Some("debug") => "dev".to_string(),
+                    Some(name) => name.to_string(),
+                    None => panic!("{} names no profile", dir.display()),
+                };
                 let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
                 let st = std::process::Command::new(cargo)
-                    .args(["build", "--release", "--example", "fake_mcp_upstream"])
+                    .args([
+                        "build",
+                        "--profile",
+                        &profile,
+                        "--example",
+                        "fake_mcp_upstream",
+                    ])
                     .arg("--manifest-path")
                     .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
                     .status()
