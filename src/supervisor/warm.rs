@@ -81,6 +81,10 @@ pub(crate) enum PoolError {
         "the Python zygote did not finish starting its interpreter and importing its preload modules within {0} s"
     )]
     ZygoteNotServing(u64),
+    #[error(
+        "the Python zygote (pid {pid}) exited before it served: it died starting its interpreter or importing its preload modules"
+    )]
+    ZygoteDiedStarting { pid: i32 },
     /// The zygote's reply was not one the protocol allows here.
     #[error("the Python zygote sent {0}")]
     ZygoteSent(&'static str),

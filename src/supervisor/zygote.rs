@@ -745,8 +745,15 @@ impl Pools {
         // that serves already.
         for z in started {
             let by = tokio::time::Instant::from_std(z.born + SERVING_WITHIN);
-            if let Err(ServedBy::Never) = z.served_by(by).await {
-                return Err(PoolError::ZygoteNotServing(SERVING_WITHIN.as_secs()));
+            match z.served_by(by).await {
+                Ok(_) => {}
+                // A zygote that is gone before it served died starting its
+                // interpreter or importing its preload modules: the next
+                // one would most likely too.
+                Err(ServedBy::Gone) => return Err(PoolError::ZygoteDiedStarting { pid: z.pid }),
+                Err(ServedBy::Never | ServedBy::Deadline) => {
+                    return Err(PoolError::ZygoteNotServing(SERVING_WITHIN.as_secs()))
+                }
             }
         }
         Ok(())

@@ -48,6 +48,16 @@ fn python_profile(dir: &Path, packages: &Path, preload: &[&str]) -> PathBuf {
     path
 }
 
+/// A supervisor with warm pools, its Python cells under `profile`.
+fn warm_with(profile: &Path) -> Supervisor {
+    Supervisor::builder()
+        .worker_exe(bin())
+        .warm(true)
+        .profile(Language::Python, profile.to_string_lossy())
+        .build()
+        .unwrap()
+}
+
 fn with_packages(dir: &Path, preload: &[&str], warm: bool) -> Supervisor {
     Supervisor::builder()
         .worker_exe(bin())
@@ -614,12 +624,7 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     )
     .unwrap();
     let profile = python_profile(dir.path(), dir.path(), &["cellbox_slow_import"]);
-    let sup = Supervisor::builder()
-        .worker_exe(bin())
-        .warm(true)
-        .profile(Language::Python, profile.to_string_lossy())
-        .build()
-        .unwrap();
+    let sup = warm_with(&profile);
     let mut hurried = cellbox::CellRequest::new(Language::Python, "1");
     hurried.limits.timeout_ms = Some(500);
     let r = sup.run(hurried, SessionConfig::default()).await;
@@ -658,6 +663,32 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     assert!(hygiene(&r).contains("zygote"), "{r:?}");
     opener.join().unwrap();
     zygotes_are(&sup, true).await;
+}
+
+/// A zygote that dies importing its preload modules makes `start_pools`
+/// fail and say so, instead of returning as if the pool took cells. A cell
+/// after it still runs, in a fresh worker.
+#[tokio::test]
+async fn a_zygote_dying_in_its_preload_fails_start_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("cellbox_fatal_import.py"),
+        "import os\nos._exit(3)\n",
+    )
+    .unwrap();
+    let profile = python_profile(dir.path(), dir.path(), &["cellbox_fatal_import"]);
+    let sup = warm_with(&profile);
+    let err = sup.start_pools().await.unwrap_err().to_string();
+    assert!(
+        err.contains("exited before it served") && err.contains("preload"),
+        "{err}"
+    );
+    let mut cell = cellbox::CellRequest::new(Language::Python, "1");
+    cell.limits.timeout_ms = Some(10_000);
+    let r = sup.run(cell, SessionConfig::default()).await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(r.value, json!(1), "{r:?}");
+    assert!(!hygiene(&r).contains("zygote"), "{r:?}");
 }
 
 /// Every zygote of the pool (there is one) is alive and not stalled, and
