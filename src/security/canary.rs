@@ -48,15 +48,34 @@ const NOBODY: u32 = 65534;
 /// an earlier run left behind (a control cell's straggling connection, a
 /// bind probe) cannot reach a later run's canary, and a bind probe never
 /// connects to a canary.
-static CANARY_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-static BIND_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+static OWN_PORTS: Mutex<OwnPorts> = Mutex::new(OwnPorts {
+    canary: BTreeSet::new(),
+    bind: BTreeSet::new(),
+});
 
-/// Record `port` in `into` unless a run of this process already had it
-/// (in either set).
-fn claim(port: u16, into: &Mutex<BTreeSet<u16>>) -> bool {
-    !crate::util::lock(&CANARY_PORTS).contains(&port)
-        && !crate::util::lock(&BIND_PORTS).contains(&port)
-        && crate::util::lock(into).insert(port)
+struct OwnPorts {
+    canary: BTreeSet<u16>,
+    bind: BTreeSet<u16>,
+}
+
+/// What a port is claimed for.
+#[derive(Clone, Copy)]
+enum PortUse {
+    Canary,
+    Bind,
+}
+
+/// Record `port` as `into`'s unless a run of this process already had it
+/// (for either use); checked and recorded under one lock.
+fn claim(port: u16, into: PortUse) -> bool {
+    let mut own = crate::util::lock(&OWN_PORTS);
+    if own.canary.contains(&port) || own.bind.contains(&port) {
+        return false;
+    }
+    match into {
+        PortUse::Canary => own.canary.insert(port),
+        PortUse::Bind => own.bind.insert(port),
+    }
 }
 
 /// Bind with `bind` until the port is one no run of this process has had
@@ -64,7 +83,7 @@ fn claim(port: u16, into: &Mutex<BTreeSet<u16>>) -> bool {
 /// offer them again), and record it in `into`.
 fn fresh_port<T>(
     what: &str,
-    into: &Mutex<BTreeSet<u16>>,
+    into: PortUse,
     bind: impl Fn() -> std::io::Result<T>,
     port_of: impl Fn(&T) -> std::io::Result<u16>,
 ) -> Result<(T, u16), String> {
@@ -135,14 +154,14 @@ fn probe_port() -> Result<u16, String> {
             let Ok(port) = u16::try_from(start + r % (end - start)) else {
                 continue;
             };
-            if TcpListener::bind(("0.0.0.0", port)).is_ok() && claim(port, &BIND_PORTS) {
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() && claim(port, PortUse::Bind) {
                 return Ok(port);
             }
         }
     }
     fresh_port(
         "a port for the cell",
-        &BIND_PORTS,
+        PortUse::Bind,
         || TcpListener::bind("127.0.0.1:0"),
         |l| l.local_addr().map(|a| a.port()),
     )
@@ -559,7 +578,7 @@ impl Listeners {
             // A port one of this process's own canaries has had is not
             // the cell's (`probe_port` never hands one out; this holds if
             // one is taken for it all the same).
-            if !crate::util::lock(&CANARY_PORTS).contains(&port) {
+            if !crate::util::lock(&OWN_PORTS).canary.contains(&port) {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
                 if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
                     if let Ok(local) = s.local_addr() {
@@ -676,13 +695,13 @@ impl RunCanaries {
             .map_err(|e| format!("failed to listen on abstract socket {abstract_name}: {e}"))?;
         let (tcp, tcp_port) = fresh_port(
             "the 127.0.0.1 TCP canary",
-            &CANARY_PORTS,
+            PortUse::Canary,
             || TcpListener::bind("127.0.0.1:0"),
             |l| l.local_addr().map(|a| a.port()),
         )?;
         let (udp, udp_port) = fresh_port(
             "the 127.0.0.1 UDP canary",
-            &CANARY_PORTS,
+            PortUse::Canary,
             || UdpSocket::bind("127.0.0.1:0"),
             |u| u.local_addr().map(|a| a.port()),
         )?;
@@ -875,7 +894,7 @@ impl RunCanaries {
         let mut ev = Vec::new();
         let hits = std::mem::take(&mut *crate::util::lock(&self.hits));
         // The harness's own bind probes are not the cell. They never connect
-        // to a canary's port (see `CANARY_PORTS`); this holds even if one
+        // to a canary's port (see `OWN_PORTS`); this holds even if one
         // did.
         let tcp: Vec<String> = hits
             .tcp
@@ -1114,7 +1133,7 @@ mod tests {
             // Dropped at once: the kernel is free to offer it again.
             let (_, p) = fresh_port(
                 "a test listener",
-                &CANARY_PORTS,
+                PortUse::Canary,
                 || TcpListener::bind("127.0.0.1:0"),
                 |l| l.local_addr().map(|a| a.port()),
             )
@@ -1126,11 +1145,11 @@ mod tests {
         // A port the kernel offers that an earlier run had is passed over.
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let offered = l.local_addr().expect("addr").port();
-        crate::util::lock(&CANARY_PORTS).insert(offered);
+        crate::util::lock(&OWN_PORTS).canary.insert(offered);
         drop(l);
         let (_, p) = fresh_port(
             "a test listener",
-            &CANARY_PORTS,
+            PortUse::Canary,
             || {
                 // The port `offered` for as long as it is free, as a
                 // kernel offering it again would.
@@ -1152,10 +1171,10 @@ mod tests {
         let port = canary.tcp.local_addr().expect("addr").port();
         let prober = listeners(dir.path(), Some(port));
         // Registered, the other run's listener is not probed at all.
-        crate::util::lock(&CANARY_PORTS).insert(port);
+        crate::util::lock(&OWN_PORTS).canary.insert(port);
         let hits = Mutex::new(Hits::default());
         prober.poll(&hits, true);
-        crate::util::lock(&CANARY_PORTS).remove(&port);
+        crate::util::lock(&OWN_PORTS).canary.remove(&port);
         assert!(crate::util::lock(&hits).bind.is_empty());
         // Had it been (an ephemeral bind port that another canary was then
         // given), the canary still knows the connection for the harness's.
