@@ -48,26 +48,18 @@ fn python_profile(dir: &Path, packages: &Path, preload: &[&str]) -> PathBuf {
     path
 }
 
-/// A supervisor with warm pools, its Python cells under `profile`.
-fn warm_with(profile: &Path) -> Supervisor {
+/// A supervisor, with warm pools or not, its Python cells under `profile`.
+fn with_profile(profile: &Path, warm: bool) -> Supervisor {
     Supervisor::builder()
         .worker_exe(bin())
-        .warm(true)
+        .warm(warm)
         .profile(Language::Python, profile.to_string_lossy())
         .build()
         .unwrap()
 }
 
 fn with_packages(dir: &Path, preload: &[&str], warm: bool) -> Supervisor {
-    Supervisor::builder()
-        .worker_exe(bin())
-        .warm(warm)
-        .profile(
-            Language::Python,
-            packages_profile(dir, preload).to_string_lossy(),
-        )
-        .build()
-        .unwrap()
+    with_profile(&packages_profile(dir, preload), warm)
 }
 
 fn hygiene(r: &CellResult) -> String {
@@ -624,7 +616,7 @@ async fn a_slow_preload_is_waited_for_and_the_zygote_not_taken_for_stalled() {
     )
     .unwrap();
     let profile = python_profile(dir.path(), dir.path(), &["cellbox_slow_import"]);
-    let sup = warm_with(&profile);
+    let sup = with_profile(&profile, true);
     let mut hurried = cellbox::CellRequest::new(Language::Python, "1");
     hurried.limits.timeout_ms = Some(500);
     let r = sup.run(hurried, SessionConfig::default()).await;
@@ -677,7 +669,7 @@ async fn a_zygote_dying_in_its_preload_fails_start_pools() {
     )
     .unwrap();
     let profile = python_profile(dir.path(), dir.path(), &["cellbox_fatal_import"]);
-    let sup = warm_with(&profile);
+    let sup = with_profile(&profile, true);
     let err = sup.start_pools().await.unwrap_err().to_string();
     assert!(
         err.contains("exited before it served") && err.contains("preload"),
