@@ -101,22 +101,27 @@ fn fresh_port<T>(
     ))
 }
 
-/// Local ports of the connections the harness's own bind probes made, and
-/// when. A canary listener that one of them reached saw the harness, not a
-/// cell. Kept for `PROBE_MEMORY`, far longer than any run.
-static PROBE_PORTS: Mutex<Vec<(u16, Instant)>> = Mutex::new(Vec::new());
+/// The connections the harness's own bind probes made, each as its local
+/// port and the port it reached, and when. A canary listener that one of
+/// them reached saw the harness, not a cell. Kept for `PROBE_MEMORY`, far
+/// longer than any run. Both ports are kept: a cell's connection to a
+/// canary may come from a local port that a probe to another port had
+/// (the kernel hands ephemeral ports out again), and still counts.
+static PROBE_PORTS: Mutex<Vec<(u16, u16, Instant)>> = Mutex::new(Vec::new());
 const PROBE_MEMORY: Duration = Duration::from_secs(600);
 
-fn remember_probe(port: u16) {
+fn remember_probe(from: u16, to: u16) {
     let mut v = crate::util::lock(&PROBE_PORTS);
-    v.retain(|(_, at)| at.elapsed() < PROBE_MEMORY);
-    v.push((port, Instant::now()));
+    v.retain(|(_, _, at)| at.elapsed() < PROBE_MEMORY);
+    v.push((from, to, Instant::now()));
 }
 
-fn was_probe(port: u16) -> bool {
+/// Whether a connection from local port `from` to port `to` was one of
+/// the harness's bind probes.
+fn was_probe(from: u16, to: u16) -> bool {
     crate::util::lock(&PROBE_PORTS)
         .iter()
-        .any(|(p, at)| *p == port && at.elapsed() < PROBE_MEMORY)
+        .any(|(f, t, at)| (*f, *t) == (from, to) && at.elapsed() < PROBE_MEMORY)
 }
 
 /// The host's ephemeral port range (`ip_local_port_range`): what `bind` to
@@ -582,7 +587,7 @@ impl Listeners {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
                 if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
                     if let Ok(local) = s.local_addr() {
-                        remember_probe(local.port());
+                        remember_probe(local.port(), port);
                     }
                     h.bind.push(format!(
                         "the harness connected to the cell's listener on 127.0.0.1:{port}"
@@ -899,7 +904,7 @@ impl RunCanaries {
         let tcp: Vec<String> = hits
             .tcp
             .into_iter()
-            .filter(|(peer, _)| !was_probe(*peer))
+            .filter(|(peer, _)| !was_probe(*peer, self.tcp_port))
             .map(|(_, seen)| seen)
             .collect();
         // Listeners: a hit is an escape whether or not the attack declared it.
@@ -1184,7 +1189,10 @@ mod tests {
         canary.poll(&seen, false);
         let tcp = &crate::util::lock(&seen).tcp;
         assert_eq!(tcp.len(), 1, "{tcp:?}");
-        assert!(was_probe(tcp[0].0), "{tcp:?}");
+        assert!(was_probe(tcp[0].0, port), "{tcp:?}");
+        // A connection to another port from the probe's local port (given
+        // out again by the kernel) is not the probe.
+        assert!(!was_probe(tcp[0].0, port.wrapping_add(1)), "{tcp:?}");
         // Anyone else's connection still counts.
         let other = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         let other_port = other.local_addr().expect("addr").port();
@@ -1195,7 +1203,7 @@ mod tests {
             tcp.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
             [other_port]
         );
-        assert!(!was_probe(other_port));
+        assert!(!was_probe(other_port, port));
         // And says who made it: here, this very process.
         assert!(tcp[0].1.contains(", the harness]"), "{tcp:?}");
     }
