@@ -267,8 +267,11 @@ zygote_channel! {
     ///   socket, stdout, stderr and the channel of the next state process;
     ///   `clone {id}` with the channel of a copy (a checkpoint).
     /// - state → supervisor: `spawned {id, pid}`, `error {id, message}`,
-    ///   `ended {...}` (as [`ZygoteMsg::Ended`]); and, first on each new
-    ///   channel, `ready {pid}` from the process that serves it.
+    ///   `ended {...}` (as [`ZygoteMsg::Ended`]); first on each new
+    ///   channel, `ready {pid}` from the process that serves it; and, unasked,
+    ///   `spare {pid}` with the channel of a process it forked ahead for its
+    ///   next cell, to which the supervisor sends the cell's limits (as
+    ///   [`Rlimits`], the whole packet) and the four fds of `run` itself.
     ///
     /// A state process has run the session's code: pids it names are only
     /// looked up among the session's own processes.
@@ -281,6 +284,9 @@ zygote_channel! {
             id: u64,
         },
         Ready {
+            pid: i32,
+        },
+        Spare {
             pid: i32,
         },
     }
@@ -385,6 +391,12 @@ mod tests {
         assert!(matches!(
             StateMsg::Ready { pid: 1 }.sort(),
             PoolReply::Other(StateMsg::Ready { pid: 1 })
+        ));
+        // A state process's word for a spare, as zygote.py writes it.
+        let spare: StateMsg = serde_json::from_str(r#"{"op": "spare", "pid": 12}"#).expect("spare");
+        assert!(matches!(
+            spare.sort(),
+            PoolReply::Other(StateMsg::Spare { pid: 12 })
         ));
         // Unknown fields stay refused.
         assert!(

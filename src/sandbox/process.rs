@@ -168,7 +168,17 @@ pub fn watch_readable(
 /// `/proc/PID/status` (`None` once it has let go of its memory).
 #[cfg(target_os = "linux")]
 pub fn peak_rss_kb(pid: i32) -> Option<u64> {
-    vm_hwm_kb(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    vm_hwm_kb(&read_small(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// A small kernel file (of `/proc`, of a cgroup) read whole, most often in
+/// one `read`: such a file says it has no size, so `fs::read_to_string`
+/// would start small and grow, a `read` a step.
+pub fn read_small(path: impl AsRef<std::path::Path>) -> io::Result<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(4096);
+    std::fs::File::open(path)?.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The `VmHWM` (kB) of a `/proc/PID/status` text.
@@ -214,7 +224,7 @@ impl Probe {
 /// The CPU time (ns) process `pid` has had, from `/proc/PID/schedstat`.
 #[cfg(target_os = "linux")]
 pub fn cpu_ns(pid: i32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+    read_small(format!("/proc/{pid}/schedstat"))
         .ok()?
         .split_whitespace()
         .next()?
@@ -388,7 +398,7 @@ pub fn ended_or_killed(pidfd: std::os::fd::BorrowedFd<'_>, host: i32) -> bool {
         Ok(_) => return true,
         Err(_) => return false,
     }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{host}/status")) else {
+    let Ok(status) = read_small(format!("/proc/{host}/status")) else {
         // Gone from /proc while its pidfd was not yet readable: reaped.
         return true;
     };

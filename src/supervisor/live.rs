@@ -30,7 +30,7 @@ use crate::sandbox::process::{self, Reaped};
 use crate::sandbox::zygote::{self as wire, StateMsg};
 use crate::util::lock;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -108,7 +108,55 @@ pub(crate) struct StateProc {
     /// The session's limits, which every cell of it runs under (a cell's
     /// own, when tighter, as soft limits).
     pub(crate) rlimits: Rlimits,
+    /// The process it forked ahead for its next cell, once it said so.
+    spare: Arc<Mutex<Option<Spare>>>,
     _in_flight: Option<super::zygote::InFlight>,
+}
+
+/// A process a state process forked ahead for its next cell (`spare
+/// {pid}`, see `_live_prefork` in zygote.py), found among the session's
+/// processes: the next cell is sent to it directly, so that the state
+/// process, which shares its pages, runs nothing on the cell's way.
+struct Spare {
+    ns_pid: i32,
+    host: i32,
+    pidfd: OwnedFd,
+    /// Its end of the channel it waits on: closed, it exits.
+    channel: OwnedFd,
+}
+
+/// The cell's process, as [`StateProc::run`] gives it: its pid in the
+/// zygote's namespace, our end of the channel its successor will say
+/// `ready` on, and, when it was a spare, its pid in ours and its pidfd
+/// (already found among the session's processes).
+pub(crate) struct RunCell {
+    pub(crate) ns_pid: i32,
+    pub(crate) next: OwnedFd,
+    pub(crate) found: Option<(i32, OwnedFd)>,
+}
+
+/// A live cell's process as launched: its pid in the zygote's namespace
+/// and in ours, and a pidfd (see [`LiveCell::cell`]).
+pub(crate) type CellProcess = (i32, i32, OwnedFd);
+
+impl Spare {
+    /// Take in a state process's `spare {pid}` with its channel: `None`
+    /// (the channel closed, so the process exits) unless the pid names one
+    /// of the session's processes that is alive.
+    fn found(session_pids: &Path, ns_pid: i32, mut fds: Vec<OwnedFd>) -> Option<Spare> {
+        if fds.len() != 1 {
+            return None;
+        }
+        let channel = fds.pop()?;
+        let host = host_pid(session_pids, ns_pid)?;
+        let pidfd = process::pidfd_open(host).ok()?;
+        Some(Spare {
+            ns_pid,
+            host,
+            pidfd,
+            channel,
+        })
+    }
 }
 
 impl std::fmt::Debug for StateProc {
@@ -164,7 +212,7 @@ impl StateProc {
             pidfd,
             (host, ns_pid),
             zygote,
-            *rlimits,
+            (*rlimits, session.pids_path()),
             Some(in_flight),
         )
     }
@@ -178,18 +226,39 @@ impl StateProc {
     /// process is never handed a `tasks` descriptor to move itself: it has
     /// run the session's code, and such a descriptor could move any process
     /// it can name (another session's too) into a group that is emptied.
+    ///
+    /// `cell` is the process of the cell that made it, when known: the one
+    /// that most often becomes the state process itself (see
+    /// `_live_become` in zygote.py), found among the session's processes
+    /// when it was launched.
     async fn adopt(
         ours: OwnedFd,
         zygote: Arc<Zygote>,
         rlimits: Rlimits,
         session: &SessionGroup,
+        cell: Option<CellProcess>,
     ) -> Result<Arc<StateProc>, String> {
         let (ctl, ns_pid) = await_ready(ours).await?;
-        let host = host_pid(session.pids_path(), ns_pid)
-            .ok_or_else(|| format!("the state process {ns_pid} is not among the session's"))?;
-        let pidfd = process::pidfd_open(host)
-            .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
-        Self::serve(ctl, pidfd, (host, ns_pid), zygote, rlimits, None)
+        let (host, pidfd) = match cell {
+            // Alive, so that pid is still that process's.
+            Some((ns, host, pidfd)) if ns == ns_pid && !exited(pidfd.as_fd()) => (host, pidfd),
+            _ => {
+                let host = host_pid(session.pids_path(), ns_pid).ok_or_else(|| {
+                    format!("the state process {ns_pid} is not among the session's")
+                })?;
+                let pidfd = process::pidfd_open(host)
+                    .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
+                (host, pidfd)
+            }
+        };
+        Self::serve(
+            ctl,
+            pidfd,
+            (host, ns_pid),
+            zygote,
+            (rlimits, session.pids_path()),
+            None,
+        )
     }
 
     fn serve(
@@ -197,7 +266,7 @@ impl StateProc {
         pidfd: OwnedFd,
         (host, ns_pid): (i32, i32),
         zygote: Arc<Zygote>,
-        rlimits: Rlimits,
+        (rlimits, session_pids): (Rlimits, &Path),
         in_flight: Option<super::zygote::InFlight>,
     ) -> Result<Arc<StateProc>, String> {
         let ours = ctl
@@ -206,8 +275,26 @@ impl StateProc {
             .map_err(|e| format!("failed to share a state process channel: {e}"))?;
         let client = Arc::new(PoolClient::new(ours, Some(LOST)));
         let reader = client.clone();
-        // Its own messages (`ready`) come only first on a new channel.
-        tokio::spawn(async move { reader.read::<StateMsg>(&ctl, 4096, |_, _| false).await });
+        let spare = Arc::new(Mutex::new(None));
+        let spares = spare.clone();
+        let session_pids = session_pids.to_path_buf();
+        // Its own messages: `spare` (a spare's channel, or nothing when its
+        // pid is not the session's); `ready` comes only first on a new
+        // channel, so here it closes the channel.
+        tokio::spawn(async move {
+            reader
+                .read::<StateMsg>(&ctl, 4096, |msg, fds| match msg {
+                    StateMsg::Spare { pid } => {
+                        let found = Spare::found(&session_pids, pid, fds);
+                        // One it forked before is gone, or no longer waits.
+                        let before = std::mem::replace(&mut *lock(&spares), found);
+                        drop(before);
+                        true
+                    }
+                    _ => false,
+                })
+                .await
+        });
         Ok(Arc::new(StateProc {
             client,
             pidfd,
@@ -216,6 +303,7 @@ impl StateProc {
             dead: AtomicBool::new(false),
             zygote,
             rlimits,
+            spare,
             _in_flight: in_flight,
         }))
     }
@@ -247,23 +335,36 @@ impl StateProc {
         &self.zygote
     }
 
-    /// Fork the process of one cell (its protocol socket, stdout and
-    /// stderr): its pid in the zygote's namespace, and our end of the
-    /// channel its successor will say `ready` on.
-    /// The supervisor moves it into its cell's group (see [`Self::adopt`]
-    /// for why it is not handed the group's files).
+    /// Start the process of one cell (its protocol socket, stdout and
+    /// stderr): its spare's, when it has one waiting, else one it forks
+    /// when asked. It stays in the session's group (see [`Self::adopt`]
+    /// for why it is never moved).
     pub(crate) async fn run(
         &self,
         (proto, out, err): (OwnedFd, OwnedFd, OwnedFd),
         rlimits: &Rlimits,
         deadline: tokio::time::Instant,
-    ) -> Result<(i32, OwnedFd), String> {
+    ) -> Result<RunCell, String> {
         if self.is_dead() {
             return Err("the session's state process is gone".into());
         }
         let (next_ours, next_theirs) = crate::sandbox::forkserver::seqpacket_pair()
             .map_err(|e| format!("failed to create a state process channel: {e}"))?;
         let fds = [proto.as_fd(), out.as_fd(), err.as_fd(), next_theirs.as_fd()];
+        let spare = lock(&self.spare).take();
+        if let Some(spare) = spare {
+            // Gone (a cell may kill its session's processes), or it closed
+            // its end: the state process forks the cell instead.
+            if !exited(spare.pidfd.as_fd())
+                && crate::sandbox::packet::send(spare.channel.as_fd(), rlimits, &fds).is_ok()
+            {
+                return Ok(RunCell {
+                    ns_pid: spare.ns_pid,
+                    next: next_ours,
+                    found: Some((spare.host, spare.pidfd)),
+                });
+            }
+        }
         let run = |id| StateMsg::Run {
             id,
             rlimits: *rlimits,
@@ -275,7 +376,11 @@ impl StateProc {
         drop((proto, out, err, next_theirs));
         let within = (tokio::time::Instant::now() + ANSWER_WITHIN).min(deadline);
         match tokio::time::timeout_at(within, rx).await {
-            Ok(Ok(Ok(spawned))) => Ok((spawned.pid, next_ours)),
+            Ok(Ok(Ok(spawned))) => Ok(RunCell {
+                ns_pid: spawned.pid,
+                next: next_ours,
+                found: None,
+            }),
             Ok(Ok(Err(Refused(message)))) => Err(format!(
                 "the session's state process could not fork the cell: {message}"
             )),
@@ -301,7 +406,7 @@ impl StateProc {
             .request(|id| StateMsg::Clone { id }, &[theirs.as_fd()])
             .map_err(|e| format!("failed to reach the state process: {e}"))?;
         drop(theirs);
-        let adopted = Self::adopt(ours, self.zygote.clone(), self.rlimits, session).await;
+        let adopted = Self::adopt(ours, self.zygote.clone(), self.rlimits, session, None).await;
         self.client.give_up(id, None);
         adopted
     }
@@ -364,36 +469,48 @@ async fn await_ready(ours: OwnedFd) -> Result<(AsyncFd<OwnedFd>, i32), String> {
 
 /// The pid, in our namespace, of the session's process that is `ns_pid`
 /// in the zygote's: looked for only in the session's cgroup (its own
-/// directory and its cells').
+/// directory, where its state processes and live cells are, then its
+/// cells').
 pub(crate) fn host_pid(session_pids: &Path, ns_pid: i32) -> Option<i32> {
-    let mut dirs: Vec<PathBuf> = vec![session_pids.to_path_buf()];
-    if let Ok(entries) = std::fs::read_dir(session_pids) {
-        dirs.extend(
-            entries
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path()),
-        );
-    }
     let want = ns_pid.to_string();
-    for dir in dirs {
-        let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+    if let Some(pid) = host_pid_in(session_pids, &want) {
+        return Some(pid);
+    }
+    let entries = std::fs::read_dir(session_pids).ok()?;
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .find_map(|e| host_pid_in(&e.path(), &want))
+}
+
+/// The process of the cgroup at `dir` whose innermost pid is `want`.
+fn host_pid_in(dir: &Path, want: &str) -> Option<i32> {
+    let procs = process::read_small(dir.join("cgroup.procs")).ok()?;
+    // Newest first: the one asked for is most often the latest forked.
+    for pid in procs
+        .lines()
+        .rev()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+    {
+        let Ok(status) = process::read_small(format!("/proc/{pid}/status")) else {
             continue;
         };
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-                continue;
-            };
-            let inner = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|ids| ids.split_whitespace().last());
-            if inner == Some(want.as_str()) {
-                return Some(pid);
-            }
+        let inner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|ids| ids.split_whitespace().last());
+        if inner == Some(want) {
+            return Some(pid);
         }
     }
     None
+}
+
+/// Whether the process behind `pidfd` has exited (it does not wait).
+fn exited(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
 /// What one cell of a live session carries through its launch and end.
@@ -411,6 +528,8 @@ pub(crate) struct LiveCell {
     pub(crate) pending_vars: serde_json::Map<String, serde_json::Value>,
     /// Our end of the channel the cell's successor says `ready` on.
     pub(crate) next: Mutex<Option<OwnedFd>>,
+    /// The cell's process, once launched.
+    pub(crate) cell: Mutex<Option<CellProcess>>,
     /// The session's next state process, once the cell kept its namespace.
     pub(crate) kept: Mutex<Option<Arc<StateProc>>>,
     /// Why the cell did not run on the live namespace or could not keep
@@ -482,14 +601,85 @@ impl LiveCell {
     pub(crate) async fn take_over(&self, session: Option<&SessionGroup>) {
         let next = lock(&self.next).take();
         let state = lock(&self.state).clone();
+        let cell = lock(&self.cell).take();
         let (Some(next), Some(state), Some(session)) = (next, state, session) else {
             return;
         };
-        match StateProc::adopt(next, state.zygote.clone(), state.rlimits, session).await {
+        match StateProc::adopt(next, state.zygote.clone(), state.rlimits, session, cell).await {
             Ok(s) => *lock(&self.kept) = Some(s),
             Err(e) => self.note(format!(
                 "the cell's namespace could not be kept ({e}); the session's state is the one before it"
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory standing in for a session's pids cgroup, listing `pids`.
+    fn group_of(pids: &[u32]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let list: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        std::fs::write(dir.path().join("cgroup.procs"), list).expect("write");
+        dir
+    }
+
+    #[test]
+    fn a_pid_is_found_only_among_the_sessions_processes() {
+        let me = std::process::id();
+        let ns_me = i32::try_from(me).expect("pid");
+        // Ours is the innermost pid here: this test runs in no namespace of
+        // its own.
+        let ours = group_of(&[1, me]);
+        assert_eq!(host_pid(ours.path(), ns_me), Some(ns_me));
+        // In a cell's group beneath the session's.
+        let nested = group_of(&[]);
+        let cell = nested.path().join("cell-1");
+        std::fs::create_dir(&cell).expect("mkdir");
+        std::fs::write(cell.join("cgroup.procs"), format!("{me}\n")).expect("write");
+        assert_eq!(host_pid(nested.path(), ns_me), Some(ns_me));
+        // Not listed: not the session's, whatever it is.
+        let other = group_of(&[1]);
+        assert_eq!(host_pid(other.path(), ns_me), None);
+        assert_eq!(host_pid(Path::new("/nonexistent/cellbox"), ns_me), None);
+    }
+
+    #[test]
+    fn a_spare_is_taken_only_with_one_channel_and_a_pid_of_the_session() {
+        let me = std::process::id();
+        let ns_me = i32::try_from(me).expect("pid");
+        let ours = group_of(&[me]);
+        let channel = || {
+            let (a, b) = crate::sandbox::forkserver::seqpacket_pair().expect("pair");
+            (a, b)
+        };
+        let (ours_end, theirs) = channel();
+        let spare = Spare::found(ours.path(), ns_me, vec![ours_end]).expect("a spare");
+        assert_eq!(spare.ns_pid, ns_me);
+        assert!(!exited(spare.pidfd.as_fd()));
+        // The channel it keeps is the one it was given.
+        crate::sandbox::packet::send(spare.channel.as_fd(), &Rlimits::default(), &[])
+            .expect("send");
+        let (got, fds) = crate::sandbox::packet::recv::<Rlimits>(theirs.as_fd(), 4096)
+            .expect("recv")
+            .expect("a packet");
+        assert_eq!(got, Rlimits::default());
+        assert!(fds.is_empty());
+        // No channel, two, or a pid that is not the session's: nothing is
+        // kept, and the channel given is closed (the spare exits).
+        assert!(Spare::found(ours.path(), ns_me, vec![]).is_none());
+        let (a, _a) = channel();
+        let (b, _b) = channel();
+        assert!(Spare::found(ours.path(), ns_me, vec![a, b]).is_none());
+        let (c, their_c) = channel();
+        let elsewhere = group_of(&[1]);
+        assert!(Spare::found(elsewhere.path(), ns_me, vec![c]).is_none());
+        let closed = crate::sandbox::packet::recv::<Rlimits>(their_c.as_fd(), 4096).expect("recv");
+        assert!(
+            closed.is_none(),
+            "the channel of a spare not taken is closed"
+        );
     }
 }

@@ -120,7 +120,7 @@ fn make_dir(dir: &Path) -> Result<(), CgroupError> {
 
 /// The processes listed in a cgroup's `cgroup.procs`.
 fn procs(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    crate::sandbox::process::read_small(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }

@@ -481,14 +481,26 @@ async fn start_live(
         held,
         crate::supervisor::tenancy::cell_processes(&spec.limits),
     )?;
-    let (ns_pid, next) = state
+    let cell = state
         .run((worker_sock.into(), out_w, err_w), &limits, deadline)
         .await
         .map_err(LaunchError::Live)?;
-    *lock(&live.next) = Some(next);
+    let ns_pid = cell.ns_pid;
+    *lock(&live.next) = Some(cell.next);
     let rx = state.exit_of(ns_pid);
-    let host = host_pid(session.pids_path(), ns_pid).ok_or(LaunchError::NotInSession(ns_pid))?;
-    let pidfd = process::pidfd_open(host).map_err(LaunchError::io("open the cell's process"))?;
+    let (host, pidfd) = match cell.found {
+        // A spare, found among the session's processes when it was forked.
+        Some(found) => found,
+        None => {
+            let host =
+                host_pid(session.pids_path(), ns_pid).ok_or(LaunchError::NotInSession(ns_pid))?;
+            let pidfd =
+                process::pidfd_open(host).map_err(LaunchError::io("open the cell's process"))?;
+            (host, pidfd)
+        }
+    };
+    // Most often the session's next state process (see `LiveCell::take_over`).
+    *lock(&live.cell) = pidfd.try_clone().ok().map(|fd| (ns_pid, host, fd));
     let guard = process::KillOnDrop::pidfd(
         pidfd
             .try_clone()

@@ -227,12 +227,13 @@ def _child(fds):
 #   forks it before reporting `done` and exits as any cell does. If the
 #   cell fails, times out or is killed, neither happens: this state
 #   process, untouched, stays the session's state.
-#   The cell's process is the state process's spare when it has one
-#   (forked ahead once it has been idle a moment: see `_live_prefork`).
+#   When the supervisor holds none of this state process's spares (see
+#   `_live_prefork`), the cell's process is forked when the cell comes.
 # - `clone {id}` with one fd: fork a copy of this state process that
 #   serves that channel (a checkpoint, or a restore from one).
 # - replies: `spawned {id, pid}`, `error {id, message}`, `ended {pid, ...}`
-#   (as the zygote reports its children).
+#   (as the zygote reports its children); and, unasked, `spare {pid}` with
+#   the channel of a spare (see `_live_prefork`).
 #
 # A state process runs cell code (the session's own), so the supervisor
 # trusts nothing it says beyond that session: pids are looked up in the
@@ -263,7 +264,8 @@ def _state_serve():
     """One state process's loop; `_NewState` leaves it for the next."""
     global _CTL
     _st["live"] = True
-    _live_drop_spare(False)
+    # A spare of the state process this one was forked from is not ours.
+    _st.pop("spare", None)
     _CTL = _socket.socket(fileno=_FD)
     posix.set_inheritable(_FD, False)
     if "rl0" not in _st:
@@ -298,7 +300,7 @@ def _state_serve():
         wait = _SPARE_AFTER_MS if _st.get("spare_ok") and _st.get("spare") is None and not cells else None
         events = poller.poll(wait)
         if not events and wait is not None:
-            _live_prefork()
+            _live_prefork(cells)
             continue
         for fd, ev in events:
             if fd == wake_r:
@@ -310,7 +312,7 @@ def _state_serve():
                 continue
             msg, fds = _zrecv()
             if msg is None:
-                _live_drop_spare(True)
+                # Its spare, if any, is among its cells.
                 for pid in cells:
                     try:
                         posix.kill(pid, _signal.SIGKILL)
@@ -327,6 +329,8 @@ def _state_serve():
                 for f in fds:
                     posix.close(f)
         _reap(cells)
+        if _st.get("spare") is not None and _st["spare"] not in cells:
+            _st.pop("spare", None)
 
 
 def _live_forked():
@@ -346,12 +350,10 @@ def _live_run(msg, fds, cells):
             posix.close(fd)
         _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed run message"})
         return
-    pid = _live_hand_to_spare(rl, fds)
-    if pid is None:
-        pid = posix.fork()
-        if pid == 0:
-            _live_forked()
-            _live_cell(rl, fds)
+    pid = posix.fork()
+    if pid == 0:
+        _live_forked()
+        _live_cell(rl, fds)
     for fd in fds:
         posix.close(fd)
     cells[pid] = cid
@@ -398,17 +400,21 @@ def _live_cell(rl, fds):
 
 # A state process that has been idle a moment forks its next cell's
 # process ahead of time (its **spare**), so that a cell does not wait for
-# a fork of the whole namespace: the spare waits on a socket of its own
-# for the cell's fds and limits, then runs the cell as a cell forked then
-# would. A spare is a child of its state process (the supervisor spares a
-# state process's children when it ends what a cell left); it exits when
-# its state process's end of the socket closes. Where there is no spare
-# (not idle long enough, a fork refused, a spare gone), the cell's process
-# is forked when the cell comes.
+# a fork of the whole namespace, and hands the spare's channel to the
+# supervisor (`spare {pid}`): the supervisor sends the spare the cell's
+# fds and limits itself, so that this process, whose pages the spare now
+# shares, runs nothing on the cell's way (each page it wrote would be
+# copied first). The spare then runs the cell as a cell forked then would.
+# A spare is a child of its state process and one of its cells (its end is
+# reported; the supervisor spares a state process's children when it ends
+# what a cell left); it exits when the supervisor lets go of its channel.
+# Where the supervisor holds no spare (not idle long enough, a fork
+# refused, a spare gone), it asks this process to `run` the cell, which is
+# forked then.
 _SPARE_AFTER_MS = 5
 
 
-def _live_prefork():
+def _live_prefork(cells):
     if _st.get("spare") is not None:
         return
     try:
@@ -425,9 +431,11 @@ def _live_prefork():
         try:
             ours.close()
             _live_forked()
+            _st.pop("spare", None)
             # Not the state process's channel: its end is its own.
             posix.close(_FD)
-            data, anc, flags, _ = theirs.recvmsg(256, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
+            _live_warm_up()
+            data, anc, flags, _ = theirs.recvmsg(4096, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
             fds = _fds_of(anc)
             theirs.close()
             if not data or len(fds) != 4 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
@@ -439,42 +447,30 @@ def _live_prefork():
             posix._exit(_EXIT_SANDBOX)
         _live_cell(rl, fds)
     theirs.close()
-    _st["spare"] = (pid, ours)
-
-
-def _live_hand_to_spare(rl, fds):
-    """The spare's pid, once it has the cell's fds and limits; None when
-    there is no spare to take them."""
-    spare = _st.pop("spare", None)
-    if spare is None:
-        return None
-    pid, ours = spare
+    cells[pid] = 0
+    _st["spare"] = pid
     try:
-        payload = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
-        ours.sendmsg([_dumps(rl).encode("utf-8")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, payload)])
+        _zsend({"op": "spare", "pid": pid}, (ours.fileno(),))
     except OSError:
         try:
             posix.kill(pid, _signal.SIGKILL)
         except OSError:
             pass
-        pid = None
     ours.close()
-    return pid
 
 
-def _live_drop_spare(kill):
-    """Close this process's end of a spare's socket (a copy of a state
-    process inherits its parent's: not its spare); `kill` it too."""
-    spare = _st.pop("spare", None)
-    if spare is None:
-        return
-    pid, ours = spare
-    ours.close()
-    if kill:
-        try:
-            posix.kill(pid, _signal.SIGKILL)
-        except OSError:
-            pass
+def _live_warm_up():
+    """In a spare, before its cell comes: what every cell runs, on a cell of
+    its own outside the session's namespace (see `_warm_up`), so that the
+    pages of the interpreter and the shim this writes, shared with the
+    state process until then, are copied now rather than on the cell's way.
+    The namespace's own objects are left alone: only a cell that uses them
+    copies their pages."""
+    saved = {k: _st.pop(k) for k in ("live", "live_module") if k in _st}
+    try:
+        _warm_up()
+    finally:
+        _st.update(saved)
 
 
 def _live_clone(msg, fds):
