@@ -277,6 +277,7 @@ impl StateProc {
         let reader = client.clone();
         let spare = Arc::new(Mutex::new(None));
         let spares = spare.clone();
+        let client_of_spares = client.clone();
         let session_pids = session_pids.to_path_buf();
         // Its own messages: `spare` (a spare's channel, or nothing when its
         // pid is not the session's); `ready` comes only first on a new
@@ -285,6 +286,9 @@ impl StateProc {
             reader
                 .read::<StateMsg>(&ctl, 4096, |msg, fds| match msg {
                     StateMsg::Spare { pid } => {
+                        // The end of an earlier child with its pid (a spare
+                        // that never had a cell) is not this one's.
+                        client_of_spares.born(pid);
                         let found = Spare::found(&session_pids, pid, fds);
                         // One it forked before is gone, or no longer waits.
                         let before = std::mem::replace(&mut *lock(&spares), found);

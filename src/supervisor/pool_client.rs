@@ -142,6 +142,12 @@ impl PoolClient {
         lock(&self.state).exits.arrived(pid)
     }
 
+    /// A child its parent said it forked unasked (a state process's spare):
+    /// see [`ExitTable::born`].
+    pub(crate) fn born(&self, pid: i32) {
+        lock(&self.state).exits.born(pid);
+    }
+
     /// Forget a child whose end will not be asked for.
     pub(crate) fn forget(&self, pid: i32) {
         lock(&self.state).exits.forget(pid);
@@ -182,7 +188,11 @@ impl PoolClient {
         };
         match msg.sort() {
             PoolReply::Spawned { id, pid } => {
-                let tx = answer(&mut lock(&self.state), id);
+                let tx = {
+                    let mut s = lock(&self.state);
+                    s.exits.born(pid);
+                    answer(&mut s, id)
+                };
                 let reply = Ok(Spawned { pid, fds });
                 let unclaimed = match tx {
                     Some(tx) => tx.send(reply).err(),
@@ -368,6 +378,53 @@ mod tests {
                 state: false
             }]
         );
+    }
+
+    #[tokio::test]
+    async fn an_unclaimed_end_is_not_taken_for_a_new_child_with_its_pid() {
+        let (client, theirs, task) = connected(None);
+        // An earlier child 5 ended and nobody asked (a spare that never had
+        // a cell).
+        raw(
+            &theirs,
+            br#"{"op":"ended","pid":5,"status":9,"utime":[0,0],"stime":[0,0],"max_rss_kb":1}"#,
+            &[],
+        );
+        // A new child gets pid 5, said as the answer to a request.
+        let (id, answer) = client
+            .request(|id| ZygoteMsg::Spawn { id, state: false }, &[])
+            .unwrap();
+        let spawned = format!(r#"{{"op":"spawned","id":{id},"pid":5}}"#);
+        raw(&theirs, spawned.as_bytes(), &[]);
+        assert_eq!(answer.await.unwrap().unwrap().pid, 5);
+        assert!(!client.exit_arrived(5), "the earlier end was dropped");
+        // And said unasked (a state process's spare): the same.
+        raw(
+            &theirs,
+            br#"{"op":"ended","pid":6,"status":0,"utime":[0,0],"stime":[0,0],"max_rss_kb":1}"#,
+            &[],
+        );
+        raw(&theirs, br#"{"op":"spawn","id":99}"#, &[]);
+        for _ in 0..500 {
+            if client.exit_arrived(6) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(client.exit_arrived(6));
+        client.born(6);
+        assert!(!client.exit_arrived(6));
+        // The new child's own end is its.
+        let end = client.exit_of(5);
+        raw(
+            &theirs,
+            br#"{"op":"ended","pid":5,"status":0,"utime":[0,1000],"stime":[0,0],"max_rss_kb":3}"#,
+            &[],
+        );
+        let r = end.await.unwrap();
+        assert_eq!((r.code, r.cpu_ms, r.max_rss_kb), (Some(0), 1, 3));
+        drop(theirs);
+        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -258,6 +258,15 @@ impl ExitTable {
         }
     }
 
+    /// A new child is `pid` (its parent says so before it can report its
+    /// end): a report that came for that pid before is an earlier child's,
+    /// one nobody claimed, and must not be taken for the new one's.
+    pub(crate) fn born(&mut self, pid: i32) {
+        if matches!(self.0.get(&pid), Some(ExitSlot::Arrived(_))) {
+            self.0.remove(&pid);
+        }
+    }
+
     /// Forget a child whose cell was abandoned.
     pub(crate) fn forget(&mut self, pid: i32) {
         self.0.remove(&pid);
