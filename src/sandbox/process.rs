@@ -171,6 +171,13 @@ pub fn peak_rss_kb(pid: i32) -> Option<u64> {
     vm_hwm_kb(&read_small(format!("/proc/{pid}/status")).ok()?)
 }
 
+/// Whether the process behind `pidfd` has exited by now (it does not
+/// wait): a pidfd is readable once its process is a zombie or gone.
+pub fn pidfd_exited(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut fds = [nix::poll::PollFd::new(pidfd, nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
 /// A small kernel file (of `/proc`, of a cgroup) read whole, most often in
 /// one `read`: such a file says it has no size, so `fs::read_to_string`
 /// would start small and grow, a `read` a step.
@@ -292,11 +299,7 @@ impl ExitWatch {
     /// Whether the process has exited by now (it does not wait).
     pub fn has_exited(&self) -> bool {
         use std::os::fd::AsFd;
-        let mut fds = [nix::poll::PollFd::new(
-            self.0.get_ref().as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+        pidfd_exited(self.0.get_ref().as_fd())
     }
 
     /// Resolves once the process has exited (it is not reaped).

@@ -241,7 +241,9 @@ impl StateProc {
         let (ctl, ns_pid) = await_ready(ours).await?;
         let (host, pidfd) = match cell {
             // Alive, so that pid is still that process's.
-            Some((ns, host, pidfd)) if ns == ns_pid && !exited(pidfd.as_fd()) => (host, pidfd),
+            Some((ns, host, pidfd)) if ns == ns_pid && !process::pidfd_exited(pidfd.as_fd()) => {
+                (host, pidfd)
+            }
             _ => {
                 let host = host_pid(session.pids_path(), ns_pid).ok_or_else(|| {
                     format!("the state process {ns_pid} is not among the session's")
@@ -359,7 +361,7 @@ impl StateProc {
         if let Some(spare) = spare {
             // Gone (a cell may kill its session's processes), or it closed
             // its end: the state process forks the cell instead.
-            if !exited(spare.pidfd.as_fd())
+            if !process::pidfd_exited(spare.pidfd.as_fd())
                 && crate::sandbox::packet::send(spare.channel.as_fd(), rlimits, &fds).is_ok()
             {
                 return Ok(RunCell {
@@ -510,13 +512,6 @@ fn host_pid_in(dir: &Path, want: &str) -> Option<i32> {
     None
 }
 
-/// Whether the process behind `pidfd` has exited (it does not wait).
-fn exited(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
-    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-}
-
 /// What one cell of a live session carries through its launch and end.
 #[derive(Default)]
 pub(crate) struct LiveCell {
@@ -662,7 +657,7 @@ mod tests {
         let (ours_end, theirs) = channel();
         let spare = Spare::found(ours.path(), ns_me, vec![ours_end]).expect("a spare");
         assert_eq!(spare.ns_pid, ns_me);
-        assert!(!exited(spare.pidfd.as_fd()));
+        assert!(!process::pidfd_exited(spare.pidfd.as_fd()));
         // The channel it keeps is the one it was given.
         crate::sandbox::packet::send(spare.channel.as_fd(), &Rlimits::default(), &[])
             .expect("send");
