@@ -1,4 +1,4 @@
-//! Exit codes, the one table (DESIGN §9). The command line exits with them;
+//! Exit codes, the one table (docs/architecture.md §9). The command line exits with them;
 //! the worker, the one-shot cell and the Python zygote's children exit with
 //! them too, and the supervisor reads them back.
 

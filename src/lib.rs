@@ -36,7 +36,7 @@ pub use supervisor::{PoolCeiling, PoolConfig};
 pub use supervisor::{PoolStatus, ZygoteStatus};
 
 pub mod context;
-/// The exit codes of every cellbox process (DESIGN §9).
+/// The exit codes of every cellbox process (docs/architecture.md §9).
 pub mod exit;
 #[cfg(target_os = "linux")]
 pub mod files;

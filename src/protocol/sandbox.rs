@@ -131,7 +131,7 @@ impl SandboxPlan {
     }
 }
 
-/// One step of the sandbox (DESIGN §3), by the name reports, errors and
+/// One step of the sandbox (docs/architecture.md §3), by the name reports, errors and
 /// `doctor` give it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -2,7 +2,7 @@
 //!
 //! Every sandboxed process of cellbox enters the sandbox through one
 //! sequence (`linux::jail::sequence`), one line per layer, in the order of
-//! DESIGN §3. What differs between the processes is only what each of them
+//! docs/architecture.md §3. What differs between the processes is only what each of them
 //! does with a layer, and that is this table, [`SEQUENCE`]: a layer is
 //! applied, inherited from the process it was forked from, nested on top of
 //! the inherited one, or left to the children.

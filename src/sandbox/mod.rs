@@ -98,7 +98,7 @@ impl LayerError {
 }
 
 /// Apply the plan to the calling process as `entry` ([`Entry::Worker`],
-/// [`Entry::Zygote`] or [`Entry::ForkServer`]), in the order of DESIGN §3:
+/// [`Entry::Zygote`] or [`Entry::ForkServer`]), in the order of docs/architecture.md §3:
 /// hygiene → namespaces → rlimits → privileges → Landlock → seccomp, each
 /// layer as the table in [`jail`] says for `entry` (the fork server leaves
 /// rlimits and seccomp to the cells it forks).

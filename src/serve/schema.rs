@@ -1,6 +1,6 @@
 //! JSON schemas of the MCP tools: what each takes, and what each returns as
 //! `structuredContent`. The `execute_code` output schema is the
-//! [`crate::CellResult`] shape of DESIGN §7 ([`cell_result`], listed with
+//! [`crate::CellResult`] shape of docs/architecture.md §7 ([`cell_result`], listed with
 //! `--output-schema full`; by default its compact form,
 //! [`cell_result_compact`], made from it); a test serializes real results
 //! and validates them against both, so they cannot drift apart silently.

@@ -1,4 +1,4 @@
-//! The one result shape every surface returns (DESIGN §7).
+//! The one result shape every surface returns (docs/architecture.md §7).
 
 use super::limits::Limits;
 use crate::exit::Exit;
@@ -67,7 +67,7 @@ impl Status {
         Status::ALL.into_iter().find(|s| s.as_str() == name)
     }
 
-    /// How the CLI exits with a cell that ended so (DESIGN §9).
+    /// How the CLI exits with a cell that ended so (docs/architecture.md §9).
     pub fn exit(self) -> Exit {
         match self {
             Status::Ok => Exit::Ok,
@@ -80,7 +80,7 @@ impl Status {
         }
     }
 
-    /// CLI exit code (DESIGN §9).
+    /// CLI exit code (docs/architecture.md §9).
     pub fn exit_code(self) -> u8 {
         self.exit().code()
     }

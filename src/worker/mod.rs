@@ -328,7 +328,7 @@ fn run_sandboxed(
         &crate::sandbox::SandboxPlan,
     ) -> Result<crate::sandbox::SandboxReport, crate::sandbox::SandboxError>,
 ) -> i32 {
-    // The jail, in order (DESIGN §3): hygiene → namespaces → rlimits →
+    // The jail, in order (docs/architecture.md §3): hygiene → namespaces → rlimits →
     // privileges → Landlock → seccomp. Nothing untrusted has run yet.
     let report = match enter(plan) {
         Ok(r) => r,

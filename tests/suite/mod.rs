@@ -2,6 +2,7 @@ mod bench_mcp;
 mod cli;
 mod clients;
 pub mod common;
+mod docs;
 mod faults;
 mod files;
 mod fuzz_corpus;

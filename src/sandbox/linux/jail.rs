@@ -46,7 +46,7 @@ pub(crate) struct Jail<'a> {
     in_ns: Option<namespaces::InNamespaces>,
 }
 
-/// Apply the layers of `jail`, in the order of DESIGN §3.
+/// Apply the layers of `jail`, in the order of docs/architecture.md §3.
 pub(crate) fn sequence(mut jail: Jail<'_>) -> Result<SandboxReport, SandboxError> {
     jail.hygiene()?;
     jail.namespaces()?;
