@@ -45,6 +45,9 @@ impl CellGroup {
     pub(crate) fn is_empty(&self) -> bool {
         match *self {}
     }
+    pub(crate) fn stop(&self) -> Result<usize, GroupError> {
+        match *self {}
+    }
     pub(crate) fn usage(&self) -> TreeUsage {
         match *self {}
     }

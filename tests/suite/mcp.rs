@@ -2402,24 +2402,24 @@ async fn a_named_sessions_next_cell_runs_in_a_worker_started_ahead() {
     within("close", s.client.cancel()).await.unwrap();
 }
 
-/// A call whose cell is answered at its worker's `done` keeps its
-/// concurrency slot until the cell's whole tree is gone. A forged `done`
-/// (the cell writes it itself and lives on, with a child holding a file
-/// open) is answered at once; with one slot, the next call (in a session
-/// of its own) runs only once the forger and its child are gone, which
-/// takes the forger's grace to exit (2 s). Were the slot given back with
-/// the answer, the next call would be over while both still lived.
+/// A call whose cell is answered at its worker's `done` is answered only
+/// once nothing of the cell can run, and keeps its concurrency slot until
+/// the cell's whole tree is gone. A forged `done` (the cell writes it
+/// itself and lives on, with a child holding a file open) is answered at
+/// once, its worker and child sent SIGKILL first; with one slot, the next
+/// call (in a session of its own) runs only once both are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cell_answered_at_done_keeps_its_slot_until_its_tree_is_gone() {
+async fn a_cell_answered_at_done_is_stopped_first_and_keeps_its_slot_until_its_tree_is_gone() {
     let s = stdio_server(&["--max-concurrency", "1"]).await;
     let token = format!("slot-held-{}", std::process::id());
     let forger = forged_done(&token);
     let (r, is_error, text) = exec(&s.client, json!({"language": "python", "code": forger})).await;
+    let alive = common::running_holders_of(&token);
     assert!(!is_error, "{text}");
     assert_eq!(r["value"], json!("forged"), "{r}");
     assert!(
-        !holders_of(&token).is_empty(),
-        "the call was answered only once its cell's tree was gone"
+        alive.is_empty(),
+        "processes of the call's cell could still run once it was answered: {alive:?}"
     );
     let (r, is_error, text) = exec(&s.client, json!({"language": "rhai", "code": "1"})).await;
     assert!(!is_error, "{text}");

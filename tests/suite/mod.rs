@@ -8,6 +8,7 @@ mod files;
 mod fuzz_corpus;
 mod isolation;
 mod joining;
+mod lifetime;
 mod live;
 mod live_keep;
 mod macos;

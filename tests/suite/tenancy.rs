@@ -76,16 +76,17 @@ async fn a_cell_is_over_only_when_its_whole_tree_is_gone() {
 }
 
 /// A cell that keeps no live namespace is answered at its worker's `done`
-/// (what the worker used is read from it while it lingers), but nothing
-/// of it is let go until its whole tree is gone: the session's next cell
-/// waits for that, whatever the worker did after `done`. A forged `done`
-/// (the cell writes it itself and lives on, with a child in a process
-/// session of its own) is answered with what it said while both still
-/// live; they are gone before the next cell has run. Without the wait,
-/// the next cell (a few ms) would be over long before the forger's grace
-/// (2 s) to exit is.
+/// (what the worker used is read from it while it lingers), and nothing
+/// of it runs once it is answered: the worker and everything in its cell
+/// group are sent SIGKILL before the answer, and the session's next cell
+/// waits until they are gone. A forged `done` (the cell writes it itself
+/// and lives on, with a child holding a file open) is answered with what
+/// it said; by then neither can run, and both are gone before the next
+/// cell has run. The child is seen holding its file while the cell runs
+/// (the attack ran). Before, both ran on for the forger's grace to exit
+/// (2 s) after the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cell_answered_at_done_holds_its_session_until_its_tree_is_gone() {
+async fn a_cell_answered_at_done_is_stopped_with_its_tree_before_the_answer() {
     require_root();
     let sup = one_zygote(pool(1));
     let session = sup
@@ -95,12 +96,24 @@ async fn a_cell_answered_at_done_holds_its_session_until_its_tree_is_gone() {
         })
         .unwrap();
     let t = token("answered-at-done");
-    let r = session.run(py(&forged_done(&t))).await;
+    let running = {
+        let session = session.clone();
+        let code = forged_done(&t);
+        tokio::spawn(async move { session.run(py(&code)).await })
+    };
+    let mut seen = false;
+    while !running.is_finished() {
+        seen |= !holders_of(&t).is_empty();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = running.await.unwrap();
+    let alive = running_holders_of(&t);
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, serde_json::json!("forged"), "{r:?}");
+    assert!(seen, "the cell's child never held its file: {r:?}");
     assert!(
-        !holders_of(&t).is_empty(),
-        "the cell was answered only once its tree was gone: {r:?}"
+        alive.is_empty(),
+        "processes of the cell could still run once it was answered: {alive:?}"
     );
     let r = session.run(py("1 + 1")).await;
     assert_eq!(r.value, serde_json::json!(2), "{r:?}");

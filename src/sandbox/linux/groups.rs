@@ -164,6 +164,46 @@ pub fn empty(pids_dir: &Path, within: Duration) -> Result<(), CgroupError> {
     }
 }
 
+/// How many times [`stop`] reads a group again for processes it has not
+/// signalled yet (each read after a round of kills).
+const STOP_ROUNDS: usize = 64;
+
+/// SIGKILL every process of the pids cgroup at `pids_dir` now, without
+/// waiting for them to be gone: its `pids.max` (open as `pids_max`) is
+/// set to 0 first, so nothing in it can start another process, and the
+/// group is read again after each round of kills until a read shows none
+/// it has not signalled (a fork that had passed its bound when the bound
+/// went to 0 shows up in that read). A process with SIGKILL pending never
+/// runs its own code again. How many it signalled.
+pub fn stop(pids_dir: &Path, pids_max: &std::fs::File) -> Result<usize, CgroupError> {
+    let mut signalled: Vec<i32> = Vec::new();
+    let first = procs(pids_dir);
+    if first.is_empty() {
+        return Ok(0);
+    }
+    put(pids_max, "0", &pids_dir.join("pids.max"))?;
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    let mut listed = first;
+    for _ in 0..STOP_ROUNDS {
+        let fresh: Vec<i32> = listed
+            .into_iter()
+            .filter(|p| *p != me && !signalled.contains(p))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(signalled.len());
+        }
+        for pid in fresh {
+            let _ = crate::sandbox::process::kill_pid(pid);
+            signalled.push(pid);
+        }
+        listed = procs(pids_dir);
+    }
+    Err(CgroupError::Busy(format!(
+        "{} kept showing new processes after {STOP_ROUNDS} rounds of kills",
+        pids_dir.display()
+    )))
+}
+
 impl Groups {
     /// Make the pids and cpuacct counterparts of the cells' memory cgroup
     /// at `memory` (v1). An error when either hierarchy is missing.
@@ -420,6 +460,13 @@ impl CellDir {
                 Err(e)
             }
         }
+    }
+
+    /// See [`stop`]; the `pids.max` it set is forgotten.
+    fn stop(&self) -> Result<usize, CgroupError> {
+        let r = stop(&self.pids, &self.pids_max);
+        self.max.store(UNKNOWN, Ordering::Relaxed);
+        r
     }
 
     /// See [`empty`]; the `pids.max` it may have set is forgotten.
@@ -705,6 +752,12 @@ impl CellGroup {
     /// most `within`).
     pub fn end(&self, within: Duration) -> Result<(), CgroupError> {
         self.dir.empty(within)
+    }
+
+    /// SIGKILL every process of the cell now, without waiting for them to
+    /// be gone (see [`stop`]; [`Self::end`] waits): how many were there.
+    pub fn stop(&self) -> Result<usize, CgroupError> {
+        self.dir.stop()
     }
 
     /// Whether no process of the cell is left.

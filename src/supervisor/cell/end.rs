@@ -130,6 +130,39 @@ pub(super) fn at_done(
     })
 }
 
+/// Stop a worker that said `done`, and every process it started, before
+/// its cell is answered: nothing of a cell runs once its result is out.
+/// With a cell group every process in it is sent SIGKILL (see
+/// [`CellGroup::stop`]); else the worker and its process group (a warm
+/// cell cannot leave its group; a fresh one is PID 1 of its own PID
+/// namespace, whose processes die with it). It does not wait for them to
+/// be gone: the cell's [`Tail`] does, holding whatever was the cell's
+/// until then. `host` is the worker's pid in our PID namespace, when
+/// known (for a forked worker, as its probe read it while it lived).
+pub(super) fn stop_at_done(
+    worker: &Worker,
+    host: Option<i32>,
+    exit: &process::ExitWatch,
+    group: Option<&Arc<CellGroup>>,
+) {
+    let _ = exit.kill();
+    if let Some(g) = group {
+        match g.stop() {
+            Ok(_) => return,
+            Err(e) => tracing::warn!("failed to stop a cell's processes at its done: {e}"),
+        }
+    }
+    let leader = match worker.reap {
+        Reap::Direct => Some(worker.pid),
+        Reap::Parent(..) => host,
+    };
+    // The leader has not been reaped (it lingers, or is a zombie of its
+    // parent's): its group id is still its own.
+    if let Some(pgid) = leader {
+        let _ = process::kill_group(pgid);
+    }
+}
+
 #[cfg(not(target_os = "linux"))]
 pub(super) fn at_done(
     _exit: &process::ExitWatch,

@@ -442,16 +442,22 @@ async fn life(
         .then(|| end::at_done(&exit, group.as_ref()))
         .flatten();
     if let Some(used) = used {
-        // Drained before it is let go (by its tail, which closes the
-        // channel it lingers on).
-        let (stdout, stderr) = streams.drain().await;
-        result.record_end(stdout, stderr, Some(&used));
         let ending = end::Worker {
             pid: worker.pid,
             guard: worker.guard,
             reap: worker.reap,
             in_flight: worker.in_flight,
         };
+        // Stopped with its whole tree before the answer (what it used is
+        // read by now); its tail waits for them to be gone.
+        #[cfg(target_os = "linux")]
+        let host = probe.as_ref().map(crate::sandbox::process::Probe::pid);
+        #[cfg(not(target_os = "linux"))]
+        let host = None;
+        end::stop_at_done(&ending, host, &exit, group.as_ref());
+        // What it wrote before `done` is still in its pipes.
+        let (stdout, stderr) = streams.drain().await;
+        result.record_end(stdout, stderr, Some(&used));
         let tail = end::Tail::start(ending, writer, exit, group, spec.scratch.clone());
         let exec = spec.language == Language::Shell;
         return Ok((classify(&spec.limits, exec, result, outcome), Some(tail)));

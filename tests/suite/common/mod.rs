@@ -361,6 +361,34 @@ pub fn holders_of(token: &str) -> Vec<i32> {
     out
 }
 
+/// Whether process `pid` can still run code of its own: it is there, not a
+/// zombie, and has no SIGKILL pending (a process sent SIGKILL never
+/// returns to its code; it may still be closing its descriptors).
+pub fn can_run(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let sigkill = 1u64 << 8;
+    !status.lines().any(|l| {
+        if let Some(state) = l.strip_prefix("State:") {
+            let state = state.trim_start();
+            return state.starts_with('Z') || state.starts_with('X');
+        }
+        l.strip_prefix("SigPnd:")
+            .or_else(|| l.strip_prefix("ShdPnd:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & sigkill != 0)
+    })
+}
+
+/// [`holders_of`] that can still run code (see [`can_run`]).
+pub fn running_holders_of(token: &str) -> Vec<i32> {
+    holders_of(token)
+        .into_iter()
+        .filter(|p| can_run(*p))
+        .collect()
+}
+
 /// A Python cell that forks a child into its own session (holding a file
 /// named with `token` open), then writes its own `done` frame on the
 /// protocol descriptor and lives on. The old supervisor returned at that
