@@ -305,13 +305,20 @@ impl Server {
                 #[cfg(not(target_os = "linux"))]
                 let _ = join;
                 super::compat::set_name(name);
-                let code = match child_setup(&theirs, &out_w, &err_w) {
-                    Ok(()) => match super::spawn::take_protocol_channel() {
-                        Ok(stream) => (self.run_cell)(stream, limits, name == SPARE_NAME),
+                let run_cell = self.run_cell;
+                // A panic must not unwind out of here: it would drop the
+                // objects that own fds close_range closed (a second close,
+                // which debug builds abort on) and go on running the fork
+                // server's loop in the cell's process.
+                let code =
+                    std::panic::catch_unwind(|| match child_setup(&theirs, &out_w, &err_w) {
+                        Ok(()) => match super::spawn::take_protocol_channel() {
+                            Ok(stream) => run_cell(stream, limits, name == SPARE_NAME),
+                            Err(_) => 7,
+                        },
                         Err(_) => 7,
-                    },
-                    Err(_) => 7,
-                };
+                    })
+                    .unwrap_or(crate::exit::Exit::Internal.raw());
                 use std::io::Write;
                 let _ = std::io::stdout().flush();
                 // SAFETY: _exit ends the child without running the parent's

@@ -435,8 +435,28 @@ fn place_fds(fds: [BorrowedFd<'_>; 4]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The cell: sandbox itself, report, execute the program. Never returns.
+/// The cell: sandbox itself, report, execute the program. Never returns,
+/// not even by a panic: this process is a copy of the caller, and
+/// unwinding would run the caller's code and destructors in it, among
+/// them those of the objects that own fds the hygiene layer closed with
+/// `close_range` (a second close, which debug builds abort on).
 fn cell_main(
+    plan: &SandboxPlan,
+    ids: namespaces::HostIds,
+    view: &linux::view::FsView,
+    ns: Namespaces,
+    fds: [BorrowedFd<'_>; 4],
+    program: &mut Program<'_>,
+    cgroup: Option<RawFd>,
+) -> ! {
+    let body =
+        std::panic::AssertUnwindSafe(|| cell_body(plan, ids, view, ns, fds, program, cgroup));
+    // `cell_body` never returns: only a panic gets past this.
+    let _ = std::panic::catch_unwind(body);
+    exit_now(EXIT_SANDBOX)
+}
+
+fn cell_body(
     plan: &SandboxPlan,
     ids: namespaces::HostIds,
     view: &linux::view::FsView,

@@ -434,14 +434,26 @@ pub fn release(
 
 /// The worker after the clone: finish the cell's user namespace, let it go,
 /// then wait and mirror its end. Never returns.
+///
+/// Fd 3 is closed here behind the back of the object that owns it (the
+/// worker's protocol channel, up the stack): that object must never be
+/// dropped, so this function never returns or unwinds (a second close is
+/// an IO-safety violation, which debug builds abort on).
 fn worker_side(pid: libc::pid_t, sync: UnixStream, user_ns: bool, ids: HostIds) -> ! {
-    let _ = release(pid, &sync, user_ns, ids);
-    // The supervisor must see EOF on the protocol channel when the cell
-    // dies, so the worker keeps no copy of it.
-    // SAFETY: fd 3 belongs to the protocol channel, which this process
-    // never uses again (it only waits and exits from here on).
-    unsafe { libc::close(crate::sandbox::PROTOCOL_FD) };
-    wait_and_mirror(pid, sync)
+    let side = std::panic::AssertUnwindSafe(move || {
+        let _ = release(pid, &sync, user_ns, ids);
+        // The supervisor must see EOF on the protocol channel when the cell
+        // dies, so the worker keeps no copy of it.
+        // SAFETY: fd 3 belongs to the protocol channel, which this process
+        // never uses again (it only waits and exits from here on, and the
+        // channel's owner is never dropped: see above).
+        unsafe { libc::close(crate::sandbox::PROTOCOL_FD) };
+        wait_and_mirror(pid, sync)
+    });
+    // `wait_and_mirror` never returns: only a panic gets past this.
+    let _ = std::panic::catch_unwind(side);
+    // SAFETY: _exit ends the process at once, running no destructor.
+    unsafe { libc::_exit(crate::sandbox::linux::EXIT_WORKER_LOST) }
 }
 
 /// Wait for `pid` and exit with its status. `_keep` stays open until then:
