@@ -141,7 +141,6 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
     if let Some(n) = args.max_total_tokens {
         policy.max_total_tokens = policy.max_total_tokens.min(n);
     }
-    let max_tokens = policy.max_total_tokens;
     let events = match &args.events {
         Some(p) => EventSink::to_file(p)
             .map_err(|e| format!("failed to open the events file {}: {e}", p.display()))?,
@@ -191,7 +190,6 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         context,
         max_steps: args.max_steps,
         max_errors: args.max_errors,
-        max_tokens,
         deadline,
         progress: std::io::stderr().is_terminal() && !args.json,
     };

@@ -20,6 +20,7 @@ pub use supervisor::{
     Truncated, Truncation, Usage, VarsReport, MAX_CALL_RECORDS, MAX_CALL_RECORD_BYTES,
 };
 // Limits, capabilities and the policy that allows them, budgets.
+pub use supervisor::{Account, Caps, Chain, Ledger, Owner};
 pub use supervisor::{
     ArgsError, Budget, BudgetError, CallContext, CallError, Capability, CapabilityError,
     LimitOverrides, Limits, ModelUsage, ModelUsageReport, Policy, Registry, MAX_EMITS_PER_CELL,

@@ -8,8 +8,14 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// Largest response body read from an endpoint.
-const MAX_BODY_BYTES: usize = 16 << 20;
+/// Largest reply read from an endpoint: a reply is read as it arrives and
+/// dropped once it passes this, so a batch holds at most this much per
+/// query in flight (and [`ReplyBytes`] bounds what its replies hold
+/// together).
+pub const MAX_REPLY_BYTES: usize = 4 << 20;
+/// Tokens a reported usage may hold at most to be believed: more is not a
+/// count any endpoint gives for one query.
+const MAX_REPORTED_TOKENS: u64 = 100_000_000;
 /// Characters of an error body quoted in a message.
 const QUOTED_BODY_CHARS: usize = 300;
 /// Longest `Retry-After` honoured.
@@ -51,7 +57,13 @@ pub struct ModelReply {
     pub text: String,
     /// The configured model name (the `[models.NAME]` key).
     pub model: String,
+    /// The usage the reply reported (zero when it reported none that can
+    /// be believed: see `usage_problem`).
     pub usage: TokenUsage,
+    /// Why the reported usage was not believed: missing, or not a sane
+    /// non-negative integer count. A budget then charges what it held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_problem: Option<String>,
     /// In the configured price unit, when prices are set.
     pub cost: Option<f64>,
     pub attempts: u32,
@@ -85,6 +97,12 @@ pub enum ModelError {
         attempts: u32,
         seconds: u64,
     },
+    #[error("model {model:?} sent a reply larger than allowed (attempt {attempts}): {message}")]
+    TooLarge {
+        model: String,
+        attempts: u32,
+        message: String,
+    },
     #[error("failed to reach model {model:?} (attempt {attempts}): {message}")]
     Connect {
         model: String,
@@ -110,6 +128,64 @@ pub struct Query {
     pub messages: Vec<Value>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
+    /// The bytes this query's reply shares with others (a batch's).
+    pub shared_bytes: Option<std::sync::Arc<ReplyBytes>>,
+}
+
+/// Bytes several replies may hold together: each reply's bytes are taken
+/// from it as they arrive, so a batch never holds more than this whatever
+/// its replies are.
+#[derive(Debug)]
+pub struct ReplyBytes {
+    max: usize,
+    used: std::sync::atomic::AtomicUsize,
+}
+
+impl ReplyBytes {
+    pub fn new(max: usize) -> ReplyBytes {
+        ReplyBytes {
+            max,
+            used: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Take `n` bytes; false (taking nothing) when they pass the bound.
+    fn take(&self, n: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|t| *t <= self.max)
+            })
+            .is_ok()
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+/// The tokens a prompt of `messages` is counted at before it is sent: each
+/// message's content in o200k_base (the tokenizer `aggregate_context`
+/// counts with), plus what chat formatting adds per message and for the
+/// reply's start.
+pub fn estimate_prompt_tokens(messages: &[Value]) -> u64 {
+    const PER_MESSAGE: u64 = 4;
+    const PRIMING: u64 = 3;
+    let enc = crate::context::Encoding::O200kBase;
+    messages.iter().fold(PRIMING, |acc, m| {
+        let content = match m.get("content") {
+            Some(Value::String(s)) => enc.count(s),
+            Some(other) => enc.count(&other.to_string()),
+            None => enc.count(&m.to_string()),
+        };
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .map_or(0, |r| enc.count(r));
+        acc.saturating_add(PER_MESSAGE)
+            .saturating_add(content as u64)
+            .saturating_add(role as u64)
+    })
 }
 
 /// The configured models and an HTTP client (rustls, no redirects).
@@ -272,13 +348,20 @@ impl ModelClient {
                 tokio::time::sleep(wait.min(MAX_RETRY_AFTER)).await;
                 continue;
             }
-            let bytes = match read_capped(resp).await {
+            let bytes = match read_capped(resp, q.shared_bytes.as_deref()).await {
                 Ok(b) => b,
                 Err(ReadError::Timeout) => {
                     return Err(ModelError::Timeout {
                         model: name.to_owned(),
                         attempts: attempt,
                         seconds: c.timeout_seconds,
+                    })
+                }
+                Err(ReadError::TooLarge(m)) => {
+                    return Err(ModelError::TooLarge {
+                        model: name.to_owned(),
+                        attempts: attempt,
+                        message: m,
                     })
                 }
                 Err(ReadError::Other(m)) => {
@@ -304,10 +387,15 @@ impl ModelClient {
                 attempts: attempt,
                 problem: self.redact(ep, &problem),
             })?;
+            let (usage, usage_problem) = match usage {
+                Ok(u) => (u, None),
+                Err(p) => (TokenUsage::default(), Some(p)),
+            };
             return Ok(ModelReply {
                 text,
                 model: name.to_owned(),
                 usage,
+                usage_problem,
                 cost: Self::cost(c, usage),
                 attempts: attempt,
                 ms: t0.elapsed().as_millis() as u64,
@@ -338,18 +426,41 @@ fn describe(e: &reqwest::Error) -> String {
 
 enum ReadError {
     Timeout,
+    TooLarge(String),
     Other(String),
 }
 
-async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, ReadError> {
+/// The body of `resp`, read as it arrives: past [`MAX_REPLY_BYTES`], or
+/// past what `shared` has left, it is dropped with an error naming the
+/// bound.
+async fn read_capped(
+    mut resp: reqwest::Response,
+    shared: Option<&ReplyBytes>,
+) -> Result<Vec<u8>, ReadError> {
+    if let Some(n) = resp.content_length() {
+        if n > MAX_REPLY_BYTES as u64 {
+            return Err(ReadError::TooLarge(format!(
+                "it announced {n} bytes, over the limit of {MAX_REPLY_BYTES} bytes per reply"
+            )));
+        }
+    }
     let mut out = Vec::new();
     loop {
         match resp.chunk().await {
             Ok(Some(c)) => {
-                if out.len() + c.len() > MAX_BODY_BYTES {
-                    return Err(ReadError::Other(format!(
-                        "the reply is larger than {MAX_BODY_BYTES} bytes"
+                if out.len() + c.len() > MAX_REPLY_BYTES {
+                    return Err(ReadError::TooLarge(format!(
+                        "more than {MAX_REPLY_BYTES} bytes, the limit per reply"
                     )));
+                }
+                if let Some(s) = shared {
+                    if !s.take(c.len()) {
+                        return Err(ReadError::TooLarge(format!(
+                            "the replies of one batch passed {} bytes together, the limit per \
+                             batch",
+                            s.max()
+                        )));
+                    }
                 }
                 out.extend_from_slice(&c);
             }
@@ -366,8 +477,30 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(60.0)))
 }
 
-/// The reply text and usage of a chat-completions body.
-fn parse_reply(bytes: &[u8]) -> Result<(String, TokenUsage), String> {
+/// The reply text of a chat-completions body, and its usage or why that
+/// cannot be believed.
+type Parsed = (String, Result<TokenUsage, String>);
+
+/// One count of a reported usage: a non-negative integer no larger than
+/// [`MAX_REPORTED_TOKENS`].
+fn count(usage: &Value, key: &str) -> Result<u64, String> {
+    match usage.get(key) {
+        None | Some(Value::Null) => Err(format!("usage.{key} is missing")),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) if v <= MAX_REPORTED_TOKENS => Ok(v),
+            Some(v) => Err(format!(
+                "usage.{key} is {v}, more than any one query uses ({MAX_REPORTED_TOKENS})"
+            )),
+            None => Err(format!("usage.{key} is {n}, not a non-negative integer")),
+        },
+        Some(other) => {
+            let shown: String = other.to_string().chars().take(40).collect();
+            Err(format!("usage.{key} is {shown}, not a number"))
+        }
+    }
+}
+
+fn parse_reply(bytes: &[u8]) -> Result<Parsed, String> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| {
         let head: String = String::from_utf8_lossy(bytes).chars().take(80).collect();
         format!("the body is not JSON ({e}); it begins {head:?}")
@@ -377,10 +510,15 @@ fn parse_reply(bytes: &[u8]) -> Result<(String, TokenUsage), String> {
         .and_then(Value::as_str)
         .ok_or("no choices[0].message.content string in the body")?
         .to_owned();
-    let num = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    let usage = TokenUsage {
-        input_tokens: num("/usage/prompt_tokens"),
-        output_tokens: num("/usage/completion_tokens"),
+    let usage = match v.get("usage") {
+        None | Some(Value::Null) => Err("the reply reported no usage".to_owned()),
+        Some(u) if !u.is_object() => Err("usage is not an object".to_owned()),
+        Some(u) => count(u, "prompt_tokens").and_then(|input_tokens| {
+            Ok(TokenUsage {
+                input_tokens,
+                output_tokens: count(u, "completion_tokens")?,
+            })
+        }),
     };
     Ok((text, usage))
 }
@@ -427,7 +565,42 @@ mod tests {
             br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
         )
         .unwrap();
+        let u = u.unwrap();
         assert_eq!((t.as_str(), u.total()), ("hi", 7));
+        for (usage, problem) in [
+            ("", "reported no usage"),
+            (r#","usage":null"#, "reported no usage"),
+            (r#","usage":7"#, "not an object"),
+            (
+                r#","usage":{"completion_tokens":4}"#,
+                "prompt_tokens is missing",
+            ),
+            (
+                r#","usage":{"prompt_tokens":-3,"completion_tokens":4}"#,
+                "-3, not a non-negative integer",
+            ),
+            (
+                r#","usage":{"prompt_tokens":3.5,"completion_tokens":4}"#,
+                "3.5, not a non-negative",
+            ),
+            (
+                r#","usage":{"prompt_tokens":"3","completion_tokens":4}"#,
+                "\"3\", not a number",
+            ),
+            (
+                r#","usage":{"prompt_tokens":3,"completion_tokens":1e300}"#,
+                "not a non-negative integer",
+            ),
+            (
+                r#","usage":{"prompt_tokens":3,"completion_tokens":18446744073709551615}"#,
+                "more than any one query",
+            ),
+        ] {
+            let body = format!(r#"{{"choices":[{{"message":{{"content":"hi"}}}}]{usage}}}"#);
+            let (_, u) = parse_reply(body.as_bytes()).unwrap();
+            let e = u.unwrap_err();
+            assert!(e.contains(problem), "{usage}: {e}");
+        }
         assert!(parse_reply(b"<html>").unwrap_err().contains("not JSON"));
         assert!(parse_reply(b"{}").unwrap_err().contains("choices"));
         let s = section(None);

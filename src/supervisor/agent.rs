@@ -5,7 +5,9 @@
 //! a budget (steps, tokens, consecutive errors, wall time). `cellbox agent`
 //! runs it from the command line; `agent_query` runs it for a sub-agent.
 
-use crate::models::{ModelClient, Query};
+use crate::models::ModelClient;
+use crate::supervisor::policy::{BudgetError, Metered};
+use crate::supervisor::spend;
 use crate::supervisor::{CellRequest, CellResult, EventSink, Language, RunInfo, Session, Status};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -156,6 +158,15 @@ fn system_prompt(lang: Language, context: &Value, caps: &[String], steps: u32) -
     )
 }
 
+/// The budget a refusal names, and what it says of it.
+fn budget_parts(e: &BudgetError) -> (String, String) {
+    match e {
+        BudgetError::Exhausted { budget, detail } => ((*budget).to_owned(), detail.clone()),
+        BudgetError::Total { .. } => ("max_calls".to_owned(), e.to_string()),
+        BudgetError::PerCapability { .. } => ("max_calls_per_capability".to_owned(), e.to_string()),
+    }
+}
+
 /// One run of the loop.
 pub(crate) struct LoopConfig {
     pub task: String,
@@ -165,7 +176,6 @@ pub(crate) struct LoopConfig {
     pub context: Value,
     pub max_steps: u32,
     pub max_errors: u32,
-    pub max_tokens: u64,
     pub deadline: Option<Instant>,
     pub progress: bool,
 }
@@ -214,19 +224,14 @@ pub(crate) fn run_loop<'a>(
             detail,
         };
         let mut step = 0;
+        // The loop's own turns are charged to the session (and its
+        // account) like its cells' queries, held before each is sent.
+        let chain = session.chain();
         let stop = loop {
-            // The session counts the loop's own queries (charged below)
-            // with its cells'.
             let used = session.model_usage();
             let tokens = used.total_tokens();
             if step >= cfg.max_steps {
                 break exhausted("max_steps", format!("{step} steps of {}", cfg.max_steps));
-            }
-            if tokens >= cfg.max_tokens {
-                break exhausted(
-                    "max_total_tokens",
-                    format!("{tokens} tokens used of {}", cfg.max_tokens),
-                );
             }
             if errors >= cfg.max_errors {
                 break exhausted(
@@ -248,37 +253,69 @@ pub(crate) fn run_loop<'a>(
                     cfg.max_steps, used.cost
                 );
             }
-            let q = Query {
-                model: Some(cfg.model.clone()),
-                messages: messages.clone(),
-                max_tokens: Some(u32::try_from(cfg.max_tokens - tokens).unwrap_or(u32::MAX)),
-                temperature: None,
-            };
-            let reply = match tokio::time::timeout(remaining, client.query(&q)).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
+            let planned = spend::plan(
+                &chain,
+                client,
+                Some(&cfg.model),
+                vec![messages.clone()],
+                None,
+                None,
+                Metered::Model,
+                true,
+            )
+            .await;
+            let (query, hold, estimate) = match planned.map(|mut v| v.pop()) {
+                Ok(Some(p)) => (p.query, p.hold, p.estimate),
+                Ok(None) => {
+                    break Stop::ModelError {
+                        message: "no query was planned".into(),
+                    }
+                }
+                Err(spend::PlanError::Budget(e)) => {
+                    let (budget, detail) = budget_parts(&e);
+                    break exhausted(&budget, detail);
+                }
+                Err(spend::PlanError::Model(e)) => {
                     break Stop::ModelError {
                         message: e.to_string(),
                     }
                 }
-                Err(_) => {
+            };
+            let config = match client.config(Some(&cfg.model)) {
+                Ok((_, c)) => c.clone(),
+                Err(e) => {
+                    break Stop::ModelError {
+                        message: e.to_string(),
+                    }
+                }
+            };
+            let asked = tokio::time::timeout(remaining, client.query(&query))
+                .await
+                .map_err(|_| None)
+                .and_then(|r| r.map_err(Some));
+            let settled = spend::settle(hold, estimate, &config, &asked, |e| match e {
+                Some(e) => spend::maybe_billed(e),
+                None => Some("no answer came before the run's deadline".into()),
+            });
+            let reply = match asked {
+                Ok(r) => r,
+                Err(Some(e)) => {
+                    break Stop::ModelError {
+                        message: e.to_string(),
+                    }
+                }
+                Err(None) => {
                     break exhausted("timeout", format!("{:?} of wall time", started.elapsed()))
                 }
             };
-            input += reply.usage.input_tokens;
-            output += reply.usage.output_tokens;
-            session.charge_model_use(
-                1,
-                reply.usage.input_tokens,
-                reply.usage.output_tokens,
-                reply.cost.unwrap_or(0.0),
-            );
-            events.record(
-                "model_call",
-                run,
-                json!({"step": step, "model": reply.model, "usage": reply.usage,
-                       "cost": reply.cost, "latency_ms": reply.ms}),
-            );
+            input += settled.charged.input_tokens;
+            output += settled.charged.output_tokens;
+            let mut record = json!({"step": step, "model": reply.model, "usage": reply.usage,
+                                    "cost": settled.charged.cost, "latency_ms": reply.ms});
+            if let (Some(o), Value::Object(more)) = (record.as_object_mut(), settled.detail()) {
+                o.extend(more);
+            }
+            events.record("model_call", run, record);
             messages.push(json!({"role": "assistant", "content": reply.text}));
             let blocks = code_blocks(&reply.text, lang);
             let mut cells = Vec::new();

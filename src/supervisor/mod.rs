@@ -9,6 +9,7 @@ mod cell;
 pub(crate) use cell::Tail;
 mod display;
 mod events;
+pub(crate) mod ledger;
 mod limits;
 #[cfg(target_os = "linux")]
 mod live;
@@ -24,6 +25,7 @@ mod python;
 mod result;
 mod scratch;
 mod session;
+pub(crate) mod spend;
 mod tenancy;
 mod throwaway;
 mod warm;
@@ -35,9 +37,10 @@ pub use capability::{
     SourceFuture, ToolSource,
 };
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
+pub use ledger::{Account, Caps, Chain, Ledger, Owner};
 pub use limits::{LimitOverrides, Limits};
 pub use policy::{
-    Budget, BudgetError, ModelUsage, ModelUsageReport, Policy, MAX_EMITS_PER_CELL,
+    Budget, BudgetError, Metered, ModelUsage, ModelUsageReport, Policy, MAX_EMITS_PER_CELL,
     MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 pub use pool_status::{PoolStatus, ZygoteStatus};

@@ -1,8 +1,9 @@
 //! Deny-by-default capability policy and the call budget of a run tree.
 
+use super::ledger::{Chain, Ledger, Owner};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Which capabilities a session may call, and how often. Nothing is allowed
 /// unless named.
@@ -101,15 +102,25 @@ impl Policy {
 }
 
 /// Calls used so far in one run tree; shared by a cell and its sub-cells.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Budget {
     /// Calls made, and calls to each capability with a cap of its own (no
     /// other name is kept: a cell chooses the names it calls).
     used: Mutex<(u32, BTreeMap<String, u32>)>,
     emitted: EmitTally,
     /// Model queries, sub-agents, tool calls, tokens and cost of the run
-    /// tree.
-    pub(crate) models: ModelTally,
+    /// tree (counted only: the session's ledger holds the caps).
+    pub(crate) models: Arc<Ledger>,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            used: Mutex::default(),
+            emitted: EmitTally::default(),
+            models: Arc::new(Ledger::counting(Owner::Run)),
+        }
+    }
 }
 
 /// Model and tool use counted against a policy's budgets.
@@ -150,161 +161,34 @@ pub enum Metered {
     Tool,
 }
 
-/// [`ModelUsage`] so far, behind a lock; one per run tree and one per
-/// session.
-#[derive(Debug, Default)]
-pub struct ModelTally(Mutex<ModelUsage>);
+/// The ledgers a cell's calls are charged to: those of its session's
+/// account (a principal's, a sub-agent's parent's), its session's and its
+/// run tree's, all at once (see [`super::ledger`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Meter {
+    pub chain: Chain,
+    tree: Arc<Ledger>,
+    session: Arc<Ledger>,
+}
 
-impl ModelTally {
-    pub fn get(&self) -> ModelUsage {
-        *crate::util::lock(&self.0)
-    }
-
-    /// Why `n` more calls of `kind` would pass a budget of `policy`, if
-    /// they would: calls, and tokens or cost already spent.
-    fn refusal(&self, policy: &Policy, kind: Metered, n: u32) -> Option<BudgetError> {
-        let u = self.get();
-        let (name, used, max) = match kind {
-            Metered::Model => ("max_model_calls", u.model_calls, policy.max_model_calls),
-            Metered::Agent => ("max_agent_calls", u.agent_calls, policy.max_agent_calls),
-            Metered::Tool => ("max_tool_calls", u.tool_calls, policy.max_tool_calls),
-        };
-        if used.saturating_add(n) > max {
-            return Some(BudgetError::Exhausted {
-                budget: name,
-                detail: format!("{used} used, {n} more asked, of {max}"),
-            });
-        }
-        if kind != Metered::Tool {
-            if let Some(e) = tokens_or_cost(policy, &u) {
-                return Some(e);
-            }
-        }
-        None
-    }
-
-    pub(crate) fn add_calls(&self, kind: Metered, n: u32) {
-        let mut u = crate::util::lock(&self.0);
-        match kind {
-            Metered::Model => u.model_calls = u.model_calls.saturating_add(n),
-            Metered::Agent => u.agent_calls = u.agent_calls.saturating_add(n),
-            Metered::Tool => u.tool_calls = u.tool_calls.saturating_add(n),
+impl Meter {
+    pub(crate) fn new(account: &Chain, session: &Arc<Ledger>, tree: &Arc<Ledger>) -> Meter {
+        Meter {
+            chain: account.then([session.clone(), tree.clone()]),
+            tree: tree.clone(),
+            session: session.clone(),
         }
     }
 
-    pub(crate) fn add_usage(&self, input: u64, output: u64, cost: f64) {
-        let mut u = crate::util::lock(&self.0);
-        u.input_tokens = u.input_tokens.saturating_add(input);
-        u.output_tokens = u.output_tokens.saturating_add(output);
-        u.cost += cost;
-    }
-}
-
-/// The token or cost budget `u` has used up, if any.
-fn tokens_or_cost(policy: &Policy, u: &ModelUsage) -> Option<BudgetError> {
-    if u.total_tokens() >= policy.max_total_tokens {
-        return Some(BudgetError::Exhausted {
-            budget: "max_total_tokens",
-            detail: format!(
-                "{} tokens used of {}",
-                u.total_tokens(),
-                policy.max_total_tokens
-            ),
-        });
-    }
-    match policy.max_cost {
-        Some(max) if u.cost >= max => Some(BudgetError::Exhausted {
-            budget: "max_cost",
-            detail: format!("{:.6} spent of {max}", u.cost),
-        }),
-        _ => None,
-    }
-}
-
-/// The budgets of a run tree and of its session, charged together.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Meter<'a> {
-    pub tree: &'a ModelTally,
-    pub session: &'a ModelTally,
-    pub policy: &'a Policy,
-}
-
-impl Meter<'_> {
     /// Count `n` calls of `kind`, unless a budget refuses them.
     pub(crate) fn charge(&self, kind: Metered, n: u32) -> Result<(), BudgetError> {
-        for t in [self.session, self.tree] {
-            if let Some(e) = t.refusal(self.policy, kind, n) {
-                return Err(e);
-            }
-        }
-        self.tree.add_calls(kind, n);
-        self.session.add_calls(kind, n);
-        Ok(())
-    }
-
-    /// Count the tokens and cost a reply used; an error when that used up
-    /// the token or cost budget (the run ends there).
-    pub(crate) fn spend(&self, input: u64, output: u64, cost: f64) -> Result<(), BudgetError> {
-        self.tree.add_usage(input, output, cost);
-        self.session.add_usage(input, output, cost);
-        let u = self.session.get();
-        let over_tokens = u.total_tokens() > self.policy.max_total_tokens;
-        let over_cost = self.policy.max_cost.is_some_and(|m| u.cost > m);
-        if over_tokens || over_cost {
-            return Err(
-                tokens_or_cost(self.policy, &u).unwrap_or(BudgetError::Exhausted {
-                    budget: "max_total_tokens",
-                    detail: String::new(),
-                }),
-            );
-        }
-        Ok(())
-    }
-
-    /// Count what a sub-agent used (its own queries and its cells'); an
-    /// error when that passed a budget (the run ends there).
-    pub(crate) fn absorb(&self, used: ModelUsage) -> Result<(), BudgetError> {
-        self.tree.add_calls(Metered::Model, used.model_calls);
-        self.session.add_calls(Metered::Model, used.model_calls);
-        self.tree.add_calls(Metered::Agent, used.agent_calls);
-        self.session.add_calls(Metered::Agent, used.agent_calls);
-        self.tree.add_calls(Metered::Tool, used.tool_calls);
-        self.session.add_calls(Metered::Tool, used.tool_calls);
-        let u = self.session.get();
-        if u.model_calls > self.policy.max_model_calls {
-            return Err(BudgetError::Exhausted {
-                budget: "max_model_calls",
-                detail: format!("{} used of {}", u.model_calls, self.policy.max_model_calls),
-            });
-        }
-        self.spend(used.input_tokens, used.output_tokens, used.cost)
-    }
-
-    /// What is left of each budget, as a policy for a sub-agent: never
-    /// more than this run has.
-    pub(crate) fn remaining(&self) -> Policy {
-        let u = self.session.get();
-        let p = self.policy;
-        let mut child = p.clone();
-        child.max_model_calls = p.max_model_calls.saturating_sub(u.model_calls);
-        child.max_agent_calls = p.max_agent_calls.saturating_sub(u.agent_calls);
-        child.max_tool_calls = p.max_tool_calls.saturating_sub(u.tool_calls);
-        child.max_total_tokens = p.max_total_tokens.saturating_sub(u.total_tokens());
-        child.max_cost = p.max_cost.map(|c| (c - u.cost).max(0.0));
-        child
-    }
-
-    /// Tokens a query may still ask for.
-    pub(crate) fn tokens_left(&self) -> u64 {
-        self.policy
-            .max_total_tokens
-            .saturating_sub(self.session.get().total_tokens())
+        self.chain.charge(kind, n)
     }
 
     pub(crate) fn report(&self) -> ModelUsageReport {
         ModelUsageReport {
-            cell: self.tree.get(),
-            session: self.session.get(),
+            cell: self.tree.used(),
+            session: self.session.used(),
         }
     }
 }
@@ -465,15 +349,17 @@ mod tests {
         assert!(p.permits("gh.search") && p.permits("fetch"));
         assert!(!p.permits("ghx.search") && !p.permits("gh") && !p.permits("fetch.x"));
         p.max_tool_calls = 1;
-        let (tree, session) = (ModelTally::default(), ModelTally::default());
-        let m = Meter {
-            tree: &tree,
-            session: &session,
-            policy: &p,
-        };
+        let session = Arc::new(Ledger::new(
+            Owner::Session,
+            super::super::ledger::Caps::of_policy(&p),
+            None,
+        ));
+        let tree = Arc::new(Ledger::counting(Owner::Run));
+        let m = Meter::new(&Chain::default(), &session, &tree);
         assert!(m.charge(Metered::Tool, 1).is_ok());
         let e = m.charge(Metered::Tool, 1).unwrap_err();
         assert!(e.to_string().contains("max_tool_calls"), "{e}");
+        assert_eq!(m.report().cell.tool_calls, 1);
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct SessionConfig {
     /// A cell that comes while it is being started waits for it (up to 2 s).
     #[serde(skip)]
     pub prepare_next: bool,
+    /// The budgets its calls draw from besides its own policy's (a
+    /// principal's), and the tenant whose upstream connections its tool
+    /// calls use. Not part of the configuration a file gives.
+    #[serde(skip)]
+    pub account: super::ledger::Account,
 }
 
 impl Default for SessionConfig {
@@ -42,6 +47,7 @@ impl Default for SessionConfig {
             python_state: PythonState::default(),
             max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
             prepare_next: false,
+            account: Default::default(),
         }
     }
 }
@@ -121,8 +127,12 @@ struct SessionInner {
     id: String,
     config: SessionConfig,
     scratch: Arc<super::scratch::Scratch>,
-    /// Its cgroups (made at its first cell).
+    /// Its cgroups (made at its first cell) and its budgets' ledger.
     share: Arc<super::tenancy::Share>,
+    /// The ledgers its calls also draw from, and its tenant (see
+    /// [`SessionConfig::account`]); set once, at its making or when a
+    /// session prepared ahead is handed to its cell.
+    account: std::sync::OnceLock<super::ledger::Account>,
     /// `emit` events of all the session's cells so far.
     emits: Arc<super::policy::EmitTally>,
     /// For a sub-agent's session: the run its cells hang beneath.
@@ -216,9 +226,15 @@ impl Session {
     /// sub-agent's), at its depth.
     pub(crate) fn beneath(
         sup: Arc<Inner>,
-        config: SessionConfig,
+        mut config: SessionConfig,
         parent: Option<RunInfo>,
     ) -> Result<Session, Error> {
+        let account = std::sync::OnceLock::new();
+        let given = std::mem::take(&mut config.account);
+        if given != super::ledger::Account::default() {
+            let _ = account.set(given);
+        }
+        let share = Arc::new(super::tenancy::Share::new(&config.policy));
         // Made when a cell first needs it.
         let scratch = Arc::new(super::scratch::Scratch::new(
             super::scratch::Parent::Supervisor(sup.clone()),
@@ -233,7 +249,8 @@ impl Session {
                 sup,
                 config,
                 scratch,
-                share: Default::default(),
+                share,
+                account,
                 emits: Default::default(),
                 parent,
                 state: tokio::sync::Mutex::new(State::default()),
@@ -243,19 +260,33 @@ impl Session {
     }
 
     /// Model queries, sub-agents, tool calls, tokens and cost of the
-    /// session's cells so far.
+    /// session's cells so far (its agent loop's own queries included).
     pub fn model_usage(&self) -> super::ModelUsage {
-        self.inner.share.models.get()
+        self.inner.share.models.used()
     }
 
-    /// Count model queries made on the session's behalf outside its cells
-    /// (an agent loop's own turns), so that its cells' budgets are what is
-    /// left after them: the session's `max_model_calls`, `max_total_tokens`
-    /// and `max_cost` cover both.
-    pub fn charge_model_use(&self, calls: u32, input_tokens: u64, output_tokens: u64, cost: f64) {
-        let tally = &self.inner.share.models;
-        tally.add_calls(super::policy::Metered::Model, calls);
-        tally.add_usage(input_tokens, output_tokens, cost);
+    /// The ledgers a query made on the session's behalf outside its cells
+    /// (an agent loop's own turns) is charged to: its account's and its
+    /// own, so that its cells' budgets are what is left after them.
+    pub(crate) fn chain(&self) -> super::ledger::Chain {
+        self.account().chain.then([self.inner.share.models.clone()])
+    }
+
+    /// The session's account (see [`SessionConfig::account`]).
+    pub(crate) fn account(&self) -> &super::ledger::Account {
+        self.inner
+            .account
+            .get()
+            .unwrap_or(&super::ledger::NO_ACCOUNT)
+    }
+
+    /// Give a session that has none its account (a session prepared ahead,
+    /// handed to the cell of a principal); false when it has one already.
+    pub(crate) fn bind_account(&self, account: super::ledger::Account) -> bool {
+        if account == super::ledger::Account::default() {
+            return self.inner.account.get().is_none();
+        }
+        self.inner.account.set(account).is_ok()
     }
 
     pub fn id(&self) -> &str {
@@ -905,6 +936,7 @@ impl Session {
             emits: &inner.emits,
             scratch: &inner.scratch,
             share: &inner.share,
+            account: self.account(),
         }
     }
 

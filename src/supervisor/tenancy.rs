@@ -57,14 +57,29 @@ impl CellGroup {
 }
 
 /// Made at the session's first cell, shared by its cells and sub-cells.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Share {
     #[cfg(target_os = "linux")]
     group: OnceLock<Option<Arc<SessionGroup>>>,
     #[cfg(not(target_os = "linux"))]
     group: OnceLock<()>,
-    /// The session's model queries, sub-agents, tool calls, tokens, cost.
-    pub(crate) models: super::policy::ModelTally,
+    /// The session's model queries, sub-agents, tool calls, tokens, cost,
+    /// against its policy's budgets.
+    pub(crate) models: Arc<super::ledger::Ledger>,
+}
+
+impl Share {
+    /// The share of a session whose policy is `policy`.
+    pub(crate) fn new(policy: &super::Policy) -> Share {
+        Share {
+            group: OnceLock::new(),
+            models: Arc::new(super::ledger::Ledger::new(
+                super::ledger::Owner::Session,
+                super::ledger::Caps::of_policy(policy),
+                None,
+            )),
+        }
+    }
 }
 
 /// How much a session may hold together, from the limits it asked for

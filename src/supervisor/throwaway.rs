@@ -170,7 +170,10 @@ impl Throwaway {
         config: SessionConfig,
         reply_pending: bool,
     ) -> (CellResult, Option<super::Tail>) {
-        let config = for_one_cell(config);
+        let mut config = for_one_cell(config);
+        // Sessions are prepared for any caller: the account is the cell's,
+        // given to the session it gets.
+        let account = std::mem::take(&mut config.account);
         self.trim();
         {
             let mut st = lock(&self.state);
@@ -201,6 +204,15 @@ impl Throwaway {
                 }
             },
         };
+        if !session.bind_account(account) {
+            let refused = CellResult::refused_with(
+                request.language.as_str(),
+                RunInfo::root(),
+                ErrorKind::SandboxError,
+                "failed to give the cell's session its account: it has one".into(),
+            );
+            return (refused, None);
+        }
         let result = session.run(request).await;
         let tail = session.tail();
         // The handle is dropped off this task: the last one tears the
@@ -264,7 +276,10 @@ impl Throwaway {
     /// came first (theirs is what is prepared). Given up on (dropped), the
     /// preparation goes on.
     pub(crate) async fn expect(self: &Arc<Self>, inner: Arc<Inner>, config: SessionConfig) {
-        let config = for_one_cell(config);
+        let config = SessionConfig {
+            account: Default::default(),
+            ..for_one_cell(config)
+        };
         {
             let mut st = lock(&self.state);
             match &st.config {

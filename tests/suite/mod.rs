@@ -1,4 +1,5 @@
 mod bench_mcp;
+mod budgets;
 mod cli;
 mod clients;
 pub mod common;

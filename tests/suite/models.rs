@@ -177,10 +177,16 @@ async fn a_model_that_never_answers_times_out_as_a_catchable_error() {
     )
     .await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
-    assert_eq!(
-        r.value,
-        Value::String("model \"fake\" did not answer within 1 s (attempt 1)".into())
+    let msg = r.value.as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with("model \"fake\" did not answer within 1 s (attempt 1)"),
+        "{msg}"
     );
+    // Whether it was answered (and billed) is not known: what was held
+    // for it is charged, and the error says so.
+    assert!(msg.contains("tokens held were charged"), "{msg}");
+    let used = r.models.unwrap().session;
+    assert!(used.total_tokens() > 4096, "{used:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,32 +287,50 @@ async fn each_budget_ends_the_cell_limit_exceeded_and_nothing_runs_past_it() {
     let r = rhai(&s, r#"model_query("again")"#).await;
     assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
     assert_eq!(fake.seen().len(), 2);
-    // Tokens: 15 per echo, 40 allowed: the third reply passes the bound.
+    // Tokens: 15 per echo, 40 allowed. Each query holds its prompt (9
+    // tokens estimated) and a reply of what is left before it is sent;
+    // the third may ask for one reply token, and its reply's 15 tokens
+    // are charged within the 10 it held. The fourth is not sent.
     let s = session(&sup, |c| c.policy.max_total_tokens = 40);
+    let before = fake.seen().len();
     let r = py_in(&s, "for i in range(5):\n    model_query('t')\n    print(i)").await;
     assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
-    assert_eq!(r.stdout, "0\n1\n");
+    assert_eq!(r.stdout, "0\n1\n2\n");
     assert!(
-        error_text(&r).contains("budget max_total_tokens exhausted: 45 tokens used of 40"),
+        error_text(&r).contains(
+            "budget max_total_tokens exhausted: the prompt is estimated at 9 tokens and 0 are left"
+        ),
         "{r:?}"
     );
+    let seen = fake.seen();
+    let asked: Vec<u64> = seen[before..]
+        .iter()
+        .map(|s| s.body["max_tokens"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(asked, [31, 16, 1]);
+    assert_eq!(r.models.unwrap().session.total_tokens(), 40);
     // A batch larger than the calls left is refused whole.
     let s = session(&sup, |c| c.policy.max_model_calls = 3);
     let before = fake.seen().len();
     let r = py_in(&s, "llm_query_batched(['a'] * 4)").await;
     assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
     assert_eq!(fake.seen().len(), before);
-    // Cost: 10 input tokens at 1e6 per million = 10 per query.
+    // Cost: 1 per input token, output free. A query holds its prompt's
+    // 9 estimated tokens (9), and is charged no more than that; the third
+    // would pass 25 and is not sent.
     let s = session(&sup, |c| c.policy.max_cost = Some(25.0));
+    let before = fake.seen().len();
     let r = py_in(&s, "for i in range(5):\n    model_query('c')\n    print(i)").await;
     assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
     assert_eq!(r.stdout, "0\n1\n");
     assert!(
-        error_text(&r).contains("budget max_cost exhausted"),
+        error_text(&r)
+            .contains("budget max_cost exhausted: 18.000000 spent, 9.000000 more asked, of 25"),
         "{r:?}"
     );
+    assert_eq!(fake.seen().len(), before + 2);
     let report = r.models.unwrap();
-    assert!((report.session.cost - 30.0).abs() < 1e-9, "{report:?}");
+    assert!((report.session.cost - 18.0).abs() < 1e-9, "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,9 +549,11 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
         "{out:?}"
     );
     assert_eq!(fake.seen().len(), 3);
-    // Tokens: 10 per turn, 25 allowed.
+    // Tokens: 505 per turn, 2000 allowed. Each turn holds its prompt and
+    // a reply of what is left before it is sent, so the run stops before
+    // it passes the bound, however much a reply says it used.
     let fake = FakeModel::start(vec![]);
-    fake.otherwise(Reply::Text("```python\nprint(1)\n```".into(), 5, 5));
+    fake.otherwise(Reply::Text("```python\nprint(1)\n```".into(), 5, 500));
     let cfg = agent_config(dir.path(), &fake.url);
     let out = cellbox(
         &[
@@ -535,7 +561,7 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
             "--config",
             &p(&cfg),
             "--max-total-tokens",
-            "25",
+            "2000",
             "--json",
             "t",
         ],
@@ -543,16 +569,23 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
     );
     assert_eq!(out.status.code(), Some(4), "{out:?}");
     let t: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(t["stop"]["budget"], "max_total_tokens");
-    assert_eq!(fake.seen().len(), 3);
+    assert_eq!(t["stop"]["budget"], "max_total_tokens", "{t}");
+    let spent = t["input_tokens"].as_u64().unwrap() + t["output_tokens"].as_u64().unwrap();
+    assert_eq!(spent, 2000, "{t}");
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 4, "{t}");
+    for s in &seen {
+        let asked = s.body["max_tokens"].as_u64().unwrap_or(u64::MAX);
+        assert!(asked < 2000, "a turn asked for {asked} reply tokens");
+    }
     // The loop's own turns count against the budget its cells' queries
-    // share: a turn of 30 tokens leaves nothing for the query its code
-    // makes, which is refused without reaching the model.
+    // share: a turn of 995 tokens leaves 5 of 1000, too few for the query
+    // its code makes, which is refused without reaching the model.
     let fake = FakeModel::start(vec![]);
     fake.otherwise(Reply::Text(
         "```python\nprint(llm_query('more'))\n```".into(),
-        15,
-        15,
+        500,
+        495,
     ));
     let cfg = agent_config(dir.path(), &fake.url);
     let out = cellbox(
@@ -561,7 +594,7 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
             "--config",
             &p(&cfg),
             "--max-total-tokens",
-            "25",
+            "1000",
             "--json",
             "t",
         ],

@@ -32,6 +32,7 @@ pub(crate) use prepared::{prepare, Prepared};
 use streams::Streams;
 
 use crate::protocol::{Definition, Done, DoneStatus};
+use crate::supervisor::ledger::Account;
 use crate::supervisor::policy::{Budget, EmitTally, Policy};
 use crate::supervisor::result::{CellResult, ErrorKind, RunInfo, Status};
 use crate::supervisor::scratch::Scratch;
@@ -82,6 +83,8 @@ pub(crate) struct CellSpec {
     pub execution_count: u64,
     /// The session's cgroups (shared by its cells and sub-cells).
     pub share: Arc<Share>,
+    /// The session's account (the ledgers its calls also draw from).
+    pub account: Account,
     /// A cell of a live Python session: its state process (see
     /// `crate::supervisor::live`).
     #[cfg(target_os = "linux")]
@@ -100,6 +103,7 @@ pub(crate) struct SessionView<'a> {
     pub emits: &'a Arc<EmitTally>,
     pub scratch: &'a Arc<Scratch>,
     pub share: &'a Arc<Share>,
+    pub account: &'a Account,
 }
 
 impl CellSpec {
@@ -132,6 +136,7 @@ impl CellSpec {
             output: None,
             execution_count: 0,
             share: session.share.clone(),
+            account: session.account.clone(),
             #[cfg(target_os = "linux")]
             live: None,
         }
@@ -148,6 +153,7 @@ impl CellSpec {
             emits: &self.session_emits,
             scratch: &self.scratch,
             share: &self.share,
+            account: &self.account,
         }
     }
 

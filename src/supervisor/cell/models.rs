@@ -7,6 +7,7 @@ use crate::models::client::Query;
 use crate::models::{ModelClient, ModelReply};
 use crate::supervisor::capability::ModelOp;
 use crate::supervisor::policy::{Meter, Metered};
+use crate::supervisor::spend::{self, Settled};
 use crate::supervisor::Inner;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -23,13 +24,12 @@ pub(super) enum ModelFailure {
 /// What a model call gave: the value for the script and the record's detail.
 pub(super) type ModelDone = (Value, Value);
 
-pub(super) fn meter(spec: &CellSpec) -> Meter<'_> {
-    Meter {
-        tree: &spec.budget.models,
-        session: &spec.share.models,
-        policy: &spec.policy,
-    }
+pub(super) fn meter(spec: &CellSpec) -> Meter {
+    Meter::new(&spec.account.chain, &spec.share.models, &spec.budget.models)
 }
+
+/// Bytes the replies of one `model_query_batched` may hold together.
+pub(crate) const MAX_BATCH_REPLY_BYTES: usize = 16 << 20;
 
 fn messages(prompt: &Value) -> Vec<Value> {
     match prompt {
@@ -39,13 +39,25 @@ fn messages(prompt: &Value) -> Vec<Value> {
     }
 }
 
-fn reply_value(r: &ModelReply) -> Value {
-    json!({"text": r.text, "model": r.model, "usage": r.usage, "cost": r.cost})
+/// The usage a reply reported, when it can be believed.
+fn reported(r: &ModelReply) -> Value {
+    match &r.usage_problem {
+        None => json!(r.usage),
+        Some(_) => Value::Null,
+    }
 }
 
-fn detail(r: &ModelReply) -> Value {
-    json!({"model": r.model, "usage": r.usage, "cost": r.cost,
-           "attempts": r.attempts, "latency_ms": r.ms})
+fn reply_value(r: &ModelReply, s: &Settled) -> Value {
+    json!({"text": r.text, "model": r.model, "usage": reported(r), "cost": s.charged.cost})
+}
+
+fn detail(r: &ModelReply, s: &Settled) -> Value {
+    let mut d = json!({"model": r.model, "usage": reported(r), "cost": s.charged.cost,
+                       "attempts": r.attempts, "latency_ms": r.ms});
+    if let (Some(o), Value::Object(more)) = (d.as_object_mut(), s.detail()) {
+        o.extend(more);
+    }
+    d
 }
 
 /// Perform one model capability call.
@@ -62,98 +74,140 @@ pub(super) async fn perform(
             "no model is configured".into(),
         ));
     };
-    let m = meter(spec);
     if op == ModelOp::Agent {
         return sub_agent(sup, spec, &client, args, remaining).await;
     }
+    let m = meter(spec);
     let model = args.get("model").and_then(Value::as_str).map(str::to_owned);
     // An unknown model is the script's error, and costs no budget.
-    if let Err(e) = client.config(model.as_deref()) {
-        return Err(ModelFailure::Call("invalid_args".into(), e.to_string()));
-    }
+    let config = match client.config(model.as_deref()) {
+        Ok((_, c)) => c.clone(),
+        Err(e) => return Err(ModelFailure::Call("invalid_args".into(), e.to_string())),
+    };
     let asked = args
         .get("max_tokens")
         .and_then(Value::as_u64)
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     let temperature = args.get("temperature").and_then(Value::as_f64);
-    let prompts: Vec<Value> = match op {
+    let prompts: Vec<Vec<Value>> = match op {
         ModelOp::Query | ModelOp::Agent => {
-            vec![args.get("prompt").cloned().unwrap_or(Value::Null)]
+            vec![messages(args.get("prompt").unwrap_or(&Value::Null))]
         }
         ModelOp::Batch => args
             .get("prompts")
             .and_then(Value::as_array)
-            .cloned()
+            .map(|a| a.iter().map(messages).collect())
             .unwrap_or_default(),
     };
-    let n = u32::try_from(prompts.len()).unwrap_or(u32::MAX);
-    m.charge(Metered::Model, n)
-        .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
-    // A query may not ask for more tokens than the budget has left.
-    let left = u32::try_from(m.tokens_left()).unwrap_or(u32::MAX).max(1);
-    let max_tokens = Some(asked.map_or(left, |a| a.min(left)));
-    let query = |prompt: &Value| Query {
-        model: model.clone(),
-        messages: messages(prompt),
-        max_tokens,
+    // Every query's tokens and cost are held before any is sent.
+    let planned = spend::plan(
+        &m.chain,
+        &client,
+        model.as_deref(),
+        prompts,
+        asked,
         temperature,
-    };
-    let results: Vec<Result<ModelReply, AskError>> = match op {
-        ModelOp::Query | ModelOp::Agent => {
-            let q = query(&prompts[0]);
-            vec![ask(&client, q, remaining).await]
-        }
-        ModelOp::Batch => {
-            let permits = Arc::new(tokio::sync::Semaphore::new(
-                spec.policy.max_concurrency.max(1) as usize,
-            ));
-            let mut tasks = Vec::with_capacity(prompts.len());
-            for p in &prompts {
-                let (client, q, permits) = (client.clone(), query(p), permits.clone());
-                tasks.push(tokio::spawn(async move {
-                    let _permit = permits.acquire_owned().await;
-                    ask(&client, q, remaining).await
-                }));
-            }
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                out.push(t.await.unwrap_or_else(|e| Err(AskError::Task(e))));
-            }
-            out
-        }
-    };
-    for r in results.iter().flatten() {
-        sup.events.record("model_call", &spec.run, detail(r));
-    }
-    let spent = results.iter().flatten().fold((0, 0, 0.0), |acc, r| {
-        (
-            acc.0 + r.usage.input_tokens,
-            acc.1 + r.usage.output_tokens,
-            acc.2 + r.cost.unwrap_or(0.0),
-        )
+        Metered::Model,
+        op != ModelOp::Batch,
+    )
+    .await
+    .map_err(|e| match e {
+        spend::PlanError::Budget(b) => ModelFailure::Fatal(b.to_string()),
+        spend::PlanError::Model(e) => ModelFailure::Call("invalid_args".into(), e.to_string()),
+    })?;
+    let shared = (op == ModelOp::Batch).then(|| {
+        Arc::new(crate::models::client::ReplyBytes::new(
+            MAX_BATCH_REPLY_BYTES,
+        ))
     });
-    m.spend(spent.0, spent.1, spent.2)
-        .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
+    let mut tasks = Vec::with_capacity(planned.len());
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        spec.policy.max_concurrency.max(1) as usize,
+    ));
+    for p in planned {
+        let spend::Planned {
+            mut query,
+            hold,
+            estimate,
+        } = p;
+        query.shared_bytes = shared.clone();
+        let (client, permits, config) = (client.clone(), permits.clone(), config.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let out = ask(&client, query, remaining).await;
+            let settled = spend::settle(hold, estimate, &config, &out, |e| match e {
+                AskError::Model(m) => spend::maybe_billed(m),
+                AskError::Deadline(_) => {
+                    Some("no answer came before the cell's deadline, so its use is unknown".into())
+                }
+                AskError::Task(_) => Some("the query failed midway".into()),
+            });
+            (out, settled)
+        }));
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        results.push(match t.await {
+            Ok(done) => done,
+            // The task held its hold: dropped with it, given back.
+            Err(e) => (
+                Err(AskError::Task(e)),
+                spend::Settled {
+                    charged: Default::default(),
+                    held_tokens: 0,
+                    note: None,
+                },
+            ),
+        });
+    }
+    for (r, s) in &results {
+        match r {
+            Ok(r) => sup.events.record("model_call", &spec.run, detail(r, s)),
+            Err(e) if s.note.is_some() => sup.events.record(
+                "model_call",
+                &spec.run,
+                json!({"model": model, "error": e.to_string(), "cost": s.charged.cost})
+                    .as_object()
+                    .map(|o| {
+                        let mut o = o.clone();
+                        if let Value::Object(more) = s.detail() {
+                            o.extend(more);
+                        }
+                        Value::Object(o)
+                    })
+                    .unwrap_or(Value::Null),
+            ),
+            Err(_) => {}
+        }
+    }
+    let failure = |e: &AskError, s: &spend::Settled| match &s.note {
+        Some(n) => format!("{e} ({n})"),
+        None => e.to_string(),
+    };
     match op {
         ModelOp::Query | ModelOp::Agent => match results.into_iter().next() {
-            Some(Ok(r)) => Ok((reply_value(&r), detail(&r))),
-            Some(Err(e)) => Err(ModelFailure::Call("failed".into(), e.to_string())),
+            Some((Ok(r), s)) => Ok((reply_value(&r, &s), detail(&r, &s))),
+            Some((Err(e), s)) => Err(ModelFailure::Call("failed".into(), failure(&e, &s))),
             None => Err(ModelFailure::Call("failed".into(), "no reply".into())),
         },
         ModelOp::Batch => {
             let total = results.len();
             let mut values = Vec::with_capacity(total);
             let mut details = Vec::with_capacity(total);
-            for (i, r) in results.into_iter().enumerate() {
+            for (i, (r, s)) in results.into_iter().enumerate() {
                 match r {
                     Ok(r) => {
-                        values.push(reply_value(&r));
-                        details.push(detail(&r));
+                        values.push(reply_value(&r, &s));
+                        details.push(detail(&r, &s));
                     }
                     Err(e) => {
                         return Err(ModelFailure::Call(
                             "failed".into(),
-                            format!("model_query_batched: prompt {} of {total}: {e}", i + 1),
+                            format!(
+                                "model_query_batched: prompt {} of {total}: {}",
+                                i + 1,
+                                failure(&e, &s)
+                            ),
                         ))
                     }
                 }
@@ -209,18 +263,18 @@ async fn sub_agent(
     let m = meter(spec);
     m.charge(Metered::Agent, 1)
         .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
-    let mut child = m.remaining();
+    let mut child = m.chain.remaining(&spec.policy);
     if child.max_model_calls == 0 {
         return Err(ModelFailure::Fatal(format!(
-            "budget max_model_calls exhausted: {} used of {}",
-            spec.policy.max_model_calls, spec.policy.max_model_calls
+            "budget max_model_calls exhausted: no model query is left for agent_query (of {})",
+            spec.policy.max_model_calls
         )));
     }
-    // The loop's own turns come out of the calls left; its cells get the rest.
+    // The loop's own turns and its cells' queries draw from the same
+    // ledgers as this cell's (its session's account is this cell's chain),
+    // so whatever it spends is charged here as it spends it.
     let steps = child.max_model_calls.min(SUB_AGENT_STEPS);
-    child.max_model_calls -= steps;
     child.allow.insert("answer".into());
-    let max_tokens = child.max_total_tokens;
     let run = crate::supervisor::RunInfo {
         run_id: super::new_run_id(),
         parent_run_id: Some(spec.run.run_id.clone()),
@@ -231,6 +285,10 @@ async fn sub_agent(
         policy: child.clone(),
         limits: spec.session().limits.clone(),
         profile: spec.profile.clone(),
+        account: crate::supervisor::ledger::Account {
+            chain: m.chain.clone(),
+            tenant: spec.account.tenant.clone(),
+        },
         ..Default::default()
     };
     let session =
@@ -266,16 +324,13 @@ async fn sub_agent(
         context,
         max_steps: steps,
         max_errors: 3,
-        max_tokens,
         deadline: Some(std::time::Instant::now() + remaining),
         progress: false,
     };
     let out =
         crate::supervisor::agent::run_loop(&session, client, &sup.events, &run, &caps, cfg).await;
-    // The child session counted the loop's own queries with its cells'.
+    // Its session counted the loop's own queries with its cells'.
     let used = session.model_usage();
-    m.absorb(used)
-        .map_err(|e| ModelFailure::Fatal(e.to_string()))?;
     let detail = json!({"run_id": run.run_id, "depth": depth, "usage": used});
     match out.stop {
         crate::supervisor::agent::Stop::Answered => Ok((out.answer.unwrap_or(Value::Null), detail)),

@@ -25,6 +25,8 @@ pub enum Reply {
     /// Echo the last message's content as "echo:<content>", usage 10 + 5,
     /// after holding the request this long.
     EchoAfter(Duration),
+    /// This reply, after holding the request this long.
+    Delayed(Box<Reply>, Duration),
 }
 
 /// What one request carried.
@@ -139,9 +141,13 @@ async fn answer(
     let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     st.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let reply = st.script.lock().unwrap().pop_front();
-    let reply = reply
+    let mut reply = reply
         .or_else(|| st.fallback.lock().unwrap().clone())
         .unwrap_or(Reply::EchoAfter(Duration::ZERO));
+    while let Reply::Delayed(r, d) = reply {
+        tokio::time::sleep(d).await;
+        reply = *r;
+    }
     let (status, text, retry) = match reply {
         Reply::Text(t, i, o) => (200, completion(&t, i, o), None),
         Reply::Status(s, b, r) => (s, b, r),
@@ -154,6 +160,7 @@ async fn answer(
             tokio::time::sleep(d).await;
             (200, completion(&format!("echo:{last}"), 10, 5), None)
         }
+        Reply::Delayed(..) => (500, String::new(), None),
     };
     st.in_flight.fetch_sub(1, Ordering::SeqCst);
     let mut resp = hyper::Response::builder()
