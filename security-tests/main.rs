@@ -5,14 +5,17 @@
 //! `cargo test --profile test-release --test security -- NAME` runs only attacks whose
 //! name contains NAME.
 //!
-//! After the script attacks comes the multi-tenant section (`tenancy/`):
-//! attacks between clients of one `cellbox serve --http`, in Rust.
+//! After the script attacks come the multi-tenant section (`tenancy/`):
+//! attacks between clients of one `cellbox serve --http`, in Rust; and the
+//! agent-surface section (`agent/`): attacks through models, tools, upstream
+//! MCP servers and the agent loop, in Rust.
 
 use cellbox::security::{self, catalog, Category, Lang, SuiteOptions};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
 
+mod agent;
 mod tenancy;
 
 /// The embedded table and this directory must list the same attacks, or the
@@ -213,6 +216,9 @@ fn main() -> ExitCode {
         for (name, _) in tenancy::ATTACKS {
             println!("tenant_{name}: test");
         }
+        for (name, _) in agent::ATTACKS {
+            println!("agent_{name}: test");
+        }
         return ExitCode::SUCCESS;
     }
     let filter = filter_arg(&args);
@@ -282,6 +288,17 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("security suite (multi-tenant): {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match agent::run(Path::new(env!("CARGO_BIN_EXE_cellbox")), filter.as_deref()) {
+        Ok((p, f, n)) => {
+            passed += p;
+            failed += f;
+            ran += n;
+        }
+        Err(e) => {
+            eprintln!("security suite (agent surface): {e}");
             return ExitCode::FAILURE;
         }
     }

@@ -49,6 +49,7 @@ pub mod profiles;
 pub mod protocol;
 #[allow(unsafe_code)]
 pub mod sandbox;
+pub mod secrets;
 pub mod serve;
 pub mod supervisor;
 #[cfg(target_os = "linux")]

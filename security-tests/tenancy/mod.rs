@@ -26,7 +26,7 @@ mod call_records;
 mod caps;
 mod early_done;
 mod flood;
-mod harness;
+pub mod harness;
 mod oom;
 mod ownership;
 mod pids;

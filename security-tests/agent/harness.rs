@@ -1,0 +1,325 @@
+//! Shared helpers of the agent-surface section: a `cellbox serve --http`
+//! started with a config file and secrets in its environment (its log kept
+//! as evidence), an echoing HTTP endpoint (a model, an http tool, anything
+//! that answers with what it was sent), the fake upstream MCP server, and
+//! checks for a secret in any text.
+
+// Shared by the attacks of the section; each uses some.
+#![allow(dead_code)]
+
+use crate::tenancy::harness::{Client, Env, PATIENCE};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub use crate::tenancy::harness::{marker, python};
+
+/// Bytes of a secret that, seen together anywhere, count as a leak.
+pub const RUN: usize = 8;
+
+/// The first run of [`RUN`] bytes of any of `leaked` (a secret and the
+/// encodings of it an attack made) found in `text`.
+pub fn leak_in(text: &str, leaked: &[String]) -> Option<String> {
+    leaked.iter().find_map(|l| {
+        l.as_bytes()
+            .windows(RUN.min(l.len()))
+            .find(|w| text.as_bytes().windows(w.len()).any(|t| t == *w))
+            .map(|w| String::from_utf8_lossy(w).into_owned())
+    })
+}
+
+/// A `cellbox serve --http` with a config file and extra environment; its
+/// stderr (the log) is kept; killed when dropped.
+pub struct AgentServe {
+    child: std::process::Child,
+    url: String,
+    log: Arc<Mutex<Vec<String>>>,
+    pub dir: tempfile::TempDir,
+}
+
+impl AgentServe {
+    /// Start `serve --http 127.0.0.1:0 --config <config> --events <dir>/events`
+    /// with `env` added to this process's environment.
+    pub fn start(env: &Env, config: &str, vars: &[(&str, &str)]) -> Result<AgentServe, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        let path = dir.path().join("cellbox.toml");
+        std::fs::write(&path, config).map_err(|e| format!("config file: {e}"))?;
+        let mut child = std::process::Command::new(&env.cellbox)
+            .args(["serve", "--http", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .arg("--events")
+            .arg(dir.path().join("events"))
+            .envs(vars.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("failed to start {}: {e}", env.cellbox.display()))?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if let Some(rest) = line.split("at http://").nth(1) {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(rest.trim_end_matches('/').to_owned());
+                    }
+                }
+                eprintln!("[serve] {line}");
+                if let Ok(mut l) = kept.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        let announced = rx.recv_timeout(PATIENCE).map_err(|_| {
+            let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+            format!("the server did not announce its address: {log}")
+        })?;
+        Ok(AgentServe {
+            child,
+            url: format!("http://{announced}/"),
+            log,
+            dir,
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// An initialized MCP client.
+    pub fn client(&self, env: &Env) -> Result<Client, String> {
+        let config = StreamableHttpClientTransportConfig::with_uri(self.url.clone());
+        let _in_runtime = env.rt.enter();
+        let transport = StreamableHttpClientTransport::from_config(config);
+        env.block_on("initialize", ().serve(transport))?
+            .map_err(|e| format!("initialize: {e}"))
+    }
+
+    /// Everything the server wrote to its log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// The events file so far.
+    pub fn events(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("events")).unwrap_or_default()
+    }
+
+    /// Where a leak of `leaked` shows: the client's view `answer`, the
+    /// events file, the log. Empty when nowhere.
+    pub fn leaks(&self, answer: &str, leaked: &[String]) -> Vec<String> {
+        let mut out = Vec::new();
+        for (place, text) in [
+            ("the client's result", answer.to_owned()),
+            ("the events file", self.events()),
+            ("the server's log", self.log()),
+        ] {
+            if let Some(run) = leak_in(&text, leaked) {
+                out.push(format!("{place} holds {run:?}"));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for AgentServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The environment of host process `pid` as the host sees it.
+pub fn environ(pid: i32) -> Result<Vec<(String, String)>, String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ"))
+        .map_err(|e| format!("failed to read /proc/{pid}/environ: {e}"))?;
+    Ok(raw
+        .split(|b| *b == 0)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let e = String::from_utf8_lossy(e);
+            match e.split_once('=') {
+                Some((k, v)) => (k.to_owned(), v.to_owned()),
+                None => (e.into_owned(), String::new()),
+            }
+        })
+        .collect())
+}
+
+/// What one request to an [`Echo`] carried.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub path: String,
+    /// Header lines `name: value`, in order.
+    pub headers: Vec<String>,
+    pub body: String,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find_map(|h| {
+            h.split_once(": ")
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v)
+        })
+    }
+}
+
+/// How an [`Echo`] answers a request: status and body.
+pub type Answer = Arc<dyn Fn(&Seen) -> (u16, String) + Send + Sync>;
+
+/// An HTTP endpoint on 127.0.0.1 that answers as `answer` says, and keeps
+/// each request and what it answered (the evidence that the attack
+/// delivered what it meant to).
+pub struct Echo {
+    pub url: String,
+    seen: Arc<Mutex<Vec<(Seen, String)>>>,
+}
+
+impl Echo {
+    pub fn start(answer: Answer) -> Result<Echo, String> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
+                    return;
+                };
+                let _ = tx.send(listener.local_addr().map(|a| a.port()));
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let (answer, kept) = (answer.clone(), kept.clone());
+                    tokio::spawn(async move {
+                        let svc = hyper::service::service_fn(move |req| {
+                            respond(answer.clone(), kept.clone(), req)
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            });
+        });
+        let port = rx
+            .recv_timeout(PATIENCE)
+            .map_err(|_| "the echo endpoint did not start".to_owned())?
+            .map_err(|e| format!("the echo endpoint: {e}"))?;
+        Ok(Echo {
+            url: format!("http://127.0.0.1:{port}"),
+            seen,
+        })
+    }
+
+    /// Every request and the body it was answered with.
+    pub fn seen(&self) -> Vec<(Seen, String)> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+async fn respond(
+    answer: Answer,
+    kept: Arc<Mutex<Vec<(Seen, String)>>>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, std::convert::Infallible> {
+    use http_body_util::BodyExt;
+    let path = req.uri().path().to_owned();
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(n, v)| format!("{n}: {}", String::from_utf8_lossy(v.as_bytes())))
+        .collect();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    let seen = Seen {
+        path,
+        headers,
+        body,
+    };
+    let (status, text) = answer(&seen);
+    if let Ok(mut k) = kept.lock() {
+        k.push((seen, text.clone()));
+    }
+    let mut resp = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(text)));
+    *resp.status_mut() =
+        hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// A chat-completions body whose reply is `text`.
+pub fn completion(text: &str) -> String {
+    serde_json::json!({"id": "x", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    .to_string()
+}
+
+/// The fake upstream MCP server program (examples/fake_mcp_upstream.rs),
+/// built beside the cellbox binary when missing or older than its source.
+pub fn fake_upstream(cellbox: &Path) -> Result<PathBuf, String> {
+    let dir = cellbox
+        .parent()
+        .ok_or("the cellbox binary has no directory")?;
+    let exe = dir.join("examples").join("fake_mcp_upstream");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let newest = [
+        "examples/fake_mcp_upstream.rs",
+        "tests/suite/common/fake_upstream.rs",
+    ]
+    .iter()
+    .filter_map(|p| modified(&src.join(p)))
+    .max();
+    if modified(&exe) < newest {
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_owned(),
+            Some(name) => name.to_owned(),
+            None => return Err(format!("{} names no profile", dir.display())),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let st = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--profile",
+                &profile,
+                "--example",
+                "fake_mcp_upstream",
+            ])
+            .arg("--manifest-path")
+            .arg(src.join("Cargo.toml"))
+            .status()
+            .map_err(|e| format!("failed to run cargo: {e}"))?;
+        if !st.success() {
+            return Err(format!("building the fake upstream failed: {st}"));
+        }
+    }
+    if exe.is_file() {
+        Ok(exe)
+    } else {
+        Err(format!("{} is missing", exe.display()))
+    }
+}
