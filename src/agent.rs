@@ -203,6 +203,8 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         ..
     } = run_loop(&session, &client, &events, &run, &caps, cfg).await;
     if let Some(p) = &args.transcript {
+        let mut messages = serde_json::to_value(&messages).map_err(|e| e.to_string())?;
+        crate::secrets::redact_value(&mut messages);
         let text = serde_json::to_string_pretty(&messages).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("--transcript {}: {e}", p.display()))?;
     }
@@ -225,16 +227,23 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             cost: total_cost,
             run,
         };
-        let s = serde_json::to_string(&t).map_err(|e| e.to_string())?;
-        println!("{s}");
+        let mut t = serde_json::to_value(&t).map_err(|e| e.to_string())?;
+        crate::secrets::redact_value(&mut t);
+        println!("{}", crate::terminal::escape_json(&t.to_string()));
     } else {
+        // The answer and the messages are the model's and the endpoint's
+        // words: redacted, and shown to the terminal, never obeyed by it.
+        use crate::terminal::for_person;
         match (&answer, &stop) {
-            (Some(Value::String(s)), _) => println!("{s}"),
-            (Some(v), _) => println!("{v}"),
-            (None, Stop::BudgetExhausted { budget, detail }) => {
-                eprintln!("cellbox agent: stopped unanswered: budget {budget} exhausted ({detail})")
+            (Some(Value::String(s)), _) => println!("{}", for_person(s)),
+            (Some(v), _) => println!("{}", for_person(&v.to_string())),
+            (None, Stop::BudgetExhausted { budget, detail }) => eprintln!(
+                "cellbox agent: stopped unanswered: budget {budget} exhausted ({})",
+                for_person(detail)
+            ),
+            (None, Stop::ModelError { message }) => {
+                eprintln!("cellbox agent: {}", for_person(message))
             }
-            (None, Stop::ModelError { message }) => eprintln!("cellbox agent: {message}"),
             (None, Stop::Answered) => {}
         }
         let _ = std::io::stdout().flush();

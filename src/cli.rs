@@ -77,7 +77,7 @@ pub struct CellArgs {
 
 /// Report a usage error and return its exit code.
 pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("cellbox: {msg}");
+    eprintln!("cellbox: {}", crate::terminal::for_person(&msg.to_string()));
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -123,11 +123,12 @@ pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
     Ok(config)
 }
 
-/// Print a result as one JSON line.
+/// Print a result as one JSON line (the characters a terminal would act
+/// on written as JSON escapes, see [`crate::terminal::escape_json`]).
 pub fn print_json(r: &CellResult) -> Result<(), ExitCode> {
     match serde_json::to_string(r) {
         Ok(s) => {
-            println!("{s}");
+            println!("{}", crate::terminal::escape_json(&s));
             Ok(())
         }
         Err(e) => {
@@ -223,7 +224,12 @@ pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
     } else {
         if let Some(e) = &result.error {
             if result.status != Status::Error {
-                eprintln!("cellbox: {}: {} [{}]", e.kind, e.message, result.status);
+                eprintln!(
+                    "cellbox: {}: {} [{}]",
+                    crate::terminal::escape(&e.kind),
+                    crate::terminal::escape(&e.message),
+                    result.status
+                );
             }
         }
         // Mirror the program's own exit status when it ran to the end.

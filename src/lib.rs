@@ -52,6 +52,7 @@ pub mod sandbox;
 pub mod secrets;
 pub mod serve;
 pub mod supervisor;
+pub mod terminal;
 #[cfg(target_os = "linux")]
 pub mod tools;
 pub(crate) mod util;

@@ -106,10 +106,12 @@ fn init_tracing(command: &Command) {
         Err(_) => None,
     };
     if let Some(filter) = filter {
+        // Every line redacted and its control characters escaped (so no
+        // colours either): what a log line quotes came from outside.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(cellbox::terminal::LogWriter)
+            .with_ansi(false)
             .try_init();
     }
 }

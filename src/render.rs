@@ -1,7 +1,9 @@
 //! A cell's result printed for a person (`cellbox run` without `--json`,
 //! the REPL): its output, its value, its answer on stdout; truncation
-//! notes, the error and dropped variables on stderr.
+//! notes, the error and dropped variables on stderr. Every text is
+//! escaped for the terminal (see [`crate::terminal`]).
 
+use crate::terminal::escape;
 use crate::{CellResult, Truncation};
 use std::io::Write;
 
@@ -18,7 +20,7 @@ pub fn print_result(r: &CellResult, in_session: bool, streamed: bool) {
     } else {
         &r.stdout
     };
-    let _ = out.write_all(stdout.as_bytes());
+    let _ = out.write_all(escape(stdout).as_bytes());
     if !r.stdout.is_empty() && !r.stdout.ends_with('\n') {
         let _ = out.write_all(b"\n");
     }
@@ -30,7 +32,7 @@ pub fn print_result(r: &CellResult, in_session: bool, streamed: bool) {
     } else {
         &r.stderr
     };
-    let _ = err.write_all(stderr.as_bytes());
+    let _ = err.write_all(escape(stderr).as_bytes());
     print_notes(&mut err, r, in_session);
 }
 
@@ -52,15 +54,15 @@ fn unshown<'a>(text: &'a str, truncated: Option<&Truncation>) -> &'a str {
 fn print_value_and_answer(out: &mut impl Write, r: &CellResult) {
     match &r.value_repr {
         Some(repr) => {
-            let _ = writeln!(out, "{repr}");
+            let _ = writeln!(out, "{}", escape(repr));
         }
         None if !r.value.is_null() => {
-            let _ = writeln!(out, "{}", r.value);
+            let _ = writeln!(out, "{}", escape(&r.value.to_string()));
         }
         None => {}
     }
     if let Some(a) = &r.final_answer {
-        let _ = writeln!(out, "answer: {a}");
+        let _ = writeln!(out, "answer: {}", escape(&a.to_string()));
     }
 }
 
@@ -82,21 +84,30 @@ fn print_notes(err: &mut impl Write, r: &CellResult, in_session: bool) {
     }
     if let Some(e) = &r.error {
         if let Some(tb) = &e.traceback {
-            let _ = writeln!(err, "{}", tb.trim_end());
+            let _ = writeln!(err, "{}", escape(tb.trim_end()));
         }
         let pos = match (e.line, e.column) {
             (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
             (Some(l), None) => format!(" (line {l})"),
             _ => String::new(),
         };
-        let _ = writeln!(err, "{}: {}{} [{}]", e.kind, e.message, pos, r.status);
+        let _ = writeln!(
+            err,
+            "{}: {}{} [{}]",
+            escape(&e.kind),
+            escape(&e.message),
+            pos,
+            r.status
+        );
     }
     if in_session {
         for d in &r.vars.dropped {
             let _ = writeln!(
                 err,
                 "cellbox: variable {} ({}) was not kept: {}",
-                d.name, d.type_name, d.reason
+                escape(&d.name),
+                escape(&d.type_name),
+                escape(&d.reason)
             );
         }
     }

@@ -87,13 +87,17 @@ async fn repl_command(
             }
         }
         ":get" if !a1.is_empty() => match session.get_var(a1).await {
-            Some(v) => println!("{v}"),
+            Some(v) => println!("{}", crate::terminal::escape_json(&v.to_string())),
             None => eprintln!("no variable {a1:?}"),
         },
         ":show" => match a1 {
             "vars" => {
                 for (k, v) in session.vars().await {
-                    println!("{k} = {v}");
+                    println!(
+                        "{} = {}",
+                        crate::terminal::escape(&k),
+                        crate::terminal::escape_json(&v.to_string())
+                    );
                 }
                 for (lang, names) in session.definitions().await {
                     println!("{} ({lang} definition)", names.join(", "));

@@ -436,6 +436,18 @@ pub fn redact_owned(text: String) -> String {
     text
 }
 
+/// [`redact`] of bytes (lossy UTF-8 where a secret is found).
+pub fn redact_bytes(b: &[u8]) -> Cow<'_, [u8]> {
+    let r = current();
+    if !r.finds(b) {
+        return Cow::Borrowed(b);
+    }
+    match r.redact_bytes(b) {
+        Cow::Borrowed(_) => Cow::Borrowed(b),
+        Cow::Owned(v) => Cow::Owned(v),
+    }
+}
+
 /// [`redact`] of every string in `v`.
 pub fn redact_value(v: &mut Value) {
     let r = current();

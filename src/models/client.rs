@@ -21,21 +21,13 @@ const QUOTED_BODY_CHARS: usize = 300;
 /// Longest `Retry-After` honoured.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
-/// An API key: never printed.
-#[derive(Clone)]
-struct ApiKey(String);
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
 #[derive(Debug, Clone)]
 struct Endpoint {
     config: ModelConfig,
     url: String,
-    key: Option<ApiKey>,
+    /// The API key: never printed, and known to the redaction (see
+    /// [`crate::secrets`]) since it was read.
+    key: Option<crate::secrets::Secret>,
 }
 
 /// Tokens one query (or many) used.
@@ -118,6 +110,8 @@ pub enum ClientError {
     Config(#[from] ModelsConfigError),
     #[error("failed to build the HTTP client: {0}")]
     Http(String),
+    #[error(transparent)]
+    Secrets(#[from] crate::secrets::SecretsError),
 }
 
 /// One query.
@@ -200,12 +194,18 @@ impl ModelClient {
     /// Validate `models` and read each key from the environment now (a
     /// missing variable is an error that names it, never its value).
     pub fn new(models: &ModelsSection) -> Result<ModelClient, ClientError> {
-        Self::with_env(models, |k| std::env::var(k).ok())
+        let mut keys = BTreeMap::new();
+        for var in models.values().filter_map(|m| m.api_key_env.as_deref()) {
+            if let Some(k) = crate::secrets::from_env(var)? {
+                keys.insert(var.to_owned(), k);
+            }
+        }
+        Self::with_env(models, |k| keys.get(k).cloned())
     }
 
     fn with_env(
         models: &ModelsSection,
-        env: impl Fn(&str) -> Option<String>,
+        env: impl Fn(&str) -> Option<crate::secrets::Secret>,
     ) -> Result<ModelClient, ClientError> {
         let default = config::validate(models)?;
         let mut out = BTreeMap::new();
@@ -213,7 +213,7 @@ impl ModelClient {
             let key = match &m.api_key_env {
                 None => None,
                 Some(var) => match env(var) {
-                    Some(v) if !v.is_empty() => Some(ApiKey(v)),
+                    Some(v) if !v.expose().is_empty() => Some(v),
                     _ => {
                         return Err(ModelsConfigError {
                             key: format!("models.{name}.api_key_env"),
@@ -319,7 +319,7 @@ impl ModelClient {
             attempt += 1;
             let mut req = self.http.post(&ep.url).timeout(timeout).json(&body);
             if let Some(k) = &ep.key {
-                req = req.bearer_auth(&k.0);
+                req = req.bearer_auth(k.expose());
             }
             let resp = match req.send().await {
                 Ok(r) => r,
@@ -334,7 +334,7 @@ impl ModelClient {
                     return Err(ModelError::Connect {
                         model: name.to_owned(),
                         attempts: attempt,
-                        message: self.redact(ep, &describe(&e)),
+                        message: redact(&describe(&e)),
                     })
                 }
             };
@@ -368,31 +368,35 @@ impl ModelClient {
                     return Err(ModelError::Connect {
                         model: name.to_owned(),
                         attempts: attempt,
-                        message: self.redact(ep, &m),
+                        message: redact(&m),
                     })
                 }
             };
             if !status.is_success() {
-                let text = String::from_utf8_lossy(&bytes);
+                // Redacted whole before it is cut: a cut secret would
+                // leave a prefix no redaction recognises.
+                let text = redact(&String::from_utf8_lossy(&bytes));
                 let quoted: String = text.chars().take(QUOTED_BODY_CHARS).collect();
                 return Err(ModelError::Status {
                     model: name.to_owned(),
                     status: status.as_u16(),
                     attempts: attempt,
-                    body: self.redact(ep, quoted.trim()),
+                    body: quoted.trim().to_owned(),
                 });
             }
             let (text, usage) = parse_reply(&bytes).map_err(|problem| ModelError::Malformed {
                 model: name.to_owned(),
                 attempts: attempt,
-                problem: self.redact(ep, &problem),
+                problem,
             })?;
             let (usage, usage_problem) = match usage {
                 Ok(u) => (u, None),
                 Err(p) => (TokenUsage::default(), Some(p)),
             };
             return Ok(ModelReply {
-                text,
+                // An endpoint may echo what it was sent (the key among
+                // it): the reply is redacted like every text that leaves.
+                text: redact(&text),
                 model: name.to_owned(),
                 usage,
                 usage_problem,
@@ -402,14 +406,12 @@ impl ModelClient {
             });
         }
     }
+}
 
-    /// `text` with the endpoint's key (should a server echo it) blotted out.
-    fn redact(&self, ep: &Endpoint, text: &str) -> String {
-        match &ep.key {
-            Some(k) if text.contains(&k.0) => text.replace(&k.0, "<redacted>"),
-            _ => text.to_owned(),
-        }
-    }
+/// `text` with every secret the process holds (this endpoint's key and
+/// every other) redacted.
+fn redact(text: &str) -> String {
+    crate::secrets::redact(text).into_owned()
 }
 
 fn describe(e: &reqwest::Error) -> String {
@@ -502,7 +504,10 @@ fn count(usage: &Value, key: &str) -> Result<u64, String> {
 
 fn parse_reply(bytes: &[u8]) -> Result<Parsed, String> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| {
-        let head: String = String::from_utf8_lossy(bytes).chars().take(80).collect();
+        let head: String = redact(&String::from_utf8_lossy(bytes))
+            .chars()
+            .take(80)
+            .collect();
         format!("the body is not JSON ({e}); it begins {head:?}")
     })?;
     let text = v
@@ -549,7 +554,10 @@ mod tests {
 
     #[test]
     fn key_is_read_and_never_printed() {
-        let c = ModelClient::with_env(&section(Some("K")), |_| Some("sekrit-123".into())).unwrap();
+        let c = ModelClient::with_env(&section(Some("K")), |_| {
+            Some(crate::secrets::Secret::new("K", "sekrit-123".into()))
+        })
+        .unwrap();
         assert!(!format!("{c:?}").contains("sekrit"));
         assert_eq!(c.models["m"].url, "http://127.0.0.1:9/v1/chat/completions");
         let e = ModelClient::with_env(&section(Some("K")), |_| None).unwrap_err();

@@ -450,9 +450,52 @@ impl ServeConfig {
         })
     }
 
+    /// Read and parse the config file. Every environment variable it names
+    /// for a secret (see [`ServeConfig::secret_vars`]) is read now and its
+    /// value registered with the redaction ([`crate::secrets`]); a secret
+    /// too short to be caught in part is warned about on stderr.
     pub fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
         let text = read_capped("the config file", path)?;
-        ServeConfig::from_toml(&text, path)
+        let config = ServeConfig::from_toml(&text, path)?;
+        let warnings = crate::secrets::load(config.secret_vars())
+            .map_err(|e| invalid("the config's secrets", e.to_string()))?;
+        for w in warnings {
+            eprintln!("cellbox: warning: {w}");
+        }
+        Ok(config)
+    }
+
+    /// The environment variables this configuration reads secrets from:
+    /// model keys (`api_key_env`), http tools' headers (`{ env = ... }`),
+    /// upstream tokens (`token_env`) and the secrets of upstream servers'
+    /// environments (`env = { NAME = { env = ... } }`).
+    pub fn secret_vars(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self
+            .models
+            .values()
+            .filter_map(|m| m.api_key_env.as_deref())
+            .collect();
+        #[cfg(target_os = "linux")]
+        for tool in self.tools.values() {
+            use crate::tools::config::{EnvValue, HeaderValue, ToolDecl};
+            match tool {
+                ToolDecl::Command { .. } => {}
+                ToolDecl::Http { headers, .. } => {
+                    out.extend(headers.values().filter_map(|h| match h {
+                        HeaderValue::Env { env, .. } => Some(env.as_str()),
+                        HeaderValue::Literal(_) => None,
+                    }))
+                }
+                ToolDecl::Mcp { token_env, env, .. } => {
+                    out.extend(token_env.as_deref());
+                    out.extend(env.values().filter_map(|v| match v {
+                        EnvValue::FromEnv(f) => Some(f.env.as_str()),
+                        EnvValue::Literal(_) => None,
+                    }));
+                }
+            }
+        }
+        out
     }
 
     /// Apply the flags on top of the file.
@@ -871,14 +914,24 @@ impl ServeConfig {
     }
 }
 
+/// The principals' tokens; each is a secret the redaction knows (see
+/// [`crate::secrets`]) under the name `token:PRINCIPAL`.
 fn read_tokens(path: &Path) -> Result<Vec<NamedToken>, ConfigError> {
     let text = read_capped("the token file", path)?;
-    principal::parse_token_file(&text).map_err(|e| {
+    let tokens = principal::parse_token_file(&text).map_err(|e| {
         invalid(
             "http.token_file (--token-file)",
             format!("{}: {e}", path.display()),
         )
-    })
+    })?;
+    crate::secrets::register(
+        tokens
+            .iter()
+            .map(|t| crate::secrets::Secret::new(&format!("token:{}", t.name), t.token.clone()))
+            .collect(),
+    )
+    .map_err(|e| invalid("http.token_file (--token-file)", e.to_string()))?;
+    Ok(tokens)
 }
 
 /// Letters, digits and '_', not starting with a digit (as capability names are).

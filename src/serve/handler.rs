@@ -156,6 +156,15 @@ async fn call_direct(sup: &Supervisor, name: &str, args: Option<JsonObject>) -> 
     }
 }
 
+/// What a tool call answers, redacted (see [`crate::secrets`]): every
+/// result leaves the server through here. One whose redacted form does not
+/// read as a result any more is withheld.
+fn redacted(result: CallToolResult) -> CallToolResult {
+    crate::secrets::redact_typed(result).unwrap_or_else(|_| {
+        tool_error("the result held a secret that could not be redacted in place; it was withheld")
+    })
+}
+
 fn tool_error(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message)])
 }
@@ -200,7 +209,7 @@ async fn send_output(
         LoggingLevel::Info,
         json!({
             "stream": logger,
-            "text": chunk.text,
+            "text": crate::secrets::redact(&chunk.text),
             "session_id": session_id,
         }),
     )
@@ -1003,6 +1012,6 @@ impl ServerHandler for CellboxServer {
                     .await?
             }
         };
-        Ok(result.into())
+        Ok(redacted(result).into())
     }
 }

@@ -195,7 +195,20 @@ impl Capability {
         F: Fn(CallContext, Map<String, Value>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, String>> + Send + 'static,
     {
-        let f: Arc<HostFn> = Arc::new(move |ctx, args| Box::pin(handler(ctx, args)));
+        // What a host tool answers (a declared tool's, an upstream's, a
+        // file's text) is redacted as it comes in, whoever called it.
+        let f: Arc<HostFn> = Arc::new(move |ctx, args| {
+            let reply = handler(ctx, args);
+            Box::pin(async move {
+                match reply.await {
+                    Ok(mut v) => {
+                        crate::secrets::redact_value(&mut v);
+                        Ok(v)
+                    }
+                    Err(e) => Err(crate::secrets::redact_owned(e)),
+                }
+            })
+        });
         let cap = Capability::build(name, description, schema, Handler::Host(f))?;
         // A host schema is checked now, so a bad one fails at registration.
         if let Err(message) = cap.validator() {

@@ -167,6 +167,8 @@ pub enum Forward {
     /// The bytes the result keeps at its head (the first half of
     /// `max_output_bytes`), as they come: `cellbox run` and the REPL, which
     /// print what the result adds (the omitted count, the tail) at the end.
+    /// For a person: control characters are shown escaped (see
+    /// [`crate::terminal`]), never passed to the terminal.
     Head,
 }
 

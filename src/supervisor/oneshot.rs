@@ -278,6 +278,8 @@ struct Stream {
     capture: Capture,
     /// What to copy, and whether to stdout (else stderr).
     forward: (super::Forward, bool),
+    /// A person's terminal (`Forward::Head`) is shown control characters.
+    escaper: crate::terminal::Escaper,
 }
 
 impl Stream {
@@ -287,6 +289,7 @@ impl Stream {
             fd: open.then(|| std::fs::File::from(fd)),
             capture: Capture::new(cap),
             forward,
+            escaper: crate::terminal::Escaper::default(),
         }
     }
 
@@ -303,6 +306,13 @@ impl Stream {
                     let chunk = &buf[..n];
                     let to_head = self.capture.push(chunk);
                     let shown = self.forward.0.shown(chunk, to_head);
+                    let escaped;
+                    let shown = if self.forward.0 == super::Forward::Head {
+                        escaped = self.escaper.push(shown);
+                        &escaped[..]
+                    } else {
+                        shown
+                    };
                     if !shown.is_empty() {
                         if self.forward.1 {
                             let mut out = std::io::stdout().lock();

@@ -14,7 +14,14 @@
 //!   (stdio) or `url = "http://..."` (streamable HTTP, with an optional
 //!   bearer token from the environment variable `token_env`). Its tools
 //!   become capabilities `NAME.TOOL` with their own schemas (see
-//!   [`super::upstream`]).
+//!   [`super::upstream`]). A stdio server starts with an empty environment
+//!   plus `env` (`NAME = "literal"` or `NAME = { env = "VAR" }`, a secret
+//!   of the supervisor's) and the supervisor's variables named in
+//!   `pass_env`.
+//!
+//! Every value read from the supervisor's environment (`{ env = ... }`,
+//! `token_env`) is a secret: it is registered with the redaction
+//! ([`crate::secrets`]) when the tool is declared.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -87,11 +94,35 @@ pub enum ToolDecl {
         /// PEM file of extra root certificates trusted for `url`.
         #[serde(default)]
         ca_file: Option<std::path::PathBuf>,
+        /// (stdio) The server's environment, besides `pass_env`: nothing
+        /// of the supervisor's environment reaches it otherwise.
+        #[serde(default)]
+        env: BTreeMap<String, EnvValue>,
+        /// (stdio) Variables of the supervisor's environment passed on by
+        /// name (PATH, HOME, ...): not secrets, so not redacted.
+        #[serde(default)]
+        pass_env: Vec<String>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_output")]
         max_output_bytes: usize,
     },
+}
+
+/// A value of a helper's environment: literal, or a secret read from the
+/// supervisor's environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvValue {
+    Literal(String),
+    FromEnv(FromEnv),
+}
+
+/// `{ env = "VAR" }`: the value of the supervisor's variable VAR.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FromEnv {
+    pub env: String,
 }
 
 /// A header's value: literal, or read from the supervisor's environment.
@@ -175,5 +206,29 @@ headers = { Authorization = { env = "W_TOKEN", prefix = "Bearer " }, X-A = "b" }
             .err()
             .unwrap();
         assert!(e.to_string().contains("argv"), "{e}");
+        let f: F = toml::from_str(
+            "[tools.gh]\nkind = \"mcp\"\ncommand = [\"x\"]\n\
+             env = { GH = { env = \"GH_TOKEN\" }, LOG = \"info\" }\npass_env = [\"PATH\"]\n",
+        )
+        .unwrap();
+        let ToolDecl::Mcp { env, pass_env, .. } = &f.tools["gh"] else {
+            panic!()
+        };
+        assert_eq!(
+            env["GH"],
+            EnvValue::FromEnv(FromEnv {
+                env: "GH_TOKEN".into()
+            })
+        );
+        assert_eq!(env["LOG"], EnvValue::Literal("info".into()));
+        assert_eq!(pass_env, &["PATH"]);
+        for bad in [
+            "env = { GH = { env = \"X\", prefix = \"y\" } }",
+            "env = { GH = 3 }",
+            "pass_env = \"PATH\"",
+        ] {
+            let text = format!("[tools.gh]\nkind = \"mcp\"\ncommand = [\"x\"]\n{bad}\n");
+            assert!(toml::from_str::<F>(&text).is_err(), "{bad}");
+        }
     }
 }

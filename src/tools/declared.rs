@@ -38,6 +38,12 @@ pub enum DeclaredError {
         path: std::path::PathBuf,
         why: String,
     },
+    #[error("tools.{name}: {source}")]
+    Secrets {
+        name: String,
+        #[source]
+        source: crate::secrets::SecretsError,
+    },
     #[error("tools.{name}: failed to build the HTTP client")]
     Client {
         name: String,
@@ -64,6 +70,8 @@ pub enum ToolCallError {
     },
     #[error("header {name}: the environment variable {env} is not set")]
     HeaderEnv { name: String, env: String },
+    #[error("header {name}: the value is not a valid header value")]
+    HeaderValue { name: String },
     #[error("POST {url} failed: {}", error_chain(.source))]
     Post {
         url: String,
@@ -191,23 +199,65 @@ async fn run_command(
     }
 }
 
+/// A header of an http tool as it is sent: a literal, or a secret read
+/// (and registered with the redaction) when the tool was declared.
+#[derive(Debug, Clone)]
+enum Header {
+    Literal(String),
+    Secret {
+        env: String,
+        prefix: String,
+        value: Option<crate::secrets::Secret>,
+    },
+}
+
+fn read_headers(
+    headers: std::collections::BTreeMap<String, HeaderValue>,
+) -> Result<Vec<(String, Header)>, crate::secrets::SecretsError> {
+    headers
+        .into_iter()
+        .map(|(name, v)| {
+            Ok((
+                name,
+                match v {
+                    HeaderValue::Literal(v) => Header::Literal(v),
+                    HeaderValue::Env { env, prefix } => Header::Secret {
+                        value: crate::secrets::from_env(&env)?,
+                        env,
+                        prefix,
+                    },
+                },
+            ))
+        })
+        .collect()
+}
+
 async fn post(
     client: reqwest::Client,
     url: String,
-    headers: Vec<(String, HeaderValue)>,
+    headers: Vec<(String, Header)>,
     max: usize,
     args: Map<String, Value>,
 ) -> Result<Value, ToolCallError> {
     let mut req = client.post(&url).json(&Value::Object(args));
     for (name, value) in headers {
-        let v = match value {
-            HeaderValue::Literal(v) => v,
-            HeaderValue::Env { env, prefix } => match std::env::var(&env) {
-                Ok(v) => format!("{prefix}{v}"),
-                Err(_) => return Err(ToolCallError::HeaderEnv { name, env }),
-            },
-        };
-        req = req.header(name, v);
+        match value {
+            Header::Literal(v) => req = req.header(name, v),
+            Header::Secret {
+                value: Some(v),
+                prefix,
+                ..
+            } => {
+                let mut v =
+                    reqwest::header::HeaderValue::try_from(format!("{prefix}{}", v.expose()))
+                        .map_err(|_| ToolCallError::HeaderValue { name: name.clone() })?;
+                v.set_sensitive(true);
+                req = req.header(name, v);
+            }
+            Header::Secret {
+                value: None, env, ..
+            } => return Err(ToolCallError::HeaderEnv { name, env }),
+        }
     }
     let mut resp = req.send().await.map_err(|source| ToolCallError::Post {
         url: url.clone(),
@@ -225,7 +275,10 @@ async fn post(
         }
     }
     if !status.is_success() {
-        let (text, _) = cut(String::from_utf8_lossy(&body).into_owned(), 500);
+        // Redacted whole before it is cut (a cut secret leaves a prefix no
+        // redaction recognises).
+        let body = crate::secrets::redact(&String::from_utf8_lossy(&body)).into_owned();
+        let (text, _) = cut(body, 500);
         return Err(ToolCallError::Http { url, status, text });
     }
     serde_json::from_slice(&body).map_err(|source| ToolCallError::NotJson { url, source })
@@ -345,7 +398,10 @@ pub fn capabilities(
                         name: name.clone(),
                         source,
                     })?;
-                let headers: Vec<(String, HeaderValue)> = headers.into_iter().collect();
+                let headers = read_headers(headers).map_err(|source| DeclaredError::Secrets {
+                    name: name.clone(),
+                    source,
+                })?;
                 let schema = serde_json::to_value(schema).unwrap_or(json!({}));
                 let tool = name.clone();
                 Capability::new(name, &description, schema, move |_ctx, args| {
@@ -367,10 +423,13 @@ pub fn capabilities(
                 url,
                 token_env,
                 ca_file,
+                env,
+                pass_env,
                 timeout_ms,
                 max_output_bytes,
             } => {
-                let mut target = super::upstream::Target::new(name, command, url, token_env)?;
+                let mut target = super::upstream::Target::new(name, command, url, token_env)?
+                    .with_env(name, &env, &pass_env)?;
                 if let Some(p) = &ca_file {
                     target = target.with_roots(name, read_ca(name, p)?)?;
                 }

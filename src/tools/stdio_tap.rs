@@ -68,9 +68,12 @@ fn check(line: &[u8]) -> Result<bool, Bad> {
     }
 }
 
-/// The start of `line`, escaped, for an error message.
+/// The start of `line`, redacted (whole, before it is cut: a cut secret
+/// leaves a prefix no redaction recognises) and escaped, for an error
+/// message.
 pub fn excerpt(line: &[u8]) -> String {
-    let head = &line[..line.len().min(EXCERPT_BYTES)];
+    let redacted = crate::secrets::redact_bytes(line);
+    let head = &redacted[..redacted.len().min(EXCERPT_BYTES)];
     let text = format!("{:?}", String::from_utf8_lossy(head));
     if line.len() > EXCERPT_BYTES {
         format!("{text}... ({} bytes in all)", line.len())
@@ -113,7 +116,7 @@ where
                 let _ = fault.set(format!(
                     "upstream {server} wrote a line of more than {cap} bytes on stdout, over the \
                      most read from it (4 x max_output_bytes + 64 KiB, at least {MIN_LINE_CAP}): {}",
-                    excerpt(&line[..line.len().min(EXCERPT_BYTES)])
+                    excerpt(&line)
                 ));
                 tracing::warn!("{}", fault.get().map_or("", String::as_str));
                 return;

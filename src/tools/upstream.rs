@@ -24,16 +24,44 @@ use std::time::Duration;
 /// How an upstream server is reached.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// A program spoken to over its stdin and stdout.
-    Stdio(Vec<String>),
-    /// Streamable HTTP; the bearer token is read from `token_env` when
-    /// connecting.
+    /// A program spoken to over its stdin and stdout, started with exactly
+    /// the environment `env` (nothing of the supervisor's but what the
+    /// configuration names).
+    Stdio {
+        argv: Vec<String>,
+        env: Vec<(String, HelperValue)>,
+    },
+    /// Streamable HTTP with the bearer token of `token_env`, read (and
+    /// registered with the redaction) when the server is declared.
     Http {
         url: String,
         token_env: Option<String>,
+        token: Option<crate::secrets::Secret>,
         /// Root certificates trusted besides the built-in ones (`ca_file`).
         roots: Vec<reqwest::Certificate>,
     },
+}
+
+/// The value of one variable of a helper's environment.
+#[derive(Debug, Clone)]
+pub enum HelperValue {
+    /// Given in the configuration.
+    Literal(String),
+    /// A secret of the supervisor's environment (`{ env = "VAR" }`);
+    /// `None` when VAR is not set (the server is then not started).
+    Secret {
+        var: String,
+        value: Option<crate::secrets::Secret>,
+    },
+    /// Passed through from the supervisor's environment by name
+    /// (`pass_env`), when set there.
+    Passed(Option<std::ffi::OsString>),
+}
+
+/// A valid environment variable name: letters, digits and '_', not
+/// starting with a digit.
+pub fn valid_env_name(name: &str) -> bool {
+    crate::util::valid_var_name(name)
 }
 
 /// An upstream server could not be declared.
@@ -51,6 +79,18 @@ pub enum UpstreamError {
         #[source]
         source: crate::supervisor::CapabilityError,
     },
+    #[error("tools.{name}.{key}: {problem}")]
+    Env {
+        name: String,
+        key: &'static str,
+        problem: String,
+    },
+    #[error("tools.{name}: {source}")]
+    Secrets {
+        name: String,
+        #[source]
+        source: crate::secrets::SecretsError,
+    },
 }
 
 impl Target {
@@ -61,16 +101,83 @@ impl Target {
         roots: Vec<reqwest::Certificate>,
     ) -> Result<Target, UpstreamError> {
         match self {
-            Target::Http { url, token_env, .. } => Ok(Target::Http {
+            Target::Http {
                 url,
                 token_env,
+                token,
+                ..
+            } => Ok(Target::Http {
+                url,
+                token_env,
+                token,
                 roots,
             }),
-            Target::Stdio(_) => Err(UpstreamError::Target {
+            Target::Stdio { .. } => Err(UpstreamError::Target {
                 name: name.to_owned(),
                 what: "ca_file without url",
             }),
         }
+    }
+
+    /// This (stdio) target started with the environment `env` (literals
+    /// and secrets of the supervisor's, `{ env = "VAR" }`) and the
+    /// supervisor's variables named in `pass_env`, and nothing else.
+    pub fn with_env(
+        self,
+        name: &str,
+        env: &std::collections::BTreeMap<String, super::config::EnvValue>,
+        pass_env: &[String],
+    ) -> Result<Target, UpstreamError> {
+        let bad = |key, problem: String| UpstreamError::Env {
+            name: name.to_owned(),
+            key,
+            problem,
+        };
+        let Target::Stdio { argv, .. } = self else {
+            if env.is_empty() && pass_env.is_empty() {
+                return Ok(self);
+            }
+            return Err(UpstreamError::Target {
+                name: name.to_owned(),
+                what: "env or pass_env without command",
+            });
+        };
+        let mut out = Vec::new();
+        for (var, v) in env {
+            if !valid_env_name(var) {
+                return Err(bad("env", format!("{var:?} is not a variable name")));
+            }
+            out.push((
+                var.clone(),
+                match v {
+                    super::config::EnvValue::Literal(s) => HelperValue::Literal(s.clone()),
+                    super::config::EnvValue::FromEnv(f) => {
+                        if !valid_env_name(&f.env) {
+                            return Err(bad("env", format!("{:?} is not a variable name", f.env)));
+                        }
+                        HelperValue::Secret {
+                            var: f.env.clone(),
+                            value: crate::secrets::from_env(&f.env).map_err(|source| {
+                                UpstreamError::Secrets {
+                                    name: name.to_owned(),
+                                    source,
+                                }
+                            })?,
+                        }
+                    }
+                },
+            ));
+        }
+        for var in pass_env {
+            if !valid_env_name(var) {
+                return Err(bad("pass_env", format!("{var:?} is not a variable name")));
+            }
+            if env.contains_key(var) || pass_env.iter().filter(|p| *p == var).count() > 1 {
+                return Err(bad("pass_env", format!("{var} is named twice")));
+            }
+            out.push((var.clone(), HelperValue::Passed(std::env::var_os(var))));
+        }
+        Ok(Target::Stdio { argv, env: out })
     }
 
     /// The target of `[tools.NAME]` from its `command`, `url` and `token_env`.
@@ -86,7 +193,10 @@ impl Target {
         };
         match (command.is_empty(), url) {
             (false, None) if token_env.is_some() => Err(bad("token_env without url")),
-            (false, None) => Ok(Target::Stdio(command)),
+            (false, None) => Ok(Target::Stdio {
+                argv: command,
+                env: Vec::new(),
+            }),
             (true, Some(url)) => {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(UpstreamError::Url {
@@ -94,9 +204,19 @@ impl Target {
                         url,
                     });
                 }
+                let token = match &token_env {
+                    Some(var) => {
+                        crate::secrets::from_env(var).map_err(|source| UpstreamError::Secrets {
+                            name: name.to_owned(),
+                            source,
+                        })?
+                    }
+                    None => None,
+                };
                 Ok(Target::Http {
                     url,
                     token_env,
+                    token,
                     roots: Vec::new(),
                 })
             }
@@ -322,21 +442,49 @@ type Pipes = (tokio::io::DuplexStream, tokio::process::ChildStdin);
 /// through [`super::stdio_tap`], which records in `fault` the first line
 /// that is not JSON-RPC.
 fn spawn(settings: &Settings, fault: &super::stdio_tap::Fault) -> Result<(Helper, Pipes), String> {
-    let Target::Stdio(argv) = &settings.target else {
+    let Target::Stdio { argv, env } = &settings.target else {
         return Err("not a stdio server".into());
     };
     let (prog, args) = argv.split_first().ok_or("the command is empty")?;
     let mut cmd = std::process::Command::new(prog);
+    // Nothing of the supervisor's environment (its model keys, the other
+    // tools' tokens) but what the configuration names for this server.
+    cmd.env_clear();
+    for (var, value) in env {
+        match value {
+            HelperValue::Literal(v) => {
+                cmd.env(var, v);
+            }
+            HelperValue::Secret { value: Some(v), .. } => {
+                cmd.env(var, v.expose());
+            }
+            HelperValue::Secret {
+                value: None,
+                var: from,
+            } => {
+                return Err(format!(
+                    "the environment variable {from} (env.{var}) is not set"
+                ))
+            }
+            HelperValue::Passed(Some(v)) => {
+                cmd.env(var, v);
+            }
+            HelperValue::Passed(None) => {}
+        }
+    }
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(Stdio::piped());
     crate::sandbox::spawn::prepare_helper(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start the upstream MCP server {prog:?}: {e}"))?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
+    if let Some(stderr) = child.stderr.take() {
+        relay_log(&settings.server, stderr);
+    }
     let helper = Helper {
         child: Mutex::new(child),
     };
@@ -351,13 +499,63 @@ fn spawn(settings: &Settings, fault: &super::stdio_tap::Fault) -> Result<(Helper
     Ok((helper, (stdout, stdin)))
 }
 
+/// Bytes of one line of a server's log passed on (the rest of a longer
+/// line is left out).
+const LOG_LINE_BYTES: usize = 4096;
+
+/// Pass a stdio server's log (its stderr) on to ours, line by line, each
+/// redacted and escaped (see [`crate::terminal::for_person`]) and marked
+/// with the server's name; it ends with the server.
+fn relay_log(server: &str, stderr: std::process::ChildStderr) {
+    use tokio::io::AsyncBufReadExt;
+    let Ok(stderr) = tokio::process::ChildStderr::from_std(stderr) else {
+        return;
+    };
+    let server = server.to_owned();
+    tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(stderr);
+        let mut line = Vec::new();
+        loop {
+            let (take, ended) = {
+                let Ok(buf) = reader.fill_buf().await else {
+                    return;
+                };
+                if buf.is_empty() {
+                    return;
+                }
+                let newline = buf.iter().position(|b| *b == b'\n');
+                let take = newline.map_or(buf.len(), |i| i + 1);
+                // Twice what is shown is kept, so that a secret across the
+                // cut is redacted whole before the line is cut.
+                let room = (2 * LOG_LINE_BYTES).saturating_sub(line.len());
+                line.extend_from_slice(&buf[..take.min(room)]);
+                (take, newline.is_some())
+            };
+            reader.consume(take);
+            if ended {
+                let text = crate::secrets::redact_owned(String::from_utf8_lossy(&line).into());
+                let mut text = text.trim_end_matches(['\n', '\r']);
+                if text.len() > LOG_LINE_BYTES {
+                    let mut end = LOG_LINE_BYTES;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text = &text[..end];
+                }
+                eprintln!("upstream {server}: {}", crate::terminal::escape(text));
+                line.clear();
+            }
+        }
+    });
+}
+
 /// Connect to the server and learn its tools.
 async fn start(
     settings: Arc<Settings>,
     fault: super::stdio_tap::Fault,
 ) -> Result<Arc<Conn>, String> {
     let (service, child) = match &settings.target {
-        Target::Stdio(argv) => {
+        Target::Stdio { argv, .. } => {
             let (helper, transport) = spawn(&settings, &fault)?;
             let service = ().serve(transport).await.map_err(|e| {
                 format!(
@@ -370,14 +568,15 @@ async fn start(
         Target::Http {
             url,
             token_env,
+            token,
             roots,
         } => {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             if let Some(var) = token_env {
-                let token = std::env::var(var).map_err(|_| {
+                let token = token.as_ref().ok_or_else(|| {
                     format!("the environment variable {var} (token_env) is not set")
                 })?;
-                config = config.auth_header(token);
+                config = config.auth_header(token.expose());
             }
             // For TLS, and the GET and DELETE of plain HTTP: no idle
             // connections kept (one reused without TCP_QUICKACK can stall
@@ -526,7 +725,7 @@ mod tests {
     fn targets_are_checked() {
         assert!(matches!(
             Target::new("g", vec!["x".into()], None, None),
-            Ok(Target::Stdio(_))
+            Ok(Target::Stdio { .. })
         ));
         assert!(matches!(
             Target::new("g", vec![], Some("https://h/mcp".into()), Some("T".into())),

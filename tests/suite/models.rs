@@ -226,7 +226,11 @@ async fn the_key_is_never_visible_to_a_cell_nor_in_results_events_or_errors() {
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.value, serde_json::json!([]), "the key was visible: {r:?}");
     assert!(r.stdout.contains("HTTP 401"), "{}", r.stdout);
-    assert!(r.stdout.contains("<redacted>"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("[REDACTED:CELLBOX_TEST_KEY_B]"),
+        "{}",
+        r.stdout
+    );
     let everything = format!(
         "{}{}",
         serde_json::to_string(&r).unwrap(),

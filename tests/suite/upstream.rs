@@ -39,7 +39,7 @@ fn fake_program() -> PathBuf {
                     Some(name) => name.to_string(),
                     None => panic!("{} names no profile", dir.display()),
                 };
-                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
                 let st = std::process::Command::new(cargo)
                     .args([
                         "build",

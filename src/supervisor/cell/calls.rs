@@ -15,8 +15,26 @@ use std::time::{Duration, Instant};
 /// 64 bytes); a longer one is answered `unknown` and kept shortened.
 pub(crate) const MAX_CAP_NAME_BYTES: usize = 128;
 
-/// Check and perform one capability call. `Err` ends the cell.
+/// Check and perform one capability call. `Err` ends the cell. The reply
+/// is redacted (see [`crate::secrets`]) on its way to the cell.
 pub(super) async fn handle_call(
+    sup: &Arc<Inner>,
+    spec: &CellSpec,
+    result: &mut CellResult,
+    call: Call,
+    deadline: Instant,
+) -> Result<(Reply, bool), Outcome> {
+    let (mut reply, denied) = perform_call(sup, spec, result, call, deadline).await?;
+    if let Some(v) = reply.ok.as_mut() {
+        crate::secrets::redact_value(v);
+    }
+    if let Some(e) = reply.error.as_mut() {
+        e.message = crate::secrets::redact_owned(std::mem::take(&mut e.message));
+    }
+    Ok((reply, denied))
+}
+
+async fn perform_call(
     sup: &Arc<Inner>,
     spec: &CellSpec,
     result: &mut CellResult,

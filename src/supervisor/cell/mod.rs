@@ -302,6 +302,9 @@ pub(crate) fn run_with(
         }
         result.usage.wall_ms = started.elapsed().as_millis() as u64;
         result.usage.calls = u32::try_from(result.calls_made()).unwrap_or(u32::MAX);
+        // Every cell's result leaves through here (to a client, a parent
+        // cell, the agent loop, a terminal): the one redaction first.
+        let result = redacted(result);
         sup.events.record(
             "cell_end",
             &spec.run,
@@ -310,6 +313,27 @@ pub(crate) fn run_with(
         );
         (result, done, tail)
     })
+}
+
+/// `result` with every secret the process holds redacted (see
+/// [`crate::secrets`]); one whose redacted form is no longer a result (a
+/// secret so short it matched a status name) is replaced by an error that
+/// says so, so it is never sent as it was.
+fn redacted(result: CellResult) -> CellResult {
+    match crate::secrets::redact_typed(result) {
+        Ok(r) => r,
+        Err(r) => {
+            let mut out = CellResult::new(&r.language, r.run.clone());
+            out.execution_count = r.execution_count;
+            out.usage = r.usage.clone();
+            out.fail_with(
+                ErrorKind::ProtocolError,
+                "the result held a secret that could not be redacted in place; it was withheld"
+                    .to_owned(),
+            );
+            out
+        }
+    }
 }
 
 /// A cell counted in [`Inner::cells_running`] while it is held.

@@ -58,6 +58,7 @@ impl Streams {
                 let out = Out {
                     cap: capture.clone(),
                     forward: fwd,
+                    escaper: crate::terminal::Escaper::default(),
                     tap,
                     buf: Vec::new(),
                     over: false,
@@ -113,6 +114,9 @@ struct Tap {
 struct Out {
     cap: Arc<Mutex<Capture>>,
     forward: (crate::supervisor::Forward, bool),
+    /// For [`Forward::Head`](crate::supervisor::Forward::Head): a person's
+    /// terminal, which is shown control characters, never sent them.
+    escaper: crate::terminal::Escaper,
     tap: Option<Tap>,
     /// What was read last (its capacity is kept; it is never zeroed).
     buf: Vec<u8>,
@@ -221,6 +225,13 @@ impl Out {
         }
         let to_head = crate::util::lock(cap).push(chunk);
         let shown = forward.0.shown(chunk, to_head);
+        let escaped;
+        let shown = if forward.0 == crate::supervisor::Forward::Head {
+            escaped = self.escaper.push(shown);
+            &escaped[..]
+        } else {
+            shown
+        };
         // Flushed before the next read, so that it is out before the result
         // the caller prints after it.
         if !shown.is_empty() {
@@ -271,6 +282,7 @@ mod tests {
         let out = Out {
             cap: cap.clone(),
             forward: (Forward::No, true),
+            escaper: crate::terminal::Escaper::default(),
             tap: None,
             buf: Vec::new(),
             over: false,

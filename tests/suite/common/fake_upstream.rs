@@ -8,7 +8,9 @@
 //! line that is not a JSON-RPC message and never answers), `huge` (writes
 //! a 6 MiB line and never answers), `pid` (the server's pid), `spawn_child` (a `sleep
 //! 1000` in the server's process group, which outlives the server unless
-//! the group is killed).
+//! the group is killed), `env` (the server's whole environment), `headers`
+//! (over HTTP: the headers of the request that called it), `log {text}`
+//! (writes text on stderr).
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -83,6 +85,24 @@ fn tools() -> Vec<Tool> {
             "Start `sleep 1000` in the server's process group; its pid.",
             schema(json!({"type": "object"})),
         ),
+        Tool::new(
+            "env",
+            "The server's environment.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
+            "headers",
+            "The headers of the HTTP request that called this tool.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
+            "log",
+            "Write text on stderr.",
+            schema(
+                json!({"type": "object", "properties": {"text": {"type": "string"}},
+                          "required": ["text"]}),
+            ),
+        ),
     ]
 }
 
@@ -114,7 +134,7 @@ impl ServerHandler for FakeUpstream {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
         let r = match request.name.as_ref() {
@@ -152,6 +172,36 @@ impl ServerHandler for FakeUpstream {
                 Ok(c) => CallToolResult::structured(json!({"pid": c.id()})),
                 Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
             },
+            "env" => CallToolResult::structured(json!({
+                "env": std::env::vars_os()
+                    .map(|(k, v)| (k.to_string_lossy().into_owned(),
+                                   Value::String(v.to_string_lossy().into_owned())))
+                    .collect::<Map<String, Value>>()
+            })),
+            "headers" => {
+                let headers: Map<String, Value> = context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .map(|p| {
+                        p.headers
+                            .iter()
+                            .map(|(k, v)| {
+                                (
+                                    k.to_string(),
+                                    Value::String(
+                                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                                    ),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                CallToolResult::structured(json!({ "headers": headers }))
+            }
+            "log" => {
+                eprintln!("{}", args.get("text").and_then(Value::as_str).unwrap_or(""));
+                CallToolResult::structured(json!({"logged": true}))
+            }
             other => return Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         };
         Ok(r.into())
