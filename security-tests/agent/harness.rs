@@ -323,3 +323,99 @@ pub fn fake_upstream(cellbox: &Path) -> Result<PathBuf, String> {
         Err(format!("{} is missing", exe.display()))
     }
 }
+
+#[allow(dead_code)]
+#[path = "../../tests/suite/common/fake_upstream.rs"]
+mod fake_upstream;
+
+/// The fake upstream MCP server over streamable HTTP on 127.0.0.1 (its
+/// `headers` tool answers with the request's headers), keeping the
+/// `Authorization` header of every request.
+pub struct HttpUpstream {
+    pub url: String,
+    authorizations: Arc<Mutex<Vec<String>>>,
+}
+
+impl HttpUpstream {
+    pub fn start() -> Result<HttpUpstream, String> {
+        use rmcp::transport::streamable_http_server::{
+            session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+        };
+        let authorizations = Arc::new(Mutex::new(Vec::new()));
+        let kept = authorizations.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
+                    return;
+                };
+                let _ = tx.send(listener.local_addr().map(|a| a.port()));
+                let service = StreamableHttpService::new(
+                    || Ok(fake_upstream::FakeUpstream),
+                    Arc::new(LocalSessionManager::default()),
+                    StreamableHttpServerConfig::default(),
+                );
+                while let Ok((stream, _)) = listener.accept().await {
+                    let (service, kept) = (service.clone(), kept.clone());
+                    tokio::spawn(async move {
+                        let svc = hyper::service::service_fn(
+                            move |req: http::Request<hyper::body::Incoming>| {
+                                let (service, kept) = (service.clone(), kept.clone());
+                                async move {
+                                    use http_body_util::BodyExt;
+                                    let (parts, body) = req.into_parts();
+                                    if let Some(a) = parts.headers.get("authorization") {
+                                        if let Ok(mut k) = kept.lock() {
+                                            k.push(
+                                                String::from_utf8_lossy(a.as_bytes()).into_owned(),
+                                            );
+                                        }
+                                    }
+                                    let bytes = body
+                                        .collect()
+                                        .await
+                                        .map(|b| b.to_bytes())
+                                        .unwrap_or_default();
+                                    Ok::<_, std::convert::Infallible>(
+                                        service
+                                            .handle(http::Request::from_parts(
+                                                parts,
+                                                http_body_util::Full::new(bytes),
+                                            ))
+                                            .await,
+                                    )
+                                }
+                            },
+                        );
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            });
+        });
+        let port = rx
+            .recv_timeout(PATIENCE)
+            .map_err(|_| "the HTTP upstream did not start".to_owned())?
+            .map_err(|e| format!("the HTTP upstream: {e}"))?;
+        Ok(HttpUpstream {
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            authorizations,
+        })
+    }
+
+    /// The `Authorization` headers it received.
+    pub fn authorizations(&self) -> Vec<String> {
+        self.authorizations
+            .lock()
+            .map(|a| a.clone())
+            .unwrap_or_default()
+    }
+}

@@ -30,6 +30,7 @@
 pub mod harness;
 
 mod environment;
+mod leaks;
 
 pub use crate::tenancy::{Env, Outcome};
 
@@ -42,6 +43,12 @@ type AttackFn = fn(&Env) -> Result<Outcome, String>;
 pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("cell_environment", environment::cell),
     ("command_tool_environment", environment::command_tool),
+    ("model_key_in_a_reply", leaks::model_reply),
+    ("model_key_in_an_error", leaks::model_error),
+    ("http_tool_echoes_headers", leaks::http_tool),
+    ("upstream_environment", leaks::upstream_environment),
+    ("upstream_log_and_stdout", leaks::upstream_log),
+    ("upstream_http_token", leaks::upstream_http_token),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains

@@ -10,7 +10,9 @@
 //! 1000` in the server's process group, which outlives the server unless
 //! the group is killed), `env` (the server's whole environment), `headers`
 //! (over HTTP: the headers of the request that called it), `log {text}`
-//! (writes text on stderr).
+//! (writes text on stderr). In the `text` of `garbage` (default: "this is
+//! not JSON at all") and `log`, `${NAME}` stands for the server's
+//! environment variable NAME.
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -106,6 +108,28 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
+/// `text` with each `${NAME}` replaced by the environment variable NAME.
+fn expand(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        match rest[i + 2..].find('}') {
+            Some(j) => {
+                let name = &rest[i + 2..i + 2 + j];
+                out.push_str(&std::env::var_os(name).unwrap_or_default().to_string_lossy());
+                rest = &rest[i + 3 + j..];
+            }
+            None => {
+                out.push_str(&rest[i..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Write `bytes` on stdout beside rmcp's messages, and never answer.
 async fn raw_and_hang(bytes: Vec<u8>) -> CallToolResult {
     {
@@ -155,7 +179,13 @@ impl ServerHandler for FakeUpstream {
             "fail" => CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]),
             "crash" => std::process::exit(3),
             "hang" => std::future::pending().await,
-            "garbage" => raw_and_hang(b"this is not JSON at all\n".to_vec()).await,
+            "garbage" => {
+                let text = args
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("this is not JSON at all");
+                raw_and_hang(format!("{}\n", expand(text)).into_bytes()).await
+            }
             "json_not_rpc" => raw_and_hang(b"{\"hello\": \"world\"}\n".to_vec()).await,
             "huge" => {
                 let mut line = vec![b'x'; 6 << 20];
@@ -199,7 +229,10 @@ impl ServerHandler for FakeUpstream {
                 CallToolResult::structured(json!({ "headers": headers }))
             }
             "log" => {
-                eprintln!("{}", args.get("text").and_then(Value::as_str).unwrap_or(""));
+                eprintln!(
+                    "{}",
+                    expand(args.get("text").and_then(Value::as_str).unwrap_or(""))
+                );
                 CallToolResult::structured(json!({"logged": true}))
             }
             other => return Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
