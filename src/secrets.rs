@@ -3,7 +3,15 @@
 //! supervisor's, the bearer tokens of `serve`'s principals) is known here by
 //! value, and every string the supervisor sends toward a cell, a client, an
 //! event file, a transcript or a log passes through [`redact`] (or one of
-//! its typed forms) first. `docs/architecture.md` lists the places.
+//! its typed forms) first (`docs/architecture.md` §2, rule 4). The places:
+//! what a host capability answers (`Capability::new` wraps every handler:
+//! declared, upstream, file tools), a model's reply and error
+//! (`models::client`), every reply to a cell (`cell::calls`), every cell's
+//! result (`cell::run_with`), every tool result and live output `serve`
+//! sends, every event (`EventSink::record`), every log line
+//! ([`crate::terminal::LogWriter`], and an upstream's stderr), `cellbox
+//! agent`'s answer, trajectory and transcript. Error texts quoted from
+//! outside are redacted whole before they are cut.
 //!
 //! A secret enters only through [`from_env`] (a configured environment
 //! variable, the one way the crate reads one: clippy refuses
