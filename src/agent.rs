@@ -131,12 +131,12 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         policy.allow.insert(cap.to_owned());
     }
     for a in &args.allow {
-        policy.allow.extend(
-            a.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned),
-        );
+        for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if !crate::supervisor::is_allow_name(name) {
+                return Err(format!("--allow {name:?}: not a capability name"));
+            }
+            policy.allow.insert(name.to_owned());
+        }
     }
     if let Some(n) = args.max_total_tokens {
         policy.max_total_tokens = policy.max_total_tokens.min(n);

@@ -89,9 +89,7 @@ pub fn session_config(opts: &CellOpts) -> Result<SessionConfig, String> {
         .map_or_else(Policy::deny_all, |f| f.policy.clone());
     for a in &opts.cell.allow {
         for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let ok = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !name.starts_with(|c: char| c.is_ascii_digit());
-            if !ok {
+            if !crate::supervisor::is_allow_name(name) {
                 return Err(format!("--allow {name:?}: not a capability name"));
             }
             policy.allow.insert(name.to_owned());

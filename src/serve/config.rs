@@ -934,26 +934,10 @@ fn read_tokens(path: &Path) -> Result<Vec<NamedToken>, ConfigError> {
     Ok(tokens)
 }
 
-/// Letters, digits and '_', not starting with a digit (as capability names are).
+/// The one grammar of allowed names (see
+/// [`crate::supervisor::is_allow_name`]).
 fn valid_capability_name(name: &str) -> bool {
-    let plain = |name: &str| {
-        let mut chars = name.chars();
-        matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    // SERVER.TOOL or SERVER.* of an upstream MCP server (whether SERVER is
-    // declared is checked once the supervisor is built).
-    match name.split_once('.') {
-        None => plain(name),
-        Some((server, tool)) => {
-            plain(server)
-                && !tool.is_empty()
-                && (tool == "*"
-                    || tool
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-        }
-    }
+    crate::supervisor::is_allow_name(name)
 }
 
 /// `["a,b", "c"]` → `["a", "b", "c"]`.

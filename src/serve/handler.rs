@@ -862,14 +862,23 @@ impl CellboxServer {
                 .map_err(|e| ErrorData::internal_error(format!("{e}"), None))?
                 .map_err(|m| ErrorData::invalid_params(m, None))
             }
-            other => Err(ErrorData::invalid_params(
-                format!(
-                    "unknown tool {other:?}: use execute_code, create_session, reset_session, \
-                     close_session, list_sessions, checkpoint_session, restore_session, \
-                     upload_file, download_file or list_files"
-                ),
-                None,
-            )),
+            other => {
+                // The tools this server lists, whatever they are.
+                let names: Vec<String> = self
+                    .tools(self.state.observed.get())
+                    .into_iter()
+                    .map(|t| t.name.to_string())
+                    .collect();
+                let listed = match names.split_last() {
+                    Some((last, [])) => last.clone(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => "none".to_owned(),
+                };
+                Err(ErrorData::invalid_params(
+                    format!("unknown tool {other:?}: use {listed}"),
+                    None,
+                ))
+            }
         }
     }
 }

@@ -149,10 +149,22 @@ pub fn cell_result() -> Map<String, Value> {
     let truncation = json!({"$ref": "#/definitions/truncation"});
     let opt_int = json!({"type": ["integer", "null"]});
     let opt_str = json!({"type": ["string", "null"]});
+    let model_usage_def = json!({
+        "type": "object",
+        "properties": {
+            "model_calls": count, "agent_calls": count, "tool_calls": count,
+            "input_tokens": count, "output_tokens": count,
+            "cost": {"type": "number", "minimum": 0}
+        },
+        "required": ["model_calls", "agent_calls", "tool_calls", "input_tokens",
+                     "output_tokens", "cost"],
+        "additionalProperties": false
+    });
+    let model_usage = json!({"$ref": "#/definitions/model_usage"});
     object(json!({
         "$schema": DIALECT,
         "title": "CellResult",
-        "definitions": {"truncation": truncation_def},
+        "definitions": {"truncation": truncation_def, "model_usage": model_usage_def},
         "description": "How one cell ended: output, last value, error, namespace changes, usage.",
         "type": "object",
         "properties": {
@@ -258,7 +270,11 @@ pub fn cell_result() -> Map<String, Value> {
                     "message": {"type": "string"},
                     "run_id": {"type": "string"},
                     "depth": count,
-                    "ms": count
+                    "ms": count,
+                    "detail": {
+                        "type": "object",
+                        "description": "A model query's record: model, usage, cost, attempts."
+                    }
                 },
                 "required": ["cap", "outcome", "run_id", "depth", "ms"],
                 "additionalProperties": false
@@ -271,6 +287,15 @@ pub fn cell_result() -> Map<String, Value> {
                     "wall_ms": count, "cpu_ms": count, "max_rss_kb": count, "calls": count
                 },
                 "required": ["wall_ms", "cpu_ms", "max_rss_kb", "calls"],
+                "additionalProperties": false
+            },
+            "models": {
+                "type": "object",
+                "description": "Model queries, sub-agents, tool calls, tokens and cost of \
+                                this cell's run tree (cell) and of its session so far \
+                                (session); absent when the cell made none.",
+                "properties": {"cell": model_usage, "session": model_usage},
+                "required": ["cell", "session"],
                 "additionalProperties": false
             },
             "run": {
@@ -604,15 +629,36 @@ mod tests {
             type_name: "file".into(),
             reason: "no JSON form".into(),
         }];
-        full.calls = vec![CallRecord {
-            cap: "emit".into(),
-            outcome: "denied".into(),
-            message: Some("not allowed".into()),
-            run_id: run.run_id.clone(),
-            depth: 0,
-            ms: 1,
-            detail: None,
-        }];
+        full.calls = vec![
+            CallRecord {
+                cap: "emit".into(),
+                outcome: "denied".into(),
+                message: Some("not allowed".into()),
+                run_id: run.run_id.clone(),
+                depth: 0,
+                ms: 1,
+                detail: None,
+            },
+            CallRecord {
+                cap: "model_query".into(),
+                outcome: "ok".into(),
+                message: None,
+                run_id: run.run_id.clone(),
+                depth: 0,
+                ms: 1,
+                detail: Some(json!({"model": "m", "usage": {"input_tokens": 1}})),
+            },
+        ];
+        // Every field a result can carry is in the schema: the optional
+        // ones set too (a new field of a part shows up here).
+        full.models = Some(crate::ModelUsageReport::default());
+        full.value_repr = Some("{'a': [1, 2]}".into());
+        full.state = Some(crate::StateOutcome::Kept);
+        full.notes = vec!["a note".into()];
+        full.display_dropped = vec![serde_json::from_value(
+            json!({"mime": "image/png", "bytes": 1, "reason": "too large"}),
+        )
+        .unwrap()];
         let sandbox: SandboxReport = serde_json::from_value(json!({
             "profile": "python",
             "layers": [{"name": "hygiene", "applied": true, "detail": ""}],

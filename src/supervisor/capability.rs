@@ -137,6 +137,21 @@ fn valid_name(name: &str) -> bool {
         && name.len() <= 64
 }
 
+/// The one grammar of capability names, for the CLI's `--allow`, the
+/// config's `policy.allow`, a cell's calls and the MCP surface: a plain
+/// NAME (letters, digits and '_', not starting with a digit, at most 64
+/// bytes) or `SERVER.TOOL` of an upstream server (TOOL: letters, digits,
+/// '_', '-' and '.', as MCP names its tools).
+pub fn is_capability_name(name: &str) -> bool {
+    valid_name(name) || valid_dotted_name(name)
+}
+
+/// A name a policy may allow: a capability name, or `SERVER.*` (every
+/// tool of the upstream server SERVER, dotted names included).
+pub fn is_allow_name(name: &str) -> bool {
+    is_capability_name(name) || name.strip_suffix(".*").is_some_and(valid_name)
+}
+
 /// `SERVER.TOOL`: a valid SERVER, and a TOOL of letters, digits, '_', '-'
 /// and '.' (as MCP names its tools), at most 128 bytes in all.
 fn valid_dotted_name(name: &str) -> bool {
@@ -499,6 +514,13 @@ mod tests {
         assert!(r.source_of("other.search").is_none());
         assert!(r.may_name("gh.*") && r.may_name("gh.search") && r.may_name("emit"));
         assert!(!r.may_name("gh") && !r.may_name("other.*") && !r.may_name("gh.a b"));
+        for ok in ["emit", "gh.search", "gh.x.y", "gh.a-b", "gh.*"] {
+            assert!(is_allow_name(ok), "{ok}");
+        }
+        for bad in ["", "gh.", ".x", "gh.x y", "1x", "gh.*.x", "*", "gh.x.*"] {
+            assert!(!is_allow_name(bad), "{bad}");
+        }
+        assert!(is_capability_name("gh.x.y") && !is_capability_name("gh.*"));
         assert!(matches!(
             r.register(Capability::source("gh", "", Arc::new(NoTools)).unwrap()),
             Err(CapabilityError::Duplicate(_))

@@ -33,8 +33,8 @@ mod warm;
 mod zygote;
 
 pub use capability::{
-    ArgsError, CallContext, CallError, Capability, CapabilityError, Registry, SourceError,
-    SourceFuture, ToolSource,
+    is_allow_name, is_capability_name, ArgsError, CallContext, CallError, Capability,
+    CapabilityError, Registry, SourceError, SourceFuture, ToolSource,
 };
 pub use events::{EventSink, DEFAULT_EVENTS_MAX_BYTES};
 pub use ledger::{Account, Caps, Chain, Ledger, Owner};
@@ -962,9 +962,14 @@ impl Supervisor {
         // Both at once, the zygotes first: a zygote takes the longest to
         // be ready (its interpreter starts), and is launched on a thread of
         // its own while the fork server starts here.
+        // Only the pools of the languages this supervisor runs: a server
+        // of Rhai alone starts no Python zygote.
         let python = async {
             #[cfg(target_os = "linux")]
-            if let Some(p) = &self.inner.pools {
+            if let (Some(p), true) = (
+                &self.inner.pools,
+                self.inner.languages.contains(&Language::Python),
+            ) {
                 let profile = self.inner.profile_name(Language::Python, None);
                 return p
                     .fill(&self.inner, &profile)
@@ -973,7 +978,12 @@ impl Supervisor {
             }
             Ok::<(), Error>(())
         };
-        let (python, _) = tokio::join!(python, self.inner.fork_server());
+        let rhai = async {
+            if self.inner.languages.contains(&Language::Rhai) {
+                let _ = self.inner.fork_server().await;
+            }
+        };
+        let (python, ()) = tokio::join!(python, rhai);
         python
     }
 

@@ -69,9 +69,10 @@ impl Policy {
     /// Allowed by name, or by a `SERVER.*` entry for a tool named
     /// `SERVER.TOOL`.
     pub fn permits(&self, name: &str) -> bool {
+        // `SERVER.*` covers every tool of SERVER, `x.y` as well as `x`.
         self.allow.contains(name)
             || name
-                .rsplit_once('.')
+                .split_once('.')
                 .is_some_and(|(server, _)| self.allow.contains(&format!("{server}.*")))
     }
 

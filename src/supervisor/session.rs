@@ -885,7 +885,7 @@ impl Session {
     /// policy, schema and budget checks as a script's call: it runs as a tiny
     /// Rhai cell that leaves the namespace untouched.
     pub async fn call(&self, cap: &str, args: serde_json::Map<String, Value>) -> CellResult {
-        if !valid_var_name(cap) {
+        if !crate::supervisor::is_capability_name(cap) {
             return CellResult::refused_with(
                 "rhai",
                 RunInfo::root(),

@@ -5,7 +5,11 @@
 //! - `kind = "command"`: `argv`, a template run under the shell profile's
 //!   sandbox without a shell. An element `{NAME}` (whole or inside an
 //!   element) is replaced by argument NAME (a string as is, anything else
-//!   as JSON); `{args}` by all arguments as one JSON object.
+//!   as JSON); `{args}` by all arguments as one JSON object. A value that
+//!   would begin an element with '-' (and so be read as an option) is
+//!   refused, unless the argument is named in `allow_options` (`["*"]`:
+//!   every argument) or the element comes after a literal `"--"` in
+//!   `argv` (for programs that end their options there).
 //! - `kind = "http"`: a JSON POST of the arguments to `url`, made by the
 //!   supervisor (cells have no network). A header value may come from an
 //!   environment variable of the supervisor (`{ env = "VAR" }`), which never
@@ -57,6 +61,9 @@ pub enum ToolDecl {
         #[serde(default = "default_schema")]
         schema: toml::Table,
         argv: Vec<String>,
+        /// Arguments whose values may begin with '-' (`"*"`: all).
+        #[serde(default)]
+        allow_options: Vec<String>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_output")]

@@ -21,6 +21,8 @@ pub enum DeclaredError {
     },
     #[error("tools.{name}.argv: empty")]
     EmptyArgv { name: String },
+    #[error("tools.{name}.allow_options: {arg:?} is not an argument of argv (write {{{arg}}} there, or \"*\" for every argument)")]
+    AllowOptions { name: String, arg: String },
     #[error("tools.{name}.url: only http:// and https:// URLs are supported (got {url:?})")]
     Url { name: String, url: String },
     #[error(transparent)]
@@ -61,6 +63,11 @@ pub enum ToolCallError {
     MissingArgument(String),
     #[error("an argument contains a NUL byte")]
     NulByte,
+    #[error(
+        "argument {0:?} begins with '-', which the program would read as an option: refused \
+         (the tool's declaration may allow it with allow_options)"
+    )]
+    OptionValue(String),
     #[error("the command did not finish in {0} ms")]
     CommandTimeout(u64),
     #[error("the command ended with status {status}: {message}")]
@@ -103,13 +110,23 @@ pub enum ToolCallError {
 /// The argv of a command tool: `{NAME}` replaced by argument NAME (a
 /// string as is, anything else as JSON), `{args}` by all arguments as JSON.
 /// Each template element stays one argument: nothing is split or globbed.
+/// A value that would begin an element with '-' is refused (the program
+/// would read it as an option) unless its argument is in `allow_options`
+/// (`"*"`: all), or the element comes after a literal `"--"`.
 pub fn substitute(
     template: &[String],
     args: &Map<String, Value>,
+    allow_options: &[String],
 ) -> Result<Vec<String>, ToolCallError> {
+    let may_be_option = |key: &str| allow_options.iter().any(|a| a == "*" || a == key);
+    let mut options_ended = false;
     template
         .iter()
         .map(|t| {
+            let checked = !options_ended;
+            if t == "--" {
+                options_ended = true;
+            }
             let mut out = String::new();
             let mut rest = t.as_str();
             while let Some(open) = rest.find('{') {
@@ -126,11 +143,19 @@ pub fn substitute(
                         if key == "args" {
                             out.push_str(&Value::Object(args.clone()).to_string());
                         } else {
-                            match args.get(key) {
-                                Some(Value::String(s)) => out.push_str(s),
-                                Some(v) => out.push_str(&v.to_string()),
+                            let value = match args.get(key) {
+                                Some(Value::String(s)) => s.clone(),
+                                Some(v) => v.to_string(),
                                 None => return Err(ToolCallError::MissingArgument(key.to_owned())),
+                            };
+                            if checked
+                                && out.is_empty()
+                                && value.starts_with('-')
+                                && !may_be_option(key)
+                            {
+                                return Err(ToolCallError::OptionValue(key.to_owned()));
                             }
+                            out.push_str(&value);
                         }
                         rest = &after[close + 1..];
                     }
@@ -164,6 +189,7 @@ fn cut(mut s: String, max: usize) -> (String, bool) {
 async fn run_command(
     slot: SupervisorSlot,
     argv: Vec<String>,
+    allow_options: Vec<String>,
     timeout_ms: u64,
     max_output: usize,
     args: Map<String, Value>,
@@ -172,7 +198,7 @@ async fn run_command(
         .get()
         .and_then(WeakSupervisor::upgrade)
         .ok_or(ToolCallError::ShuttingDown)?;
-    let argv = substitute(&argv, &args)?;
+    let argv = substitute(&argv, &args, &allow_options)?;
     let config = SessionConfig {
         limits: Limits {
             timeout_ms,
@@ -350,11 +376,21 @@ pub fn capabilities(
                 description,
                 schema,
                 argv,
+                allow_options,
                 timeout_ms,
                 max_output_bytes,
             } => {
                 if argv.is_empty() {
                     return Err(DeclaredError::EmptyArgv { name: name.clone() });
+                }
+                if let Some(arg) = allow_options
+                    .iter()
+                    .find(|a| *a != "*" && !argv.iter().any(|t| t.contains(&format!("{{{a}}}"))))
+                {
+                    return Err(DeclaredError::AllowOptions {
+                        name: name.clone(),
+                        arg: arg.clone(),
+                    });
                 }
                 let schema = serde_json::to_value(schema).unwrap_or(json!({}));
                 let slot = slot.clone();
@@ -362,6 +398,7 @@ pub fn capabilities(
                     let call = run_command(
                         slot.clone(),
                         argv.clone(),
+                        allow_options.clone(),
                         timeout_ms,
                         max_output_bytes,
                         args,
@@ -461,12 +498,46 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let v = substitute(&t, &args).unwrap();
+        let v = substitute(&t, &args, &[]).unwrap();
         assert_eq!(v[1], "-m3");
         assert_eq!(v[2], "a b; rm -rf /");
         assert_eq!(serde_json::from_str::<Value>(&v[3]).unwrap()["n"], 3);
         assert_eq!(v[4], "{not closed");
         assert_eq!(v[5], "{}");
-        assert!(substitute(&["{missing}".into()], &args).is_err());
+        assert!(substitute(&["{missing}".into()], &args, &[]).is_err());
+    }
+
+    #[test]
+    fn values_that_would_be_options_are_refused() {
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let args = |v: Value| v.as_object().cloned().unwrap();
+        let wc = t(&["/usr/bin/wc", "-l", "{path}"]);
+        for bad in [json!("-"), json!("--files0-from=/etc/passwd"), json!(-3)] {
+            let e = substitute(&wc, &args(json!({ "path": bad })), &[]).unwrap_err();
+            assert!(
+                matches!(e, ToolCallError::OptionValue(ref a) if a == "path"),
+                "{e}"
+            );
+        }
+        // Allowed by name or for all; inside an element; after "--".
+        let a = args(json!({"path": "-x"}));
+        assert_eq!(substitute(&wc, &a, &["path".into()]).unwrap()[2], "-x");
+        assert_eq!(substitute(&wc, &a, &["*".into()]).unwrap()[2], "-x");
+        assert!(substitute(&wc, &a, &["other".into()]).is_err());
+        let v = substitute(&t(&["grep", "--file={path}", "x"]), &a, &[]).unwrap();
+        assert_eq!(v[1], "--file=-x");
+        let v = substitute(&t(&["wc", "-l", "--", "{path}"]), &a, &[]).unwrap();
+        assert_eq!(v[3], "-x");
+        // An empty value before it does not hide it.
+        let e = substitute(
+            &t(&["{e}{path}"]),
+            &args(json!({"e": "", "path": "-x"})),
+            &[],
+        );
+        assert!(e.is_err());
+        assert_eq!(
+            substitute(&wc, &args(json!({"path": "a-b"})), &[]).unwrap()[2],
+            "a-b"
+        );
     }
 }

@@ -308,6 +308,21 @@ async def main():
         check(len(text(r)) < 16 * 1024, "a bounded text", str(len(text(r))))
         ok(f"2 MB output (kept {kept} bytes, text {len(text(r))} chars)")
 
+        # A cell that asks a model (the test's fake endpoint) and one that
+        # calls a declared tool: their results carry `models` and the calls'
+        # details, which the output schema must allow (2.x validates).
+        r = await c.call("execute_code", {"language": "python", "code": "model_query('hello')"})
+        s = structured(r)
+        check(not is_error(r) and s.get("value") == "echo:hello", "a cell that asks a model", str(r))
+        check(s["models"]["cell"]["model_calls"] == 1, "its model usage", str(s))
+        r = await c.call(
+            "execute_code", {"language": "python", "code": "tools.shout(text='hi')['stdout']"}
+        )
+        s = structured(r)
+        check(not is_error(r) and s.get("value") == "hi\n", "a cell that calls a tool", str(r))
+        check(s["models"]["cell"]["tool_calls"] == 1, "its tool usage", str(s))
+        ok("cells that ask a model and call a declared tool")
+
         await c.call("close_session", {"session_id": sid})
     print(f"PASS {LABEL} {mode}", flush=True)
 

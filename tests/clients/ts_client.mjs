@@ -118,6 +118,17 @@ check(bigCap ? kept < 1_000_000 : kept <= 32 * 1024, "kept output", JSON.stringi
 check(text(r).length < 16 * 1024, "a bounded text", String(text(r).length));
 ok(`2 MB output (kept ${kept} bytes, text ${text(r).length} chars)`);
 
+// A cell that asks a model (the test's fake endpoint) and one that calls a
+// declared tool: their results carry `models` and the calls' details, which
+// the output schema must allow (the SDK validates).
+r = await exec({ language: "python", code: "model_query('hello')" });
+check(!r.isError && r.structuredContent.value === "echo:hello", "a cell that asks a model", JSON.stringify(r));
+check(r.structuredContent.models.cell.model_calls === 1, "its model usage", JSON.stringify(r));
+r = await exec({ language: "python", code: "tools.shout(text='hi')['stdout']" });
+check(!r.isError && r.structuredContent.value === "hi\n", "a cell that calls a tool", JSON.stringify(r));
+check(r.structuredContent.models.cell.tool_calls === 1, "its tool usage", JSON.stringify(r));
+ok("cells that ask a model and call a declared tool");
+
 await client.callTool({ name: "close_session", arguments: { session_id: sid } });
 await client.close();
 console.log(`PASS ${label}`);

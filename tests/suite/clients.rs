@@ -3,13 +3,17 @@
 //! 1.x and 2.x (tests/clients/python_client.py), the TypeScript SDK
 //! (tests/clients/ts_client.mjs) and the Inspector CLI each list the tools,
 //! run cells in a session, get an error, a timeout, cancel a cell and find
-//! its session free at once, and a 2 MB output.
+//! its session free at once, and a 2 MB output; and run a cell that asks a
+//! model (a fake endpoint in this process) and one that calls a declared
+//! tool, whose results carry the model usage and call details the output
+//! schema must allow.
 //!
 //! The clients are installed by `tests/clients/install.sh` (which `.ci/run`
 //! calls) under `target/mcp-clients/`, or where `CELLBOX_MCP_CLIENTS`
 //! points. A client that is not installed fails its test, loudly.
 
 use super::common::bin;
+use super::common::fake_model::FakeModel;
 use super::common::serve::http_serve;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,8 +23,48 @@ use std::time::{Duration, Instant};
 const CLIENT_DEADLINE: Duration = Duration::from_secs(300);
 
 /// What the servers run with: a wall-clock limit well above the cancelled
-/// cell's sleep (120 s), so only a cancellation can free its session early.
-const SERVE_ARGS: [&str; 4] = ["--language", "python,rhai", "--timeout", "300"];
+/// cell's sleep (120 s), so only a cancellation can free its session early;
+/// a model (a fake endpoint that echoes) and a declared command tool.
+fn serve_args() -> Vec<String> {
+    let mut args: Vec<String> = ["--language", "python,rhai", "--timeout", "300", "--config"]
+        .map(str::to_owned)
+        .to_vec();
+    args.push(model_and_tool_config().to_string_lossy().into_owned());
+    args
+}
+
+/// A config file naming a fake model endpoint (alive as long as this test
+/// process) and a command tool `shout` (`/bin/echo {text}`).
+fn model_and_tool_config() -> &'static Path {
+    static CONFIG: std::sync::OnceLock<(FakeModel, tempfile::TempDir, PathBuf)> =
+        std::sync::OnceLock::new();
+    let (_, _, path) = CONFIG.get_or_init(|| {
+        let fake = FakeModel::start(Vec::new());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cellbox.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+[models.fake]
+endpoint = "{url}"
+model = "m"
+[tools.shout]
+kind = "command"
+description = "echo text"
+argv = ["/bin/echo", "{{text}}"]
+schema = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
+[policy]
+allow = ["model_query", "shout"]
+"#,
+                url = fake.url
+            ),
+        )
+        .unwrap();
+        (fake, dir, path)
+    });
+    path
+}
 
 fn clients_dir() -> PathBuf {
     match std::env::var_os("CELLBOX_MCP_CLIENTS") {
@@ -98,7 +142,7 @@ impl HttpServe {
         let (child, announced) = http_serve(
             Command::new(bin())
                 .args(["serve", "--http", "127.0.0.1:0"])
-                .args(SERVE_ARGS)
+                .args(serve_args())
                 .args(extra),
         );
         let url = format!("http://{}", announced.trim());
@@ -131,7 +175,7 @@ fn python_client(venv: &str, transport: &str, big_cap: bool) {
     let _server;
     match transport {
         "stdio" => {
-            cmd.arg(bin()).args(SERVE_ARGS).args(extra);
+            cmd.arg(bin()).args(serve_args()).args(extra);
         }
         _ => {
             // Each SDK checks results against both output schemas: the
@@ -187,7 +231,7 @@ fn ts_client(transport: &str) {
     let _server;
     match transport {
         "stdio" => {
-            cmd.arg(bin()).args(SERVE_ARGS);
+            cmd.arg(bin()).args(serve_args());
         }
         _ => {
             let s = HttpServe::start(FULL_SCHEMA);
@@ -226,7 +270,11 @@ fn inspector_cli_over_stdio_and_http() {
                 .env("MCP_CATALOG_PATH", catalog.path().join("mcp.json"))
                 .env("HOME", catalog.path());
             if transport == "stdio" {
-                cmd.arg(bin()).arg("serve").args(SERVE_ARGS);
+                // The Inspector reads a `--config` anywhere on its command
+                // line as its own: over stdio, the server has no config.
+                cmd.arg(bin())
+                    .arg("serve")
+                    .args(&serve_args()[..serve_args().len() - 2]);
             } else {
                 cmd.args([&server.url, "--transport", "http"]);
             }
@@ -276,5 +324,20 @@ fn inspector_cli_over_stdio_and_http() {
             5,
         );
         assert!(out.contains("\"isError\": true"), "{out}");
+        if transport == "http" {
+            inspect(
+                &[
+                    "--method",
+                    "tools/call",
+                    "--tool-name",
+                    "execute_code",
+                    "--tool-arg",
+                    "language=python",
+                    "--tool-arg",
+                    "code=model_query('hi') + tools.shout(text='!')['stdout']",
+                ],
+                "echo:hi!",
+            );
+        }
     }
 }

@@ -24,6 +24,7 @@ mod rhai;
 mod scratch;
 mod soak;
 mod supervisor;
+mod surface;
 mod tenancy;
 mod tools;
 mod upstream;

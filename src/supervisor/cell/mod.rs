@@ -266,8 +266,15 @@ pub(crate) fn run_with(
 ) -> BoxFut<(CellResult, Option<Box<Done>>, Option<Tail>)> {
     Box::pin(async move {
         // Every cell passes here, top-level, `exec` and sub-cells alike:
-        // the supervisor's languages and the profile's ceiling hold for all.
-        if let Some(refusal) = sup.language_refusal(spec.language) {
+        // the supervisor's languages and the profile's ceiling hold for all
+        // cells of code. A program the operator named (`exec`, a declared
+        // command tool: an argv, no code a client wrote) runs under the
+        // shell profile whatever languages the clients may write in.
+        let language_refusal = match spec.argv {
+            Some(_) => None,
+            None => sup.language_refusal(spec.language),
+        };
+        if let Some(refusal) = language_refusal {
             let mut r = CellResult::refused_with(
                 spec.language.as_str(),
                 spec.run.clone(),
