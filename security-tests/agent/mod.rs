@@ -31,6 +31,7 @@ pub mod harness;
 
 mod environment;
 mod leaks;
+mod terminal;
 
 pub use crate::tenancy::{Env, Outcome};
 
@@ -49,6 +50,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("upstream_environment", leaks::upstream_environment),
     ("upstream_log_and_stdout", leaks::upstream_log),
     ("upstream_http_token", leaks::upstream_http_token),
+    ("terminal_and_key", terminal::run),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains
