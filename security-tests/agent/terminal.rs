@@ -85,7 +85,7 @@ pub fn run(env: &Env) -> Result<Outcome, String> {
         if n > 0 {
             found.push(format!("{what} holds {n} control bytes"));
         }
-        if let Some(run) = leak_in(&String::from_utf8_lossy(bytes), &[key.clone()]) {
+        if let Some(run) = leak_in(&String::from_utf8_lossy(bytes), std::slice::from_ref(&key)) {
             found.push(format!("{what} holds {run:?} of the key"));
         }
     }
