@@ -30,6 +30,19 @@ pub enum Backend {
 pub struct CapabilitySpec {
     pub name: String,
     pub params: Vec<String>,
+    /// Whether the cell's policy allows it. A Python cell gets only the
+    /// allowed ones as functions (the rest stay reachable by name, and
+    /// are refused); Rhai registers every one. Absent means allowed.
+    #[serde(default = "allowed_by_default", skip_serializing_if = "is_allowed")]
+    pub allowed: bool,
+}
+
+fn allowed_by_default() -> bool {
+    true
+}
+
+fn is_allowed(allowed: &bool) -> bool {
+    *allowed
 }
 
 /// Limits the backend enforces from the inside (a courtesy: the supervisor's

@@ -139,10 +139,16 @@ fn system_prompt(lang: Language, context: &Value, caps: &[String], steps: u32) -
          (no network; variables persist between cells). Reply with one or more fenced code \
          blocks (```{lang}); each runs as a cell, and you then see its output, value and any \
          error. {ctx}\n\nFunctions you may call:\n\
-         - answer(value): give the final answer and end the task.{queries}\n\
+         - answer(value): give the final answer and end the task.{answer_dict}{queries}\n\
          Other capabilities allowed: {others}.\n\n\
          You have at most {steps} replies. Print what you need to see; call answer(...) as \
          soon as you know the answer.",
+        answer_dict = if lang == Language::Python {
+            " Or set answer[\"content\"] = ... and answer[\"ready\"] = True, or call \
+             FINAL_VAR(\"variable_name\")."
+        } else {
+            ""
+        },
         others = {
             let o: Vec<&str> = caps
                 .iter()

@@ -315,6 +315,7 @@ impl Capability {
         CapabilitySpec {
             name: self.name.clone(),
             params: self.params.clone(),
+            allowed: true,
         }
     }
 }
@@ -401,12 +402,13 @@ impl Registry {
             )?,
             Capability::build(
                 "agent_query",
-                "agent_query(task, context=None): run a sub-agent (a model writing code in a \
-                 fresh session, at depth + 1, with what is left of this run's budgets); returns \
-                 its answer.",
+                "agent_query(task, context=None, model=None): run a sub-agent (a model writing \
+                 code in a fresh session, at depth + 1, with what is left of this run's budgets); \
+                 returns its answer.",
                 json!({"type": "object", "properties": {
                         "task": {"type": "string"},
-                        "context": {}},
+                        "context": {},
+                        "model": {"type": ["string", "null"]}},
                        "required": ["task"], "additionalProperties": false}),
                 Handler::Model(ModelOp::Agent),
             )?,

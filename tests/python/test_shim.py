@@ -258,18 +258,30 @@ class Capabilities(unittest.TestCase):
         self.assertIs(r.value, True)
         self.assertEqual(sorted(c["id"] for c in r.calls), list(range(1, 161)))
 
-    def test_reserved_names_cannot_be_shadowed_for_the_next_cell(self):
+    def test_names_the_cell_binds_win_over_capabilities_and_are_carried(self):
         s = Session()
         r = s.run("answer = 5\ndef add(a, b):\n    return 0\nimport math as emit\nadd(1, 2)")
         self.assertEqual(r.status, "ok", r)
-        self.assertEqual(r.value, 0)  # inside the cell its own binding rules
-        self.assertNotIn("answer", r.vars)
-        self.assertEqual(r.done["definitions"], [])
-        for name in ("answer", "add", "emit"):
-            self.assertEqual(r.dropped[name]["reason"], "reserved name: the capability %s is restored in the next cell" % name)
-        r = s.run("(add(1, 2), answer.__module__, emit.__module__)")
-        self.assertEqual(r.value, [3, "cellbox", "cellbox"])
+        self.assertEqual(r.value, 0)
+        self.assertEqual(r.vars, {"answer": 5})
+        self.assertEqual(sorted(n for d in r.done["definitions"] for n in d["names"]), ["add", "emit"])
+        self.assertEqual(r.dropped, {})
+        r = s.run("(add(1, 2), answer, emit.__name__)")
+        self.assertEqual(r.value, [0, 5, "math"])
+        self.assertEqual(len(r.calls), 0)
+        # Once the cell's own binding is gone, the capability answers again.
+        r = s.run("del add\nadd(1, 2)")
+        self.assertEqual(r.value, 3)
         self.assertEqual(len(r.calls), 1)
+
+    def test_a_denied_capability_is_not_in_the_namespace(self):
+        caps = [{"name": "add", "params": ["a", "b"], "allowed": False}, {"name": "emit", "params": ["event"]}]
+        r = run_cell("try:\n    add(1, 2)\nexcept NameError:\n    x = 'absent'\nx, emit.__module__", capabilities=caps)
+        self.assertEqual(r.value, ["absent", "cellbox"], r)
+        # By name the call still reaches the supervisor, which refuses it.
+        r = run_cell("try:\n    capabilities.add(1, 2)\nexcept PermissionError as e:\n    x = str(e)\nx", capabilities=caps, handler=lambda c: {"error": {"kind": "denied", "message": "no"}})
+        self.assertEqual(r.value, "no", r)
+        self.assertEqual([c["cap"] for c in r.calls], ["add"])
 
     def test_forked_child_cannot_call_or_report(self):
         code = (

@@ -192,6 +192,7 @@ fn write_protocol_seeds() {
                 capabilities: vec![CapabilitySpec {
                     name: "run_cell".into(),
                     params: vec!["language".into(), "code".into()],
+                    allowed: true,
                 }],
                 limits: ScriptLimits {
                     timeout_ms: 5000,

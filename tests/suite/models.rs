@@ -732,3 +732,198 @@ async fn a_sub_agent_gets_only_what_is_left_and_max_depth_fails_closed() {
     );
     assert_eq!(fake.seen().len(), 3);
 }
+
+/// The names recursive-language-model code binds are its own: a cell's
+/// `llm_query` or `answer` wins over the capability of the same name, in
+/// live and replay sessions and in a cell without a session, and is still
+/// there in later cells. The capability answers while no such name is
+/// bound (the positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_a_cell_binds_win_over_capabilities_and_survive() {
+    let fake = FakeModel::start(vec![]);
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    for replay_mode in [false, true] {
+        let s = session(&sup, |c| {
+            c.policy.allow.insert("answer".into());
+            if replay_mode {
+                c.python_state = cellbox::PythonState::Replay;
+            }
+        });
+        let mode = if replay_mode { "replay" } else { "live" };
+        let r = py_in(&s, "llm_query('x')").await;
+        assert_eq!(r.value, "echo:x", "{mode}: the capability first: {r:?}");
+        let r = py_in(&s, "def llm_query(p):\n    return 'mine:' + p").await;
+        assert_eq!(r.status, Status::Ok, "{mode}: {r:?}");
+        for _ in 0..2 {
+            let r = py_in(&s, "llm_query('x')").await;
+            assert_eq!(r.value, "mine:x", "{mode}: {r:?}");
+        }
+        // The model's answer dict, filled over two cells.
+        let r = py_in(
+            &s,
+            "answer = {'content': '', 'ready': False}\nanswer['content'] = 'done'",
+        )
+        .await;
+        assert_eq!(
+            (r.status, &r.final_answer),
+            (Status::Ok, &None),
+            "{mode}: {r:?}"
+        );
+        let r = py_in(&s, "answer['ready'] = True").await;
+        assert_eq!(r.final_answer, Some(Value::from("done")), "{mode}: {r:?}");
+        let r = py_in(
+            &s,
+            "type(answer).__name__, answer['content'], llm_query('y')",
+        )
+        .await;
+        assert_eq!(
+            r.value,
+            serde_json::json!(["dict", "done", "mine:y"]),
+            "{mode}: {r:?}"
+        );
+        // Deleting the cell's own name brings the capability back.
+        let r = py_in(&s, "del llm_query\nllm_query('z')").await;
+        assert_eq!(r.value, "echo:z", "{mode}: {r:?}");
+    }
+    // One cell on its own.
+    let mut c = model_config();
+    c.policy.allow.insert("answer".into());
+    let r = sup
+        .run(
+            cellbox::CellRequest::new(
+                cellbox::Language::Python,
+                "def llm_query(p):\n    return 'own'\nanswer = {'content': llm_query('q'), 'ready': True}",
+            ),
+            c,
+        )
+        .await;
+    assert_eq!(r.final_answer, Some(Value::from("own")), "{r:?}");
+    assert!(fake
+        .seen()
+        .iter()
+        .all(|s| !s.body.to_string().contains("\"q\"")));
+}
+
+/// A capability the policy denies is not in a Python cell at all: its
+/// name (and its alias) raises NameError, `capabilities.NAME` reaches the
+/// supervisor and is refused with PermissionError. The same names with the
+/// capability allowed work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_capability_is_absent_from_the_cell() {
+    let fake = FakeModel::start(vec![]);
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    let probe = "out = []\n\
+                 for name in ('model_query', 'llm_query', 'llm_query_batched', 'emit'):\n    \
+                     try:\n        eval(name)\n        out.append(name)\n    \
+                     except NameError:\n        out.append('no ' + name)\n\
+                 try:\n    out.append(capabilities.model_query('x'))\n\
+                 except PermissionError as e:\n    out.append('refused')\n\
+                 out";
+    let denied = sup.session(config(&["emit"])).unwrap();
+    let r = py_in(&denied, probe).await;
+    assert_eq!(
+        r.value,
+        serde_json::json!([
+            "no model_query",
+            "no llm_query",
+            "no llm_query_batched",
+            "emit",
+            "refused"
+        ]),
+        "{r:?}"
+    );
+    let allowed = sup
+        .session(config(&["emit", "model_query", "model_query_batched"]))
+        .unwrap();
+    let r = py_in(&allowed, probe).await;
+    assert_eq!(
+        r.value,
+        serde_json::json!([
+            "model_query",
+            "llm_query",
+            "llm_query_batched",
+            "emit",
+            "echo:x"
+        ]),
+        "{r:?}"
+    );
+}
+
+/// rlms' vocabulary in a cell: rlm_query(prompt, model) and
+/// rlm_query_batched run sub-agents, SHOW_VARS lists the cell's variables,
+/// FINAL_VAR gives one as the final answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rlm_vocabulary_in_a_python_cell() {
+    let fake = FakeModel::start(vec![
+        Reply::Text("```python\nanswer('first')\n```".into(), 1, 1),
+        Reply::Text(
+            "```python\nanswer = {'content': 'second', 'ready': True}\n```".into(),
+            1,
+            1,
+        ),
+        Reply::Text("```python\nx = 'third'\nFINAL_VAR('x')\n```".into(), 1, 1),
+    ]);
+    let sup = sup_with(&section(&fake.url, None, |_| {}), None);
+    let s = session(&sup, |c| {
+        c.policy.allow.insert("agent_query".into());
+        c.policy.allow.insert("answer".into());
+    });
+    let r = py_in(
+        &s,
+        "a = rlm_query('one', model='fake')\nb = rlm_query_batched(['two', 'three'])\n[a] + b",
+    )
+    .await;
+    assert_eq!(
+        r.value,
+        serde_json::json!(["first", "second", "third"]),
+        "{r:?}"
+    );
+    let r = py_in(&s, "rlm_query('x', model='nope')").await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.kind.as_str()),
+        Some("ValueError"),
+        "{r:?}"
+    );
+    let r = py_in(&s, "SHOW_VARS()").await;
+    let shown = r.value.as_str().unwrap_or_default();
+    assert!(shown.starts_with("Available variables:"), "{r:?}");
+    assert!(
+        shown.contains("'a': 'str'") && shown.contains("'b': 'list'"),
+        "{shown}"
+    );
+    let r = py_in(&s, "total = len(b)\nFINAL_VAR('total')").await;
+    assert_eq!(r.final_answer, Some(Value::from(2)), "{r:?}");
+}
+
+/// `cellbox agent` ends on an answer dict made ready, and on FINAL_VAR.
+#[test]
+fn cellbox_agent_takes_an_answer_dict_or_final_var() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_owned();
+    for (reply, want) in [
+        (
+            "```python\nanswer['content'] = 'from the dict'\nanswer['ready'] = True\n```",
+            "from the dict",
+        ),
+        (
+            "```python\nanswer = {'content': 'rebound', 'ready': True}\n```",
+            "rebound",
+        ),
+        ("```python\nresult = 6 * 7\nFINAL_VAR('result')\n```", "42"),
+    ] {
+        let fake = FakeModel::start(vec![Reply::Text(reply.into(), 1, 1)]);
+        let cfg = agent_config(dir.path(), &fake.url);
+        let out = cellbox(&["agent", "--config", &p(&cfg), "answer please"], None);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{want}\n"),
+            "{out:?}"
+        );
+        assert_eq!(out.status.code(), Some(0));
+        let system = fake.seen()[0].body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(system.contains("answer[\"ready\"] = True"), "{system}");
+    }
+}

@@ -185,13 +185,22 @@ async fn host_capability_round_trip() {
 
 #[tokio::test]
 async fn denied_capability_raises_permission_error() {
-    let code = "try:\n    answer(1)\nexcept PermissionError as e:\n    msg = str(e)\nmsg";
+    // A denied capability is not in the cell's namespace; called by name
+    // through `capabilities`, the supervisor refuses it.
+    let code = "try:\n    emit(1)\nexcept NameError:\n    absent = True\n\
+                try:\n    capabilities.answer(1)\nexcept PermissionError as e:\n    msg = str(e)\n\
+                absent, msg";
     let r = run_once(Language::Python, code, &[]).await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
-    assert!(r.value.as_str().unwrap_or("").contains("answer"), "{r:?}");
+    assert_eq!(r.value[0], json!(true), "{r:?}");
+    assert!(
+        r.value[1].as_str().unwrap_or("").contains("answer"),
+        "{r:?}"
+    );
+    assert_eq!(r.calls.len(), 1, "{r:?}");
     assert_eq!(r.calls[0].outcome, "denied");
     // Uncaught, the denial ends the cell as policy_denied.
-    let r = run_once(Language::Python, "answer(1)", &[]).await;
+    let r = run_once(Language::Python, "capabilities.answer(1)", &[]).await;
     assert_eq!(r.status, Status::PolicyDenied, "{r:?}");
     assert_eq!(r.error.unwrap().kind, "PermissionError");
     // Allowed, it works and sets the final answer.
@@ -322,20 +331,17 @@ async fn values_that_cannot_be_carried_are_reported() {
 }
 
 #[tokio::test]
-async fn capability_names_cannot_be_broken_for_the_next_cell() {
+async fn names_a_cell_binds_over_capabilities_are_its_own_and_carried() {
     let sup = supervisor();
     let s = sup.session(replay(config(&["answer"]))).unwrap();
     let r = py_in(&s, "answer = 5\ndef call(*a):\n    return 0\n").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
-    let reserved: Vec<&str> = r
-        .vars
-        .dropped
-        .iter()
-        .filter(|d| d.reason.starts_with("reserved name"))
-        .map(|d| d.name.as_str())
-        .collect();
-    assert_eq!(reserved, vec!["answer", "call"]);
-    let r = py_in(&s, "answer(7)").await;
+    assert!(r.vars.dropped.is_empty(), "{r:?}");
+    let r = py_in(&s, "answer, call(1)").await;
+    assert_eq!(r.value, json!([5, 0]), "{r:?}");
+    assert!(r.calls.is_empty());
+    // Without the cell's own names the capabilities answer again.
+    let r = py_in(&s, "del answer, call\nanswer(7)").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(r.final_answer, Some(json!(7)));
 }

@@ -85,6 +85,10 @@ pub(super) fn opening(
                 .iter()
                 .map(|c| c.spec())
                 .chain(sourced)
+                .map(|mut c| {
+                    c.allowed = spec.policy.permits(&c.name);
+                    c
+                })
                 .collect(),
             limits: spec.limits.script_limits(),
             max_frame_bytes: spec.limits.max_frame_bytes,

@@ -311,7 +311,14 @@ async fn sub_agent(
         crate::Language::Rhai => crate::Language::Rhai,
         _ => crate::Language::Python,
     };
-    let model = client.default_model().unwrap_or_default().to_owned();
+    // rlm_query(prompt, model) names the model; otherwise the default.
+    let model = match args.get("model").and_then(Value::as_str) {
+        Some(name) => match client.config(Some(name)) {
+            Ok((n, _)) => n.to_owned(),
+            Err(e) => return Err(ModelFailure::Call("invalid_args".into(), e.to_string())),
+        },
+        None => client.default_model().unwrap_or_default().to_owned(),
+    };
     let task = args
         .get("task")
         .and_then(Value::as_str)

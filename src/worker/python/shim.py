@@ -10,8 +10,11 @@ One run of the shim is one cell:
   2. build the cell's globals: the carried `vars`, then the replayed
      `definitions` (a failure is reported on stderr and skipped), then the
      vars again (a JSON value bound after a definition of the same name is
-     the newer binding), then the capability functions, last, so nothing
-     carried can shadow them;
+     the newer binding). The capability functions the policy allows are
+     not globals: they live in the cell's own builtins (its
+     `__builtins__`, a copy of the real ones), so a name the cell or an
+     earlier cell bound wins over a capability of the same name, and the
+     capabilities never overwrite it; a denied one is not there at all;
   3. run the code statement by statement; a final expression statement is
      the cell's value (like Jupyter);
   4. send `done` and leave with _exit, so no atexit hook, `__del__` or
@@ -338,7 +341,6 @@ def _model_reply(v):
 
 # Model capabilities and the names recursive-language-model code calls them by.
 _MODEL_ALIASES = {"model_query": "llm_query", "model_query_batched": "llm_query_batched"}
-_ALIASES = dict(_MODEL_ALIASES, agent_query="rlm_query")
 
 
 def _model_capability(name, params):
@@ -428,6 +430,189 @@ class _ToolFn(_ToolGroup):
 
 for _f in (tool_call, tool_call_batched):
     _f.__module__ = "cellbox"
+
+
+class _Capabilities:
+    """capabilities.NAME(...): any capability by name, allowed or not (a
+    denied or unknown one raises PermissionError, as the supervisor
+    answers), whatever the cell bound to NAME itself."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: (_st.get("caps") or {}).get(name, _ToolFn(name))(*args, **kwargs)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("capabilities is read-only")
+
+    def __dir__(self):
+        return sorted(_st.get("caps") or ())
+
+    def __repr__(self):
+        return "<cellbox capabilities: %s>" % (", ".join(sorted(_st.get("caps") or ())) or "none")
+
+
+class _AnswerDict(dict):
+    """The final-answer dict of recursive-language-model code: set
+    answer["content"] and answer["ready"] = True (or bind `answer` to such
+    a dict) and the content is the cell's final answer."""
+
+    __slots__ = ()
+
+
+class _CallableAnswer(_AnswerDict):
+    """`answer` where the policy allows it: also answer(value)."""
+
+    __slots__ = ()
+
+    def __call__(self, value):
+        return _call("answer", {"value": value})
+
+
+def _answer_of(g):
+    """The answer dict the cell sees: its own `answer` if it bound one,
+    else the one in its builtins."""
+    v = g.get("answer", _MISSING)
+    if v is _MISSING:
+        v = _st.get("answer")
+    return v if isinstance(v, dict) else None
+
+
+def _answer_state(g, out):
+    a = _answer_of(g)
+    if a is None:
+        return None
+    try:
+        return (id(a), bool(a.get("ready")), id(a.get("content")))
+    except Exception:
+        return None
+
+
+def _report_answer(g, out):
+    """An answer dict made ready by this cell gives its content as the
+    final answer, through the `answer` capability (so the policy, the
+    budget and the record apply as to answer(value))."""
+    a = _answer_of(g)
+    if a is None:
+        return
+    try:
+        ready = bool(a.get("ready"))
+    except Exception:
+        return
+    if not ready or _answer_state(g, out) == out.get("answer_seen"):
+        return
+    content = a.get("content")
+    try:
+        _to_json(content)
+    except Exception:
+        content = _cold("_safe_str")(content)
+    try:
+        _call("answer", {"value": content})
+    except (PermissionError, ValueError, RuntimeError):
+        pass
+
+
+def _show_vars(g):
+    def SHOW_VARS():
+        """The cell's variables and their types (as rlms shows them)."""
+        shown = {}
+        for k, v in list(g.items()):
+            if type(k) is str and k[:1] != "_" and k != "answer":
+                shown[k] = _type_qualname(type(v))
+        if not shown:
+            return "No variables created yet. Use ```repl``` blocks to create variables."
+        return "Available variables: %r" % (shown,)
+
+    return SHOW_VARS
+
+
+def _final_var(g):
+    def FINAL_VAR(name):
+        """Give the variable `name` (or a value) as the final answer."""
+        if type(name) is str and name.strip() in g:
+            value = g[name.strip()]
+        elif type(name) is str and name.isidentifier():
+            raise NameError("FINAL_VAR: no variable named %r" % name)
+        else:
+            value = name
+        a = _answer_of(g)
+        if a is None:
+            a = g["answer"] = _AnswerDict()
+        a["content"] = value
+        a["ready"] = True
+        return value
+
+    return FINAL_VAR
+
+
+def _rlm_queries():
+    def rlm_query(prompt, model=None):
+        """A sub-agent (a model writing code in a fresh session, one level
+        deeper) works on `prompt`; its answer."""
+        args = {"task": prompt}
+        if model is not None:
+            args["model"] = model
+        return _call("agent_query", args)
+
+    def rlm_query_batched(prompts, model=None):
+        """rlm_query for each prompt, answers in order; a failed one gives
+        "Error: ..." in its place."""
+        out = []
+        for p in prompts:
+            try:
+                out.append(rlm_query(p, model))
+            except (PermissionError, ValueError, RuntimeError) as e:
+                out.append("Error: RLM query failed - %s" % e)
+        return out
+
+    for f in (rlm_query, rlm_query_batched):
+        f.__module__ = "cellbox"
+    return rlm_query, rlm_query_batched
+
+
+def _cell_builtins(caps, out, g):
+    """The cell's builtins: Python's, plus the capabilities the policy
+    allows (spec `allowed`, absent meaning allowed) and the names
+    recursive-language-model code uses. Python looks a name up in the
+    cell's globals first, so whatever the cell binds wins."""
+    b = type(sys)("builtins")
+    b.__dict__.update(sys.modules["builtins"].__dict__)
+    d = b.__dict__
+    allowed = {}
+    for spec in caps:
+        name = spec["name"]
+        make = _model_capability if name in _MODEL_ALIASES else _capability
+        f = make(name, tuple(map(str, spec["params"])))
+        _st.setdefault("caps", {})[name] = f
+        if spec.get("allowed", True) is not True:
+            continue
+        allowed[name] = f
+        if "." not in name:
+            d[name] = f
+        if name in _MODEL_ALIASES:
+            d[_MODEL_ALIASES[name]] = f
+    if "agent_query" in allowed:
+        d["rlm_query"], d["rlm_query_batched"] = _rlm_queries()
+    # One answer dict per process: a live session's state carries it on.
+    kind = _CallableAnswer if "answer" in allowed else _AnswerDict
+    a = _st.get("answer")
+    if type(a) is not kind:
+        a = _st["answer"] = kind(a if a is not None else {"content": "", "ready": False})
+    d["answer"] = a
+    d["call"] = call
+    d["tool_call"] = tool_call
+    d["tool_call_batched"] = tool_call_batched
+    d["tools"] = _ToolGroup("")
+    d["capabilities"] = _Capabilities()
+    d["SHOW_VARS"] = _show_vars(g)
+    d["FINAL_VAR"] = _final_var(g)
+    if _st.get("live"):
+        d["checkpoint"] = _live_request("checkpoint", out)
+        d["restore"] = _live_request("restore", out)
+    out["installed"] = d
+    return b
 
 
 # ---------------------------------------------------------------- deadline
@@ -656,9 +841,6 @@ def _execute(start, out):
     for spec in caps:
         if type(spec) is not dict or type(spec.get("name")) is not str or type(spec.get("params")) is not list:
             raise _ProtocolError("malformed capability spec %r" % (spec,))
-        reserved.add(spec["name"])
-        if spec["name"] in _ALIASES:
-            reserved.add(_ALIASES[spec["name"]])
 
     # The cell's module is a real module installed as __main__, so pickle,
     # dataclasses and typing find classes the cell defines. In a session's
@@ -671,7 +853,9 @@ def _execute(start, out):
             _st["live_module"] = module
     sys.modules["__main__"] = module
     g = out["g"] = module.__dict__
-    g["__builtins__"] = sys.modules["builtins"]
+    # Before any definition is replayed: a function keeps the builtins of
+    # the globals it was defined in.
+    g["__builtins__"] = _cell_builtins(caps, out, g)
     if _st.get("live"):
         out["before"] = dict(g)
     def_bound = out["def_bound"]
@@ -700,23 +884,11 @@ def _execute(start, out):
     for k, v in carried.items():
         if k not in reserved:
             g[k] = v
-    installed = out["installed"]
-    for spec in caps:
-        name = spec["name"]
-        make = _model_capability if name in _MODEL_ALIASES else _capability
-        g[name] = installed[name] = make(name, tuple(map(str, spec["params"])))
-        if name in _ALIASES:
-            g[_ALIASES[name]] = installed[_ALIASES[name]] = installed[name]
-    g["call"] = installed["call"] = call
-    g["tool_call"] = installed["tool_call"] = tool_call
-    g["tool_call_batched"] = installed["tool_call_batched"] = tool_call_batched
-    g["tools"] = installed["tools"] = _ToolGroup("")
-    if _st.get("live"):
-        g["checkpoint"] = installed["checkpoint"] = _live_request("checkpoint", out)
-        g["restore"] = installed["restore"] = _live_request("restore", out)
+    out["answer_seen"] = _answer_state(g, out)
     try:
         _run_statements(code, g, flags, out)
         _display_figures()
+        _report_answer(g, out)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -1020,7 +1192,7 @@ def _main():
 
 def _new_out():
     """What a cell's run records, before it runs."""
-    return {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": {"call", "tool_call", "tool_call_batched", "tools"} | ({"checkpoint", "restore"} if _st.get("live") else set()), "earlier": (), "requests": {}}
+    return {"status": "ok", "value": "null", "error": None, "limit": None, "g": None, "defs": [], "def_bound": {}, "installed": {}, "reserved": set(), "earlier": (), "requests": {}}
 
 
 def _readable():
