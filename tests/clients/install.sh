@@ -23,6 +23,36 @@ venv() { # dir, requirement
 venv py1 'mcp>=1.20,<2'
 venv py2 'mcp>=2,<3'
 
+# The Python package (clients/python) with the libraries it integrates
+# with, as a user installs it: `pip install ./clients/python rlms
+# smolagents` into a fresh venv (tests/suite/pyclient.rs runs its pytest
+# suite and its README's examples there). The package itself is installed
+# again every time, so the venv always holds this tree's copy.
+pkg="$here/../../clients/python"
+pyclient="$root/pyclient"
+libs='rlms==0.1.3 smolagents==1.26.0 pytest'
+if [ ! -x "$pyclient/bin/python" ] || [ "$(cat "$pyclient/.req" 2>/dev/null)" != "$libs" ]; then
+    rm -rf "$pyclient"
+    /usr/bin/python3 -m venv "$pyclient"
+    "$pyclient/bin/pip" install -q --disable-pip-version-check "$pkg" $libs
+    echo "$libs" > "$pyclient/.req"
+fi
+"$pyclient/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$pkg"
+# The package works with the SDK 1.x too: its client tests run in py1 as well.
+"$root/py1/bin/python" -c 'import pytest' 2>/dev/null \
+    || "$root/py1/bin/pip" install -q --disable-pip-version-check pytest
+"$root/py1/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$pkg"
+# rlms' own tests, from its source distribution on PyPI (the wheel has
+# none): tests/suite/pyclient.rs runs its environment tests against the
+# cellbox environment.
+if [ ! -d "$pyclient/rlms-src/tests" ]; then
+    rm -rf "$pyclient/rlms-src" "$pyclient/rlms-sdist"
+    "$pyclient/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+        -d "$pyclient/rlms-sdist" 'rlms==0.1.3'
+    mkdir -p "$pyclient/rlms-src"
+    tar -xzf "$pyclient"/rlms-sdist/rlms-0.1.3.tar.gz -C "$pyclient/rlms-src" --strip-components=1
+fi
+
 node_dir="$root/node"
 mkdir -p "$node_dir"
 cp "$here/package.json" "$node_dir/package.json"

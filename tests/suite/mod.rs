@@ -19,6 +19,7 @@ mod notebook;
 #[cfg(target_os = "linux")]
 mod oneshot_rhai;
 mod prepared;
+mod pyclient;
 mod python;
 mod rhai;
 mod scratch;
