@@ -158,3 +158,30 @@ impl Share {
         }
     }
 }
+
+/// A cell whose first process was killed (SIGKILL) while the OOM killer
+/// was killing processes of its group went past its session's memory
+/// bound (`session_bytes`): it ended `limit_exceeded`, and says so, not
+/// `killed` by an unknown hand.
+#[cfg(target_os = "linux")]
+pub(crate) fn explain_kill(
+    group: Option<&Arc<CellGroup>>,
+    session_bytes: u64,
+    result: &mut super::CellResult,
+) {
+    let Some(g) = group else { return };
+    if result.status != super::Status::Killed || result.exit.signal != Some(libc::SIGKILL) {
+        return;
+    }
+    if g.usage().oom_kills.unwrap_or(0) == 0 {
+        return;
+    }
+    result.fail_with(
+        super::ErrorKind::LimitExceeded,
+        format!(
+            "memory limit of the session ({} MiB, its files included) exceeded: the kernel \
+             ended the cell's largest process",
+            session_bytes >> 20
+        ),
+    );
+}

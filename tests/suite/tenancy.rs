@@ -217,7 +217,8 @@ async fn cells_cgroup(sup: &Supervisor) -> PathBuf {
     PathBuf::from(text.rsplit(' ').next().unwrap())
 }
 
-/// `memory.usage_in_bytes` of every session cgroup beneath `cells`.
+/// `memory.usage_in_bytes` (v2: `memory.current`) of every session cgroup
+/// beneath `cells`.
 fn session_usages(cells: &std::path::Path) -> Vec<u64> {
     std::fs::read_dir(cells)
         .unwrap()
@@ -225,6 +226,7 @@ fn session_usages(cells: &std::path::Path) -> Vec<u64> {
         .filter(|e| e.file_name().to_string_lossy().starts_with('s'))
         .filter_map(|e| {
             std::fs::read_to_string(e.path().join("memory.usage_in_bytes"))
+                .or_else(|_| std::fs::read_to_string(e.path().join("memory.current")))
                 .ok()?
                 .trim()
                 .parse()
@@ -300,6 +302,58 @@ print("alive")
         statuses.contains(&9),
         "no child of A was killed past its session's bound: {statuses:?}"
     );
+}
+
+/// A session that goes past its memory bound loses its own cell, which
+/// ends `limit_exceeded` (the OOM kill is read from its group's counters,
+/// not guessed from the signal), while another session's cell in the same
+/// supervisor completes. Without a bound per session the cells' cgroup
+/// (3 GiB) would hold both and A's cell would end `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_past_its_memory_ends_limit_exceeded_while_another_completes() {
+    require_root();
+    let sup = small_sessions();
+    // 384 MiB cells: each session may hold 384 + 128 MiB.
+    let a = sup.session(limited(384 << 20)).unwrap();
+    let b = sup.session(limited(384 << 20)).unwrap();
+    // Two children of 150 MB, then 250 MB in the cell's own process: past
+    // 512 MiB together, and the cell's process is the largest.
+    let hog = r#"
+import os, time
+for i in range(2):
+    if os.fork() == 0:
+        b = bytearray(150 << 20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        time.sleep(60)
+        os._exit(0)
+time.sleep(1)
+b = bytearray(250 << 20)
+for j in range(0, len(b), 4096):
+    b[j] = 1
+time.sleep(60)
+"#;
+    let victim = r#"
+import time
+b = bytearray(180 << 20)
+for j in range(0, len(b), 4096):
+    b[j] = 1
+time.sleep(4)
+print("alive")
+"#;
+    let b_run = tokio::spawn(async move { b.run(py(victim)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ra = a.run(py(hog)).await;
+    let rb = b_run.await.unwrap();
+    assert_eq!(ra.status, Status::LimitExceeded, "{ra:?}");
+    let message = ra
+        .error
+        .as_ref()
+        .map(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("memory limit of the session"), "{ra:?}");
+    assert_eq!(rb.status, Status::Ok, "the other session was hit: {rb:?}");
+    assert_eq!(rb.stdout.trim(), "alive");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,8 @@
 //! and a child is made beneath it, named `cellbox-<pid>-<n>`. Making one
 //! needs write access to that cgroup (root, or a delegated subtree); under
 //! v2, a cgroup that holds processes cannot hand controllers to children,
-//! so there is none then, and the caller says so.
+//! so its processes are moved into a leaf first, and the cells' own
+//! processes join a leaf beneath theirs (see [`super::cgroup2`]).
 //!
 //! A process joins by writing `0` through a descriptor opened here (v1
 //! `tasks`, v2 `cgroup.procs`) while it has a single thread: [`join_fd`] is
@@ -104,7 +105,24 @@ impl CellCgroup {
         );
         let dir = ctl.own.join(name);
         std::fs::create_dir(&dir).map_err(CgroupError::io("make the cgroup", &dir))?;
-        Self::open(dir, ctl.v2, bytes, None)
+        if ctl.v2 {
+            // Its sessions' groups need controllers of their own, so its
+            // own processes (the warm pools) live in a leaf beneath it.
+            let pool = (|| {
+                super::cgroup2::enable(&dir)?;
+                let pool = dir.join(super::cgroup2::POOL);
+                std::fs::create_dir(&pool).map_err(CgroupError::io("make the cgroup", &pool))?;
+                Ok(pool)
+            })();
+            return match pool {
+                Ok(pool) => Self::open(dir, Some(pool), ctl.v2, bytes, None),
+                Err(e) => {
+                    let _ = remove_tree(&dir, true);
+                    Err(e)
+                }
+            };
+        }
+        Self::open(dir, None, ctl.v2, bytes, None)
     }
 
     /// Like [`CellCgroup::create`], for a process that supervises one cell
@@ -148,15 +166,17 @@ impl CellCgroup {
                 }
                 Err(e) => return Err(CgroupError::io("make the cgroup", &dir)(e)),
             }
-            return Self::open(dir, ctl.v2, bytes, Some(lock));
+            return Self::open(dir, None, ctl.v2, bytes, Some(lock));
         }
         Err(CgroupError::Busy(format!(
             "all {SLOTS} one-shot cgroup slots are in use"
         )))
     }
 
+    /// `procs_in`: the leaf its processes join, where not `dir` itself.
     fn open(
         dir: PathBuf,
+        procs_in: Option<PathBuf>,
         v2: bool,
         bytes: u64,
         slot_lock: Option<nix::fcntl::Flock<std::fs::File>>,
@@ -168,17 +188,18 @@ impl CellCgroup {
         // join could wait for an RCU grace period (10-20 ms, one run in ten
         // here). v2 has no such file for domain cgroups.
         let join_file = if v2 { "cgroup.procs" } else { "tasks" };
+        let join = procs_in.as_ref().unwrap_or(&dir).join(join_file);
         let procs = std::fs::OpenOptions::new()
             .write(true)
-            .open(dir.join(join_file))
+            .open(&join)
             .map(OwnedFd::from);
         let procs = match procs {
             Ok(fd) => fd,
             Err(e) => {
                 if slot_lock.is_none() {
-                    let _ = std::fs::remove_dir(&dir);
+                    let _ = remove_tree(&dir, v2);
                 }
-                return Err(CgroupError::io("open", &dir.join(join_file))(e));
+                return Err(CgroupError::io("open", &join)(e));
             }
         };
         // From here on the directory goes (or is emptied) with `made`.
@@ -304,7 +325,7 @@ impl Drop for CellCgroup {
         if self.slot_lock.is_some() {
             // Emptied now; the lock goes with the rest of `self`.
             kill_all(&self.dir, self.v2);
-        } else if let Err(e) = remove(&self.dir, self.v2) {
+        } else if let Err(e) = remove_tree(&self.dir, self.v2) {
             tracing::warn!("{e}");
         }
     }
@@ -450,8 +471,20 @@ fn hierarchy_dirs(cgroups: &str, mountinfo: &str) -> Vec<(PathBuf, bool)> {
 }
 
 /// This process's memory cgroup directory: v1 if the memory controller is
-/// mounted there, else v2 if its cgroup offers `memory`.
+/// mounted there, else v2 if its cgroup offers `memory` (then the cgroup
+/// cells' cgroups are made beneath, see [`super::cgroup2::base`]).
 fn find_controller() -> Result<Controller, CgroupError> {
+    let found = find_own()?;
+    if found.v2 {
+        return Ok(Controller {
+            v2: true,
+            own: super::cgroup2::base(&found.own)?,
+        });
+    }
+    Ok(found)
+}
+
+fn find_own() -> Result<Controller, CgroupError> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(CgroupError::io("read", Path::new("/proc/self/cgroup")))?;
     // The usual place first (reading mountinfo costs as much as the rest):
@@ -541,18 +574,6 @@ fn controller_in(
             "cgroup v2 at {} does not offer the memory controller",
             own.display()
         )));
-    }
-    let subtree = read(&own.join("cgroup.subtree_control"));
-    if !subtree.split_whitespace().any(|c| c == "memory") {
-        // Handing `memory` to children fails while this cgroup holds
-        // processes (the "no internal processes" rule); try, and say so.
-        std::fs::write(own.join("cgroup.subtree_control"), "+memory").map_err(|e| {
-            CgroupError::Unavailable(format!(
-                "cannot enable the memory controller for children of {}: {e} \
-                 (run the supervisor in a delegated cgroup of its own)",
-                own.display()
-            ))
-        })?;
     }
     Ok(Controller { v2: true, own })
 }

@@ -38,8 +38,12 @@
 //! session of one cell, and making a memory cgroup costs as much as a warm
 //! cell); cell groups (pids and cpuacct only) are made and removed per cell.
 //!
-//! cgroup v2 is not handled here yet: a supervisor there keeps the cells'
-//! memory cgroup only, and says so.
+//! With cgroup v2 the same tree is one hierarchy (every directory above
+//! is the same), with a leaf for what a cgroup would otherwise hold beside
+//! its children (see [`super::cgroup2`]): the files differ (`cgroup.procs`
+//! for `tasks`, `memory.peak` for `memory.max_usage_in_bytes`, `cpu.stat`
+//! for `cpuacct.usage`), a tree is ended with `cgroup.kill`, and a cell
+//! joins one group, not three.
 
 use super::cgroup::CgroupError;
 use crate::util::lock;
@@ -66,6 +70,8 @@ pub struct Groups {
     /// `cellbox-<pid>-<n>` made here in the pids and cpuacct hierarchies.
     pids: PathBuf,
     cpu: PathBuf,
+    /// cgroup v2: the three above are one directory.
+    v2: bool,
     next: AtomicU64,
     free: Mutex<Vec<Arc<SessionDir>>>,
 }
@@ -102,12 +108,22 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
         .map_err(CgroupError::io(format!("write {value} to"), path))
 }
 
-fn open_tasks(dir: &Path) -> Result<OwnedFd, CgroupError> {
+/// The file a process writes `0` to to join the group at `dir`.
+fn join_file(v2: bool) -> &'static str {
+    if v2 {
+        "cgroup.procs"
+    } else {
+        "tasks"
+    }
+}
+
+fn open_tasks(dir: &Path, v2: bool) -> Result<OwnedFd, CgroupError> {
+    let path = dir.join(join_file(v2));
     std::fs::OpenOptions::new()
         .write(true)
-        .open(dir.join("tasks"))
+        .open(&path)
         .map(OwnedFd::from)
-        .map_err(CgroupError::io("open", &dir.join("tasks")))
+        .map_err(CgroupError::io("open", &path))
 }
 
 fn make_dir(dir: &Path) -> Result<(), CgroupError> {
@@ -134,8 +150,12 @@ fn rmdir(dir: &Path) -> Result<(), CgroupError> {
 /// Kill every process of the cgroup at `pids_dir` (a pids cgroup) and wait
 /// until it has none: its `pids.max` is set to 0 first, so nothing in it
 /// can fork while it is being emptied. `Ok` once empty; an error naming
-/// what is left past `within`.
+/// what is left past `within`. Under cgroup v2, its whole tree at once
+/// through `cgroup.kill`.
 pub fn empty(pids_dir: &Path, within: Duration) -> Result<(), CgroupError> {
+    if pids_dir.join("cgroup.kill").exists() {
+        return super::cgroup2::kill_tree(pids_dir, within);
+    }
     let first = procs(pids_dir);
     if first.is_empty() {
         return Ok(());
@@ -208,6 +228,9 @@ impl Groups {
     /// Make the pids and cpuacct counterparts of the cells' memory cgroup
     /// at `memory` (v1). An error when either hierarchy is missing.
     pub fn new(memory: &Path) -> Result<Groups, CgroupError> {
+        if memory.join("cgroup.controllers").exists() {
+            return Self::new_v2(memory);
+        }
         let cgroups = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(CgroupError::io("read", Path::new("/proc/self/cgroup")))?;
         let name = memory
@@ -228,6 +251,37 @@ impl Groups {
             memory: memory.to_path_buf(),
             pids,
             cpu,
+            v2: false,
+            next: AtomicU64::new(0),
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Under cgroup v2: the cells' cgroup at `memory` (made with its pool
+    /// leaf and controllers by [`super::cgroup::CellCgroup::create`])
+    /// holds the sessions' groups.
+    fn new_v2(memory: &Path) -> Result<Groups, CgroupError> {
+        if !memory.join("cgroup.kill").exists() {
+            return Err(CgroupError::Unavailable(
+                "per-session groups on cgroup v2 need cgroup.kill (Linux 5.14 or later)".into(),
+            ));
+        }
+        let on = std::fs::read_to_string(memory.join("cgroup.subtree_control")).map_err(
+            CgroupError::io("read", &memory.join("cgroup.subtree_control")),
+        )?;
+        for c in ["memory", "pids"] {
+            if !on.split_whitespace().any(|x| x == c) {
+                return Err(CgroupError::Unavailable(format!(
+                    "the {c} controller is not enabled beneath {}",
+                    memory.display()
+                )));
+            }
+        }
+        Ok(Groups {
+            memory: memory.to_path_buf(),
+            pids: memory.to_path_buf(),
+            cpu: memory.to_path_buf(),
+            v2: true,
             next: AtomicU64::new(0),
             free: Mutex::new(Vec::new()),
         })
@@ -267,7 +321,11 @@ impl Drop for Groups {
     fn drop(&mut self) {
         // Kept session directories go first (each removes its cells').
         lock(&self.free).clear();
-        // The memory directory is the cells' cgroup's own, removed with it.
+        // The memory directory is the cells' cgroup's own, removed with it
+        // (under v2, all three are).
+        if self.v2 {
+            return;
+        }
         for d in [&self.pids, &self.cpu] {
             if let Err(e) = rmdir(d) {
                 tracing::warn!("{e}");
@@ -296,6 +354,14 @@ fn put(file: &std::fs::File, value: &str, what: &Path) -> Result<(), CgroupError
         .map_err(CgroupError::io(format!("write {value} to"), what))
 }
 
+/// The text of a small cgroup file through a kept descriptor.
+fn read_at0(file: &std::fs::File) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 512];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    Some(String::from_utf8_lossy(buf.get(..n)?).into_owned())
+}
+
 /// Read a number through a kept descriptor of a cgroup file (each read at
 /// offset 0 is a fresh one).
 fn get(file: &std::fs::File) -> Option<u64> {
@@ -312,8 +378,12 @@ fn none_in(procs: &std::fs::File) -> bool {
     matches!(procs.read_at(&mut buf, 0), Ok(0))
 }
 
-/// Whether the cgroup at `dir` lists no process.
+/// Whether the cgroup at `dir` lists no process (under v2, neither it
+/// nor any beneath it).
 fn none_in_dir(dir: &Path) -> bool {
+    if dir.join("cgroup.events").exists() {
+        return !super::cgroup2::populated(dir);
+    }
     procs(dir).is_empty()
 }
 
@@ -324,8 +394,14 @@ struct SessionDir {
     memory: PathBuf,
     pids: PathBuf,
     cpu: PathBuf,
+    /// Where the session's own processes are (a live session's state
+    /// processes): its pids directory, or under v2 its leaf.
+    own: PathBuf,
+    v2: bool,
+    /// v1: the memory group's `tasks`; v2: the leaf's `cgroup.procs`.
     memory_tasks: OwnedFd,
-    max_usage: std::fs::File,
+    /// Its peak memory (absent under v2 before Linux 5.19).
+    max_usage: Option<std::fs::File>,
     usage: std::fs::File,
     pids_max: std::fs::File,
     /// The bounds written last (not written again when unchanged).
@@ -338,33 +414,56 @@ struct SessionDir {
 impl SessionDir {
     fn make(groups: &Groups, k: u64) -> Result<SessionDir, CgroupError> {
         let s = format!("s{k}");
+        let v2 = groups.v2;
         let (memory, pids, cpu) = (
             groups.memory.join(&s),
             groups.pids.join(&s),
             groups.cpu.join(&s),
         );
+        let own = if v2 {
+            pids.join(super::cgroup2::LIVE)
+        } else {
+            pids.clone()
+        };
+        let undo = || {
+            for d in [&own, &memory, &pids, &cpu] {
+                let _ = rmdir(d);
+            }
+        };
         for d in [&memory, &pids, &cpu] {
             if let Err(e) = make_dir(d) {
-                for d in [&memory, &pids, &cpu] {
-                    let _ = rmdir(d);
-                }
+                undo();
                 return Err(e);
             }
         }
         let files = (|| {
+            if v2 {
+                // Its cells' groups get bounds of their own; its own
+                // processes a leaf beside them.
+                super::cgroup2::enable(&pids)?;
+                make_dir(&own)?;
+            }
+            let (peak, usage) = if v2 {
+                ("memory.peak", "memory.current")
+            } else {
+                ("memory.max_usage_in_bytes", "memory.usage_in_bytes")
+            };
+            let peak = memory.join(peak);
             Ok::<_, CgroupError>((
-                open_tasks(&memory)?,
-                open_rw(&memory.join("memory.max_usage_in_bytes"))?,
-                open_r(&memory.join("memory.usage_in_bytes"))?,
+                open_tasks(if v2 { &own } else { &memory }, v2)?,
+                if !v2 || peak.exists() {
+                    Some(open_rw(&peak)?)
+                } else {
+                    None
+                },
+                open_r(&memory.join(usage))?,
                 open_rw(&pids.join("pids.max"))?,
             ))
         })();
         let (memory_tasks, max_usage, usage, pids_max) = match files {
             Ok(f) => f,
             Err(e) => {
-                for d in [&memory, &pids, &cpu] {
-                    let _ = rmdir(d);
-                }
+                undo();
                 return Err(e);
             }
         };
@@ -372,6 +471,8 @@ impl SessionDir {
             memory,
             pids,
             cpu,
+            own,
+            v2,
             memory_tasks,
             max_usage,
             usage,
@@ -386,7 +487,7 @@ impl SessionDir {
         let mut b = lock(&self.bounds);
         if *b != Some((memory_bytes, max_processes)) {
             *b = None;
-            super::cgroup::set_memory_limit(&self.memory, false, memory_bytes)?;
+            super::cgroup::set_memory_limit(&self.memory, self.v2, memory_bytes)?;
             put(
                 &self.pids_max,
                 &max_processes.to_string(),
@@ -402,6 +503,15 @@ impl Drop for SessionDir {
     fn drop(&mut self) {
         // Its cells' directories first: a cgroup with children stays.
         lock(&self.cells).clear();
+        if self.v2 {
+            // One directory, with its leaf.
+            for d in [&self.own, &self.pids] {
+                if let Err(e) = super::cgroup::remove(d, true) {
+                    tracing::warn!("{e}");
+                }
+            }
+            return;
+        }
         for d in [&self.memory, &self.pids, &self.cpu] {
             if let Err(e) = rmdir(d) {
                 tracing::warn!("{e}");
@@ -416,11 +526,20 @@ impl Drop for SessionDir {
 struct CellDir {
     pids: PathBuf,
     cpu: PathBuf,
+    v2: bool,
     pids_tasks: OwnedFd,
-    cpu_tasks: OwnedFd,
+    /// v1 only: under v2 the pids group is the cpu group.
+    cpu_tasks: Option<OwnedFd>,
     procs: std::fs::File,
     pids_max: std::fs::File,
+    /// v1 `cpuacct.usage` (ns), v2 `cpu.stat` (`usage_usec`).
     cpu_usage: std::fs::File,
+    /// `pids.events`: how often a fork in it failed at a bound.
+    pids_events: Option<std::fs::File>,
+    /// Where the OOM killer's kills of its processes are counted
+    /// (`oom_kill`): v2 its own `memory.events`, v1 its session's
+    /// `memory.oom_control` (a cell has no memory group of its own there).
+    oom_events: Option<std::fs::File>,
     /// The `pids.max` written last ([`UNKNOWN`]: not known).
     max: AtomicU64,
 }
@@ -428,6 +547,7 @@ struct CellDir {
 impl CellDir {
     fn make(session: &SessionDir) -> Result<CellDir, CgroupError> {
         let c = format!("c{}", session.next_cell.fetch_add(1, Ordering::Relaxed));
+        let v2 = session.v2;
         let (pids, cpu) = (session.pids.join(&c), session.cpu.join(&c));
         make_dir(&pids)?;
         if let Err(e) = make_dir(&cpu) {
@@ -436,24 +556,39 @@ impl CellDir {
         }
         let files = (|| {
             Ok::<_, CgroupError>((
-                open_tasks(&pids)?,
-                open_tasks(&cpu)?,
+                open_tasks(&pids, v2)?,
+                if v2 {
+                    None
+                } else {
+                    Some(open_tasks(&cpu, v2)?)
+                },
                 open_r(&pids.join("cgroup.procs"))?,
                 open_rw(&pids.join("pids.max"))?,
-                open_r(&cpu.join("cpuacct.usage"))?,
+                open_r(&cpu.join(if v2 { "cpu.stat" } else { "cpuacct.usage" }))?,
+                open_r(&pids.join("pids.events")).ok(),
+                if v2 {
+                    open_r(&pids.join("memory.events")).ok()
+                } else {
+                    open_r(&session.memory.join("memory.oom_control")).ok()
+                },
             ))
         })();
         match files {
-            Ok((pids_tasks, cpu_tasks, procs, pids_max, cpu_usage)) => Ok(CellDir {
-                pids,
-                cpu,
-                pids_tasks,
-                cpu_tasks,
-                procs,
-                pids_max,
-                cpu_usage,
-                max: AtomicU64::new(UNKNOWN),
-            }),
+            Ok((pids_tasks, cpu_tasks, procs, pids_max, cpu_usage, pids_events, oom_events)) => {
+                Ok(CellDir {
+                    pids,
+                    cpu,
+                    v2,
+                    pids_tasks,
+                    cpu_tasks,
+                    procs,
+                    pids_max,
+                    cpu_usage,
+                    pids_events,
+                    oom_events,
+                    max: AtomicU64::new(UNKNOWN),
+                })
+            }
             Err(e) => {
                 let _ = rmdir(&pids);
                 let _ = rmdir(&cpu);
@@ -467,6 +602,25 @@ impl CellDir {
         let r = stop(&self.pids, &self.pids_max);
         self.max.store(UNKNOWN, Ordering::Relaxed);
         r
+    }
+
+    /// CPU time of every process it had, in ns.
+    fn cpu_ns(&self) -> Option<u64> {
+        if self.v2 {
+            let text = read_at0(&self.cpu_usage)?;
+            return super::cgroup2::keyed(&text, "usage_usec").map(|us| us.saturating_mul(1000));
+        }
+        get(&self.cpu_usage)
+    }
+
+    /// How often a fork in it failed at its bound or its session's.
+    fn pids_max_hits(&self) -> Option<u64> {
+        super::cgroup2::keyed(&read_at0(self.pids_events.as_ref()?)?, "max")
+    }
+
+    /// How many of its processes the OOM killer has killed.
+    fn oom_kills(&self) -> Option<u64> {
+        super::cgroup2::keyed(&read_at0(self.oom_events.as_ref()?)?, "oom_kill")
     }
 
     /// See [`empty`]; the `pids.max` it may have set is forgotten.
@@ -498,7 +652,7 @@ impl Drop for CellDir {
             tracing::warn!("{e}");
         }
         for d in [&self.pids, &self.cpu] {
-            if let Err(e) = rmdir(d) {
+            if let Err(e) = super::cgroup::remove(d, self.v2) {
                 tracing::warn!("{e}");
             }
         }
@@ -541,16 +695,20 @@ impl SessionGroup {
         dir.set_max(max_processes)?;
         // The session's peak is the cell's while it runs (its sub-cells,
         // which run while it waits, count with it).
-        let _ = put(
-            &self.dir.max_usage,
-            "0",
-            &self.dir.memory.join("memory.max_usage_in_bytes"),
-        );
-        let cpu_start = get(&dir.cpu_usage).unwrap_or(0);
+        if let Some(peak) = &self.dir.max_usage {
+            // Under v2 a write restarts the peak as read through this
+            // descriptor (Linux 6.12; earlier it is the session's peak).
+            let _ = put(peak, "0", &self.dir.memory);
+        }
+        let cpu_start = dir.cpu_ns().unwrap_or(0);
+        let pids_hits_start = dir.pids_max_hits().unwrap_or(0);
+        let oom_start = dir.oom_kills().unwrap_or(0);
         Ok(CellGroup {
             session: self.clone(),
             dir,
             cpu_start,
+            pids_hits_start,
+            oom_start,
         })
     }
 
@@ -565,6 +723,10 @@ impl SessionGroup {
             .try_clone()
             .map_err(CgroupError::io("share", &self.dir.memory))?;
         let mut fds = vec![memory];
+        if self.dir.v2 {
+            // Its leaf, in the one hierarchy.
+            return Ok(fds);
+        }
         for dir in [&self.dir.pids, &self.dir.cpu] {
             let tasks = dir.join("tasks");
             let f = std::fs::OpenOptions::new()
@@ -591,7 +753,7 @@ impl SessionGroup {
     pub fn end_others(&self, keep: &[i32], within: Duration) -> Result<(), CgroupError> {
         let me = i32::try_from(std::process::id()).unwrap_or(0);
         let others = || -> Vec<i32> {
-            let mut all = procs(&self.dir.pids);
+            let mut all = procs(&self.dir.own);
             all.retain(|p| *p != me && !keep.contains(p));
             if all.is_empty() {
                 return all;
@@ -710,6 +872,8 @@ pub struct CellGroup {
     session: Arc<SessionGroup>,
     dir: Arc<CellDir>,
     cpu_start: u64,
+    pids_hits_start: u64,
+    oom_start: u64,
 }
 
 /// What a cell's group measured of its whole process tree.
@@ -717,6 +881,13 @@ pub struct CellGroup {
 pub struct TreeUsage {
     pub cpu_ms: Option<u64>,
     pub peak_bytes: Option<u64>,
+    /// How often a fork of the cell failed at its process bound or its
+    /// session's (`pids.events`).
+    pub pids_max_hits: Option<u64>,
+    /// How many of its processes the OOM killer killed (its session past
+    /// its memory bound; under v1, any of its session's processes while
+    /// it ran).
+    pub oom_kills: Option<u64>,
 }
 
 impl CellGroup {
@@ -724,22 +895,29 @@ impl CellGroup {
     /// and exec to join (see [`super::cgroup::join_fd`]); they stay open
     /// as long as `self`.
     pub fn join_fds(&self) -> Vec<RawFd> {
-        vec![
-            self.session.dir.memory_tasks.as_raw_fd(),
-            self.dir.pids_tasks.as_raw_fd(),
-            self.dir.cpu_tasks.as_raw_fd(),
-        ]
+        match &self.dir.cpu_tasks {
+            Some(cpu) => vec![
+                self.session.dir.memory_tasks.as_raw_fd(),
+                self.dir.pids_tasks.as_raw_fd(),
+                cpu.as_raw_fd(),
+            ],
+            // cgroup v2: the cell's group is in its session's.
+            None => vec![self.dir.pids_tasks.as_raw_fd()],
+        }
     }
 
     /// [`Self::join_fds`], borrowed (to pass to a process that forks the
     /// child, which joins by writing `0` to each).
     pub fn join_borrowed(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
-        vec![
-            self.session.dir.memory_tasks.as_fd(),
-            self.dir.pids_tasks.as_fd(),
-            self.dir.cpu_tasks.as_fd(),
-        ]
+        match &self.dir.cpu_tasks {
+            Some(cpu) => vec![
+                self.session.dir.memory_tasks.as_fd(),
+                self.dir.pids_tasks.as_fd(),
+                cpu.as_fd(),
+            ],
+            None => vec![self.dir.pids_tasks.as_fd()],
+        }
     }
 
     /// Allow the cell `n` processes at once (threads count); `u64::MAX`:
@@ -769,9 +947,19 @@ impl CellGroup {
     /// memory while it ran.
     pub fn usage(&self) -> TreeUsage {
         TreeUsage {
-            cpu_ms: get(&self.dir.cpu_usage)
+            cpu_ms: self
+                .dir
+                .cpu_ns()
                 .map(|ns| ns.saturating_sub(self.cpu_start) / 1_000_000),
-            peak_bytes: get(&self.session.dir.max_usage),
+            peak_bytes: self.session.dir.max_usage.as_ref().and_then(get),
+            pids_max_hits: self
+                .dir
+                .pids_max_hits()
+                .map(|n| n.saturating_sub(self.pids_hits_start)),
+            oom_kills: self
+                .dir
+                .oom_kills()
+                .map(|n| n.saturating_sub(self.oom_start)),
         }
     }
 

@@ -4,6 +4,7 @@
 //! is the table in [`crate::sandbox::jail`].
 
 pub mod cgroup;
+pub mod cgroup2;
 pub mod exec;
 pub mod groups;
 pub mod hygiene;

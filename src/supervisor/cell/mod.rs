@@ -535,7 +535,14 @@ async fn life(
     let (stdout, stderr) = streams.collect().await;
     result.record_end(stdout, stderr, reaped.as_ref().ok());
     let exec = spec.language == Language::Shell;
-    Ok((classify(&spec.limits, exec, result, outcome), None))
+    let done = classify(&spec.limits, exec, result, outcome);
+    #[cfg(target_os = "linux")]
+    {
+        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+        let (session_bytes, _) = crate::supervisor::tenancy::session_bounds(sup, asked);
+        crate::supervisor::tenancy::explain_kill(group.as_ref(), session_bytes, result);
+    }
+    Ok((done, None))
 }
 
 /// Turn the outcome and exit information into the result's status/error

@@ -78,8 +78,8 @@ pub(super) fn cgroup_layer(sup: &Inner, spec: &CellSpec) -> crate::sandbox::Laye
             ));
         } else if report.applied {
             report.detail.push_str(
-                "; sessions share it (per-session cgroups need cgroup v1 with the memory, \
-                 pids and cpuacct hierarchies)",
+                "; sessions share it (per-session cgroups need the memory and pids \
+                 controllers: cgroup v1 with a cpuacct hierarchy, or cgroup v2 on Linux 5.14+)",
             );
         }
         report

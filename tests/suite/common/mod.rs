@@ -336,6 +336,8 @@ pub fn pids_cgroup_of(cgroup: &str) -> String {
                 .nth(1)
                 .is_some_and(|c| c.split(',').any(|c| c == "pids"))
         })
+        // cgroup v2: the one hierarchy's.
+        .or_else(|| cgroup.lines().find(|l| l.starts_with("0::")))
         .and_then(|l| l.rsplit(':').next())
         .unwrap_or_else(|| panic!("no pids cgroup in {cgroup}"))
         .to_owned()
