@@ -43,6 +43,9 @@ pub struct DoctorReport {
     pub profiles: Vec<ProfileAssessment>,
     /// Every profile assessed has all its required layers here.
     pub ok: bool,
+    /// For each guarantee this host does not give, the setting that would
+    /// (see [`doctor::advice`]).
+    pub advice: Vec<String>,
 }
 
 /// What the warm workers came to when started once.
@@ -98,12 +101,16 @@ impl DoctorReport {
             .and_then(|sup| sup.python().map_err(crate::Error::from));
         let ok = profiles.iter().all(|a| a.ok);
         let warm_workers = WarmWorkers::start(python).await;
+        let session_groups = matches!(&warm_workers, WarmWorkers::Started { pools, .. }
+            if pools.session_cgroups);
+        let advice = doctor::advice(&host, session_groups);
         DoctorReport {
             warm_workers,
             host,
             python: python_info,
             profiles,
             ok,
+            advice,
         }
     }
 }
@@ -209,6 +216,9 @@ impl fmt::Display for DoctorReport {
             ),
         };
         writeln!(f, "  {:<16} {memory_line}", "memory cgroup")?;
+        if let Some(c) = &host.container {
+            writeln!(f, "  {:<16} {c}", "container")?;
+        }
         writeln!(
             f,
             "  {:<16} {}",
@@ -261,7 +271,14 @@ impl fmt::Display for DoctorReport {
                 )?;
             }
         }
-        write!(f, "{}", self.warm_workers)
+        write!(f, "{}", self.warm_workers)?;
+        if !self.advice.is_empty() {
+            writeln!(f, "\nwhat would give what is missing here:")?;
+            for a in &self.advice {
+                writeln!(f, "  {a}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -346,9 +363,9 @@ impl fmt::Display for WarmWorkers {
                  cell's), and one per cell (its processes; the cell ends with its whole process \
                  tree; its CPU time counted for the tree)"
             } else {
-                "NOT apart: sessions share the cells' cgroup (per-session cgroups need root and \
-                 cgroup v1 memory, pids and cpuacct hierarchies); a cell's processes in other \
-                 sessions or groups of its own may outlive it"
+                "NOT apart: sessions share the cells' cgroup (per-session cgroups need write \
+                 access to a cgroup with the memory and pids controllers: root on cgroup v1 or \
+                 v2); a cell's processes in other sessions or groups of its own may outlive it"
             }
         )
     }
@@ -408,6 +425,7 @@ mod tests {
             cgroup_v2: false,
             memory_cgroup: MemoryCgroup::default(),
             python: None,
+            container: None,
         }
     }
 
@@ -421,6 +439,7 @@ mod tests {
             python: Err(crate::Error::Python(crate::PythonError::NotFound)),
             profiles: Vec::new(),
             ok: true,
+            advice: Vec::new(),
         };
         let text = report.to_string();
         let expected = "\
@@ -460,6 +479,9 @@ warm workers (fork server, Python zygotes):
             serde_json::json!({"error": "no Python interpreter found: install python3 or pass --python PATH"})
         );
         let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
-        assert_eq!(keys, ["warm_workers", "host", "python", "profiles", "ok"]);
+        assert_eq!(
+            keys,
+            ["warm_workers", "host", "python", "profiles", "ok", "advice"]
+        );
     }
 }

@@ -255,6 +255,9 @@ fn cgroups(pid: i32, pids: &HashSet<i32>) -> u64 {
         };
         let rel = path.trim_start_matches('/');
         if ctls.is_empty() {
+            // cgroup v2: a supervisor moved into its leaf makes its cgroups
+            // beside it (`sandbox::linux::cgroup2::LEAF`).
+            let rel = rel.strip_suffix("cellbox-supervisor").unwrap_or(rel);
             dirs.push(Path::new("/sys/fs/cgroup").join(rel));
             continue;
         }

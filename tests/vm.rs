@@ -16,6 +16,7 @@
 //! installs all three. Without them this test fails and says what to do.
 //! The other test programs it runs in the VM are found beside it, so run
 //! it as part of `cargo test` (which builds them first).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -278,6 +279,30 @@ fn cgroup_v2_guarantees_hold_in_a_vm() {
             format!("{} --test-threads 1 tenancy::", all.display()),
         ),
         ("security", format!("{} tenant_", security.display())),
+        // A few hundred cells across sessions through `serve`, hostile
+        // ones among them (memory hogs, fork bombs), and the server back to
+        // idle after.
+        (
+            "soak",
+            format!("{cellbox} soak --cells 300 --concurrency 2 --seed 7"),
+        ),
+        // Without root: uid 1000 in a subtree delegated to it, as systemd
+        // delegates `user@1000.service` (the directory and its
+        // cgroup.procs, cgroup.subtree_control and cgroup.threads).
+        (
+            "rootless",
+            format!(
+                "d=/sys/fs/cgroup/user-1000
+mkdir $d
+chown 1000:1000 $d $d/cgroup.procs $d/cgroup.subtree_control $d/cgroup.threads
+echo $$ > $d/cgroup.procs
+mkdir -p /tmp/home-1000 && chown 1000:1000 /tmp/home-1000
+HOME=/tmp/home-1000 setpriv --reuid 1000 --regid 1000 --clear-groups --inh-caps=-all \
+    {} --exact --ignored --test-threads 1 \
+    suite::tenancy::without_root_a_delegated_subtree_keeps_sessions_apart",
+                all.display()
+            ),
+        ),
     ];
     // For working on one part: CELLBOX_VM_ONLY=lib,tenancy (said aloud).
     if let Ok(only) = std::env::var("CELLBOX_VM_ONLY") {
@@ -294,7 +319,20 @@ fn cgroup_v2_guarantees_hold_in_a_vm() {
         }
     }
     if let Some(doctor) = ran.get("doctor") {
-        assert!(doctor.out.contains("cgroup v2 memory"), "{}", doctor.out);
+        // Per-session and per-cell groups, in the cgroup the jobs run in.
+        let d = &doctor.out;
+        assert!(
+            d.contains("cgroup v2 memory (/sys/fs/cgroup/ci.service)"),
+            "{d}"
+        );
+        assert!(d.contains("sessions         a cgroup each"), "{d}");
+        assert!(d.contains("one per cell"), "{d}");
+    }
+    if let Some(soak) = ran.get("soak") {
+        assert!(soak.out.contains("PASS"), "{}", soak.out);
+    }
+    if let Some(r) = ran.get("rootless") {
+        assert!(r.out.contains("1 passed"), "{}", r.out);
     }
     assert!(failed.is_empty(), "failed in the VM: {failed:?}");
 }

@@ -743,7 +743,7 @@ const TABLE: &[(&str, i64)] = &[
 const TABLE: &[(&str, i64)] = &[];
 
 /// Sorted, so [`is_known`] can binary-search it.
-const ALL_NAMES: &[&str] = &[
+pub(crate) const ALL_NAMES: &[&str] = &[
     "_sysctl",
     "accept",
     "accept4",

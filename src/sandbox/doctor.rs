@@ -38,6 +38,9 @@ pub struct HostSupport {
     pub memory_cgroup: MemoryCgroup,
     /// A real Python interpreter (not a version-manager shim).
     pub python: Option<PathBuf>,
+    /// The container this runs in, as far as it can tell (`docker`,
+    /// `podman`, `kubernetes`, or what PID 1's `container=` says).
+    pub container: Option<String>,
 }
 
 /// Where the memory controller is that bounds cells together.
@@ -109,6 +112,141 @@ pub fn find_python() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The container this process runs in: Kubernetes (its service variables),
+/// Podman (`/run/.containerenv`), Docker (`/.dockerenv`), else what PID
+/// 1's environment says (`container=lxc`, `systemd-nspawn`, …), else a
+/// cgroup path a runtime names.
+pub fn detect_container() -> Option<String> {
+    let exists = |p: &str| std::path::Path::new(p).exists();
+    let pid1_env = std::fs::read("/proc/1/environ").unwrap_or_default();
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    container_from(
+        std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        exists("/run/.containerenv"),
+        exists("/.dockerenv"),
+        &pid1_env,
+        &cgroup,
+    )
+}
+
+/// [`detect_container`] on given facts (pure, for the tests).
+fn container_from(
+    kubernetes: bool,
+    containerenv: bool,
+    dockerenv: bool,
+    pid1_env: &[u8],
+    cgroup: &str,
+) -> Option<String> {
+    if kubernetes || cgroup.contains("kubepods") {
+        return Some("kubernetes".into());
+    }
+    if containerenv {
+        return Some("podman".into());
+    }
+    if dockerenv || cgroup.contains("/docker/") || cgroup.contains("docker-") {
+        return Some("docker".into());
+    }
+    pid1_env
+        .split(|b| *b == 0)
+        .filter_map(|v| v.strip_prefix(b"container="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .find(|v| !v.is_empty())
+}
+
+/// For each guarantee this host does not give, the one setting that would
+/// give it, for the kind of host it is (a container's runtime settings,
+/// or the host's).
+pub fn advice(host: &HostSupport, session_groups: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let container = host.container.as_deref();
+    let runtime = |docker: &str, kubernetes: &str, host_setting: &str| -> String {
+        match container {
+            Some("docker") | Some("podman") => docker.to_owned(),
+            Some("kubernetes") => kubernetes.to_owned(),
+            Some(_) | None => host_setting.to_owned(),
+        }
+    };
+    if host.landlock_abi.is_none() {
+        out.push(
+            "landlock: Linux 5.13 or later with landlock in the kernel's LSM list (boot with \
+             lsm=landlock,...); a container has its host's kernel, so it is the host's to give"
+                .into(),
+        );
+    }
+    if !host.seccomp {
+        out.push("seccomp: a kernel built with CONFIG_SECCOMP_FILTER".into());
+    }
+    if !host.user_namespaces {
+        out.push(format!(
+            "user namespaces: {}",
+            runtime(
+                "run the container with --security-opt seccomp=container/seccomp.json (the \
+                 default profile refuses unshare and clone of namespaces) and --security-opt \
+                 apparmor=unconfined (docker-default refuses mount); see docs/containers.md",
+                "the pod's securityContext: seccompProfile {type: Localhost, localhostProfile: \
+                 cellbox-seccomp.json} and appArmorProfile {type: Unconfined}; see \
+                 docs/containers.md",
+                "sysctl -w user.max_user_namespaces=15000 (and, on Ubuntu 23.10 or later, \
+                 kernel.apparmor_restrict_unprivileged_userns=0)",
+            )
+        ));
+    }
+    if !host.namespaces && host.user_namespaces {
+        out.push(format!(
+            "namespaces: {}",
+            runtime(
+                "--security-opt systempaths=unconfined (a masked /proc cannot be mounted anew \
+                 in a PID namespace)",
+                "securityContext.procMount: Unmasked (with hostUsers: false)",
+                "a kernel with mount, PID, network, IPC and UTS namespaces",
+            )
+        ));
+    }
+    if host.memory_cgroup.kind.is_none() || !session_groups {
+        let what = if host.memory_cgroup.kind.is_none() {
+            "memory bound for all cells, and sessions apart"
+        } else {
+            "sessions apart (a cgroup per session and per cell)"
+        };
+        out.push(format!(
+            "{what}: {}",
+            cgroup_setting(host.running_as_root, container)
+        ));
+    }
+    out
+}
+
+/// The one setting that gives cells' cgroups (a bound for all cells, a
+/// group per session and per cell) to a supervisor running as root or not,
+/// in a container of kind `container` or on a host.
+pub fn cgroup_setting(root: bool, container: Option<&str>) -> String {
+    let (docker, kubernetes, host) = if root {
+        (
+            "run the container with --cgroupns=private and /sys/fs/cgroup writable (cgroup \
+             v2; Docker mounts it read-only unless --privileged); see docs/containers.md",
+            "a cgroup v2 node whose runtime mounts the pod's /sys/fs/cgroup writable; see \
+             docs/containers.md",
+            "the memory and pids controllers where this process's cgroup is: cgroup v2 (Linux \
+             5.14+), or cgroup v1 with memory, pids and cpuacct hierarchies",
+        )
+    } else {
+        (
+            "run cellbox as root inside a user-namespaced container (rootless Podman, or \
+             --userns=auto) with --cgroupns=private; see docs/containers.md",
+            "run cellbox as root in the pod's own user namespace (hostUsers: false); see \
+             docs/containers.md",
+            "start it in a delegated cgroup v2 subtree: systemd-run --user --scope -p \
+             Delegate=yes cellbox serve ...",
+        )
+    };
+    match container {
+        Some("docker") | Some("podman") => docker,
+        Some("kubernetes") => kubernetes,
+        Some(_) | None => host,
+    }
+    .to_owned()
+}
+
 /// Probe the host.
 pub fn probe() -> HostSupport {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -138,6 +276,7 @@ pub fn probe() -> HostSupport {
             ..MemoryCgroup::default()
         },
         python: find_python(),
+        container: detect_container(),
     };
     #[cfg(target_os = "linux")]
     {
@@ -316,9 +455,178 @@ mod tests {
             cgroup_v2: true,
             memory_cgroup: MemoryCgroup::default(),
             python: None,
+            container: None,
         };
         f(&mut h);
         h
+    }
+
+    #[test]
+    fn containers_are_told_apart() {
+        assert_eq!(
+            container_from(true, false, true, b"", "0::/").as_deref(),
+            Some("kubernetes")
+        );
+        assert_eq!(
+            container_from(
+                false,
+                false,
+                false,
+                b"",
+                "4:memory:/kubepods/burstable/pod1/x\n"
+            )
+            .as_deref(),
+            Some("kubernetes")
+        );
+        assert_eq!(
+            container_from(false, true, false, b"container=podman\0", "0::/").as_deref(),
+            Some("podman")
+        );
+        assert_eq!(
+            container_from(false, false, true, b"", "0::/").as_deref(),
+            Some("docker")
+        );
+        assert_eq!(
+            container_from(false, false, false, b"PATH=/bin\0container=lxc\0", "0::/").as_deref(),
+            Some("lxc")
+        );
+        assert_eq!(
+            container_from(false, false, false, b"PATH=/bin\0", "0::/init.scope\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn each_missing_guarantee_gets_the_setting_for_its_kind_of_host() {
+        let mut host = host_without(|h| {
+            h.user_namespaces = false;
+            h.memory_cgroup = MemoryCgroup::default();
+        });
+        host.container = Some("docker".into());
+        let a = advice(&host, false);
+        assert!(
+            a.iter().any(|l| l.starts_with("user namespaces: ")
+                && l.contains("seccomp=container/seccomp.json")),
+            "{a:?}"
+        );
+        assert!(a.iter().any(|l| l.contains("memory bound")), "{a:?}");
+        host.container = Some("kubernetes".into());
+        let a = advice(&host, false);
+        assert!(a.iter().any(|l| l.contains("localhostProfile")), "{a:?}");
+        host.container = None;
+        host.running_as_root = false;
+        let a = advice(&host, false);
+        assert!(
+            a.iter()
+                .any(|l| l.contains("systemd-run --user --scope -p Delegate=yes")),
+            "{a:?}"
+        );
+        // Nothing missing, nothing said.
+        let full = host_without(|_| {});
+        let mut full = full;
+        full.memory_cgroup.kind = Some("cgroup v2 memory".into());
+        assert!(advice(&full, true).is_empty(), "{:?}", advice(&full, true));
+    }
+
+    /// The container's seccomp profile (container/seccomp.json) allows
+    /// every syscall this table knows but those it names as never needed
+    /// by cellbox (each denied for a reason given in docs/containers.md),
+    /// denies what it does not know, and so keeps what cellbox needs:
+    /// namespaces, mounts, Landlock and seccomp of its own.
+    #[test]
+    fn the_container_seccomp_profile_denies_only_what_cellbox_never_needs() {
+        const DENIED: &[&str] = &[
+            "_sysctl",
+            "acct",
+            "add_key",
+            "adjtimex",
+            "afs_syscall",
+            "bpf",
+            "clock_adjtime",
+            "clock_settime",
+            "delete_module",
+            "fanotify_init",
+            "finit_module",
+            "getpmsg",
+            "init_module",
+            "ioperm",
+            "iopl",
+            "kcmp",
+            "kexec_file_load",
+            "kexec_load",
+            "keyctl",
+            "lookup_dcookie",
+            "name_to_handle_at",
+            "nfsservctl",
+            "open_by_handle_at",
+            "perf_event_open",
+            "process_vm_readv",
+            "process_vm_writev",
+            "ptrace",
+            "putpmsg",
+            "quotactl",
+            "quotactl_fd",
+            "reboot",
+            "request_key",
+            "security",
+            "settimeofday",
+            "swapoff",
+            "swapon",
+            "sysfs",
+            "syslog",
+            "tuxcall",
+            "uselib",
+            "userfaultfd",
+            "ustat",
+            "vserver",
+        ];
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("container/seccomp.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let profile: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+        let rules = profile["syscalls"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "one allowlist, no argument rules");
+        assert_eq!(rules[0]["action"], "SCMP_ACT_ALLOW");
+        let allowed: Vec<&str> = rules[0]["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        for name in crate::plan::syscalls::ALL_NAMES {
+            assert!(
+                allowed.contains(name) != DENIED.contains(name),
+                "{name}: allowed {} denied {}",
+                allowed.contains(name),
+                DENIED.contains(name)
+            );
+        }
+        for name in &allowed {
+            assert!(
+                crate::plan::syscalls::is_known(name),
+                "{name} is no syscall"
+            );
+        }
+        for needed in [
+            "clone",
+            "unshare",
+            "setns",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "mount_setattr",
+            "open_tree",
+            "move_mount",
+            "landlock_create_ruleset",
+            "landlock_add_rule",
+            "landlock_restrict_self",
+            "seccomp",
+            "prlimit64",
+            "pidfd_open",
+            "pidfd_send_signal",
+        ] {
+            assert!(allowed.contains(&needed), "{needed} is needed");
+        }
     }
 
     #[test]

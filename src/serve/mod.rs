@@ -474,6 +474,11 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if settings.session_cgroups {
+        if let Some(gap) = sup.missing_separation() {
+            eprintln!("cellbox serve: {gap}");
+        }
+    }
     let shutdown = CancellationToken::new();
     let server = CellboxServer::new(sup, settings.clone(), shutdown.clone());
     // The warm workers (Rhai fork server, Python zygotes) start now, not on

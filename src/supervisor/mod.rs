@@ -658,16 +658,23 @@ impl SupervisorBuilder {
         // before this one makes its own.
         scratch::sweep_gone_supervisors();
         #[cfg(target_os = "linux")]
-        let cells_cgroup = if nix::unistd::geteuid().is_root() {
+        let cells_cgroup = {
+            // As root anywhere; without root in a cgroup v2 subtree
+            // delegated to this user (it is tried: the kernel says).
+            let root = nix::unistd::geteuid().is_root();
             match crate::sandbox::linux::cgroup::CellCgroup::create(self.cells_memory_bytes) {
                 Ok(c) => Some(Arc::new(c)),
-                Err(e) => {
+                Err(e) if root => {
                     tracing::warn!("the memory of all cells together is not bounded: {e}");
                     None
                 }
+                // Said at `serve`'s start and by `doctor`, with what would
+                // give it (see `Supervisor::missing_separation`).
+                Err(e) => {
+                    tracing::info!("no cgroup for the cells without root here: {e}");
+                    None
+                }
             }
-        } else {
-            None
         };
         #[cfg(target_os = "linux")]
         let groups = cells_cgroup
@@ -981,6 +988,35 @@ impl Supervisor {
 
     /// Bytes of memory all cells may hold together, when this supervisor
     /// can enforce it (see [`SupervisorBuilder::cells_memory_bytes`]).
+    /// What this supervisor does not keep apart between sessions on this
+    /// host, and the one setting that would (`None`: sessions have a
+    /// cgroup each).
+    pub fn missing_separation(&self) -> Option<String> {
+        #[cfg(target_os = "linux")]
+        {
+            if self.inner.groups.is_some() {
+                return None;
+            }
+            let what = if self.inner.cells_cgroup.is_none() {
+                "the memory of all cells together is NOT bounded and sessions are NOT kept \
+                 apart (no cgroup per session or per cell: one session can take every \
+                 process and all the memory cells get)"
+            } else {
+                "sessions are NOT kept apart (they share the cells' cgroup: one session can \
+                 take every process and all the memory cells get)"
+            };
+            Some(format!(
+                "{what}; what would keep them apart: {}",
+                crate::sandbox::doctor::cgroup_setting(
+                    nix::unistd::geteuid().is_root(),
+                    crate::sandbox::doctor::detect_container().as_deref(),
+                )
+            ))
+        }
+        #[cfg(not(target_os = "linux"))]
+        Some("sessions are NOT kept apart: cgroups are Linux only".into())
+    }
+
     pub fn cells_memory(&self) -> Option<u64> {
         #[cfg(target_os = "linux")]
         return self.inner.cells_cgroup.as_ref().map(|c| c.limit());

@@ -459,3 +459,95 @@ async fn a_session_let_go_with_its_next_worker_waiting_leaves_nothing() {
     );
     assert!(!cells.exists(), "left behind: {cells:?}");
 }
+
+/// Without root, in a cgroup v2 subtree delegated to the user (systemd's
+/// `user@UID.service`, or `systemd-run --user --scope -p Delegate=yes`):
+/// the same memory and process separation between two sessions as root
+/// gets. Run by tests/vm.rs as uid 1000 in a subtree it delegates; a
+/// non-root run elsewhere has no such subtree, hence ignored here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a non-root user with a delegated cgroup v2 subtree: tests/vm.rs runs it"]
+async fn without_root_a_delegated_subtree_keeps_sessions_apart() {
+    assert!(
+        !nix::unistd::geteuid().is_root(),
+        "this test is of a non-root supervisor"
+    );
+    let sup = small_sessions();
+    let status = sup.pool_status().await;
+    assert!(status.session_cgroups, "no session groups: {status:?}");
+    assert!(sup.missing_separation().is_none());
+    // Memory: A past its bound ends limit_exceeded, B's cell completes.
+    let a = sup.session(limited(384 << 20)).unwrap();
+    let b = sup.session(limited(384 << 20)).unwrap();
+    let hog = r#"
+import os, time
+for i in range(2):
+    if os.fork() == 0:
+        b = bytearray(150 << 20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        time.sleep(60)
+        os._exit(0)
+time.sleep(1)
+b = bytearray(250 << 20)
+for j in range(0, len(b), 4096):
+    b[j] = 1
+time.sleep(60)
+"#;
+    let victim = r#"
+import time
+b = bytearray(180 << 20)
+for j in range(0, len(b), 4096):
+    b[j] = 1
+time.sleep(4)
+print("alive")
+"#;
+    let b2 = sup.session(limited(384 << 20)).unwrap();
+    let b_run = tokio::spawn(async move { b2.run(py(victim)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ra = a.run(py(hog)).await;
+    let rb = b_run.await.unwrap();
+    assert_eq!(ra.status, Status::LimitExceeded, "{ra:?}");
+    assert!(layer(&ra).contains("delegated to uid"), "{}", layer(&ra));
+    assert_eq!(rb.status, Status::Ok, "{rb:?}");
+    assert_eq!(rb.stdout.trim(), "alive");
+    // Processes: A forks all it may and holds them; B still forks 30.
+    let fork_all = r#"
+import os, time
+n = 0
+for i in range(400):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(8)
+        os._exit(0)
+    n += 1
+print(n)
+time.sleep(5)
+"#;
+    let forks = r#"
+import os
+ok = 0
+for i in range(30):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    ok += 1
+ok
+"#;
+    let a_run = tokio::spawn(async move { a.run(py(fork_all)).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rb = b.run(py(forks)).await;
+    let ra = a_run.await.unwrap();
+    assert_eq!(ra.status, Status::Ok, "{ra:?}");
+    let held: u64 = ra.stdout.trim().parse().unwrap_or(0);
+    assert!(
+        (1..400).contains(&held),
+        "A's forks were not bounded: {held}"
+    );
+    assert_eq!(rb.status, Status::Ok, "{rb:?}");
+    assert_eq!(rb.value, serde_json::json!(30), "B could not fork: {rb:?}");
+}

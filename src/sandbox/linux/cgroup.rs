@@ -287,7 +287,16 @@ pub fn layer_report(
         applied: cgroup.is_some(),
         mode,
         detail: match cgroup {
-            Some(c) => format!("{}, {} MiB in all", c.kind(), c.limit() >> 20),
+            Some(c) if nix::unistd::geteuid().is_root() => {
+                format!("{}, {} MiB in all", c.kind(), c.limit() >> 20)
+            }
+            // Without root: a subtree delegated to this user.
+            Some(c) => format!(
+                "{} in a subtree delegated to uid {}, {} MiB in all",
+                c.kind(),
+                nix::unistd::geteuid(),
+                c.limit() >> 20
+            ),
             None if mode == crate::profiles::LayerMode::Off => "off in this profile".into(),
             None => "none: making a memory cgroup needs root and a usable memory controller".into(),
         },

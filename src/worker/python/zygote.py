@@ -153,7 +153,8 @@ def _child(fds):
         _signal.set_wakeup_fd(-1)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         _CTL.detach()  # fd 3 is about to become the cell's protocol socket
-        # Into the cell's cgroups first (the `tasks` files after the five):
+        # Into the cell's cgroups first (the `tasks` or, under cgroup v2,
+        # `cgroup.procs` files after the five):
         # this single thread moves itself, which the kernel does without the
         # global lock a move by pid takes.
         for fd in fds[5:]:
@@ -611,7 +612,9 @@ def _serve_next(nxt):
 
 def _spawn(msg, fds, cells):
     cid = msg.get("id")
-    if type(cid) is not int or len(fds) not in (5, 8):
+    # Five, then the cgroup files it joins: three under cgroup v1 (memory,
+    # pids, cpuacct), one under v2.
+    if type(cid) is not int or len(fds) not in (5, 6, 8):
         for fd in fds:
             posix.close(fd)
         _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed spawn message"})
