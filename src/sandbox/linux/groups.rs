@@ -536,9 +536,9 @@ struct CellDir {
     cpu_usage: std::fs::File,
     /// `pids.events`: how often a fork in it failed at a bound.
     pids_events: Option<std::fs::File>,
-    /// Where the OOM killer's kills of its processes are counted
-    /// (`oom_kill`): v2 its own `memory.events`, v1 its session's
-    /// `memory.oom_control` (a cell has no memory group of its own there).
+    /// Where the OOM killer's kills in its session are counted
+    /// (`oom_kill`): the session's `memory.events` (v2, its whole tree) or
+    /// `memory.oom_control` (v1).
     oom_events: Option<std::fs::File>,
     /// The `pids.max` written last ([`UNKNOWN`]: not known).
     max: AtomicU64,
@@ -566,11 +566,14 @@ impl CellDir {
                 open_rw(&pids.join("pids.max"))?,
                 open_r(&cpu.join(if v2 { "cpu.stat" } else { "cpuacct.usage" }))?,
                 open_r(&pids.join("pids.events")).ok(),
-                if v2 {
-                    open_r(&pids.join("memory.events")).ok()
+                // The session's: a live session's cells run in its own
+                // leaf, not in their cell's group.
+                open_r(&session.memory.join(if v2 {
+                    "memory.events"
                 } else {
-                    open_r(&session.memory.join("memory.oom_control")).ok()
-                },
+                    "memory.oom_control"
+                }))
+                .ok(),
             ))
         })();
         match files {
@@ -884,9 +887,8 @@ pub struct TreeUsage {
     /// How often a fork of the cell failed at its process bound or its
     /// session's (`pids.events`).
     pub pids_max_hits: Option<u64>,
-    /// How many of its processes the OOM killer killed (its session past
-    /// its memory bound; under v1, any of its session's processes while
-    /// it ran).
+    /// How many processes of its session the OOM killer killed while it
+    /// ran (the session past its memory bound).
     pub oom_kills: Option<u64>,
 }
 
