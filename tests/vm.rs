@@ -278,13 +278,22 @@ fn cgroup_v2_guarantees_hold_in_a_vm() {
             "tenancy",
             format!("{} --test-threads 1 tenancy::", all.display()),
         ),
-        ("security", format!("{} tenant_", security.display())),
+        // An emulated machine: cells may take three times their time.
+        (
+            "security",
+            format!("CELLBOX_TEST_TIME_SCALE=3 {} tenant_", security.display()),
+        ),
         // A few hundred cells across sessions through `serve`, hostile
         // ones among them (memory hogs, fork bombs), and the server back to
         // idle after.
         (
             "soak",
-            format!("{cellbox} soak --cells 300 --concurrency 2 --seed 7"),
+            // Cells of 512 MiB: the memory hogs reach their bound within
+            // their 10 s on an emulated machine too.
+            format!(
+                "{cellbox} soak --cells 300 --concurrency 2 --seed 7 \\
+                 --serve-arg=--memory --serve-arg=536870912"
+            ),
         ),
         // Without root: uid 1000 in a subtree delegated to it, as systemd
         // delegates `user@1000.service` (the directory and its

@@ -257,6 +257,7 @@ pub async fn session(client: &Client) -> Result<String, String> {
 
 /// A Python cell (in `sid` if given), with a wall limit of `timeout` s.
 pub async fn python(client: &Client, sid: Option<&str>, code: &str, timeout: u64) -> ToolAnswer {
+    let timeout = timeout.saturating_mul(time_scale());
     let mut args = json!({"language": "python", "code": code, "timeout_seconds": timeout});
     if let Some(s) = sid {
         args["session_id"] = json!(s);
@@ -351,4 +352,15 @@ pub fn proc_line(pid: i32, file: &str, key: &str) -> Option<String> {
         .lines()
         .find(|l| l.starts_with(key))
         .map(str::to_owned)
+}
+
+/// How many times longer a cell may take than on a host of its own:
+/// `CELLBOX_TEST_TIME_SCALE` (1 by default; the cgroup v2 VM, an emulated
+/// machine several times slower, sets it; tests/vm.rs).
+pub fn time_scale() -> u64 {
+    std::env::var("CELLBOX_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
 }
