@@ -288,11 +288,11 @@ fn cgroup_v2_guarantees_hold_in_a_vm() {
         // idle after.
         (
             "soak",
-            // Cells of 512 MiB: the memory hogs reach their bound within
+            // Cells of 256 MiB: the memory hogs reach their bound within
             // their 10 s on an emulated machine too.
             format!(
                 "{cellbox} soak --cells 300 --concurrency 2 --seed 7 \\
-                 --serve-arg=--memory --serve-arg=536870912"
+                 --serve-arg=--memory --serve-arg=268435456"
             ),
         ),
         // Without root: uid 1000 in a subtree delegated to it, as systemd
