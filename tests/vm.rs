@@ -314,7 +314,8 @@ HOME=/tmp/home-1000 setpriv --reuid 1000 --regid 1000 --clear-groups --inh-caps=
         ),
     ];
     // For working on one part: CELLBOX_VM_ONLY=lib,tenancy (said aloud).
-    if let Ok(only) = std::env::var("CELLBOX_VM_ONLY") {
+    if let Some(only) = std::env::var_os("CELLBOX_VM_ONLY") {
+        let only = only.to_string_lossy().into_owned();
         let keep: Vec<&str> = only.split(',').collect();
         jobs.retain(|(n, _)| keep.contains(n));
         eprintln!("CELLBOX_VM_ONLY={only}: running only {keep:?}");

@@ -358,9 +358,8 @@ pub fn proc_line(pid: i32, file: &str, key: &str) -> Option<String> {
 /// `CELLBOX_TEST_TIME_SCALE` (1 by default; the cgroup v2 VM, an emulated
 /// machine several times slower, sets it; tests/vm.rs).
 pub fn time_scale() -> u64 {
-    std::env::var("CELLBOX_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    std::env::var_os("CELLBOX_TEST_TIME_SCALE")
+        .and_then(|v| v.to_str().and_then(|v| v.parse().ok()))
         .filter(|n| *n >= 1)
         .unwrap_or(1)
 }
