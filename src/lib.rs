@@ -14,6 +14,10 @@ pub use supervisor::{
     CellRequest, Error, Forward, HistoryEntry, Language, OutputChunk, OutputStream, PythonState,
     Session, SessionConfig, Supervisor, SupervisorBuilder, WeakSupervisor,
 };
+// Whom a session or call is for, and the bytes the supervisor holds for it.
+pub use supervisor::{
+    HeldError, Tenant, DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_HELD_BYTES_PER_TENANT,
+};
 // What a cell gives back.
 pub use supervisor::{
     CallRecord, CallsTruncation, CellResult, ErrorKind, ExitInfo, RunInfo, StateOutcome, Status,

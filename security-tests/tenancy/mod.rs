@@ -24,9 +24,11 @@
 
 mod call_records;
 mod caps;
+mod display_flood;
 mod early_done;
 mod flood;
 pub mod harness;
+mod held_memory;
 mod oom;
 mod ownership;
 mod pids;
@@ -34,6 +36,8 @@ mod scratch_quota;
 mod sibling_proc;
 mod slow_body;
 mod subcell;
+mod workspace;
+mod workspace_quota;
 
 pub use harness::{Env, ToolAnswer};
 
@@ -67,6 +71,11 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("oom_targeting", oom::run),
     ("process_count", pids::run),
     ("sibling_proc", sibling_proc::run),
+    ("workspace_cross_principal", workspace::run),
+    ("workspace_quota", workspace_quota::run),
+    ("display_flood", display_flood::run),
+    ("held_memory_checkpoints", held_memory::checkpoints),
+    ("held_memory_search", held_memory::search),
 ];
 
 /// Run the attacks whose name (with its `tenant_` prefix) contains

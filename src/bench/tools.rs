@@ -306,7 +306,13 @@ pub async fn search_vs_rg(runs: usize) -> Result<String, String> {
     let mut found = 0;
     for _ in 0..runs.max(1) + 1 {
         let t = Instant::now();
-        let v = search.call_direct(args.clone()).await?;
+        let v = search
+            .call_direct(
+                args.clone(),
+                None,
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await?;
         ours.push(t.elapsed());
         found = v
             .get("matches")

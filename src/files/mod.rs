@@ -21,6 +21,14 @@
 //! file. Regular files with more than one link are therefore refused unless
 //! `allow_hardlinks = true` (for trees whose owner knows where every link
 //! points).
+//!
+//! Tenants: a call made for a [`Tenant`] with a workspace of its own (a
+//! named principal of `serve`) writes and reads `WORKSPACE/NAME` as its
+//! workspace root, opened beneath the workspace with symlinks refused, so
+//! one principal never reaches another's files; the read-only roots are
+//! shared. Each workspace (the shared one and every principal's) holds at
+//! most `max_workspace_bytes` in regular files and `max_workspace_files`
+//! entries: a write past either is refused before anything is written.
 
 pub mod session;
 mod tools;
@@ -28,13 +36,17 @@ mod walk;
 
 pub use tools::capabilities;
 
+use crate::supervisor::Tenant;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::beneath::{open_beneath, Symlinks};
 
@@ -46,6 +58,10 @@ pub const DEFAULT_MAX_WRITE_BYTES: u64 = 1 << 20;
 pub const MAX_SEARCH_RESULTS: usize = 1000;
 /// Bytes of one matching line kept in a search result.
 pub const MAX_LINE_BYTES: usize = 400;
+/// Bytes a workspace may hold in regular files, by default.
+pub const DEFAULT_MAX_WORKSPACE_BYTES: u64 = 64 << 20;
+/// Entries (files, directories, anything) a workspace may hold, by default.
+pub const DEFAULT_MAX_WORKSPACE_FILES: u64 = 10_000;
 
 /// `[files]` in the config file. No roots and no workspace (the default)
 /// means no file tools.
@@ -62,11 +78,19 @@ pub struct FilesConfig {
     pub max_write_bytes: u64,
     /// Files `search_files` skips when larger (counted in `skipped_large`).
     pub max_search_file_bytes: u64,
+    /// Bytes of one line a search thread holds at most: a file with a
+    /// longer line is skipped (counted in `skipped_long_lines`).
+    pub max_search_line_bytes: u64,
     /// Entries a walk visits at most (`list_dir` with a glob, `search_files`).
     pub max_walk_entries: usize,
     /// Read regular files that have more than one hard link. Off: such a
     /// file may be a link to anywhere on the same filesystem.
     pub dangerously_allow_hardlinks: bool,
+    /// Bytes of regular files one workspace may hold (each principal's of
+    /// its own, see the module docs).
+    pub max_workspace_bytes: u64,
+    /// Entries (files and directories) one workspace may hold.
+    pub max_workspace_files: u64,
 }
 
 impl Default for FilesConfig {
@@ -77,8 +101,11 @@ impl Default for FilesConfig {
             max_read_bytes: DEFAULT_MAX_READ_BYTES,
             max_write_bytes: DEFAULT_MAX_WRITE_BYTES,
             max_search_file_bytes: 64 << 20,
+            max_search_line_bytes: 1 << 20,
             max_walk_entries: 200_000,
             dangerously_allow_hardlinks: false,
+            max_workspace_bytes: DEFAULT_MAX_WORKSPACE_BYTES,
+            max_workspace_files: DEFAULT_MAX_WORKSPACE_FILES,
         }
     }
 }
@@ -135,6 +162,24 @@ pub enum FileError {
     Glob { glob: String, message: String },
     #[error("invalid arguments: {0}")]
     Args(String),
+    #[error("[files] {key} must be at least {min}")]
+    Config { key: &'static str, min: u64 },
+    #[error(
+        "{path:?}: the workspace would hold {would} {what}, over its quota of {max} ({key}); \
+         it holds {now} now: overwrite files with less, or ask the operator for room"
+    )]
+    Quota {
+        path: String,
+        what: &'static str,
+        key: &'static str,
+        now: u64,
+        would: u64,
+        max: u64,
+    },
+    #[error("the principal name {0:?} cannot name a workspace directory")]
+    TenantName(String),
+    #[error("the call was cancelled")]
+    Cancelled,
     #[error("failed to {verb} {path:?}")]
     Io {
         verb: &'static str,
@@ -161,16 +206,39 @@ impl FileError {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct Root {
     pub(crate) name: String,
-    pub(crate) fd: OwnedFd,
+    pub(crate) fd: Arc<OwnedFd>,
     pub(crate) writable: bool,
 }
 
-/// The configured roots, opened.
+/// A workspace directory (the configured one, or a tenant's beneath it)
+/// and what it holds, counted at its first write and kept up to date by
+/// the writes after it (all made here, one at a time).
+pub(crate) struct Workspace {
+    fd: Arc<OwnedFd>,
+    usage: Mutex<Option<Usage>>,
+}
+
+/// What a workspace holds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    bytes: u64,
+    files: u64,
+}
+
+/// The configured roots, opened. [`Files::scoped`] gives the view one
+/// call works with: its tenant's workspace, its cancellation.
 pub struct Files {
     pub(crate) roots: Vec<Root>,
     pub(crate) cfg: FilesConfig,
+    /// Every workspace in use, by tenant directory ("": the workspace).
+    workspaces: Arc<Mutex<HashMap<String, Arc<Workspace>>>>,
+    /// The workspace this view writes.
+    workspace: Option<Arc<Workspace>>,
+    /// Walks and searches stop once it is cancelled.
+    cancel: Option<CancellationToken>,
 }
 
 impl std::fmt::Debug for Files {
@@ -224,6 +292,24 @@ impl Files {
     /// Open the roots of `cfg`. Each root is addressed by its directory's
     /// name, which must be unique.
     pub fn open(cfg: &FilesConfig) -> Result<Self, FileError> {
+        if cfg.max_workspace_bytes == 0 {
+            return Err(FileError::Config {
+                key: "max_workspace_bytes",
+                min: 1,
+            });
+        }
+        if cfg.max_workspace_files == 0 {
+            return Err(FileError::Config {
+                key: "max_workspace_files",
+                min: 1,
+            });
+        }
+        if cfg.max_search_line_bytes < 4096 {
+            return Err(FileError::Config {
+                key: "max_search_line_bytes",
+                min: 4096,
+            });
+        }
         let mut roots: Vec<Root> = Vec::new();
         let all = cfg
             .roots
@@ -250,16 +336,78 @@ impl Files {
             if roots.iter().any(|r| r.name == name) {
                 return Err(FileError::DuplicateRoot(name));
             }
-            roots.push(Root { name, fd, writable });
+            roots.push(Root {
+                name,
+                fd: Arc::new(fd),
+                writable,
+            });
         }
+        let workspace = roots.iter().find(|r| r.writable).map(|r| {
+            Arc::new(Workspace {
+                fd: r.fd.clone(),
+                usage: Mutex::new(None),
+            })
+        });
+        let workspaces = workspace
+            .iter()
+            .map(|w| (String::new(), w.clone()))
+            .collect();
         Ok(Files {
             roots,
             cfg: cfg.clone(),
+            workspaces: Arc::new(Mutex::new(workspaces)),
+            workspace,
+            cancel: None,
         })
     }
 
     pub fn has_workspace(&self) -> bool {
         self.roots.iter().any(|r| r.writable)
+    }
+
+    /// The view of one call made for `tenant` (none: the supervisor's own
+    /// caller), stopping early once `cancel` is: the read-only roots, and
+    /// as the workspace the tenant's own directory beneath it (made now if
+    /// need be) when it has one, else the workspace itself.
+    pub fn scoped(
+        &self,
+        tenant: Option<&Tenant>,
+        cancel: Option<CancellationToken>,
+    ) -> Result<Files, FileError> {
+        let mut view = Files {
+            roots: self.roots.clone(),
+            cfg: self.cfg.clone(),
+            workspaces: self.workspaces.clone(),
+            workspace: self.workspace.clone(),
+            cancel,
+        };
+        let (Some(dir), Some(base)) = (tenant.and_then(Tenant::workspace), &self.workspace) else {
+            return Ok(view);
+        };
+        let ws = {
+            let mut map = crate::util::lock(&self.workspaces);
+            match map.get(dir) {
+                Some(w) => w.clone(),
+                None => {
+                    let w = Arc::new(Workspace {
+                        fd: Arc::new(tenant_dir(&base.fd, dir)?),
+                        usage: Mutex::new(None),
+                    });
+                    map.insert(dir.to_owned(), w.clone());
+                    w
+                }
+            }
+        };
+        for r in view.roots.iter_mut().filter(|r| r.writable) {
+            r.fd = ws.fd.clone();
+        }
+        view.workspace = Some(ws);
+        Ok(view)
+    }
+
+    /// Whether the call this view is for was cancelled.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.is_cancelled())
     }
 
     /// The root a tool path names and the path relative to it.
@@ -441,10 +589,97 @@ impl Files {
                 max: self.cfg.max_write_bytes,
             });
         }
+        // One write at a time per workspace: its usage is checked and
+        // brought up to date under this lock.
+        let ws = self.workspace.clone();
+        let mut usage = match &ws {
+            Some(ws) => Some(self.usage_of(ws)?),
+            None => None,
+        };
+        if let Some((_, now)) = usage.as_mut() {
+            let missing = missing_dirs(root, rel.parent().unwrap_or(Path::new(".")));
+            let old = match open_beneath(root.fd.as_fd(), &rel, libc::O_PATH, 0, Symlinks::Refuse)
+                .and_then(|fd| File::from(fd).metadata())
+            {
+                Ok(m) if m.is_file() => Some(m.len()),
+                _ => None,
+            };
+            let would = Usage {
+                bytes: now.bytes - old.unwrap_or(0).min(now.bytes) + size,
+                files: now.files + missing + u64::from(old.is_none()),
+            };
+            self.check_quota(&shown, *now, would)?;
+            *now = would;
+        }
+        // Whatever fails from here, the usage is counted afresh next time.
+        let wrote = self.write_new(root, &rel, &shown, content);
+        if let (Some((mut guard, now)), Ok(_)) = (usage, &wrote) {
+            *guard = Some(now);
+        }
+        wrote.map(|()| json!({"path": shown, "bytes": size}))
+    }
+
+    /// The usage of `ws`, counted now if not yet known, with its lock held
+    /// (given back cleared: the caller puts the new usage back once its
+    /// write succeeded).
+    fn usage_of<'a>(
+        &self,
+        ws: &'a Workspace,
+    ) -> Result<(std::sync::MutexGuard<'a, Option<Usage>>, Usage), FileError> {
+        let mut guard = crate::util::lock(&ws.usage);
+        let now = match guard.take() {
+            Some(u) => u,
+            None => count_usage(&ws.fd, self.cfg.max_walk_entries),
+        };
+        Ok((guard, now))
+    }
+
+    fn check_quota(&self, shown: &str, now: Usage, would: Usage) -> Result<(), FileError> {
+        let quota = |what, key, now, would, max| {
+            Err(FileError::Quota {
+                path: shown.to_owned(),
+                what,
+                key,
+                now,
+                would,
+                max,
+            })
+        };
+        if would.bytes > self.cfg.max_workspace_bytes && would.bytes > now.bytes {
+            return quota(
+                "bytes",
+                "max_workspace_bytes",
+                now.bytes,
+                would.bytes,
+                self.cfg.max_workspace_bytes,
+            );
+        }
+        if would.files > self.cfg.max_workspace_files && would.files > now.files {
+            return quota(
+                "files",
+                "max_workspace_files",
+                now.files,
+                would.files,
+                self.cfg.max_workspace_files,
+            );
+        }
+        Ok(())
+    }
+
+    /// Write `content` as the file `rel` beneath `root`, making its
+    /// missing parent directories.
+    fn write_new(
+        &self,
+        root: &Root,
+        rel: &Path,
+        shown: &str,
+        content: &str,
+    ) -> Result<(), FileError> {
+        let shown = shown.to_owned();
         if let Some(parent) = rel.parent() {
             self.make_dirs(root, parent, &shown)?;
         }
-        let existing = match self.open_regular(root, &rel, &shown, libc::O_WRONLY, Symlinks::Refuse)
+        let existing = match self.open_regular(root, rel, &shown, libc::O_WRONLY, Symlinks::Refuse)
         {
             Ok((f, _)) => Some(f),
             Err(FileError::NotFound { .. }) => None,
@@ -455,7 +690,7 @@ impl Files {
             None => {
                 let fd = open_beneath(
                     root.fd.as_fd(),
-                    &rel,
+                    rel,
                     libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY,
                     0o644,
                     Symlinks::Refuse,
@@ -471,7 +706,7 @@ impl Files {
         };
         file.set_len(0).map_err(io)?;
         file.write_all(content.as_bytes()).map_err(io)?;
-        Ok(json!({"path": shown, "bytes": size}))
+        Ok(())
     }
 
     fn make_dirs(&self, root: &Root, dir: &Path, shown: &str) -> Result<(), FileError> {
@@ -535,10 +770,26 @@ impl Files {
                 max,
             });
         }
+        let ws = self.workspace.clone();
+        let mut usage = match &ws {
+            Some(ws) => Some(self.usage_of(ws)?),
+            None => None,
+        };
+        if let Some((_, now)) = usage.as_mut() {
+            let would = Usage {
+                bytes: now.bytes - meta.len().min(now.bytes) + edited.len() as u64,
+                files: now.files,
+            };
+            self.check_quota(&shown, *now, would)?;
+            *now = would;
+        }
         file.set_len(0).map_err(|e| io("write", e))?;
         file.rewind().map_err(|e| io("write", e))?;
         file.write_all(edited.as_bytes())
             .map_err(|e| io("write", e))?;
+        if let Some((mut guard, now)) = usage {
+            *guard = Some(now);
+        }
         Ok(json!({"path": shown, "bytes": edited.len()}))
     }
 }
@@ -591,6 +842,110 @@ pub(crate) fn make_dirs_beneath<E>(
         made(&sofar)?;
     }
     Ok(())
+}
+
+/// The workspace directory `name` of a tenant beneath the workspace
+/// `base`, made (mode 0700) if missing; never through a symlink, never
+/// `.`, `..` or a path.
+fn tenant_dir(base: &OwnedFd, name: &str) -> Result<OwnedFd, FileError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(FileError::TenantName(name.to_owned()));
+    }
+    let shown = format!("workspace of {name}");
+    match nix::sys::stat::mkdirat(base, name, nix::sys::stat::Mode::from_bits_truncate(0o700)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => {
+            return Err(FileError::Io {
+                verb: "create",
+                path: shown,
+                source: e.into(),
+            })
+        }
+    }
+    open_beneath(
+        base.as_fd(),
+        Path::new(name),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+        Symlinks::Refuse,
+    )
+    .map_err(|e| FileError::open("open", &shown, e))
+}
+
+/// The directories of `dir` (relative to `root`) that do not exist yet.
+fn missing_dirs(root: &Root, dir: &Path) -> u64 {
+    let mut sofar = PathBuf::new();
+    let mut missing = 0;
+    for c in dir.components() {
+        let Component::Normal(name) = c else { continue };
+        sofar.push(name);
+        if missing > 0
+            || open_beneath(
+                root.fd.as_fd(),
+                &sofar,
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+                Symlinks::Refuse,
+            )
+            .is_err()
+        {
+            missing += 1;
+        }
+    }
+    missing
+}
+
+/// What the directory `fd` holds: bytes of its regular files and its
+/// entries, every level down (symlinks counted, never followed), at most
+/// `max_entries` of them looked at.
+fn count_usage(fd: &OwnedFd, max_entries: usize) -> Usage {
+    use nix::dir::{Dir, Type};
+    use nix::fcntl::{AtFlags, OFlag};
+    let mut usage = Usage::default();
+    let mut seen = 0usize;
+    let Ok(first) = nix::unistd::dup(fd) else {
+        return usage;
+    };
+    let mut stack = vec![first];
+    while let Some(dir_fd) = stack.pop() {
+        let Ok(at) = nix::unistd::dup(&dir_fd) else {
+            continue;
+        };
+        let Ok(mut dir) = Dir::from_fd(dir_fd) else {
+            continue;
+        };
+        for e in dir.iter().flatten() {
+            let name = e.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            seen += 1;
+            if seen > max_entries {
+                return usage;
+            }
+            usage.files += 1;
+            match e.file_type() {
+                Some(Type::Directory) => {
+                    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+                    if let Ok(sub) =
+                        nix::fcntl::openat(&at, name, flags, nix::sys::stat::Mode::empty())
+                    {
+                        stack.push(sub);
+                    }
+                }
+                Some(Type::File) | None => {
+                    if let Ok(st) = nix::sys::stat::fstatat(&at, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    {
+                        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                            usage.bytes += st.st_size.max(0) as u64;
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    usage
 }
 
 #[cfg(test)]

@@ -92,19 +92,57 @@ pub fn call(files: &Files, name: &str, args: &Map<String, Value>) -> Result<Valu
     }
 }
 
-/// The file tools as capabilities: each runs on a blocking thread.
+/// Bytes a call of the file tool `name` may hold while it runs (its
+/// buffers and its answer), charged to its tenant before it starts.
+fn held_bound(files: &Files, name: &str) -> u64 {
+    let cfg = &files.cfg;
+    match name {
+        // The bytes read, their text cut into lines, the answer.
+        "read_file" => cfg.max_read_bytes.saturating_mul(3),
+        "search_files" => super::walk::search_held_bytes(cfg.max_search_line_bytes),
+        "list_dir" => (super::walk::MAX_LIST_BYTES as u64).saturating_mul(3),
+        // The file read, edited and written back.
+        "edit_file" => cfg.max_write_bytes.saturating_mul(3),
+        _ => 64 << 10,
+    }
+}
+
+/// The file tools as capabilities: each runs on a blocking thread, for the
+/// call's tenant (its workspace; what it holds charged to it) and stops
+/// early once its caller has gone (see [`CallContext::cancel`]).
+///
+/// [`CallContext::cancel`]: crate::supervisor::CallContext
 pub fn capabilities(files: Arc<Files>) -> Result<Vec<Capability>, CapabilityError> {
     specs(&files)
         .into_iter()
         .map(|(name, desc, schema)| {
             let files = files.clone();
-            Capability::new(name, desc, schema, move |_ctx, args| {
+            Capability::new(name, desc, schema, move |ctx, args| {
                 let files = files.clone();
                 async move {
-                    tokio::task::spawn_blocking(move || call(&files, name, &args))
-                        .await
-                        .map_err(|e| format!("{name} failed: {e}"))?
-                        .map_err(|e| error_text(&e))
+                    // Held until the blocking work is over, not merely
+                    // until nobody waits for it.
+                    let held = match &ctx.tenant {
+                        Some(t) => Some(
+                            crate::supervisor::tenant::Held::take(
+                                t.ledger(),
+                                held_bound(&files, name),
+                                &format!("a {name} call"),
+                            )
+                            .map_err(|e| format!("limit_exceeded: {e}"))?,
+                        ),
+                        None => None,
+                    };
+                    let view = files
+                        .scoped(ctx.tenant.as_ref(), Some(ctx.cancel.clone()))
+                        .map_err(|e| error_text(&e))?;
+                    tokio::task::spawn_blocking(move || {
+                        let _held = held;
+                        call(&view, name, &args)
+                    })
+                    .await
+                    .map_err(|e| format!("{name} failed: {e}"))?
+                    .map_err(|e| error_text(&e))
                 }
             })
         })

@@ -16,11 +16,29 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Threads a search uses at most.
-const MAX_SEARCH_THREADS: usize = 4;
+pub(crate) const MAX_SEARCH_THREADS: usize = 4;
 
 /// Files a search searches at a time, at first and at most.
 const FIRST_SEARCH_CHUNK: usize = 16;
 const MAX_SEARCH_CHUNK: usize = 256;
+
+/// What one match kept takes at most (its line cut to `MAX_LINE_BYTES`,
+/// its number, the string's header).
+const MATCH_BYTES: usize = super::MAX_LINE_BYTES + 3 + 64;
+/// Bytes the matches of one chunk of files may take while they are
+/// searched (each file keeps at most what the search still has room for).
+const SEARCH_CHUNK_HELD: usize = 4 << 20;
+/// Bytes of paths `list_dir` returns at most.
+pub(crate) const MAX_LIST_BYTES: usize = 1 << 20;
+
+/// Bytes one `search_files` call holds at most while it runs: the
+/// threads' line buffers (each at most `max_search_line_bytes`), a chunk's
+/// matches, the result.
+pub(crate) fn search_held_bytes(max_line: u64) -> u64 {
+    (MAX_SEARCH_THREADS as u64)
+        .saturating_mul(max_line.saturating_add(64 << 10))
+        .saturating_add((SEARCH_CHUNK_HELD + MAX_SEARCH_RESULTS * (MATCH_BYTES + 4096)) as u64)
+}
 
 /// Bytes of one `.gitignore` read at most.
 const MAX_IGNORE_FILE_BYTES: u64 = 1 << 20;
@@ -153,10 +171,15 @@ impl Walk<'_> {
         Some(out)
     }
 
-    /// Depth-first, sorted; calls `visit` for every entry until it says stop.
+    /// Depth-first, sorted; calls `visit` for every entry until it says
+    /// stop (or the call is cancelled: the walk is then `truncated`).
     fn run(&mut self, start: &Path, visit: &mut dyn FnMut(&Entry) -> bool) {
         let mut stack = vec![(start.to_owned(), self.parent_ignores(start))];
         while let Some((dir, mut ignores)) = stack.pop() {
+            if self.files.cancelled() {
+                self.truncated = true;
+                return;
+            }
             let Some(entries) = self.entries(&dir, &mut ignores) else {
                 continue;
             };
@@ -262,6 +285,13 @@ impl Files {
         let mut out = Vec::new();
         let limit = MAX_SEARCH_RESULTS * 10;
         let mut more = false;
+        // Entries and bytes of paths both bounded: what is returned is
+        // held whole until it is sent.
+        let mut bytes = 0;
+        let mut room = |path: &str| {
+            bytes += path.len() + 32;
+            bytes <= MAX_LIST_BYTES
+        };
         match &matcher {
             None => {
                 let mut ig = w.parent_ignores(&rel);
@@ -269,21 +299,23 @@ impl Files {
                     path: shown.clone(),
                 })?;
                 for e in entries {
-                    if out.len() >= limit {
+                    let path = w.files.shown(root, &e.rel);
+                    if out.len() >= limit || !room(&path) {
                         more = true;
                         break;
                     }
-                    out.push(json!({"path": w.files.shown(root, &e.rel), "type": e.kind.name()}));
+                    out.push(json!({"path": path, "type": e.kind.name()}));
                 }
             }
             Some(m) => {
                 w.run(&rel, &mut |e| {
                     if m.is_match(below(&e.rel, &rel)) {
-                        if out.len() >= limit {
+                        let path = self.shown(root, &e.rel);
+                        if out.len() >= limit || !room(&path) {
                             more = true;
                             return false;
                         }
-                        out.push(json!({"path": self.shown(root, &e.rel), "type": e.kind.name()}));
+                        out.push(json!({"path": path, "type": e.kind.name()}));
                     }
                     true
                 });
@@ -295,6 +327,13 @@ impl Files {
     /// `search_files`: lines matching the regex `pattern` in files beneath
     /// `path` (whose path relative to it matches `glob`), at most
     /// `max_results` (capped at [`MAX_SEARCH_RESULTS`]).
+    ///
+    /// What it holds is bounded whatever the files: a searching thread's
+    /// buffer holds a line only up to `max_search_line_bytes` (a file
+    /// with a longer line is skipped), each file keeps at most as many
+    /// matches as the search still has room for, and the chunk of files
+    /// searched at once is small enough that their matches together stay
+    /// within [`SEARCH_CHUNK_HELD`]; in all, [`search_held_bytes`].
     pub fn search_files(
         &self,
         pattern: &str,
@@ -317,36 +356,45 @@ impl Files {
             .clamp(1, MAX_SEARCH_THREADS);
         let mut matches = Vec::new();
         let mut full = false;
-        let (mut files_searched, mut skipped_large, mut skipped_other) = (0u64, 0u64, 0u64);
+        let mut counts = Counts::default();
         // The walk gathers the files in walk order, a chunk at a time; each
         // chunk is searched on `threads` threads and its results are taken
         // in walk order, so the answer is the one a single thread would
         // give, and a search that has its results stops the walk. Chunks
-        // grow, so a search that stops early searched few files for nothing.
+        // grow, so a search that stops early searched few files for
+        // nothing, up to what the room left for matches allows.
         let mut chunk = Vec::with_capacity(MAX_SEARCH_CHUNK);
         let mut chunk_len = FIRST_SEARCH_CHUNK;
-        let mut take = |chunk: &mut Vec<PathBuf>| -> bool {
-            for hits in self.search_chunk(root, chunk, &matcher, max, max_file, threads) {
-                match hits {
-                    Searched::Unreadable => skipped_other += 1,
-                    Searched::Large => skipped_large += 1,
-                    Searched::Lines { found, failed } => {
-                        files_searched += 1;
-                        if failed {
-                            skipped_other += 1;
+        let mut take =
+            |chunk: &mut Vec<PathBuf>, matches: &mut Vec<Value>| -> bool {
+                let room = max - matches.len();
+                let searched = self.search_chunk(root, chunk, &matcher, room, max_file, threads);
+                for (rel, hits) in chunk.iter().zip(searched) {
+                    match hits {
+                        Searched::Unreadable => counts.unreadable += 1,
+                        Searched::Large => counts.large += 1,
+                        Searched::LongLine => counts.long_lines += 1,
+                        Searched::Cancelled => full = true,
+                        Searched::Lines { found, failed } => {
+                            counts.searched += 1;
+                            if failed {
+                                counts.unreadable += 1;
+                            }
+                            let room = max - matches.len();
+                            full = found.len() >= room;
+                            let path = self.shown(root, rel);
+                            matches.extend(found.into_iter().take(room).map(
+                                |(line, text)| json!({"path": path, "line": line, "text": text}),
+                            ));
                         }
-                        let room = max - matches.len();
-                        full = found.len() >= room;
-                        matches.extend(found.into_iter().take(room));
+                    }
+                    if full {
+                        break;
                     }
                 }
-                if full {
-                    break;
-                }
-            }
-            chunk.clear();
-            !full
-        };
+                chunk.clear();
+                !full && !self.cancelled()
+            };
         let mut w = self.walk(root);
         w.run(&rel, &mut |e| {
             if e.kind != Kind::File {
@@ -358,34 +406,40 @@ impl Files {
                 }
             }
             chunk.push(e.rel.clone());
-            if chunk.len() < chunk_len {
+            let room = max - matches.len();
+            let fits = (SEARCH_CHUNK_HELD / (room.max(1) * MATCH_BYTES)).max(1);
+            if chunk.len() < chunk_len.min(fits) {
                 return true;
             }
             chunk_len = (chunk_len * 2).min(MAX_SEARCH_CHUNK);
-            take(&mut chunk)
+            take(&mut chunk, &mut matches)
         });
         if !chunk.is_empty() {
-            take(&mut chunk);
+            take(&mut chunk, &mut matches);
+        }
+        if self.cancelled() {
+            return Err(FileError::Cancelled);
         }
         Ok(json!({
             "pattern": pattern,
             "path": shown,
             "matches": matches,
             "truncated": full || w.truncated,
-            "files_searched": files_searched,
-            "skipped_large": skipped_large,
-            "skipped_unreadable": skipped_other,
+            "files_searched": counts.searched,
+            "skipped_large": counts.large,
+            "skipped_long_lines": counts.long_lines,
+            "skipped_unreadable": counts.unreadable,
         }))
     }
 
-    /// Search the files `rels` on up to `threads` threads; one result per
-    /// file, in the order given.
+    /// Search the files `rels` on up to `threads` threads, each keeping at
+    /// most `room` matches; one result per file, in the order given.
     fn search_chunk(
         &self,
         root: &Root,
         rels: &[PathBuf],
         matcher: &RegexMatcher,
-        max: usize,
+        room: usize,
         max_file: u64,
         threads: usize,
     ) -> Vec<Searched> {
@@ -394,15 +448,20 @@ impl Files {
             let mut searcher = SearcherBuilder::new()
                 .binary_detection(BinaryDetection::quit(0))
                 .line_number(true)
+                .heap_limit(Some(
+                    usize::try_from(self.cfg.max_search_line_bytes).unwrap_or(usize::MAX),
+                ))
                 .build();
             let mut done = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(rel) = rels.get(i) else { break };
-                done.push((
-                    i,
-                    self.search_one(root, rel, matcher, &mut searcher, max, max_file),
-                ));
+                let hits = if self.cancelled() {
+                    Searched::Cancelled
+                } else {
+                    self.search_one(root, rel, matcher, &mut searcher, room, max_file)
+                };
+                done.push((i, hits));
             }
             done
         };
@@ -431,7 +490,8 @@ impl Files {
         out
     }
 
-    /// Search one file beneath the root: at most `max` matching lines.
+    /// Search one file beneath the root: at most `max` matching lines,
+    /// each cut to [`MAX_LINE_BYTES`].
     fn search_one(
         &self,
         root: &Root,
@@ -452,21 +512,46 @@ impl Files {
         }
         let mut found = Vec::new();
         let sink = Lossy(|lnum, line: &str| {
-            let mut text = line.trim_end_matches(['\n', '\r']).to_owned();
-            if text.len() > MAX_LINE_BYTES {
-                let mut end = MAX_LINE_BYTES;
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                text.truncate(end);
+            let line = line.trim_end_matches(['\n', '\r']);
+            let mut end = line.len().min(MAX_LINE_BYTES);
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            let mut text = line[..end].to_owned();
+            if end < line.len() {
                 text.push_str("...");
             }
-            found.push(json!({"path": shown, "line": lnum, "text": text}));
-            Ok(found.len() < max)
+            found.push((lnum, text));
+            Ok(found.len() < max && !self.cancelled())
         });
-        let failed = searcher.search_file(matcher, &file, sink).is_err();
-        Searched::Lines { found, failed }
+        match searcher.search_file(matcher, &file, sink) {
+            Ok(()) => Searched::Lines {
+                found,
+                failed: false,
+            },
+            // The line buffer would have grown past its limit.
+            Err(e) if found.is_empty() && is_heap_limit(&e) => Searched::LongLine,
+            Err(_) => Searched::Lines {
+                found,
+                failed: true,
+            },
+        }
     }
+}
+
+/// Whether a search failed on its line buffer's limit (grep-searcher says
+/// so only in its message).
+fn is_heap_limit(e: &std::io::Error) -> bool {
+    e.to_string().contains("configured allocation limit")
+}
+
+/// What a search counted besides its matches.
+#[derive(Default)]
+struct Counts {
+    searched: u64,
+    large: u64,
+    long_lines: u64,
+    unreadable: u64,
 }
 
 /// What searching one file gave.
@@ -475,6 +560,14 @@ enum Searched {
     Unreadable,
     /// It is over the size limit.
     Large,
-    /// Its matching lines; `failed` when reading it failed part way.
-    Lines { found: Vec<Value>, failed: bool },
+    /// A line of it is longer than a search holds.
+    LongLine,
+    /// The call was cancelled before it was searched.
+    Cancelled,
+    /// Its matching lines (number, text); `failed` when reading it failed
+    /// part way.
+    Lines {
+        found: Vec<(u64, String)>,
+        failed: bool,
+    },
 }

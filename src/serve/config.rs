@@ -294,6 +294,12 @@ pub struct SessionsSection {
     pub max_upload_bytes: u64,
     /// Bytes one `download_file` may return.
     pub max_download_bytes: u64,
+    /// Bytes one session may make the server hold in its own memory (its
+    /// namespace's JSON mirror, definitions, history, checkpoints' copies).
+    pub max_held_bytes: u64,
+    /// Bytes one principal's sessions and file tool calls may make it hold
+    /// together.
+    pub max_held_bytes_per_principal: u64,
 }
 
 impl Default for SessionsSection {
@@ -306,6 +312,8 @@ impl Default for SessionsSection {
             // As base64, well within the 1 MiB response the strictest
             // official MCP client accepts.
             max_download_bytes: 512 << 10,
+            max_held_bytes: crate::supervisor::DEFAULT_MAX_HELD_BYTES,
+            max_held_bytes_per_principal: crate::supervisor::DEFAULT_MAX_HELD_BYTES_PER_TENANT,
         }
     }
 }
@@ -351,6 +359,20 @@ pub enum Exposure {
 }
 
 /// How MCP messages reach the server.
+/// Whether each principal gets a workspace of its own (`WORKSPACE/NAME`):
+/// when the token file names its principals. One principal (stdio, HTTP
+/// without a token, a file of one bare token) uses the workspace itself.
+fn own_workspaces(transport: &Transport) -> bool {
+    match transport {
+        Transport::Stdio => false,
+        Transport::Http { tokens, .. } => match tokens.as_slice() {
+            [] => false,
+            [only] => only.name != super::principal::BARE_TOKEN_NAME,
+            _ => true,
+        },
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
     Stdio,
@@ -390,6 +412,12 @@ pub struct Settings {
     /// Size limits of `upload_file` and `download_file`.
     pub max_upload_bytes: u64,
     pub max_download_bytes: u64,
+    /// Bytes one principal may make the server hold (see
+    /// `crate::supervisor::tenant`); one session's are in `session`.
+    pub max_held_bytes_per_principal: u64,
+    /// Each principal has a workspace of its own beneath `[files]
+    /// workspace` (a server whose token file names its principals).
+    pub own_workspaces: bool,
     pub max_concurrency: usize,
     pub max_queue: usize,
     pub max_queue_per_principal: usize,
@@ -755,6 +783,18 @@ impl ServeConfig {
                 "must be at least 1 second",
             ));
         }
+        // Below a few KiB not even an empty session's history fits.
+        for (key, n) in [
+            ("sessions.max_held_bytes", self.sessions.max_held_bytes),
+            (
+                "sessions.max_held_bytes_per_principal",
+                self.sessions.max_held_bytes_per_principal,
+            ),
+        ] {
+            if n < 64 << 10 {
+                return Err(invalid(key, format!("{n}: give at least 65536 bytes")));
+            }
+        }
 
         let transport = self.transport()?;
         let principals = match &transport {
@@ -806,6 +846,7 @@ impl ServeConfig {
                 policy: self.policy.clone(),
                 limits: self.limits.clone(),
                 profile: None,
+                max_held_bytes: self.sessions.max_held_bytes,
                 ..Default::default()
             },
             max_sessions: self.sessions.max_sessions,
@@ -813,6 +854,8 @@ impl ServeConfig {
             idle_expiry: Duration::from_secs(self.sessions.idle_expiry_seconds),
             max_upload_bytes: self.sessions.max_upload_bytes,
             max_download_bytes: self.sessions.max_download_bytes,
+            max_held_bytes_per_principal: self.sessions.max_held_bytes_per_principal,
+            own_workspaces: own_workspaces(&transport),
             max_concurrency: s.max_concurrency,
             max_queue: s.max_queue,
             max_queue_per_principal,

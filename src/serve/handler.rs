@@ -16,7 +16,7 @@ use super::principal::Principal;
 use super::schema;
 use super::sessions::{SessionError, SessionTable};
 use crate::supervisor as cellbox_output;
-use crate::{CellRequest, CellResult, ErrorKind, Language, RunInfo, Status, Supervisor};
+use crate::{CellRequest, CellResult, ErrorKind, Language, RunInfo, Supervisor};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
     CustomResult, ErrorCode, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
@@ -86,6 +86,9 @@ struct State {
     /// `notifications/cancelled` that arrives on another connection (a
     /// separate HTTP POST) reaches them.
     inflight: Arc<InflightTable>,
+    /// Each principal as the supervisor knows it: its workspace, its
+    /// budget of bytes the server holds for it.
+    tenants: std::sync::Mutex<HashMap<Principal, crate::Tenant>>,
 }
 
 /// The MCP server: cheap to clone, every clone shares one state.
@@ -138,22 +141,16 @@ fn direct_tools(sup: &Supervisor) -> Vec<Tool> {
         .collect()
 }
 
-async fn call_direct(sup: &Supervisor, name: &str, args: Option<JsonObject>) -> CallToolResult {
-    let Some(cap) = direct_capability(sup, name) else {
-        return tool_error(format!("unknown tool {name:?}"));
-    };
-    match cap.call_direct(args.unwrap_or_default()).await {
-        Ok(v) => {
-            let text = serde_json::to_string_pretty(&v).unwrap_or_default();
-            let v = if v.is_object() {
-                v
-            } else {
-                json!({ "value": v })
-            };
-            structured(text, v, false)
-        }
-        Err(e) => tool_error(format!("{name}: {e}")),
-    }
+/// A host tool's refusal before it ran (the server or the caller's queue
+/// full), shaped like a cell's: a status and an error with its type.
+fn direct_refusal(kind: ErrorKind, message: String) -> CallToolResult {
+    fit::value_result(
+        json!({
+            "status": kind.status().as_str(),
+            "error": {"type": kind.as_str(), "message": message},
+        }),
+        true,
+    )
 }
 
 /// What a tool call answers, redacted (see [`crate::secrets`]): every
@@ -179,17 +176,10 @@ fn structured(text: String, value: Value, is_error: bool) -> CallToolResult {
 /// The MCP result for a cell: the data a program needs as
 /// structuredContent, a bounded readable rendering as content (see
 /// [`fit`]), isError for every status but ok.
-pub fn cell_tool_result(mut r: CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
-    // Display items travel as content blocks (see `display`), not inside
-    // the structured budget.
-    let display = std::mem::take(&mut r.display);
-    let failed = r.status != Status::Ok;
-    let f = fit::fit(r, verbose).map_err(|e| {
+pub fn cell_tool_result(r: CellResult, verbose: bool) -> Result<CallToolResult, ErrorData> {
+    fit::tool_result(r, verbose).map_err(|e| {
         ErrorData::internal_error(format!("failed to encode the cell result: {e}"), None)
-    })?;
-    let mut tool = structured(f.text, f.structured, failed);
-    super::display::attach(&display, &mut tool);
-    Ok(tool)
+    })
 }
 
 /// One chunk of a cell's output to the client, as a log notification
@@ -386,7 +376,109 @@ impl CellboxServer {
                 pools: tokio::sync::OnceCell::new(),
                 log_levels: std::sync::Mutex::new(HashMap::new()),
                 inflight: Arc::default(),
+                tenants: std::sync::Mutex::new(HashMap::new()),
             }),
+        }
+    }
+
+    /// The account a session or cell of `principal` runs under: its
+    /// tenant (see [`CellboxServer::tenant`]).
+    pub(crate) fn account(&self, principal: &Principal) -> crate::Account {
+        crate::Account {
+            chain: Default::default(),
+            tenant: Some(self.tenant(principal)),
+        }
+    }
+
+    /// `principal` as the supervisor knows it (made at its first call).
+    pub(crate) fn tenant(&self, principal: &Principal) -> crate::Tenant {
+        let st = &self.state;
+        crate::util::lock(&st.tenants)
+            .entry(principal.clone())
+            .or_insert_with(|| {
+                crate::Tenant::new(
+                    principal.name(),
+                    st.settings.own_workspaces,
+                    st.settings.max_held_bytes_per_principal,
+                )
+            })
+            .clone()
+    }
+
+    /// A host tool offered without a cell (a file tool,
+    /// `aggregate_context`): for the caller's principal (its workspace,
+    /// its budget of held bytes), through the same gate and queue as a
+    /// cell, holding its slot until the tool's work is over, and stopped
+    /// when the call is cancelled.
+    async fn direct_tool(
+        &self,
+        cap: crate::Capability,
+        args: Option<JsonObject>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let st = &self.state;
+        let principal = Principal::of(&ctx)?;
+        let admission = match st.gate.admit(&principal) {
+            Ok(a) => a,
+            Err(refusal) => {
+                let kind = match refusal {
+                    Refused::Busy(_) => ErrorKind::ServerBusy,
+                    Refused::PrincipalBusy(_) => ErrorKind::ClientQueueFull,
+                };
+                return Ok(direct_refusal(kind, refusal.to_string()));
+            }
+        };
+        let tenant = self.tenant(&principal);
+        let stop = CancellationToken::new();
+        let name = cap.name().to_owned();
+        // A task of its own, so that a caller that goes away frees the
+        // slot only once the tool has stopped (its work runs on a blocking
+        // thread that sees `stop`).
+        let mut task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let slot = tokio::select! {
+                    s = admission.slot() => s,
+                    _ = stop.cancelled() => return None,
+                };
+                let done = cap
+                    .call_direct(args.unwrap_or_default(), Some(tenant), stop)
+                    .await;
+                drop((slot, admission));
+                Some(done)
+            }
+        });
+        let cancel = self.track(&ctx);
+        let outcome = tokio::select! {
+            r = &mut task => Ok(r),
+            _ = ctx.ct.cancelled() => Err(Interrupted::Cancelled),
+            _ = cancel.token.cancelled() => Err(Interrupted::Cancelled),
+            _ = st.shutdown.cancelled() => Err(Interrupted::ShuttingDown),
+        };
+        match outcome {
+            Ok(Ok(Some(Ok(v)))) => Ok(fit::value_result(v, false)),
+            Ok(Ok(Some(Err(e)))) => Ok(fit::value_result(
+                json!({"error": format!("{name}: {e}")}),
+                true,
+            )),
+            Ok(Ok(None)) | Err(Interrupted::Cancelled) | Err(Interrupted::SessionClosed) => {
+                stop.cancel();
+                Err(ErrorData::internal_error(
+                    format!("the call was cancelled; {name} was stopped"),
+                    None,
+                ))
+            }
+            Ok(Err(e)) => Err(ErrorData::internal_error(
+                format!("{name} failed: {e}"),
+                None,
+            )),
+            Err(Interrupted::ShuttingDown) => {
+                stop.cancel();
+                Err(ErrorData::internal_error(
+                    "the server is shutting down; the call was stopped",
+                    None,
+                ))
+            }
         }
     }
 
@@ -636,9 +728,13 @@ impl CellboxServer {
                     (result, l.session.tail())
                 }
                 None => {
-                    st.sup
-                        .run_answered(request, st.settings.session.clone())
-                        .await
+                    // A cell without a session of its own runs for its
+                    // caller (a session's cells for the session's owner).
+                    let config = crate::SessionConfig {
+                        account: self.account(&principal),
+                        ..st.settings.session.clone()
+                    };
+                    st.sup.run_answered(request, config).await
                 }
             };
             // A cell answered at its worker's `done` keeps its slot until
@@ -733,7 +829,7 @@ impl CellboxServer {
         match name {
             "create_session" => {
                 let _: NoArgs = parse_args(name, args)?;
-                match sessions.create(principal) {
+                match sessions.create(principal, self.account(principal)) {
                     Ok(id) => Ok(structured(
                         format!(
                             "Created session {id}. Pass session_id={id:?} to execute_code to \
@@ -1013,7 +1109,13 @@ impl ServerHandler for CellboxServer {
         let result = match request.name.as_ref() {
             "execute_code" => self.execute_code(request.arguments, context).await?,
             other if direct_capability(&self.state.sup, other).is_some() => {
-                call_direct(&self.state.sup, other, request.arguments).await
+                let Some(cap) = direct_capability(&self.state.sup, other).cloned() else {
+                    return Err(ErrorData::invalid_params(
+                        format!("unknown tool {other:?}"),
+                        None,
+                    ));
+                };
+                self.direct_tool(cap, request.arguments, context).await?
             }
             other => {
                 let principal = Principal::of(&context)?;

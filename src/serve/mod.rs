@@ -12,7 +12,8 @@
 //! - [`principal`]: who calls (one per token over HTTP); sessions and queue
 //!   shares belong to a principal.
 //! - [`lines`]: stdin cut into lines; one too long is answered, not lost.
-//! - [`fit`]: a cell result held to what clients accept and a model can read.
+//! - [`fit`]: a cell result held to what clients accept and a model can read
+//!   (display items as content blocks of their own).
 //! - [`jsonrpc`]: a request that does not parse is answered for its id.
 //! - [`ids`]: over stdio, a request id rmcp cannot hold (`1.5`, past `i64`)
 //!   is served under a token and put back in the reply.
@@ -25,7 +26,6 @@
 
 pub mod config;
 pub mod describe;
-pub mod display;
 pub mod fit;
 pub mod gate;
 pub mod handler;

@@ -20,6 +20,8 @@ use std::sync::Arc;
 pub const MIN_TOKEN_CHARS: usize = 16;
 /// Longest principal name.
 const MAX_NAME_CHARS: usize = 64;
+/// The name of the principal of a token file that holds one bare token.
+pub const BARE_TOKEN_NAME: &str = "default";
 
 /// Who made a request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,7 +79,11 @@ impl std::fmt::Debug for NamedToken {
 }
 
 fn valid_name(name: &str) -> bool {
+    // "." and ".." would name no directory of its own beneath the
+    // workspace (see `crate::files`).
     !name.is_empty()
+        && name != "."
+        && name != ".."
         && name.chars().count() <= MAX_NAME_CHARS
         && name
             .chars()
@@ -112,7 +118,7 @@ pub fn parse_token_file(text: &str) -> Result<Vec<NamedToken>, String> {
         if !line.contains(char::is_whitespace) {
             check_token(line, &format!("line {n}"))?;
             return Ok(vec![NamedToken {
-                name: "default".into(),
+                name: BARE_TOKEN_NAME.into(),
                 token: (*line).to_owned(),
             }]);
         }
@@ -130,7 +136,7 @@ pub fn parse_token_file(text: &str) -> Result<Vec<NamedToken>, String> {
         };
         if !valid_name(name) {
             return Err(format!(
-                "line {n}: {name:?} is not a principal name (1 to {MAX_NAME_CHARS} of A-Z a-z 0-9 _ . -)"
+                "line {n}: {name:?} is not a principal name (1 to {MAX_NAME_CHARS} of A-Z a-z 0-9 _ . -, not . or ..)"
             ));
         }
         check_token(token, &format!("line {n} ({name})"))?;

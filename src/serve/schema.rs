@@ -535,11 +535,16 @@ pub fn session_list() -> Map<String, Value> {
                              "description": "its Python namespace is alive (every object kept)"},
                     "checkpoints": {"type": "array", "items": {"type": "string"}},
                     "memory_bytes": {"type": ["integer", "null"], "minimum": 0,
-                                     "description": "memory it holds now (processes, live namespace, checkpoints, files)"}
+                                     "description": "memory it holds now (processes, live namespace, checkpoints, files)"},
+                    "held_bytes": {"type": "integer", "minimum": 0,
+                                   "description": "bytes the server holds for it in its own memory (namespace mirror, definitions, history, checkpoints' copies)"},
+                    "max_held_bytes": {"type": "integer", "minimum": 0,
+                                       "description": "the most it may hold (sessions.max_held_bytes)"}
                 },
                 "required": ["session_id", "created_unix_ms", "idle_seconds",
                              "expires_in_seconds", "busy", "execution_count", "variables",
-                             "live", "checkpoints", "memory_bytes"],
+                             "live", "checkpoints", "memory_bytes", "held_bytes",
+                             "max_held_bytes"],
                 "additionalProperties": false
             }},
             "max_sessions": {"type": "integer", "minimum": 1,

@@ -70,6 +70,10 @@ pub struct SessionInfo {
     /// Memory it holds now: its processes, live namespace, checkpoints
     /// and files (absent where sessions have no cgroup).
     pub memory_bytes: Option<u64>,
+    /// Bytes the server holds for it in its own memory, and the most it
+    /// may (see `crate::supervisor::tenant`).
+    pub held_bytes: u64,
+    pub max_held_bytes: u64,
 }
 
 /// A session handed to one call. Dropping it marks the session idle again.
@@ -188,8 +192,13 @@ impl SessionTable {
         self.inner.idle.as_secs()
     }
 
-    /// Create a session for `owner`, after dropping expired ones.
-    pub fn create(&self, owner: &Principal) -> Result<String, SessionError> {
+    /// Create a session for `owner` (its cells run under `account`), after
+    /// dropping expired ones.
+    pub fn create(
+        &self,
+        owner: &Principal,
+        account: crate::Account,
+    ) -> Result<String, SessionError> {
         self.sweep();
         let mut map = self.inner.lock();
         // The server-wide cap first: with one principal it is the one hit.
@@ -208,7 +217,10 @@ impl SessionTable {
         }
         let session = self
             .sup
-            .session(self.config.clone())
+            .session(SessionConfig {
+                account,
+                ..self.config.clone()
+            })
             .map_err(|e| SessionError::Create(e.to_string()))?;
         let id = new_id().map_err(SessionError::Create)?;
         map.insert(
@@ -358,16 +370,17 @@ impl SessionTable {
             // A busy session's state lock is held by its running cell; do
             // not wait for it.
             let peek = async {
-                let vars = session.vars().await;
+                let names = session.var_names().await;
                 (
                     session.execution_count().await,
-                    vars.keys().cloned().collect::<Vec<String>>(),
+                    names,
                     session.is_live().await,
                     session.checkpoints().await,
+                    session.held_bytes().await.0,
                 )
             };
-            let idle_state = || (0, Vec::new(), false, Vec::new());
-            let (busy, (count, variables, live, checkpoints)) = if busy {
+            let idle_state = || (0, Vec::new(), false, Vec::new(), 0);
+            let (busy, (count, variables, live, checkpoints, held)) = if busy {
                 (true, idle_state())
             } else {
                 match tokio::time::timeout(Duration::from_millis(200), peek).await {
@@ -390,6 +403,8 @@ impl SessionTable {
                 live,
                 checkpoints,
                 memory_bytes: session.memory_bytes(),
+                held_bytes: held,
+                max_held_bytes: session.config().max_held_bytes,
             });
         }
         out.sort_by(|a, b| {

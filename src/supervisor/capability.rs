@@ -12,11 +12,17 @@ use std::sync::Arc;
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Value, String>> + Send>>;
 type HostFn = dyn Fn(CallContext, Map<String, Value>) -> HandlerFuture + Send + Sync;
 
-/// Who is calling: the run the call belongs to.
+/// Who is calling: the run the call belongs to, and the tenant it runs
+/// for (none: the supervisor's own caller).
 #[derive(Debug, Clone)]
 pub struct CallContext {
     pub session_id: String,
     pub run: super::RunInfo,
+    pub tenant: Option<super::Tenant>,
+    /// Cancelled once nobody waits for the call's answer any more (its
+    /// cell ended, its client went away): a handler that works on after
+    /// its future is dropped (on a blocking thread) stops when it sees it.
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 #[derive(Clone)]
@@ -293,8 +299,14 @@ impl Capability {
     }
 
     /// Run a host capability outside any cell (`serve` offers some as MCP
-    /// tools of their own); the arguments are validated first.
-    pub async fn call_direct(&self, args: Map<String, Value>) -> Result<Value, CallError> {
+    /// tools of their own) for `tenant`, until `cancel`; the arguments are
+    /// validated first.
+    pub async fn call_direct(
+        &self,
+        args: Map<String, Value>,
+        tenant: Option<super::Tenant>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<Value, CallError> {
         self.validate(&args)?;
         let Handler::Host(f) = &self.handler else {
             return Err(CallError::OutsideCell(self.name.clone()));
@@ -307,6 +319,8 @@ impl Capability {
                 root_run_id: String::new(),
                 depth: 0,
             },
+            tenant,
+            cancel,
         };
         f(ctx, args).await.map_err(CallError::Handler)
     }

@@ -465,12 +465,13 @@ impl Drop for Hold {
 
 /// The ledgers a session's cells draw from besides its own (a principal's,
 /// and for a sub-agent's session its parent's), and the tenant they belong
-/// to (the key of its own upstream tool connections).
+/// to (the key of its own upstream tool connections, its file tools'
+/// workspace, its budget of bytes held by the supervisor).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Account {
     pub chain: Chain,
     /// `None`: the supervisor's own (an embedding program, `cellbox run`).
-    pub tenant: Option<Arc<str>>,
+    pub tenant: Option<super::Tenant>,
 }
 
 /// The account of a session that has none.
@@ -480,11 +481,11 @@ pub static NO_ACCOUNT: Account = Account {
 };
 
 impl Account {
-    /// A principal's account: its ledger and its name as the tenant.
-    pub fn principal(name: &str, ledger: Arc<Ledger>) -> Account {
+    /// A principal's account: its ledger, and the principal as the tenant.
+    pub fn principal(tenant: super::Tenant, ledger: Arc<Ledger>) -> Account {
         Account {
             chain: Chain::new(vec![ledger]),
-            tenant: Some(Arc::from(name)),
+            tenant: Some(tenant),
         }
     }
 }

@@ -7,7 +7,7 @@ pub mod agent;
 mod capability;
 mod cell;
 pub(crate) use cell::Tail;
-mod display;
+pub(crate) mod display;
 mod events;
 pub(crate) mod ledger;
 mod limits;
@@ -27,6 +27,7 @@ mod scratch;
 mod session;
 pub(crate) mod spend;
 mod tenancy;
+pub mod tenant;
 mod throwaway;
 mod warm;
 #[cfg(target_os = "linux")]
@@ -51,6 +52,7 @@ pub use result::{
 };
 pub use scratch::{ScratchQuota, DEFAULT_SESSION_SCRATCH};
 pub use session::{HistoryEntry, PythonState, Session, SessionConfig, DEFAULT_MAX_CHECKPOINTS};
+pub use tenant::{HeldError, Tenant, DEFAULT_MAX_HELD_BYTES, DEFAULT_MAX_HELD_BYTES_PER_TENANT};
 #[cfg(target_os = "linux")]
 pub use zygote::{PoolCeiling, PoolConfig};
 
@@ -145,6 +147,10 @@ pub enum Error {
     /// The Python interpreter could not be found or prepared.
     #[error(transparent)]
     Python(#[from] PythonError),
+    /// The supervisor would hold more for a session or tenant than its
+    /// budget allows.
+    #[error(transparent)]
+    Held(#[from] HeldError),
 }
 
 /// Which output stream a live chunk came from.

@@ -32,10 +32,15 @@ pub struct SessionConfig {
     #[serde(skip)]
     pub prepare_next: bool,
     /// The budgets its calls draw from besides its own policy's (a
-    /// principal's), and the tenant whose upstream connections its tool
-    /// calls use. Not part of the configuration a file gives.
+    /// principal's), and the tenant it is for: whose upstream connections
+    /// and workspace its tool calls use, whose budget of held bytes it
+    /// draws from. Not part of the configuration a file gives.
     #[serde(skip)]
     pub account: super::ledger::Account,
+    /// Bytes the session may make the supervisor hold (see
+    /// [`super::tenant`]): the JSON mirror of its namespace, its
+    /// definitions, history and checkpoints' copies of them.
+    pub max_held_bytes: u64,
 }
 
 impl Default for SessionConfig {
@@ -48,6 +53,7 @@ impl Default for SessionConfig {
             max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
             prepare_next: false,
             account: Default::default(),
+            max_held_bytes: super::DEFAULT_MAX_HELD_BYTES,
         }
     }
 }
@@ -79,7 +85,17 @@ struct Checkpoint {
     state: Arc<super::live::StateProc>,
     vars: Arc<Namespace>,
     definitions: Vec<(Language, Definition)>,
+    sizes: std::collections::BTreeMap<String, u64>,
+    /// What it holds in the supervisor (its mirror and definitions,
+    /// counted whole: the session's own copy parts from it at its next
+    /// change).
+    bytes: u64,
 }
+
+/// Entries a session's history keeps (the oldest go first).
+pub const MAX_HISTORY: usize = 1000;
+/// Bytes of a cell's code its history entry keeps.
+pub const MAX_HISTORY_CODE_BYTES: usize = 1024;
 
 /// One past cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,12 +107,19 @@ pub struct HistoryEntry {
     pub run_id: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     /// The JSON namespace (a live session's mirror), shared with the cell
     /// that runs and the checkpoints until it changes: a session holding a
     /// large value does not copy it per cell.
     vars: Arc<Namespace>,
+    /// Bytes each variable of `vars` takes in the supervisor.
+    sizes: std::collections::BTreeMap<String, u64>,
+    /// What the session holds in the supervisor (the namespace, its
+    /// definitions, history, checkpoints' copies), charged to its budget
+    /// and its tenant's; attached by [`Session::state`] (a session made
+    /// ahead learns its tenant when it is handed to its cell).
+    held: Option<super::tenant::Held>,
     definitions: Vec<(Language, Definition)>,
     history: Vec<HistoryEntry>,
     execution_count: u64,
@@ -113,6 +136,107 @@ struct State {
     #[cfg(target_os = "linux")]
     retired: super::live::Retired,
 }
+
+impl State {
+    fn new(held: Option<super::tenant::Held>) -> State {
+        State {
+            vars: Arc::default(),
+            sizes: Default::default(),
+            held,
+            definitions: Vec::new(),
+            history: Vec::new(),
+            execution_count: 0,
+            #[cfg(target_os = "linux")]
+            live: None,
+            #[cfg(target_os = "linux")]
+            pending_vars: Namespace::new(),
+            #[cfg(target_os = "linux")]
+            checkpoints: Default::default(),
+            #[cfg(target_os = "linux")]
+            retired: Default::default(),
+        }
+    }
+
+    /// Bytes of the namespace's variables.
+    fn vars_bytes(&self) -> u64 {
+        self.sizes.values().sum()
+    }
+
+    /// Bytes of its definitions.
+    fn definitions_bytes(&self) -> u64 {
+        definitions_bytes(&self.definitions)
+    }
+
+    /// Bytes the session's state holds in the supervisor now.
+    fn held_bytes(&self) -> u64 {
+        let history: u64 = self.history.iter().map(history_bytes).sum();
+        #[cfg(target_os = "linux")]
+        let live = self.checkpoints.values().map(|c| c.bytes).sum::<u64>()
+            + self
+                .pending_vars
+                .iter()
+                .map(|(k, v)| super::tenant::var_bytes(k, v))
+                .sum::<u64>();
+        #[cfg(not(target_os = "linux"))]
+        let live = 0;
+        self.vars_bytes() + self.definitions_bytes() + history + live
+    }
+
+    /// Bring `sizes` up to date with `vars`: the `touched` names counted
+    /// again, names gone dropped, names not counted yet counted.
+    fn resize(&mut self, touched: &[String]) {
+        let vars = &self.vars;
+        self.sizes.retain(|k, _| vars.contains_key(k));
+        for k in touched {
+            if let Some(v) = vars.get(k) {
+                self.sizes.insert(k.clone(), super::tenant::var_bytes(k, v));
+            }
+        }
+        if self.sizes.len() != vars.len() {
+            for (k, v) in vars.iter() {
+                if !self.sizes.contains_key(k) {
+                    self.sizes.insert(k.clone(), super::tenant::var_bytes(k, v));
+                }
+            }
+        }
+    }
+
+    /// Charge what the state holds now, whatever the budget (it is held
+    /// already; what comes next is checked against it).
+    fn recharge(&mut self) {
+        let bytes = self.held_bytes();
+        if let Some(h) = self.held.as_mut() {
+            h.force(bytes);
+        }
+    }
+
+    /// Hold `total` bytes in all from now, or the error naming the budget
+    /// it would pass (the charge then stays as it was).
+    fn charge(&mut self, total: u64, what: &dyn Fn() -> String) -> Result<(), super::HeldError> {
+        match self.held.as_mut() {
+            Some(h) => h.set(total, what),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Bytes definitions take in the supervisor.
+fn definitions_bytes(defs: &[(Language, Definition)]) -> u64 {
+    defs.iter()
+        .map(|(_, d)| {
+            64 + d.source.len() as u64 + d.names.iter().map(|n| 24 + n.len() as u64).sum::<u64>()
+        })
+        .sum()
+}
+
+/// Bytes a history entry takes in the supervisor.
+fn history_bytes(h: &HistoryEntry) -> u64 {
+    (std::mem::size_of::<HistoryEntry>() + h.code.len() + h.language.len() + h.run_id.len()) as u64
+}
+
+/// At most a history entry's bytes (see [`MAX_HISTORY_CODE_BYTES`]).
+const HISTORY_ENTRY_BYTES: u64 =
+    (std::mem::size_of::<HistoryEntry>() + MAX_HISTORY_CODE_BYTES + 64 + 16) as u64;
 
 struct SessionInner {
     /// Workers started ahead for its next cells (see
@@ -253,7 +377,7 @@ impl Session {
                 account,
                 emits: Default::default(),
                 parent,
-                state: tokio::sync::Mutex::new(State::default()),
+                state: tokio::sync::Mutex::new(State::new(None)),
                 tail: std::sync::Mutex::new(None),
             }),
         })
@@ -411,7 +535,7 @@ impl Session {
 
     /// [`Session::run`] with the session's limits tightened by the call's.
     async fn run_one(&self, request: CellRequest, limits: Limits) -> CellResult {
-        let mut state = self.inner.state.lock().await;
+        let mut state = self.state().await;
         self.settled().await;
         #[cfg(target_os = "linux")]
         state.retired.now();
@@ -469,7 +593,7 @@ impl Session {
             return result;
         }
         if result.status == Status::Ok && request.language != Language::Shell {
-            if let Some(done) = done {
+            if let Some(done) = done.filter(|d| admit_carried(&mut state, d, &mut result)) {
                 apply(&mut state, request.language, &done, &mut result);
                 // Variables are shared across languages: a live Python
                 // namespace gets another language's new values next.
@@ -552,7 +676,7 @@ impl Session {
             // truth now, and a state process (if any) is out of date.
             state.live = None;
             if result.status == Status::Ok {
-                if let Some(done) = done {
+                if let Some(done) = done.filter(|d| admit_carried(state, d, result)) {
                     apply(state, Language::Python, done, result);
                 }
             }
@@ -565,6 +689,20 @@ impl Session {
         let killed = kept.as_ref().is_some_and(|k| k.gone());
         let previous_gone = previous.as_ref().is_some_and(|p| p.gone());
         let kept = kept.filter(|_| !killed);
+        // What the mirror can take of the namespace the cell left; a cell
+        // whose definitions alone pass the budget is not kept.
+        let mut left_out = Vec::new();
+        if let (true, Some(_), Some((done, report))) =
+            (result.status == Status::Ok, &kept, live_done)
+        {
+            match admit_live(state, done, report) {
+                Ok(names) => left_out = names,
+                Err(e) => result.fail_with(
+                    ErrorKind::LimitExceeded,
+                    format!("{e}; the cell's namespace was not kept"),
+                ),
+            }
+        }
         match (result.status == Status::Ok, kept, live_done) {
             (true, Some(next), Some((done, report))) => {
                 state.live = Some(next);
@@ -581,7 +719,16 @@ impl Session {
                             .to_owned(),
                     );
                 }
-                apply_live(state, done, report, result);
+                apply_live(state, done, report, result, &left_out);
+                if !left_out.is_empty() {
+                    result.notes.push(format!(
+                        "not kept in the server's copy of the namespace (it would hold more than \
+                         the session's max_held_bytes): {}; they live on in the session's state \
+                         process, but cells of other languages do not see them and they are lost \
+                         if that process is",
+                        left_out.join(", ")
+                    ));
+                }
                 if report.threads > 0 {
                     result.notes.push(format!(
                         "{} thread(s) still ran when the cell ended: they do not survive into the next cell",
@@ -649,15 +796,30 @@ impl Session {
             )));
         }
         let session = self.session_group()?;
-        let copy = current.copy(&session).await.map_err(Error::Checkpoint)?;
+        // Its copy of the mirror and definitions is charged before it is
+        // made (one it replaces is given back).
+        let bytes = state.vars_bytes() + state.definitions_bytes();
+        let replaced = state.checkpoints.get(name).map_or(0, |c| c.bytes);
+        let total = state.held_bytes() - replaced + bytes;
+        state.charge(total, &|| format!("checkpoint {name:?}"))?;
+        let copy = match current.copy(&session).await {
+            Ok(c) => c,
+            Err(e) => {
+                state.recharge();
+                return Err(Error::Checkpoint(e));
+            }
+        };
         state.checkpoints.insert(
             name.to_owned(),
             Checkpoint {
                 state: copy,
                 vars: state.vars.clone(),
                 definitions: state.definitions.clone(),
+                sizes: state.sizes.clone(),
+                bytes,
             },
         );
+        state.recharge();
         Ok(())
     }
 
@@ -688,8 +850,10 @@ impl Session {
         })?;
         state.vars = cp.vars.clone();
         state.definitions = cp.definitions.clone();
+        state.sizes = cp.sizes.clone();
         state.pending_vars.clear();
         state.live = Some(copy);
+        state.recharge();
         Ok(())
     }
 
@@ -810,7 +974,7 @@ impl Session {
     pub async fn checkpoint(&self, name: &str) -> Result<(), Error> {
         #[cfg(target_os = "linux")]
         {
-            let mut state = self.inner.state.lock().await;
+            let mut state = self.state().await;
             self.settled().await;
             self.checkpoint_in(&mut state, name).await
         }
@@ -826,7 +990,7 @@ impl Session {
     pub async fn restore(&self, name: &str) -> Result<(), Error> {
         #[cfg(target_os = "linux")]
         {
-            let mut state = self.inner.state.lock().await;
+            let mut state = self.state().await;
             self.settled().await;
             self.restore_in(&mut state, name).await
         }
@@ -940,14 +1104,35 @@ impl Session {
         }
     }
 
+    /// Keep a cell in the history: its code's first
+    /// [`MAX_HISTORY_CODE_BYTES`], the last [`MAX_HISTORY`] cells. Then
+    /// charge what the state holds.
     fn push_history(&self, state: &mut State, request: &CellRequest, result: &CellResult) {
+        let mut end = request.code.len().min(MAX_HISTORY_CODE_BYTES);
+        while !request.code.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut code = request.code[..end].to_owned();
+        if end < request.code.len() {
+            code.push_str("\n[...]");
+        }
+        if state.history.len() >= MAX_HISTORY {
+            let over = state.history.len() + 1 - MAX_HISTORY;
+            state.history.drain(..over);
+        }
         state.history.push(HistoryEntry {
             execution_count: result.execution_count,
             language: request.language.as_str().to_owned(),
-            code: request.code.clone(),
+            code,
             status: result.status,
             run_id: result.run.run_id.clone(),
         });
+        state.recharge();
+    }
+
+    /// The names of the namespace's variables (without copying values).
+    pub async fn var_names(&self) -> Vec<String> {
+        self.inner.state.lock().await.vars.keys().cloned().collect()
     }
 
     /// The current namespace variables.
@@ -972,13 +1157,23 @@ impl Session {
         if !valid_var_name(name) {
             return Err(Error::BadVarName(name.to_owned()));
         }
-        let mut state = self.inner.state.lock().await;
+        let mut state = self.state().await;
+        let bytes = super::tenant::var_bytes(name, &value);
+        #[cfg(target_os = "linux")]
+        let twice = if state.live.is_some() { bytes } else { 0 };
+        #[cfg(not(target_os = "linux"))]
+        let twice = 0;
+        let old = state.sizes.get(name).copied().unwrap_or(0);
+        let total = state.held_bytes() - old + bytes + twice;
+        state.charge(total, &|| format!("the variable {name}"))?;
         remove_definition_names(&mut state, &[name.to_owned()]);
         #[cfg(target_os = "linux")]
         if state.live.is_some() {
             state.pending_vars.insert(name.to_owned(), value.clone());
         }
         Arc::make_mut(&mut state.vars).insert(name.to_owned(), value);
+        state.resize(&[name.to_owned()]);
+        state.recharge();
         Ok(())
     }
 
@@ -997,14 +1192,43 @@ impl Session {
     /// Forget every variable and definition (the history and scratch
     /// directory's files stay).
     pub async fn reset(&self) {
-        let mut state = self.inner.state.lock().await;
+        let mut state = self.state().await;
         state.vars = Arc::default();
+        state.sizes.clear();
         state.definitions.clear();
         #[cfg(target_os = "linux")]
         {
             state.live = None;
             state.pending_vars.clear();
         }
+        state.recharge();
+    }
+
+    /// Bytes the session holds in the supervisor now (see
+    /// [`super::tenant`]), and its budget.
+    pub async fn held_bytes(&self) -> (u64, u64) {
+        let state = self.state().await;
+        let held = state.held.as_ref();
+        (
+            held.map_or(0, |h| h.bytes()),
+            held.map_or(self.inner.config.max_held_bytes, |h| h.ledger().max()),
+        )
+    }
+
+    /// The session's state, locked, with its budget of held bytes
+    /// attached (within its tenant's, known by now).
+    async fn state(&self) -> tokio::sync::MutexGuard<'_, State> {
+        let mut state = self.inner.state.lock().await;
+        if state.held.is_none() {
+            let ledger = super::tenant::Ledger::within(
+                self.account().tenant.as_ref().map(|t| t.ledger().clone()),
+                "the session",
+                "max_held_bytes",
+                self.inner.config.max_held_bytes,
+            );
+            state.held = Some(super::tenant::Held::empty(ledger));
+        }
+        state
     }
 }
 
@@ -1111,6 +1335,7 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
         }
     }
     state.vars = Arc::new(vars);
+    state.resize(&changed);
     result.vars.changed = changed;
     result.vars.deleted = deleted;
 }
@@ -1119,7 +1344,7 @@ fn apply(state: &mut State, language: Language, done: &Done, result: &mut CellRe
 /// `done`, says of the variables (a cell run once without a session).
 #[cfg(target_os = "linux")]
 pub(crate) fn apply_first(language: Language, done: &Done, result: &mut CellResult) {
-    apply(&mut State::default(), language, done, result);
+    apply(&mut State::new(None), language, done, result);
 }
 
 /// A checkpoint's name: 1 to 64 letters, digits, `_`, `-` or `.`.
@@ -1147,6 +1372,7 @@ fn apply_live(
     done: &Done,
     report: &crate::protocol::LiveDone,
     result: &mut CellResult,
+    left_out: &[String],
 ) {
     let mut gone: Vec<String> = report.changed.clone();
     gone.extend(report.deleted.iter().cloned());
@@ -1155,7 +1381,7 @@ fn apply_live(
         remove_definition_names(state, &d.names);
     }
     for name in &report.changed {
-        match done.vars.get(name) {
+        match done.vars.get(name).filter(|_| !left_out.contains(name)) {
             Some(v) if valid_var_name(name) => {
                 Arc::make_mut(&mut state.vars).insert(name.clone(), v.clone());
             }
@@ -1177,4 +1403,99 @@ fn apply_live(
     }
     result.vars.changed = report.changed.clone();
     result.vars.deleted = report.deleted.clone();
+    let touched: Vec<String> = report.changed.clone();
+    state.resize(&touched);
+}
+
+/// Charge what the session will hold once `done` (a carried namespace's
+/// cell) is applied; when that passes a budget, end the cell
+/// `limit_exceeded` and say so (the namespace then stays as it was).
+fn admit_carried(state: &mut State, done: &Done, result: &mut CellResult) -> bool {
+    let kept: u64 = done
+        .kept
+        .iter()
+        .filter(|k| !done.vars.contains_key(*k))
+        .filter_map(|k| state.sizes.get(k))
+        .sum();
+    let sent: u64 = done
+        .vars
+        .iter()
+        .filter(|(k, _)| valid_var_name(k))
+        .map(|(k, v)| super::tenant::var_bytes(k, v))
+        .sum();
+    // A live session's state process gets another language's new values
+    // next: they are held twice until then.
+    #[cfg(target_os = "linux")]
+    let pending = if state.live.is_some() { sent } else { 0 };
+    #[cfg(not(target_os = "linux"))]
+    let pending = 0;
+    let defs: u64 = done
+        .definitions
+        .iter()
+        .map(|d| {
+            64 + d.source.len() as u64 + d.names.iter().map(|n| 24 + n.len() as u64).sum::<u64>()
+        })
+        .sum();
+    let total = state.held_bytes() - state.vars_bytes()
+        + kept
+        + sent
+        + pending
+        + defs
+        + HISTORY_ENTRY_BYTES;
+    match state.charge(total, &|| "the session's namespace after this cell".into()) {
+        Ok(()) => true,
+        Err(e) => {
+            result.fail_with(
+                ErrorKind::LimitExceeded,
+                format!("{e}; the cell's changes to the namespace were not kept"),
+            );
+            false
+        }
+    }
+}
+
+/// Charge what a live session's mirror will hold once `done` is folded in,
+/// leaving out the largest new values until it fits its budgets. The names
+/// left out, or the error when even without them it does not fit.
+#[cfg(target_os = "linux")]
+fn admit_live(
+    state: &mut State,
+    done: &Done,
+    report: &crate::protocol::LiveDone,
+) -> Result<Vec<String>, super::HeldError> {
+    let replaced: u64 = report
+        .changed
+        .iter()
+        .chain(&report.deleted)
+        .filter_map(|n| state.sizes.get(n))
+        .sum();
+    let mut values: Vec<(u64, &String)> = report
+        .changed
+        .iter()
+        .filter(|n| valid_var_name(n))
+        .filter_map(|n| Some((super::tenant::var_bytes(n, done.vars.get(n)?), n)))
+        .collect();
+    values.sort();
+    let defs: u64 = done
+        .definitions
+        .iter()
+        .map(|d| {
+            64 + d.source.len() as u64 + d.names.iter().map(|n| 24 + n.len() as u64).sum::<u64>()
+        })
+        .sum();
+    let base = state.held_bytes().saturating_sub(replaced) + defs + HISTORY_ENTRY_BYTES;
+    let mut total = base + values.iter().map(|(b, _)| b).sum::<u64>();
+    let mut left_out = Vec::new();
+    loop {
+        match state.charge(total, &|| "the session's namespace after this cell".into()) {
+            Ok(()) => return Ok(left_out),
+            Err(e) => match values.pop() {
+                Some((b, n)) => {
+                    total -= b;
+                    left_out.push(n.clone());
+                }
+                None => return Err(e),
+            },
+        }
+    }
 }

@@ -323,6 +323,27 @@ async def main():
         check(s["models"]["cell"]["tool_calls"] == 1, "its tool usage", str(s))
         ok("cells that ask a model and call a declared tool")
 
+        # 200,001 display items, each empty (so no byte cap holds them),
+        # in a done frame the cell writes itself: the whole result still
+        # fits what the client reads, and the items' count is capped.
+        code = (
+            "import json, os, struct\n"
+            "items = [{'mime': 'text/markdown', 'data': ''}] * 200001\n"
+            "frame = json.dumps({'t': 'done', 'status': 'ok', 'value': 'shown', "
+            "'display': items}, separators=(',', ':')).encode()\n"
+            "data = struct.pack('>I', len(frame)) + frame\n"
+            "while data:\n    data = data[os.write(3, data):]\n"
+            "os._exit(0)\n"
+        )
+        r = await c.call("execute_code", {"language": "python", "code": code})
+        s = structured(r)
+        check(not is_error(r) and s.get("value") == "shown", "200,001 display items", str(s)[:500])
+        blocks = len(r.content)
+        check(2 <= blocks <= 65, "display items capped", str(blocks))
+        reasons = " ".join(d["reason"] for d in s.get("display_dropped", []))
+        check("more items were left out" in reasons, "the items left out are counted", reasons[:500])
+        ok(f"200,001 display items ({blocks} content blocks)")
+
         await c.call("close_session", {"session_id": sid})
     print(f"PASS {LABEL} {mode}", flush=True)
 

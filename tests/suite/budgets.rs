@@ -234,7 +234,11 @@ async fn sub_agents_running_at_once_never_pass_a_budget_they_share() {
     ));
     let (spent, in_flight) = two_sub_agents_at_once(|| Account {
         chain: Chain::new(vec![shared.clone()]),
-        tenant: Some("tenant".into()),
+        tenant: Some(cellbox::Tenant::new(
+            "tenant",
+            false,
+            cellbox::DEFAULT_MAX_HELD_BYTES_PER_TENANT,
+        )),
     })
     .await;
     assert!(spent <= 6000, "the sub-agents spent {spent} of 6000");

@@ -1954,6 +1954,64 @@ async fn file_tools_are_offered_directly_when_files_are_configured() {
     assert_eq!(r.structured_content.unwrap()["matches"][0]["path"], "a.txt");
 }
 
+/// The file tools and `aggregate_context` are calls like `execute_code`:
+/// while the only slot is taken by a cell and no call may wait, they are
+/// refused as `ServerBusy`; once it is free, they run (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_tools_take_a_slot_like_cells() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("a.txt"), "alpha\n").unwrap();
+    let conf = t.path().join("serve.toml");
+    std::fs::write(
+        &conf,
+        format!("[files]\nroots = [{:?}]\n", root.to_str().unwrap()),
+    )
+    .unwrap();
+    let s = stdio_server(&[
+        "--language",
+        "rhai",
+        "--config",
+        conf.to_str().unwrap(),
+        "--max-concurrency",
+        "1",
+        "--max-queue",
+        "0",
+    ])
+    .await;
+    let peer = s.client.peer().clone();
+    let busy = tokio::spawn(async move {
+        let args = json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 3});
+        peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args)))
+            .await
+    });
+    // Until the cell holds the slot.
+    let t0 = std::time::Instant::now();
+    loop {
+        let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+        if r.is_error == Some(true) {
+            let text = format!("{r:?}");
+            assert!(text.contains("ServerBusy"), "{text}");
+            assert_eq!(r.structured_content.unwrap()["status"], "limit_exceeded");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "never refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = call(
+        &s.client,
+        "aggregate_context",
+        json!({"results": ["a"], "query": "a", "budget_tokens": 10}),
+    )
+    .await;
+    assert!(format!("{r:?}").contains("ServerBusy"), "{r:?}");
+    let _ = busy.await;
+    let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    assert_eq!(r.structured_content.unwrap()["content"], "alpha\n");
+}
+
 /// `[models.NAME]` in serve's config and `model_query` allowed by its
 /// policy: a cell sent over MCP asks the model through the supervisor (the
 /// key from serve's environment, never the cell's), and the tool

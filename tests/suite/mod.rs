@@ -7,6 +7,7 @@ mod docs;
 mod faults;
 mod files;
 mod fuzz_corpus;
+mod held;
 mod isolation;
 mod joining;
 mod lifetime;

@@ -187,9 +187,15 @@ async fn perform_call(
                 record("budget", Some(e.to_string()), result);
                 return Err(Outcome::Fatal(ErrorKind::LimitExceeded, e.to_string()));
             }
+            let cancel = tokio_util::sync::CancellationToken::new();
+            // However the call ends (answered, timed out, its cell killed
+            // and this future dropped), the handler is told to stop.
+            let _stop = cancel.clone().drop_guard();
             let ctx = CallContext {
                 session_id: spec.session_id.clone(),
                 run: spec.run.clone(),
+                tenant: spec.account.tenant.clone(),
+                cancel,
             };
             match tokio::time::timeout(remaining, f(ctx, call.args.clone())).await {
                 Ok(Ok(v)) => Ok(v),
