@@ -2007,7 +2007,16 @@ async fn host_tools_take_a_slot_like_cells() {
     .await;
     assert!(format!("{r:?}").contains("ServerBusy"), "{r:?}");
     let _ = busy.await;
-    let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+    // Once the cell's slot is free (its worker gone, just after its
+    // answer), the tool runs.
+    let t0 = std::time::Instant::now();
+    let r = loop {
+        let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+        if r.is_error == Some(false) || t0.elapsed() > Duration::from_secs(20) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(r.is_error, Some(false), "{r:?}");
     assert_eq!(r.structured_content.unwrap()["content"], "alpha\n");
 }
