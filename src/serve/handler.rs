@@ -157,10 +157,25 @@ fn direct_refusal(kind: ErrorKind, message: String) -> CallToolResult {
 /// result leaves the server through here. One whose redacted form does not
 /// read as a result any more is withheld.
 fn redacted(result: CallToolResult) -> CallToolResult {
-    crate::secrets::redact_typed(result).unwrap_or_else(|_| {
+    let result = crate::secrets::redact_typed(result).unwrap_or_else(|_| {
         tool_error("the result held a secret that could not be redacted in place; it was withheld")
-    })
+    });
+    // A redaction marker is longer than the bytes it replaces: a result
+    // fitted to the maximum may have grown past what clients read.
+    let size = serde_json::to_vec(&result).map_or(usize::MAX, |b| b.len());
+    if size > fit::MAX_RESULT_BYTES + REDACTION_ROOM {
+        return tool_error(format!(
+            "the result grew to {size} bytes when the secrets in it were redacted, past the \
+             {} bytes a result may take; it was withheld",
+            fit::MAX_RESULT_BYTES
+        ));
+    }
+    result
 }
+
+/// How far redaction may grow a result past [`fit::MAX_RESULT_BYTES`]
+/// and still leave it within the 1 MiB the strictest client reads.
+const REDACTION_ROOM: usize = 48 * 1024;
 
 fn tool_error(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message)])
