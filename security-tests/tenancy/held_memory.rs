@@ -146,9 +146,9 @@ fn grow_mib(b: u64) -> u64 {
 }
 
 /// Files of one 16 MiB line each, in a root of the server's.
-const FILES: usize = 8;
+const FILES: usize = 4;
 const LINE: usize = 16 << 20;
-const SEARCHES: usize = 16;
+const SEARCHES: usize = 8;
 
 /// The server's peak memory growth under [`SEARCHES`] concurrent searches
 /// of the long-line files in `root`, with searches holding lines up to
