@@ -402,7 +402,8 @@ fn tools_supervisor(root: &Path) -> Supervisor {
 }
 
 /// A Python cell searches, reads and aggregates under a policy; each call is
-/// recorded; a tool outside the policy is denied with a catchable error.
+/// recorded; a tool outside the policy is absent from the cell's names, and
+/// called through `capabilities` it is denied with a catchable error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_tools_from_python_and_rhai_cells_under_policy() {
     let (_t, root) = tree();
@@ -413,6 +414,11 @@ reads = [read_file(m["path"]) for m in hits["matches"]]
 ctx = aggregate_context(reads + [hits], "needle two", 60)
 try:
     list_dir(".")
+    absent = False
+except NameError:
+    absent = True
+try:
+    capabilities.list_dir(".")
     denied = None
 except PermissionError as e:
     denied = str(e)
@@ -422,7 +428,7 @@ try:
 except RuntimeError as e:
     outside = str(e)
 {"n": len(hits["matches"]), "top": ctx["included"][0]["source"], "tokens": ctx["tokens"],
- "denied": denied, "outside": outside}
+ "absent": absent, "denied": denied, "outside": outside}
 "#;
     let r = sup
         .run(
@@ -435,6 +441,7 @@ except RuntimeError as e:
     assert_eq!(v["n"], 2);
     assert_eq!(v["top"], "src/deep/lib.rs:1-1", "{v}");
     assert!(v["tokens"].as_u64().unwrap() <= 60);
+    assert_eq!(v["absent"], true, "{v}");
     assert!(v["denied"].as_str().unwrap().contains("not allowed"), "{v}");
     assert!(
         v["outside"].as_str().unwrap().contains("outside the root"),
