@@ -204,7 +204,7 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
     } = run_loop(&session, &client, &events, &run, &caps, cfg).await;
     if let Some(p) = &args.transcript {
         let mut messages = serde_json::to_value(&messages).map_err(|e| e.to_string())?;
-        crate::secrets::redact_value(&mut messages);
+        crate::secrets::redact_record_value(&mut messages);
         let text = serde_json::to_string_pretty(&messages).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("--transcript {}: {e}", p.display()))?;
     }
@@ -228,7 +228,7 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             run,
         };
         let mut t = serde_json::to_value(&t).map_err(|e| e.to_string())?;
-        crate::secrets::redact_value(&mut t);
+        crate::secrets::redact_record_value(&mut t);
         println!("{}", crate::terminal::escape_json(&t.to_string()));
     } else {
         // The answer and the messages are the model's and the endpoint's

@@ -56,10 +56,10 @@ pub fn escape_json(json: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Redacted (see [`crate::secrets`]) and escaped: text from outside, for a
-/// person.
+/// Redacted (see [`crate::secrets`], as the operator's records are) and
+/// escaped: text from outside, for a person at the operator's terminal.
 pub fn for_person(text: &str) -> String {
-    escape(&crate::secrets::redact(text)).into_owned()
+    escape(&crate::secrets::redact_record(text)).into_owned()
 }
 
 /// [`escape`] of a byte stream that arrives in pieces: a character split

@@ -17,13 +17,113 @@ use std::sync::{Arc, Mutex};
 
 pub use crate::tenancy::harness::{marker, python};
 
-/// Bytes of a secret that, seen together anywhere, count as a leak.
+/// Bytes of a secret that, seen together in the operator's records (the
+/// log, the events file, the agent's terminal), count as a leak.
 pub const RUN: usize = 8;
 
-/// The first run of [`RUN`] bytes of any of `leaked` (a secret and the
-/// encodings of it an attack made) found in `text`.
-pub fn leak_in(text: &str, leaked: &[String]) -> Option<String> {
-    leaked.iter().find_map(|l| {
+/// Bits of chance a tenant may be shown of a secret in one run: a run
+/// carrying this many (two 64-bit guesses), or 64 while leaving fewer than
+/// 64 unseen, is a leak.
+pub const TENANT_BITS: usize = 128;
+
+/// A byte of a secret and the first and last characters of a form that
+/// hold it.
+pub type Held = (usize, usize, usize);
+
+/// The forms a secret takes in an echo (as it is, URL-encoded, hex,
+/// base64 of its whole groups at each alignment), each with the
+/// characters of the form that hold each byte of the secret: (byte, first,
+/// last).
+pub fn forms(s: &str) -> Vec<(String, Vec<Held>)> {
+    use base64::Engine as _;
+    let b = s.as_bytes();
+    let mut out = vec![(s.to_owned(), (0..b.len()).map(|i| (i, i, i)).collect())];
+    let (mut url, mut url_of) = (String::new(), Vec::new());
+    for (i, c) in b.iter().enumerate() {
+        let piece = if c.is_ascii_alphanumeric() {
+            (*c as char).to_string()
+        } else {
+            format!("%{c:02X}")
+        };
+        url_of.push((i, url.len(), url.len() + piece.len() - 1));
+        url.push_str(&piece);
+    }
+    out.push((url, url_of));
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    out.push((hex, (0..b.len()).map(|i| (i, 2 * i, 2 * i + 1)).collect()));
+    for j in 0..3.min(b.len()) {
+        let whole = (b.len() - j) / 3 * 3;
+        let enc = base64::engine::general_purpose::STANDARD_NO_PAD.encode(&b[j..j + whole]);
+        // Byte i's bits 8i..8i+8 are in characters 8i/6 ..= (8i+7)/6.
+        let of = (0..whole)
+            .map(|i| (j + i, 8 * i / 6, (8 * i + 7) / 6))
+            .collect();
+        out.push((enc, of));
+    }
+    out
+}
+
+/// Bits of chance in each byte of `s`, as the attacks make secrets: 4 in
+/// a hex digit (of a marker), none elsewhere (prefixes, separators).
+fn chance(s: &str) -> Vec<usize> {
+    s.bytes()
+        .map(|b| if b.is_ascii_hexdigit() { 4 } else { 0 })
+        .collect()
+}
+
+/// The longest run of `form` starting at each of its characters found in
+/// `text`: (start, end).
+fn runs_in(text: &str, form: &str) -> Vec<(usize, usize)> {
+    let f = form.as_bytes();
+    let mut out = Vec::new();
+    for a in 0..f.len() {
+        // Monotone: a run found has every shorter prefix found.
+        let (mut lo, mut hi) = (a, f.len());
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            let piece = String::from_utf8_lossy(&f[a..mid]);
+            if text.contains(piece.as_ref()) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if lo > a {
+            out.push((a, lo));
+        }
+    }
+    out
+}
+
+/// Where `text`, shown to a tenant, holds too much of `secret`: a run (in
+/// any of its [`forms`]) carrying [`TENANT_BITS`] bits of its chance, or
+/// half that while leaving fewer than half unseen.
+pub fn tenant_leak(text: &str, secret: &str) -> Option<String> {
+    let bits = chance(secret);
+    let total: usize = bits.iter().sum();
+    for (form, of) in forms(secret) {
+        for (a, b) in runs_in(text, &form) {
+            let carried: usize = of
+                .iter()
+                .filter(|(_, first, last)| *first >= a && *last < b)
+                .map(|(i, _, _)| bits[*i])
+                .sum();
+            let half = TENANT_BITS / 2;
+            if carried >= TENANT_BITS || carried >= half && total - carried < half {
+                return Some(format!(
+                    "{:?} ({carried} bits of {total})",
+                    &form[a..b.min(a + 48)]
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The first run of [`RUN`] bytes of any form of any of `secrets` found in
+/// `text` (the operator's records).
+pub fn record_leak(text: &str, secrets: &[String]) -> Option<String> {
+    secrets.iter().flat_map(|s| forms(s)).find_map(|(l, _)| {
         l.as_bytes()
             .windows(RUN.min(l.len()))
             .find(|w| text.as_bytes().windows(w.len()).any(|t| t == *w))
@@ -112,16 +212,22 @@ impl AgentServe {
         std::fs::read_to_string(self.dir.path().join("events")).unwrap_or_default()
     }
 
-    /// Where a leak of `leaked` shows: the client's view `answer`, the
-    /// events file, the log. Empty when nowhere.
-    pub fn leaks(&self, answer: &str, leaked: &[String]) -> Vec<String> {
+    /// Where a leak of `secrets` shows: the client's view `answer` (too
+    /// much of one for a tenant, see [`tenant_leak`]), the events file and
+    /// the log (any run of [`RUN`] bytes, see [`record_leak`]). Empty when
+    /// nowhere.
+    pub fn leaks(&self, answer: &str, secrets: &[String]) -> Vec<String> {
         let mut out = Vec::new();
+        for s in secrets {
+            if let Some(run) = tenant_leak(answer, s) {
+                out.push(format!("the client's result holds {run}"));
+            }
+        }
         for (place, text) in [
-            ("the client's result", answer.to_owned()),
             ("the events file", self.events()),
             ("the server's log", self.log()),
         ] {
-            if let Some(run) = leak_in(&text, leaked) {
+            if let Some(run) = record_leak(&text, secrets) {
                 out.push(format!("{place} holds {run:?}"));
             }
         }

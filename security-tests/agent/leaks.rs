@@ -11,8 +11,10 @@
 //! have sent it back (what the echo endpoint answered, the host's view of
 //! the upstream's environment), and the echo's marker to have reached the
 //! client (the path carries text end to end).
-//! Defence: no run of 8 bytes of a secret, in any of those forms, in what
-//! the client gets, in the events file or in the server's log.
+//! Defence: what the client gets holds no run of a secret, in any of those
+//! forms, that carries 128 bits of its chance (or 64 while leaving fewer
+//! than 64 unseen: see `harness::tenant_leak`); the events file and the
+//! server's log no run of 8 bytes.
 
 use super::harness::{
     completion, environ, fake_upstream, marker, python, AgentServe, Echo, HttpUpstream, RUN,
@@ -60,20 +62,8 @@ fn leaky(s: &str) -> String {
     )
 }
 
-/// The forms of `s` to look for: each is made of the secret's bytes only
-/// (the base64 of its whole groups at each alignment).
-fn forms(s: &str) -> Vec<String> {
-    let b = s.as_bytes();
-    let mut out = vec![s.to_owned(), url(s), hex(s)];
-    for j in 0..3 {
-        let whole = (b.len() - j) / 3 * 3;
-        out.push(b64(&b[j..j + whole]));
-    }
-    out
-}
-
 fn verdict(serve: &AgentServe, seen_by_client: &str, secrets: &[&str], ok: &str) -> (bool, String) {
-    let all: Vec<String> = secrets.iter().flat_map(|s| forms(s)).collect();
+    let all: Vec<String> = secrets.iter().map(|s| (*s).to_owned()).collect();
     let leaks = serve.leaks(seen_by_client, &all);
     if leaks.is_empty() {
         (true, ok.to_owned())
@@ -447,6 +437,66 @@ allow = ["remote.*"]
     Ok(Outcome {
         control: "the HTTP upstream received its bearer token and its headers tool sent it \
                   back"
+            .into(),
+        blocked,
+        evidence,
+    })
+}
+
+pub fn upstream_tool_list(env: &Env) -> Result<Outcome, String> {
+    let program = fake_upstream(&env.cellbox)?;
+    let token = secret("up-");
+    let mark = marker("MARK-");
+    // The upstream lists a tool made from its configuration: its token is
+    // the tool's description, its parameter's name and the one value that
+    // parameter takes.
+    let config = format!(
+        r#"
+[server]
+languages = ["python"]
+[tools.up]
+kind = "mcp"
+command = [{program:?}]
+env = {{ UP_TOKEN = {{ env = "CB_UPSTREAM_TOKEN" }}, FAKE_LISTED = "{mark} ${{UP_TOKEN}}" }}
+timeout_ms = 5000
+[policy]
+allow = ["up.*"]
+"#,
+        program = program.to_string_lossy()
+    );
+    let serve = AgentServe::start(env, &config, &[("CB_UPSTREAM_TOKEN", &token)])?;
+    let client = serve.client(env)?;
+    // The error of a call without its required parameter names it (as the
+    // schema's validation words it); once the cell has that name, the error
+    // of a call with the wrong value quotes the one value it takes.
+    let code = "import re\n\
+                def err(f):\n    try:\n        f()\n        return None\n    \
+                except Exception as e:\n        return str(e)\n\
+                missing = err(lambda: tools.up.listed())\n\
+                m = re.search(r'\"(MARK-[^\"]*)\"', missing or '')\n\
+                wrong = err(lambda: tools.up.listed(**{m.group(1): 'nope'})) if m else None\n\
+                {'missing': missing, 'wrong': wrong}";
+    let a = env.block_on("cell", python(&client, None, code, 60))?;
+    let text = a.all_text();
+    // The marker is followed by the token (redacted, or not): what the
+    // upstream listed reached the cell, and held the token.
+    let with_token = format!("{mark} [REDACTED:CB_UPSTREAM_TOKEN]");
+    let with_token_raw = format!("{mark} {}", &token[..8]);
+    if !text.contains(&with_token) && !text.contains(&with_token_raw) {
+        return Err(format!(
+            "the upstream's listed tool did not reach the cell with its marker and token: {text}"
+        ));
+    }
+    let (blocked, evidence) = verdict(
+        &serve,
+        &text,
+        &[&token],
+        "the tool's parameter name and the value it takes reached the cell with the token redacted",
+    );
+    Ok(Outcome {
+        control: "the upstream listed a tool whose description, required parameter's name and \
+                  enum hold its token after a marker; the marker, and the token after it \
+                  (redacted), reached the cell through the errors of two calls"
             .into(),
         blocked,
         evidence,

@@ -31,6 +31,7 @@ pub mod harness;
 
 mod environment;
 mod leaks;
+mod oracle;
 mod terminal;
 
 pub use crate::tenancy::{Env, Outcome};
@@ -50,7 +51,9 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("upstream_environment", leaks::upstream_environment),
     ("upstream_log_and_stdout", leaks::upstream_log),
     ("upstream_http_token", leaks::upstream_http_token),
+    ("upstream_tool_list", leaks::upstream_tool_list),
     ("terminal_and_key", terminal::run),
+    ("redaction_oracle", oracle::run),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains

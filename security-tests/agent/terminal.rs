@@ -7,7 +7,7 @@
 //! Defence: no ESC or other control byte but newline on either stream, and
 //! no run of the key.
 
-use super::harness::{completion, leak_in, marker, Echo};
+use super::harness::{completion, marker, record_leak, Echo};
 use super::{Env, Outcome};
 use std::sync::Arc;
 
@@ -85,7 +85,8 @@ pub fn run(env: &Env) -> Result<Outcome, String> {
         if n > 0 {
             found.push(format!("{what} holds {n} control bytes"));
         }
-        if let Some(run) = leak_in(&String::from_utf8_lossy(bytes), std::slice::from_ref(&key)) {
+        if let Some(run) = record_leak(&String::from_utf8_lossy(bytes), std::slice::from_ref(&key))
+        {
             found.push(format!("{what} holds {run:?} of the key"));
         }
     }

@@ -81,9 +81,10 @@ impl EventSink {
     }
 
     /// Record one event; its fields are redacted first (see
-    /// [`crate::secrets`]), for the file and the log alike.
+    /// [`crate::secrets`]: the operator's records, which no tenant reads),
+    /// for the file and the log alike.
     pub fn record(&self, kind: &str, run: &RunInfo, mut fields: Value) {
-        crate::secrets::redact_value(&mut fields);
+        crate::secrets::redact_record_value(&mut fields);
         tracing::debug!(event = kind, run_id = %run.run_id, depth = run.depth, "{fields}");
         let Some(file) = &self.file else { return };
         let ts_ms = SystemTime::now()

@@ -533,7 +533,8 @@ fn relay_log(server: &str, stderr: std::process::ChildStderr) {
             };
             reader.consume(take);
             if ended {
-                let text = crate::secrets::redact_owned(String::from_utf8_lossy(&line).into());
+                let read = String::from_utf8_lossy(&line);
+                let text = crate::secrets::redact_record(&read);
                 let mut text = text.trim_end_matches(['\n', '\r']);
                 if text.len() > LOG_LINE_BYTES {
                     let mut end = LOG_LINE_BYTES;
@@ -628,25 +629,34 @@ async fn start(
         let mut tools = BTreeMap::new();
         for t in listed {
             let tool = t.name.to_string();
+            // What the upstream says of its tools reaches cells and
+            // clients (in errors, in descriptions): redacted here, once,
+            // like anything else it sends. A tool whose very name holds a
+            // secret is left out.
+            if crate::secrets::redact(&tool) != tool {
+                tracing::warn!(
+                    "upstream MCP server {}: tool {} skipped: its name holds a secret",
+                    settings.server,
+                    crate::secrets::redact(&tool)
+                );
+                continue;
+            }
             let name = format!("{}.{tool}", settings.server);
-            let schema = Value::Object((*t.input_schema).clone());
+            let mut schema = Value::Object((*t.input_schema).clone());
+            crate::secrets::redact_value(&mut schema);
+            let description = crate::secrets::redact(t.description.as_deref().unwrap_or(""));
             let weak = weak.clone();
             let handler_tool = tool.clone();
-            let cap = Capability::new(
-                &name,
-                t.description.as_deref().unwrap_or(""),
-                schema,
-                move |_ctx, args| {
-                    let weak = weak.clone();
-                    let tool = handler_tool.clone();
-                    async move {
-                        match weak.upgrade() {
-                            Some(conn) => conn.call(&tool, args).await,
-                            None => Err(format!("{tool}: the upstream MCP server was shut down")),
-                        }
+            let cap = Capability::new(&name, &description, schema, move |_ctx, args| {
+                let weak = weak.clone();
+                let tool = handler_tool.clone();
+                async move {
+                    match weak.upgrade() {
+                        Some(conn) => conn.call(&tool, args).await,
+                        None => Err(format!("{tool}: the upstream MCP server was shut down")),
                     }
-                },
-            );
+                }
+            });
             match cap {
                 Ok(cap) => {
                     tools.insert(tool, cap);

@@ -12,7 +12,10 @@
 //! (over HTTP: the headers of the request that called it), `log {text}`
 //! (writes text on stderr). In the `text` of `garbage` (default: "this is
 //! not JSON at all") and `log`, `${NAME}` stands for the server's
-//! environment variable NAME.
+//! environment variable NAME. With `FAKE_LISTED` in its environment, it
+//! also lists `listed`, whose description, (required) parameter name and
+//! the one value its parameter takes are that variable's text, expanded
+//! so.
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -152,7 +155,18 @@ impl ServerHandler for FakeUpstream {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(tools()))
+        let mut all = tools();
+        if let Some(text) = std::env::var_os("FAKE_LISTED") {
+            let text = expand(&text.to_string_lossy());
+            let mut properties = Map::new();
+            properties.insert(text.clone(), json!({"type": "string", "enum": [text]}));
+            all.push(Tool::new(
+                "listed",
+                text.clone(),
+                schema(json!({"type": "object", "properties": properties, "required": [text]})),
+            ));
+        }
+        Ok(ListToolsResult::with_all_items(all))
     }
 
     async fn call_tool(
