@@ -9,7 +9,8 @@
 //! upstream, file tools), an upstream's tool list, a model's reply and
 //! error (`models::client`), every reply to a cell (`cell::calls`), every
 //! cell's result (`cell::run_with`), every tool result and live output
-//! `serve` sends, every event (`EventSink::record`), every log line
+//! `serve` sends (live output as one stream per cell: [`StreamRedaction`]),
+//! every event (`EventSink::record`), every log line
 //! ([`crate::terminal::LogWriter`], and an upstream's stderr), `cellbox
 //! agent`'s answer, trajectory and transcript. Error texts quoted from
 //! outside are redacted whole before they are cut.
@@ -364,7 +365,17 @@ impl Automaton {
 #[derive(Default)]
 struct Matcher {
     automata: Vec<Automaton>,
+    /// Bytes a match can span in the text: a byte of a pattern, an escape
+    /// or a dropped byte of [`decode`]. A match lies in a run of these.
+    inner: Vec<bool>,
+    /// Bytes of text one match can span at most: its pattern's bytes, each
+    /// written as the longest escape [`readings`] undo.
+    span: usize,
 }
+
+/// Text bytes one decoded byte can take at most, through every reading
+/// (`&UnderBar;` is 10 for one, `&amp;UnderBar;` 14).
+const ESCAPE_GROWTH: usize = 16;
 
 impl Matcher {
     fn build(secrets: &[Secret], reader: Reader) -> Result<Matcher, SecretsError> {
@@ -376,6 +387,24 @@ impl Matcher {
             exact.extend(e.into_iter().map(|p| (p, i)));
             folded.extend(f.into_iter().map(|p| (p, i)));
         }
+        let mut inner = vec![false; 256];
+        let mut longest = 0;
+        for (p, _) in exact.iter().chain(&folded) {
+            longest = longest.max(p.len());
+            for &b in p {
+                inner[usize::from(b)] = true;
+                inner[usize::from(b.to_ascii_lowercase())] = true;
+                inner[usize::from(b.to_ascii_uppercase())] = true;
+            }
+        }
+        // What escapes are written with (named references take any
+        // letter), and the bytes a reading drops.
+        for b in (0..=255u8).filter(u8::is_ascii_alphanumeric) {
+            inner[usize::from(b)] = true;
+        }
+        for &b in b"%\\&#;{}\"'/\r\n\0" {
+            inner[usize::from(b)] = true;
+        }
         let n = secrets.len();
         let automata = [
             Automaton::build(exact, false, n)?,
@@ -384,7 +413,46 @@ impl Matcher {
         .into_iter()
         .flatten()
         .collect();
-        Ok(Matcher { automata })
+        Ok(Matcher {
+            automata,
+            inner,
+            span: longest * ESCAPE_GROWTH,
+        })
+    }
+
+    /// How much of the end of `text` a stream must hold back until more
+    /// arrives: the part a match could begin in and go on past the end. A
+    /// match there is made of bytes it can span, and has at most its
+    /// longest pattern less one byte of it already written: that many
+    /// bytes of its reading (line breaks and NULs are dropped from it), or,
+    /// where an escape could be among them, that many escapes.
+    fn held(&self, text: &[u8]) -> usize {
+        if self.automata.is_empty() {
+            return 0;
+        }
+        let longest = self.span / ESCAPE_GROWTH;
+        let run = text
+            .iter()
+            .rev()
+            .take(self.span)
+            .take_while(|b| self.inner.get(usize::from(**b)) == Some(&true))
+            .count();
+        let tail = &text[text.len() - run..];
+        if tail.iter().any(|b| matches!(b, b'%' | b'\\' | b'&')) {
+            return run;
+        }
+        let mut read = 0;
+        let mut held = 0;
+        for &b in tail.iter().rev() {
+            if !matches!(b, b'\r' | b'\n' | 0) {
+                if read + 1 >= longest {
+                    break;
+                }
+                read += 1;
+            }
+            held += 1;
+        }
+        held
     }
 
     fn is_empty(&self) -> bool {
@@ -776,6 +844,26 @@ impl Redactor {
         out
     }
 
+    /// The part of a stream's `text` that may go out now, redacted for
+    /// `reader`, and how many bytes of `text` it stands for: all but the
+    /// end a match could begin in and go on past (see
+    /// [`StreamRedaction`]).
+    fn redact_settled(&self, reader: Reader, text: &str) -> (String, usize) {
+        let mut cut = text.len() - self.matcher(reader).held(text.as_bytes());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut stretches = self.bounded(reader, text);
+        // A stretch across the cut waits with the rest.
+        stretches.retain(|&(s, e, _)| {
+            if s < cut && cut < e {
+                cut = s;
+            }
+            e <= cut
+        });
+        (self.render(&text[..cut], &stretches), cut)
+    }
+
     /// [`Redactor::redact`] of an owned string, in place.
     pub fn redact_string(&self, reader: Reader, s: &mut String) {
         if let Cow::Owned(r) = self.redact(reader, s) {
@@ -969,6 +1057,53 @@ where
     };
     r.redact_value(Reader::Tenant, &mut v);
     serde_json::from_value(v).map_err(|_| t)
+}
+
+/// A stream of text (a cell's live output) redacted as it arrives, not
+/// piece by piece: a secret written in two pieces is found across them.
+/// Each piece gives what may go out now; the end of the text, where a
+/// secret could begin and go on in the next piece, waits (at most the
+/// span of one match, and only while it is made of bytes a match can hold:
+/// text that ends with a space or punctuation goes out whole).
+#[derive(Debug)]
+pub struct StreamRedaction {
+    reader: Reader,
+    pending: String,
+}
+
+impl StreamRedaction {
+    /// A stream shown to `reader`.
+    pub fn new(reader: Reader) -> StreamRedaction {
+        StreamRedaction {
+            reader,
+            pending: String::new(),
+        }
+    }
+
+    /// Take in `text`; what may go out now (possibly nothing).
+    pub fn push(&mut self, text: &str) -> String {
+        self.push_with(&current(), text)
+    }
+
+    /// The stream ended: the rest, redacted.
+    pub fn finish(&mut self) -> String {
+        self.finish_with(&current())
+    }
+
+    fn push_with(&mut self, r: &Redactor, text: &str) -> String {
+        self.pending.push_str(text);
+        if r.is_empty() {
+            return std::mem::take(&mut self.pending);
+        }
+        let (out, used) = r.redact_settled(self.reader, &self.pending);
+        self.pending.drain(..used);
+        out
+    }
+
+    fn finish_with(&mut self, r: &Redactor) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        r.redact(self.reader, &rest).into_owned()
+    }
 }
 
 #[cfg(test)]
@@ -1275,6 +1410,85 @@ mod tests {
         assert_eq!(d.span(3, 4), (12, 13));
         assert_eq!(d.span(2, 5), (4, 18));
         assert!(decode(b"plain text & 100% sure").is_none());
+    }
+
+    #[test]
+    fn a_stream_is_redacted_across_its_pieces() {
+        let r = red(&[("MODEL_KEY", KEY)]);
+        let block = r.secrets()[0].block();
+        let b64 = b64(KEY.as_bytes());
+        let pct: String = KEY.bytes().map(|b| format!("%{b:02x}")).collect();
+        for text in [
+            format!("line one\nthe key: {KEY}\nlast line\n"),
+            format!("encoded {b64} and {pct}."),
+        ] {
+            for reader in [Reader::Tenant, Reader::Operator] {
+                // Cut in two at every byte, and in pieces of every size.
+                let mut splits: Vec<Vec<&str>> = (1..text.len())
+                    .filter(|&i| text.is_char_boundary(i))
+                    .map(|i| vec![&text[..i], &text[i..]])
+                    .collect();
+                for size in [1, 2, 3, 7, 13] {
+                    let bytes = text.as_bytes();
+                    splits.push(
+                        bytes
+                            .chunks(size)
+                            .map(|c| std::str::from_utf8(c).unwrap())
+                            .collect(),
+                    );
+                }
+                for pieces in splits {
+                    let mut stream = StreamRedaction::new(reader);
+                    let mut out: String = pieces.iter().map(|p| stream.push_with(&r, p)).collect();
+                    out.push_str(&stream.finish_with(&r));
+                    assert!(
+                        out.contains("[REDACTED:MODEL_KEY]"),
+                        "{reader:?} {pieces:?}: {out}"
+                    );
+                    let limit = match reader {
+                        Reader::Tenant => block,
+                        Reader::Operator => WINDOW,
+                    };
+                    assert!(
+                        longest_run(&out, KEY) < limit,
+                        "{reader:?} {pieces:?}: {out}"
+                    );
+                    assert!(
+                        !out.contains(&b64[..24]) && !out.contains(&pct[..48]),
+                        "{out}"
+                    );
+                }
+            }
+        }
+        // Control: the same pieces redacted one by one leak the key.
+        for reader in [Reader::Tenant, Reader::Operator] {
+            let each: String = KEY
+                .as_bytes()
+                .chunks(WINDOW - 1)
+                .map(|c| {
+                    r.redact(reader, std::str::from_utf8(c).unwrap())
+                        .into_owned()
+                })
+                .collect();
+            assert_eq!(each, KEY);
+        }
+    }
+
+    #[test]
+    fn a_stream_holds_back_only_what_could_begin_a_secret() {
+        let r = red(&[("MODEL_KEY", KEY)]);
+        let mut stream = StreamRedaction::new(Reader::Tenant);
+        // Ending in a space or punctuation: all of it goes out now.
+        assert_eq!(stream.push_with(&r, "step 1 of 3: "), "step 1 of 3: ");
+        assert_eq!(stream.push_with(&r, "done. "), "done. ");
+        // Ending in a word: the word waits for what follows it.
+        assert_eq!(stream.push_with(&r, "step 2 of 3 done"), "step 2 of 3 ");
+        assert_eq!(stream.push_with(&r, ", next\n"), "done, ");
+        assert_eq!(stream.finish_with(&r), "next\n");
+        // No secret known: nothing waits.
+        let none = Redactor::empty();
+        let mut stream = StreamRedaction::new(Reader::Tenant);
+        assert_eq!(stream.push_with(&none, "word"), "word");
     }
 
     #[test]

@@ -131,6 +131,30 @@ pub fn record_leak(text: &str, secrets: &[String]) -> Option<String> {
     })
 }
 
+/// The log notifications a [`Recorder`] received.
+pub type Notes = Arc<Mutex<Vec<serde_json::Value>>>;
+
+/// A client handler that keeps the log notifications.
+#[derive(Clone)]
+pub struct Recorder {
+    logs: Notes,
+}
+
+impl rmcp::ClientHandler for Recorder {
+    #[allow(deprecated)] // the server streams output as logging notifications
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        if let Ok(mut l) = self.logs.lock() {
+            l.push(params.data);
+        }
+    }
+}
+
+pub type RecordingClient = rmcp::service::RunningService<rmcp::RoleClient, Recorder>;
+
 /// A `cellbox serve --http` with a config file and extra environment; its
 /// stderr (the log) is kept; killed when dropped.
 pub struct AgentServe {
@@ -200,6 +224,22 @@ impl AgentServe {
         let transport = StreamableHttpClientTransport::from_config(config);
         env.block_on("initialize", ().serve(transport))?
             .map_err(|e| format!("initialize: {e}"))
+    }
+
+    /// An initialized MCP client that keeps the log notifications (a
+    /// cell's live output) the server sends it.
+    pub fn recording_client(&self, env: &Env) -> Result<(RecordingClient, Notes), String> {
+        let config = StreamableHttpClientTransportConfig::with_uri(self.url.clone());
+        let _in_runtime = env.rt.enter();
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let notes = Notes::default();
+        let recorder = Recorder {
+            logs: notes.clone(),
+        };
+        let client = env
+            .block_on("initialize", recorder.serve(transport))?
+            .map_err(|e| format!("initialize: {e}"))?;
+        Ok((client, notes))
     }
 
     /// Everything the server wrote to its log so far.

@@ -31,6 +31,7 @@ pub mod harness;
 
 mod environment;
 mod leaks;
+mod live_output;
 mod oracle;
 mod terminal;
 
@@ -53,6 +54,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("upstream_http_token", leaks::upstream_http_token),
     ("upstream_tool_list", leaks::upstream_tool_list),
     ("terminal_and_key", terminal::run),
+    ("live_output_in_pieces", live_output::run),
     ("redaction_oracle", oracle::run),
 ];
 

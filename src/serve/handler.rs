@@ -197,16 +197,70 @@ pub fn cell_tool_result(r: CellResult, verbose: bool) -> Result<CallToolResult, 
     })
 }
 
-/// One chunk of a cell's output to the client, as a log notification
-/// (logger "stdout" / "stderr"). Deprecated by SEP-2577 (see
+/// One cell's live output on its way to the client: each stream redacted
+/// as one text (see [`crate::secrets::StreamRedaction`]), so that a secret
+/// written in two pieces is caught across them.
+struct LiveOutput {
+    stdout: crate::secrets::StreamRedaction,
+    stderr: crate::secrets::StreamRedaction,
+}
+
+impl LiveOutput {
+    fn new() -> LiveOutput {
+        LiveOutput {
+            stdout: crate::secrets::StreamRedaction::new(crate::secrets::Reader::Tenant),
+            stderr: crate::secrets::StreamRedaction::new(crate::secrets::Reader::Tenant),
+        }
+    }
+
+    fn stream(&mut self, s: cellbox_output::OutputStream) -> &mut crate::secrets::StreamRedaction {
+        match s {
+            cellbox_output::OutputStream::Stdout => &mut self.stdout,
+            cellbox_output::OutputStream::Stderr => &mut self.stderr,
+        }
+    }
+
+    /// Send what of `chunk` may go out now.
+    async fn send(
+        &mut self,
+        peer: &rmcp::service::Peer<RoleServer>,
+        chunk: cellbox_output::OutputChunk,
+        session_id: &Option<String>,
+    ) {
+        let text = self.stream(chunk.stream).push(&chunk.text);
+        send_output(peer, chunk.stream, text, session_id).await;
+    }
+
+    /// The cell ended: send what each stream held back.
+    async fn finish(
+        &mut self,
+        peer: &rmcp::service::Peer<RoleServer>,
+        session_id: &Option<String>,
+    ) {
+        for s in [
+            cellbox_output::OutputStream::Stdout,
+            cellbox_output::OutputStream::Stderr,
+        ] {
+            let text = self.stream(s).finish();
+            send_output(peer, s, text, session_id).await;
+        }
+    }
+}
+
+/// One piece of a cell's output (already redacted) to the client, as a log
+/// notification (logger "stdout" / "stderr"). Deprecated by SEP-2577 (see
 /// `execute_code`), still how MCP hosts show live output.
 #[allow(deprecated)]
 async fn send_output(
     peer: &rmcp::service::Peer<RoleServer>,
-    chunk: cellbox_output::OutputChunk,
+    stream: cellbox_output::OutputStream,
+    text: String,
     session_id: &Option<String>,
 ) {
-    let logger = match chunk.stream {
+    if text.is_empty() {
+        return;
+    }
+    let logger = match stream {
         cellbox_output::OutputStream::Stdout => "stdout",
         cellbox_output::OutputStream::Stderr => "stderr",
     };
@@ -214,7 +268,7 @@ async fn send_output(
         LoggingLevel::Info,
         json!({
             "stream": logger,
-            "text": crate::secrets::redact(&chunk.text),
+            "text": text,
             "session_id": session_id,
         }),
     )
@@ -770,6 +824,7 @@ impl CellboxServer {
         );
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         tokio::pin!(work);
+        let mut shown = LiveOutput::new();
         let outcome = loop {
             tokio::select! {
                 r = &mut work => break Ok(r),
@@ -782,7 +837,7 @@ impl CellboxServer {
                         Some(rx) => rx.recv().await,
                         None => std::future::pending().await,
                     }
-                } => send_output(&ctx.peer, chunk, &a.session_id).await,
+                } => shown.send(&ctx.peer, chunk, &a.session_id).await,
                 _ = ticks.tick(), if progress_token.is_some() => {
                     if let Some(token) = &progress_token {
                         let elapsed = started.elapsed().as_secs_f64();
@@ -805,8 +860,9 @@ impl CellboxServer {
         // it goes out before the result.
         if let (Ok(_), Some(rx)) = (&outcome, live.as_mut()) {
             while let Ok(chunk) = rx.try_recv() {
-                send_output(&ctx.peer, chunk, &a.session_id).await;
+                shown.send(&ctx.peer, chunk, &a.session_id).await;
             }
+            shown.finish(&ctx.peer, &a.session_id).await;
         }
         // Leaving the loop drops `work` with everything it holds: a cell
         // still running is killed and reaped, its slot and lane are freed.
