@@ -51,9 +51,9 @@
 //! `\u{41}`), `\xNN` and HTML character references (`&#43;`, `&#x2F;`,
 //! `&plus;`) undone and line breaks and NULs dropped (line-wrapped text,
 //! UTF-16 of ASCII). In that reading, and in the text itself, it is found
-//! raw, in hex (any case), base64 (standard and URL-safe) and base32 (any
-//! case), each at every alignment the secret can have in the encoded
-//! bytes. What is not: a secret split between separate strings, fields or
+//! raw (in any case), in hex (any case), base64 (standard and URL-safe)
+//! and base32 (any case), each at every alignment the secret can have in
+//! the encoded bytes; a JSON number is read as its digits. What is not: a secret split between separate strings, fields or
 //! calls, spaced out, reversed or otherwise transformed on purpose — only
 //! the service a secret is sent to can do that, and it holds the secret
 //! already. Each stretch of text made of found runs reads
@@ -129,9 +129,10 @@ impl Secret {
     }
 
     /// Bytes of this secret that carry [`GUESS_BITS`] bits by its own
-    /// alphabet (the fewer of the distinct bytes it uses and the classes
-    /// they belong to: digits, lower case, upper case, other ASCII,
-    /// non-ASCII), at least [`WINDOW`]: a block (see [`crate::secrets`]).
+    /// alphabet, letters in either case counted once (the fewer of the
+    /// distinct bytes it uses and the classes they belong to: digits,
+    /// letters, other ASCII, non-ASCII), at least [`WINDOW`]: a block (see
+    /// [`crate::secrets`]).
     /// An estimate that errs long: a hex key counts 4 bits a character.
     pub fn block(&self) -> usize {
         block_bytes(self.expose().as_bytes())
@@ -146,6 +147,9 @@ impl Secret {
 
 /// See [`Secret::block`].
 fn block_bytes(raw: &[u8]) -> usize {
+    // Letters count once in either case: a secret is found in any case.
+    let raw = raw.to_ascii_lowercase();
+    let raw = &raw[..];
     let mut seen = [false; 256];
     for &b in raw {
         seen[usize::from(b)] = true;
@@ -160,7 +164,6 @@ fn block_bytes(raw: &[u8]) -> usize {
     };
     let classes = class(|b| b.is_ascii_digit(), 10)
         + class(|b| b.is_ascii_lowercase(), 26)
-        + class(|b| b.is_ascii_uppercase(), 26)
         + class(|b| b.is_ascii() && !b.is_ascii_alphanumeric(), 33)
         + class(|b| !b.is_ascii(), 128);
     let alphabet = distinct.min(classes).max(2) as f64;
@@ -200,8 +203,9 @@ fn plus_form(raw: &[u8]) -> Option<Vec<u8>> {
     })
 }
 
-/// The patterns of one secret (case-sensitive: raw and base64;
-/// case-insensitive: hex and base32) for `reader`.
+/// The patterns of one secret (case-sensitive: base64; case-insensitive:
+/// raw, hex and base32 — a secret in another case is the secret, bar a
+/// bit a letter, which [`block_bytes`] counts) for `reader`.
 fn patterns(raw: &[u8], reader: Reader) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let block = block_bytes(raw);
     match reader {
@@ -220,9 +224,9 @@ fn patterns(raw: &[u8], reader: Reader) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
 fn windowed(raw: &[u8], run: usize) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut exact = Vec::new();
     let mut folded = Vec::new();
-    windows(raw, run, true, &mut exact);
+    windows(raw, run, true, &mut folded);
     if let Some(plus) = plus_form(raw) {
-        windows(&plus, run, true, &mut exact);
+        windows(&plus, run, true, &mut folded);
     }
     windows(hex_lower(raw).as_bytes(), 2 * run, true, &mut folded);
     if run >= raw.len() {
@@ -272,9 +276,9 @@ fn blocks(raw: &[u8], block: usize) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let plus = plus_form(raw);
     for s in block_starts(raw.len(), block, block) {
         let b = &raw[s..s + block];
-        exact.push(b.to_vec());
+        folded.push(b.to_vec());
         if let Some(plus) = &plus {
-            exact.push(plus[s..s + block].to_vec());
+            folded.push(plus[s..s + block].to_vec());
         }
         folded.push(hex_lower(b).into_bytes());
     }
@@ -875,6 +879,14 @@ impl Redactor {
     pub fn redact_value(&self, reader: Reader, v: &mut Value) {
         match v {
             Value::String(s) => self.redact_string(reader, s),
+            // A secret of digits may come back as a number: it leaves as
+            // the redacted text.
+            Value::Number(n) => {
+                let text = n.to_string();
+                if self.finds(reader, text.as_bytes()) {
+                    *v = Value::String(self.redact(reader, &text).into_owned());
+                }
+            }
             Value::Array(a) => a.iter_mut().for_each(|v| self.redact_value(reader, v)),
             Value::Object(o) => {
                 if o.keys().any(|k| self.finds(reader, k.as_bytes())) {
@@ -1489,6 +1501,36 @@ mod tests {
         let none = Redactor::empty();
         let mut stream = StreamRedaction::new(Reader::Tenant);
         assert_eq!(stream.push_with(&none, "word"), "word");
+    }
+
+    #[test]
+    fn any_case_and_numbers_are_caught() {
+        let account = "314159265358979323";
+        let r = red(&[("MODEL_KEY", KEY), ("ACCOUNT", account)]);
+        let swapped: String = KEY
+            .chars()
+            .map(|c| {
+                if c.is_ascii_lowercase() {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            })
+            .collect();
+        for reader in [Reader::Tenant, Reader::Operator] {
+            for form in [KEY.to_uppercase(), KEY.to_lowercase(), swapped.clone()] {
+                let text = format!("key {form}.");
+                assert_eq!(
+                    r.redact(reader, &text),
+                    "key [REDACTED:MODEL_KEY].",
+                    "{reader:?}"
+                );
+            }
+            let mut v: Value =
+                serde_json::from_str(&format!("{{\"n\": {account}, \"m\": 7}}")).unwrap();
+            r.redact_value(reader, &mut v);
+            assert_eq!(v, serde_json::json!({"n": "[REDACTED:ACCOUNT]", "m": 7}));
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! server's log no run of 8 bytes.
 
 use super::harness::{
-    completion, environ, fake_upstream, marker, python, AgentServe, Echo, HttpUpstream, RUN,
+    completion, environ, fake_upstream, marker, python, tenant_leak, AgentServe, Echo,
+    HttpUpstream, RUN,
 };
 use super::{Env, Outcome};
 use base64::Engine as _;
@@ -500,5 +501,97 @@ allow = ["up.*"]
             .into(),
         blocked,
         evidence,
+    })
+}
+
+/// A tool that sends its secrets back in forms a byte-for-byte match
+/// misses: its token upper-cased and with every letter's case swapped, and
+/// a secret account number as a JSON number (not a string).
+pub fn http_tool_other_forms(env: &Env) -> Result<Outcome, String> {
+    let token = secret("tok-");
+    // 18 digits, the first not 0: a JSON number that fits an integer.
+    let account: String = marker("")
+        .bytes()
+        .enumerate()
+        .map(|(i, b)| {
+            let d = (b as char).to_digit(16).unwrap_or(0) % 10;
+            char::from_digit(if i == 0 { d.max(1) } else { d }, 10).unwrap_or('1')
+        })
+        .take(18)
+        .collect();
+    let mark = marker("MARK-");
+    let m = mark.clone();
+    let echo = Echo::start(Arc::new(move |seen| {
+        let got = bearer(seen);
+        let acct = seen.header("x-account").unwrap_or("0").to_owned();
+        let swapped: String = got
+            .chars()
+            .map(|c| {
+                if c.is_ascii_lowercase() {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            })
+            .collect();
+        let body = format!(
+            r#"{{"mark": {m:?}, "upper": {:?}, "swapped": {swapped:?}, "account": {acct}}}"#,
+            got.to_uppercase()
+        );
+        (200, body)
+    }))?;
+    let config = format!(
+        r#"
+[server]
+languages = ["python"]
+[tools.hook]
+kind = "http"
+description = "a web hook"
+url = "{url}/ok"
+headers = {{ Authorization = {{ env = "CB_TOOL_TOKEN", prefix = "Bearer " }}, X-Account = {{ env = "CB_ACCOUNT" }} }}
+[policy]
+allow = ["hook"]
+"#,
+        url = echo.url
+    );
+    let serve = AgentServe::start(
+        env,
+        &config,
+        &[("CB_TOOL_TOKEN", &token), ("CB_ACCOUNT", &account)],
+    )?;
+    let client = serve.client(env)?;
+    let a = env.block_on("cell", python(&client, None, "tools.hook()", 60))?;
+    let text = a.all_text();
+    let got = echo.seen().iter().any(|(s, answer)| {
+        bearer(s) == token
+            && s.header("x-account") == Some(account.as_str())
+            && answer.contains(&token.to_uppercase())
+            && answer.contains(&format!(": {account}}}"))
+    });
+    if !got || !text.contains(&mark) {
+        return Err(format!(
+            "the tool did not get its token and account number and send them back ({got}), \
+             or its answer did not reach the client: {text}"
+        ));
+    }
+    let mut found = serve.leaks(&text, &[token.clone(), account.clone()]);
+    // Any case of the token.
+    if let Some(run) = tenant_leak(&text.to_lowercase(), &token.to_lowercase()) {
+        found.push(format!(
+            "the client's result holds the token in another case: {run}"
+        ));
+    }
+    Ok(Outcome {
+        control: "the tool received its token and an account number in headers and sent back \
+                  the token upper-cased and case-swapped and the number as a JSON number; the \
+                  answer reached the client"
+            .into(),
+        blocked: found.is_empty(),
+        evidence: if found.is_empty() {
+            "the answer reached the client with the token in every case and the number redacted"
+                .into()
+        } else {
+            found.join("; ")
+        },
     })
 }

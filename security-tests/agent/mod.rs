@@ -49,6 +49,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("model_key_in_a_reply", leaks::model_reply),
     ("model_key_in_an_error", leaks::model_error),
     ("http_tool_echoes_headers", leaks::http_tool),
+    ("http_tool_other_forms", leaks::http_tool_other_forms),
     ("upstream_environment", leaks::upstream_environment),
     ("upstream_log_and_stdout", leaks::upstream_log),
     ("upstream_http_token", leaks::upstream_http_token),
