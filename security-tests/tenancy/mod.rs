@@ -29,6 +29,7 @@ mod early_done;
 mod flood;
 pub mod harness;
 mod held_memory;
+mod lifetime;
 mod oom;
 mod ownership;
 mod pids;
@@ -76,6 +77,9 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("display_flood", display_flood::run),
     ("held_memory_checkpoints", held_memory::checkpoints),
     ("held_memory_search", held_memory::search),
+    ("outlive_cell", lifetime::outlive),
+    ("idle_session", lifetime::idle),
+    ("unasked_answer", lifetime::unasked),
 ];
 
 /// Run the attacks whose name (with its `tenant_` prefix) contains

@@ -265,16 +265,20 @@ zygote_channel! {
     ///
     /// - supervisor → state: `run {id, rlimits}` with the cell's protocol
     ///   socket, stdout, stderr and the channel of the next state process;
-    ///   `clone {id}` with the channel of a copy (a checkpoint).
-    /// - state → supervisor: `spawned {id, pid}`, `error {id, message}`,
-    ///   `ended {...}` (as [`ZygoteMsg::Ended`]); first on each new
-    ///   channel, `ready {pid}` from the process that serves it; and, unasked,
-    ///   `spare {pid}` with the channel of a process it forked ahead for its
-    ///   next cell, to which the supervisor sends the cell's limits (as
-    ///   [`Rlimits`], the whole packet) and the four fds of `run` itself.
+    ///   `clone {id}` with the channel of a copy (a checkpoint);
+    ///   `prefork {id}`: fork the process of the next cell ahead (its
+    ///   spare).
+    /// - state → supervisor: `spawned {id, pid}` (for `prefork`, with the
+    ///   spare's channel, on which the spare says `warm` once it has warmed
+    ///   up, and to which the supervisor sends the cell's limits, as
+    ///   [`Rlimits`], the whole packet, and the four fds of `run` itself),
+    ///   `error {id, message}`, `ended {...}` (as [`ZygoteMsg::Ended`]); and
+    ///   first on each new channel, `ready {pid}` from the process that
+    ///   serves it. Nothing else, and nothing unasked.
     ///
     /// A state process has run the session's code: pids it names are only
-    /// looked up among the session's own processes.
+    /// looked up among the session's own processes, and an answer to a
+    /// request never made closes its channel.
     pub enum StateMsg {
         Run {
             id: u64,
@@ -283,10 +287,10 @@ zygote_channel! {
         Clone {
             id: u64,
         },
-        Ready {
-            pid: i32,
+        Prefork {
+            id: u64,
         },
-        Spare {
+        Ready {
             pid: i32,
         },
     }
@@ -392,12 +396,10 @@ mod tests {
             StateMsg::Ready { pid: 1 }.sort(),
             PoolReply::Other(StateMsg::Ready { pid: 1 })
         ));
-        // A state process's word for a spare, as zygote.py writes it.
-        let spare: StateMsg = serde_json::from_str(r#"{"op": "spare", "pid": 12}"#).expect("spare");
-        assert!(matches!(
-            spare.sort(),
-            PoolReply::Other(StateMsg::Spare { pid: 12 })
-        ));
+        // A spare is asked for, and answered as any request is.
+        let asked: StateMsg = serde_json::from_str(r#"{"op":"prefork","id":5}"#).expect("prefork");
+        assert_eq!(asked, StateMsg::Prefork { id: 5 });
+        assert!(serde_json::from_str::<StateMsg>(r#"{"op": "spare", "pid": 12}"#).is_err());
         // Unknown fields stay refused.
         assert!(
             serde_json::from_str::<ZygoteMsg>(r#"{"op":"spawned","id":3,"pid":40,"x":1}"#).is_err()

@@ -140,3 +140,24 @@ where
         }
     }
 }
+
+/// Start `/bin/sleep 300` that first joins the cgroups whose `tasks` files
+/// are open on `join` (as a state process joins its session's groups).
+#[cfg(target_os = "linux")]
+pub fn sleeper_joining(join: &[std::os::fd::OwnedFd]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let raw: Vec<std::os::fd::RawFd> = join.iter().map(AsRawFd::as_raw_fd).collect();
+    let mut cmd = std::process::Command::new("/bin/sleep");
+    cmd.arg("300");
+    // SAFETY: join_fd is async-signal-safe (one write) and the descriptors
+    // stay open in the caller until the child has started.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &raw {
+                super::linux::cgroup::join_fd(*fd)?;
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn sleep")
+}

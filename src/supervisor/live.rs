@@ -16,16 +16,23 @@
 //! kept or rolled back whole. A checkpoint is an idle copy of a state
 //! process; restoring one makes a copy of it the session's state.
 //!
-//! State processes have run the session's code: nothing they say is
-//! trusted beyond that session. Pids they name are looked up among the
-//! session's own processes (its cgroup), and their reports only decide the
-//! session's own results.
+//! State processes have run the session's code (a cell can reach the
+//! runtime's globals and replace its loop): nothing they say is trusted
+//! beyond that session. Pids they name are looked up among the session's
+//! own processes (its cgroup), every pidfd is checked against that group
+//! after it is opened (see `groups::open_member`), an answer to a request
+//! never made closes the channel (`pool_client::Parent::Untrusted`), and
+//! their reports only decide the session's own results. Nor do they run
+//! between cells: once a cell is over, everything in the session's group
+//! but its state processes is killed (recorded in the result and the
+//! events), its next cell's process is forked ahead when the supervisor
+//! asks, and the session is frozen ([`settle`]) until its next cell.
 
-use super::pool_client::{next_packet, PoolClient, Refused};
+use super::pool_client::{next_packet, Parent, PoolClient, Refused};
 use super::warm::ForkingParent;
 use super::zygote::Zygote;
 use crate::plan::Rlimits;
-use crate::sandbox::linux::groups::SessionGroup;
+use crate::sandbox::linux::groups::{self, SessionGroup};
 use crate::sandbox::process::{self, Reaped};
 use crate::sandbox::zygote::{self as wire, StateMsg};
 use crate::util::lock;
@@ -51,18 +58,26 @@ const LOST: Reaped = Reaped {
     max_rss_kb: 0,
 };
 
-/// How long after a cell's result the state process it replaced is ended
-/// (see [`Retired`]).
-const RETIRE_AFTER: Duration = Duration::from_millis(1);
+/// How long after a cell's result its session is settled (see [`settle`]):
+/// ending the state process it replaced and forking the next cell's
+/// process would otherwise compete with handing the result back.
+const SETTLE_AFTER: Duration = Duration::from_millis(2);
 
-/// The state process a cell's successor replaced, ended a moment after the
-/// cell's result rather than before it: its exit (the kernel freeing an
-/// interpreter's pages, most of a millisecond) would otherwise compete
-/// with handing the result back, often on the same CPU. It runs none of
-/// the session's code while it waits (a state process runs code only when
-/// asked to fork a cell, and nothing asks this one any more). The
-/// session's next cell ends it at once if it comes sooner.
-#[derive(Default)]
+/// How long a state process may take to fork its spare, and the spare to
+/// warm up, once asked (the settling of a session takes at most this and
+/// the freeze).
+const SPARE_WITHIN: Duration = Duration::from_secs(2);
+
+/// How long a killed state process may take to exit.
+const EXIT_WITHIN: Duration = Duration::from_secs(2);
+
+/// The state process a cell's successor replaced, ended by the session's
+/// settling ([`settle`]) a moment after the cell's result rather than
+/// before it: its exit (the kernel freeing an interpreter's pages, most of
+/// a millisecond) would otherwise compete with handing the result back,
+/// often on the same CPU. The session's next cell ends it at once if it
+/// comes sooner.
+#[derive(Default, Clone)]
 pub(crate) struct Retired(Arc<Mutex<Option<Arc<StateProc>>>>);
 
 impl std::fmt::Debug for Retired {
@@ -72,22 +87,20 @@ impl std::fmt::Debug for Retired {
 }
 
 impl Retired {
-    /// End `state` [`RETIRE_AFTER`] from now (or at [`Self::now`]).
+    /// End `state` when the session settles (or at [`Self::now`]).
     pub(crate) fn later(&self, state: Arc<StateProc>) {
         let before = lock(&self.0).replace(state);
         drop(before);
-        let slot = self.0.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(RETIRE_AFTER).await;
-            let state = lock(&slot).take();
-            drop(state);
-        });
     }
 
     /// End the retired state process now, if one waits.
     pub(crate) fn now(&self) {
         let state = lock(&self.0).take();
         drop(state);
+    }
+
+    fn take(&self) -> Option<Arc<StateProc>> {
+        lock(&self.0).take()
     }
 }
 
@@ -105,6 +118,8 @@ pub(crate) struct StateProc {
     dead: AtomicBool,
     /// Keeps the zygote, whose PID namespace every state process lives in.
     zygote: Arc<Zygote>,
+    /// The session's group, where it and everything it forks live.
+    session: Arc<SessionGroup>,
     /// The session's limits, which every cell of it runs under (a cell's
     /// own, when tighter, as soft limits).
     pub(crate) rlimits: Rlimits,
@@ -113,16 +128,26 @@ pub(crate) struct StateProc {
     _in_flight: Option<super::zygote::InFlight>,
 }
 
-/// A process a state process forked ahead for its next cell (`spare
-/// {pid}`, see `_live_prefork` in zygote.py), found among the session's
-/// processes: the next cell is sent to it directly, so that the state
-/// process, which shares its pages, runs nothing on the cell's way.
+/// A process a state process forked ahead for its next cell when asked
+/// (`prefork`, see `_live_prefork` in zygote.py), found among the
+/// session's processes: the next cell is sent to it directly, so that the
+/// state process, which shares its pages, runs nothing on the cell's way.
+/// Killed when dropped unused.
 struct Spare {
     ns_pid: i32,
     host: i32,
-    pidfd: OwnedFd,
+    pidfd: Option<OwnedFd>,
     /// Its end of the channel it waits on: closed, it exits.
     channel: OwnedFd,
+    session: Arc<SessionGroup>,
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        if let Some(pidfd) = &self.pidfd {
+            self.session.kill(pidfd.as_fd());
+        }
+    }
 }
 
 /// The cell's process, as [`StateProc::run`] gives it: its pid in the
@@ -140,22 +165,52 @@ pub(crate) struct RunCell {
 pub(crate) type CellProcess = (i32, i32, OwnedFd);
 
 impl Spare {
-    /// Take in a state process's `spare {pid}` with its channel: `None`
-    /// (the channel closed, so the process exits) unless the pid names one
-    /// of the session's processes that is alive.
-    fn found(session_pids: &Path, ns_pid: i32, mut fds: Vec<OwnedFd>) -> Option<Spare> {
+    /// Take in a state process's answer to `prefork` (`spawned {pid}` with
+    /// the spare's channel): `None` (the channel closed, so the process
+    /// exits) unless it came with one fd and the pid names one of the
+    /// session's processes that is alive.
+    fn found(session: &Arc<SessionGroup>, ns_pid: i32, mut fds: Vec<OwnedFd>) -> Option<Spare> {
         if fds.len() != 1 {
             return None;
         }
         let channel = fds.pop()?;
-        let host = host_pid(session_pids, ns_pid)?;
-        let pidfd = process::pidfd_open(host).ok()?;
+        let host = host_pid(session.pids_path(), ns_pid)?;
+        let pidfd = groups::open_member(session.pids_path(), host).ok()?;
         Some(Spare {
             ns_pid,
             host,
-            pidfd,
+            pidfd: Some(pidfd),
             channel,
+            session: session.clone(),
         })
+    }
+
+    /// Wait (at most `within`) until the spare says it has warmed up, or
+    /// its channel closes: a spare frozen while it warms up would do the
+    /// rest on its cell's way. What it says is not otherwise used.
+    async fn warmed(&self, within: Duration) {
+        let Ok(fd) = self.channel.try_clone() else {
+            return;
+        };
+        let Ok(fd) = process::watch_readable(fd) else {
+            return;
+        };
+        let _ = tokio::time::timeout(within, next_packet::<serde_json::Value>(&fd, 256)).await;
+    }
+
+    /// Its pid in our namespace and its pidfd, as the process of a cell:
+    /// no longer killed when dropped.
+    fn into_cell(mut self) -> Option<(i32, OwnedFd)> {
+        let pidfd = self.pidfd.take()?;
+        Some((self.host, pidfd))
+    }
+
+    /// Whether it has ended or is being killed (a SIGKILL sent while the
+    /// session was frozen is acted on once it is thawed).
+    fn gone(&self) -> bool {
+        self.pidfd
+            .as_ref()
+            .is_none_or(|p| process::ended_or_killed(p.as_fd(), self.host))
     }
 }
 
@@ -174,7 +229,7 @@ impl StateProc {
         zygote: Arc<Zygote>,
         scratch: &Path,
         rlimits: &Rlimits,
-        session: &SessionGroup,
+        session: &Arc<SessionGroup>,
         deadline: tokio::time::Instant,
     ) -> Result<Arc<StateProc>, String> {
         let (ours, theirs) = crate::sandbox::forkserver::seqpacket_pair()
@@ -206,13 +261,17 @@ impl StateProc {
             .await
             .map_err(|e| e.to_string())?;
         let (ctl, ns_pid) = await_ready(ours).await?;
-        let host = crate::sandbox::linux::groups::pidfd_pid(&pidfd).map_err(|e| e.to_string())?;
+        // It joined the session's group before it said ready.
+        let host = groups::member_pid(&pidfd, session.pids_path()).map_err(|e| {
+            let _ = process::pidfd_kill(pidfd.as_fd());
+            format!("the state process is not the session's: {e}")
+        })?;
         Self::serve(
             ctl,
             pidfd,
             (host, ns_pid),
             zygote,
-            (*rlimits, session.pids_path()),
+            (*rlimits, session),
             Some(in_flight),
         )
     }
@@ -235,12 +294,13 @@ impl StateProc {
         ours: OwnedFd,
         zygote: Arc<Zygote>,
         rlimits: Rlimits,
-        session: &SessionGroup,
+        session: &Arc<SessionGroup>,
         cell: Option<CellProcess>,
     ) -> Result<Arc<StateProc>, String> {
         let (ctl, ns_pid) = await_ready(ours).await?;
         let (host, pidfd) = match cell {
-            // Alive, so that pid is still that process's.
+            // Alive, so that pid is still that process's (checked to be
+            // the session's when the cell was launched).
             Some((ns, host, pidfd)) if ns == ns_pid && !process::pidfd_exited(pidfd.as_fd()) => {
                 (host, pidfd)
             }
@@ -248,19 +308,12 @@ impl StateProc {
                 let host = host_pid(session.pids_path(), ns_pid).ok_or_else(|| {
                     format!("the state process {ns_pid} is not among the session's")
                 })?;
-                let pidfd = process::pidfd_open(host)
+                let pidfd = groups::open_member(session.pids_path(), host)
                     .map_err(|e| format!("failed to open the state process {host}: {e}"))?;
                 (host, pidfd)
             }
         };
-        Self::serve(
-            ctl,
-            pidfd,
-            (host, ns_pid),
-            zygote,
-            (rlimits, session.pids_path()),
-            None,
-        )
+        Self::serve(ctl, pidfd, (host, ns_pid), zygote, (rlimits, session), None)
     }
 
     fn serve(
@@ -268,36 +321,25 @@ impl StateProc {
         pidfd: OwnedFd,
         (host, ns_pid): (i32, i32),
         zygote: Arc<Zygote>,
-        (rlimits, session_pids): (Rlimits, &Path),
+        (rlimits, session): (Rlimits, &Arc<SessionGroup>),
         in_flight: Option<super::zygote::InFlight>,
     ) -> Result<Arc<StateProc>, String> {
         let ours = ctl
             .get_ref()
             .try_clone()
             .map_err(|e| format!("failed to share a state process channel: {e}"))?;
-        let client = Arc::new(PoolClient::new(ours, Some(LOST)));
+        let client = Arc::new(PoolClient::of(ours, Some(LOST), Parent::Untrusted));
         let reader = client.clone();
-        let spare = Arc::new(Mutex::new(None));
-        let spares = spare.clone();
-        let client_of_spares = client.clone();
-        let session_pids = session_pids.to_path_buf();
-        // Its own messages: `spare` (a spare's channel, or nothing when its
-        // pid is not the session's); `ready` comes only first on a new
-        // channel, so here it closes the channel.
+        let refuser = client.clone();
+        // Nothing of its own comes unasked (`ready` only first on a new
+        // channel): anything else breaks the protocol, and its fds are
+        // closed unused.
         tokio::spawn(async move {
             reader
-                .read::<StateMsg>(&ctl, 4096, |msg, fds| match msg {
-                    StateMsg::Spare { pid } => {
-                        // The end of an earlier child with its pid (a spare
-                        // that never had a cell) is not this one's.
-                        client_of_spares.born(pid);
-                        let found = Spare::found(&session_pids, pid, fds);
-                        // One it forked before is gone, or no longer waits.
-                        let before = std::mem::replace(&mut *lock(&spares), found);
-                        drop(before);
-                        true
-                    }
-                    _ => false,
+                .read::<StateMsg>(&ctl, 4096, |msg, fds| {
+                    drop(fds);
+                    refuser.refuse(format!("it sent an unasked {}", state_op(&msg)));
+                    false
                 })
                 .await
         });
@@ -308,10 +350,17 @@ impl StateProc {
             ns_pid,
             dead: AtomicBool::new(false),
             zygote,
+            session: session.clone(),
             rlimits,
-            spare,
+            spare: Arc::new(Mutex::new(None)),
             _in_flight: in_flight,
         }))
+    }
+
+    /// Why its channel was closed on a message that broke the protocol, if
+    /// it was (it is then killed, and the session's live objects lost).
+    pub(crate) fn violation(&self) -> Option<String> {
+        self.client.violation()
     }
 
     /// Its pid in our PID namespace.
@@ -360,15 +409,19 @@ impl StateProc {
         let spare = lock(&self.spare).take();
         if let Some(spare) = spare {
             // Gone (a cell may kill its session's processes), or it closed
-            // its end: the state process forks the cell instead.
-            if !process::pidfd_exited(spare.pidfd.as_fd())
+            // its end: the state process forks the cell instead (and the
+            // spare is killed).
+            if !spare.gone()
                 && crate::sandbox::packet::send(spare.channel.as_fd(), rlimits, &fds).is_ok()
             {
-                return Ok(RunCell {
-                    ns_pid: spare.ns_pid,
-                    next: next_ours,
-                    found: Some((spare.host, spare.pidfd)),
-                });
+                let ns_pid = spare.ns_pid;
+                if let Some(found) = spare.into_cell() {
+                    return Ok(RunCell {
+                        ns_pid,
+                        next: next_ours,
+                        found: Some(found),
+                    });
+                }
             }
         }
         let run = |id| StateMsg::Run {
@@ -382,11 +435,18 @@ impl StateProc {
         drop((proto, out, err, next_theirs));
         let within = (tokio::time::Instant::now() + ANSWER_WITHIN).min(deadline);
         match tokio::time::timeout_at(within, rx).await {
-            Ok(Ok(Ok(spawned))) => Ok(RunCell {
+            Ok(Ok(Ok(spawned))) if spawned.fds.is_empty() => Ok(RunCell {
                 ns_pid: spawned.pid,
                 next: next_ours,
                 found: None,
             }),
+            Ok(Ok(Ok(spawned))) => {
+                drop(spawned);
+                self.client
+                    .refuse("it answered `run` with descriptors".to_owned());
+                self.kill();
+                Err("the session's state process broke its protocol".into())
+            }
             Ok(Ok(Err(Refused(message)))) => Err(format!(
                 "the session's state process could not fork the cell: {message}"
             )),
@@ -401,7 +461,8 @@ impl StateProc {
 
     /// An idle copy of this state process (a checkpoint, or the session's
     /// state restored from one).
-    pub(crate) async fn copy(&self, session: &SessionGroup) -> Result<Arc<StateProc>, String> {
+    pub(crate) async fn copy(&self) -> Result<Arc<StateProc>, String> {
+        let session = &self.session;
         if self.is_dead() {
             return Err("the state process is gone".into());
         }
@@ -426,9 +487,61 @@ impl StateProc {
         self.client.exit_of(pid)
     }
 
+    /// Ask it to fork the process of its next cell ahead (its spare), and
+    /// wait (at most [`SPARE_WITHIN`]) until that has warmed up. Kept
+    /// only when the answer names a process of the session's.
+    pub(crate) async fn prefork(&self) -> Result<(), String> {
+        if self.is_dead() {
+            return Err("the session's state process is gone".into());
+        }
+        // One it forked before, unused, goes first.
+        let before = lock(&self.spare).take();
+        drop(before);
+        let (id, rx) = self
+            .client
+            .request(|id| StateMsg::Prefork { id }, &[])
+            .map_err(|e| format!("failed to reach the state process: {e}"))?;
+        let answer = tokio::time::timeout(SPARE_WITHIN, rx).await;
+        let spawned = match answer {
+            Ok(Ok(Ok(spawned))) => spawned,
+            Ok(Ok(Err(Refused(message)))) => {
+                return Err(format!("no spare was forked: {message}"));
+            }
+            Ok(Err(_)) => return Err("the session's state process went away".into()),
+            Err(_) => {
+                self.client.give_up(id, None);
+                return Err("the session's state process forked no spare in time".into());
+            }
+        };
+        let spare = Spare::found(&self.session, spawned.pid, spawned.fds)
+            .ok_or("the spare named is not the session's, or came without its channel")?;
+        spare.warmed(SPARE_WITHIN).await;
+        *lock(&self.spare) = Some(spare);
+        Ok(())
+    }
+
+    /// The pid (our namespace) of its spare, if it has one.
+    pub(crate) fn spare_pid(&self) -> Option<i32> {
+        lock(&self.spare).as_ref().map(|s| s.host)
+    }
+
+    /// Kill it (and its spare), and wait (at most [`EXIT_WITHIN`]) until it
+    /// has exited.
+    pub(crate) async fn end(&self) {
+        self.kill();
+        let Ok(fd) = self.pidfd.try_clone() else {
+            return;
+        };
+        if let Ok(exit) = process::ExitWatch::from_pidfd(fd) {
+            let _ = tokio::time::timeout(EXIT_WITHIN, exit.exited()).await;
+        }
+    }
+
     fn kill(&self) {
         self.dead.store(true, Ordering::SeqCst);
-        let _ = process::pidfd_kill(self.pidfd.as_fd());
+        let spare = lock(&self.spare).take();
+        drop(spare);
+        self.session.kill(self.pidfd.as_fd());
     }
 }
 
@@ -437,9 +550,25 @@ impl Drop for StateProc {
         // Killed before its channel is shut: at the channel's end a state
         // process kills its cells, and one of them may have become the
         // session's next state process (a process with SIGKILL pending
-        // runs no more of its code).
-        let _ = process::pidfd_kill(self.pidfd.as_fd());
+        // runs no more of its code). Killed through the session's group,
+        // which ends it while the session is frozen too.
+        let spare = lock(&self.spare).take();
+        drop(spare);
+        self.session.kill(self.pidfd.as_fd());
         self.client.shutdown();
+    }
+}
+
+/// A state process message's name, for what breaks the protocol.
+fn state_op(msg: &StateMsg) -> &'static str {
+    match msg {
+        StateMsg::Run { .. } => "run",
+        StateMsg::Clone { .. } => "clone",
+        StateMsg::Prefork { .. } => "prefork",
+        StateMsg::Ready { .. } => "ready",
+        StateMsg::Spawned { .. } => "spawned",
+        StateMsg::Error { .. } => "error",
+        StateMsg::Ended { .. } => "ended",
     }
 }
 
@@ -534,10 +663,9 @@ pub(crate) struct LiveCell {
     /// Why the cell did not run on the live namespace or could not keep
     /// it, for the result's notes.
     pub(crate) notes: Mutex<Vec<String>>,
-    /// The session's other state processes (its first one, its
-    /// checkpoints), by pid in our namespace: spared when what the cell
-    /// left in the session's group is killed.
-    pub(crate) spare: Vec<i32>,
+    /// The session's checkpoints' processes, by pid in our namespace:
+    /// spared when what the cell left in the session's group is killed.
+    pub(crate) checkpoints: Vec<i32>,
 }
 
 impl std::fmt::Debug for LiveCell {
@@ -551,15 +679,19 @@ impl LiveCell {
         lock(&self.notes).push(n.into());
     }
 
-    /// After the cell's process is gone: kill whatever else it left in the
+    /// After the cell's process is gone: kill everything else in the
     /// session's group (a live cell runs there, beside the state
-    /// processes), sparing the session's state processes. A cell of a live
-    /// session has no process bound of its own: the session's holds.
-    pub(crate) async fn end_others(&self, session: Option<Arc<SessionGroup>>) {
+    /// processes) but the session's state processes the supervisor knows
+    /// (the one the cell was forked from, the one it left, the
+    /// checkpoints), whoever their parent is: a child the cell attached to
+    /// its state process (`clone(CLONE_PARENT)`) or one a state process
+    /// forked is not spared. A cell of a live session has no process bound
+    /// of its own: the session's holds. How many were killed.
+    pub(crate) async fn end_others(&self, session: Option<Arc<SessionGroup>>) -> usize {
         let Some(session) = session else {
-            return;
+            return 0;
         };
-        let mut keep = self.spare.clone();
+        let mut keep = self.checkpoints.clone();
         for s in [lock(&self.state).clone(), lock(&self.kept).clone()]
             .into_iter()
             .flatten()
@@ -569,9 +701,15 @@ impl LiveCell {
         let ended =
             tokio::task::spawn_blocking(move || session.end_others(&keep, TREE_END_WITHIN)).await;
         match ended {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("a live cell's processes outlived it: {e}"),
-            Err(e) => tracing::warn!("failed to end a live cell's processes: {e}"),
+            Ok(Ok(killed)) => killed.len(),
+            Ok(Err(e)) => {
+                tracing::warn!("a live cell's processes outlived it: {e}");
+                0
+            }
+            Err(e) => {
+                tracing::warn!("failed to end a live cell's processes: {e}");
+                0
+            }
         }
     }
 
@@ -597,7 +735,7 @@ impl LiveCell {
     }
 
     /// After a cell that succeeded: its successor.
-    pub(crate) async fn take_over(&self, session: Option<&SessionGroup>) {
+    pub(crate) async fn take_over(&self, session: Option<&Arc<SessionGroup>>) {
         let next = lock(&self.next).take();
         let state = lock(&self.state).clone();
         let cell = lock(&self.cell).take();
@@ -611,6 +749,75 @@ impl LiveCell {
             )),
         }
     }
+}
+
+/// What a session's settling ([`settle`]) did.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    /// Processes of the session killed: neither its state processes nor
+    /// the spare it asked for.
+    pub(crate) killed: usize,
+    /// Whether the session is frozen now.
+    pub(crate) frozen: bool,
+    /// Why no spare waits for the next cell, if none does.
+    pub(crate) no_spare: Option<String>,
+    /// What went wrong, if the session could not be settled.
+    pub(crate) error: Option<String>,
+}
+
+/// Settle a live session between its cells: end the state process a cell
+/// replaced (`retired`), ask the state process (`state`, if the session
+/// has one) for its next cell's process ahead (its spare) unless
+/// `cancel` comes first, then kill everything in the session's group but
+/// `state`, its spare and the checkpoints (`keep`), and freeze the group:
+/// until its next cell thaws it, none of the session's processes runs,
+/// whatever its code arranged (a state process's loop replaced, a child
+/// attached to it). The freeze comes once the spare has warmed up (a
+/// spare frozen while warming would do the rest on its cell's way); the
+/// time until then is bounded ([`SPARE_WITHIN`]). A cell that comes sooner
+/// cancels the wait for the spare; the session is then not frozen, and
+/// that cell's end kills what else is there.
+pub(crate) async fn settle(
+    session: Arc<SessionGroup>,
+    state: Option<Arc<StateProc>>,
+    keep: Vec<i32>,
+    retired: Retired,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Settled {
+    let mut out = Settled::default();
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return out,
+        _ = tokio::time::sleep(SETTLE_AFTER) => {}
+    }
+    if let Some(r) = retired.take() {
+        r.end().await;
+    }
+    let mut keep = keep;
+    if let Some(s) = state.as_ref().filter(|s| !s.is_dead()) {
+        let spared = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return out,
+            r = s.prefork() => r,
+        };
+        out.no_spare = spared.err();
+        keep.push(s.host_pid());
+        keep.extend(s.spare_pid());
+    }
+    let frozen = session.can_freeze();
+    let ended = tokio::task::spawn_blocking(move || {
+        session.settle(&keep, TREE_END_WITHIN).map(|k| k.len())
+    })
+    .await;
+    match ended {
+        Ok(Ok(killed)) => {
+            out.killed = killed;
+            out.frozen = frozen;
+        }
+        Ok(Err(e)) => out.error = Some(e.to_string()),
+        Err(e) => out.error = Some(e.to_string()),
+    }
+    out
 }
 
 #[cfg(test)]
@@ -645,19 +852,42 @@ mod tests {
         assert_eq!(host_pid(Path::new("/nonexistent/cellbox"), ns_me), None);
     }
 
+    /// A session group of a supervisor's groups made for the test, and a
+    /// `sleep` that joined it (as a state process's spare is in it).
+    fn session_with_a_process() -> (
+        crate::sandbox::linux::cgroup::CellCgroup,
+        Arc<groups::Groups>,
+        Arc<SessionGroup>,
+        std::process::Child,
+    ) {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root: it makes cgroups"
+        );
+        let cells = crate::sandbox::linux::cgroup::CellCgroup::create(256 << 20).expect("cgroup");
+        let exe = std::env::current_exe().expect("exe");
+        let g = Arc::new(groups::Groups::new(cells.path(), &exe).expect("groups"));
+        let session = Arc::new(g.session(64 << 20, 8).expect("session group"));
+        let fds = session.join_fds().expect("join fds");
+        let child = crate::sandbox::testing::sleeper_joining(&fds);
+        (cells, g, session, child)
+    }
+
     #[test]
     fn a_spare_is_taken_only_with_one_channel_and_a_pid_of_the_session() {
-        let me = std::process::id();
-        let ns_me = i32::try_from(me).expect("pid");
-        let ours = group_of(&[me]);
+        let _serial = crate::util::lock(&crate::sandbox::linux::cgroup::TEST_LOCK);
+        let (cells, g, session, mut child) = session_with_a_process();
+        // Ours is the innermost pid here: this test runs in no namespace of
+        // its own.
+        let pid = i32::try_from(child.id()).expect("pid");
         let channel = || {
             let (a, b) = crate::sandbox::forkserver::seqpacket_pair().expect("pair");
             (a, b)
         };
         let (ours_end, theirs) = channel();
-        let spare = Spare::found(ours.path(), ns_me, vec![ours_end]).expect("a spare");
-        assert_eq!(spare.ns_pid, ns_me);
-        assert!(!process::pidfd_exited(spare.pidfd.as_fd()));
+        let spare = Spare::found(&session, pid, vec![ours_end]).expect("a spare");
+        assert_eq!((spare.ns_pid, spare.host), (pid, pid));
+        assert!(!spare.gone());
         // The channel it keeps is the one it was given.
         crate::sandbox::packet::send(spare.channel.as_fd(), &Rlimits::default(), &[])
             .expect("send");
@@ -668,17 +898,26 @@ mod tests {
         assert!(fds.is_empty());
         // No channel, two, or a pid that is not the session's: nothing is
         // kept, and the channel given is closed (the spare exits).
-        assert!(Spare::found(ours.path(), ns_me, vec![]).is_none());
+        assert!(Spare::found(&session, pid, vec![]).is_none());
         let (a, _a) = channel();
         let (b, _b) = channel();
-        assert!(Spare::found(ours.path(), ns_me, vec![a, b]).is_none());
+        assert!(Spare::found(&session, pid, vec![a, b]).is_none());
         let (c, their_c) = channel();
-        let elsewhere = group_of(&[1]);
-        assert!(Spare::found(elsewhere.path(), ns_me, vec![c]).is_none());
+        let me = i32::try_from(std::process::id()).expect("pid");
+        assert!(Spare::found(&session, me, vec![c]).is_none());
         let closed = crate::sandbox::packet::recv::<Rlimits>(their_c.as_fd(), 4096).expect("recv");
         assert!(
             closed.is_none(),
             "the channel of a spare not taken is closed"
         );
+        // Dropped unused, it is killed (through the pidfd checked to be
+        // the session's).
+        drop(spare);
+        let status = child.wait().expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        drop((session, g, cells));
     }
 }

@@ -686,15 +686,15 @@ impl SupervisorBuilder {
         let groups = cells_cgroup
             .as_ref()
             .filter(|_| self.session_cgroups)
-            .and_then(
-                |c| match crate::sandbox::linux::groups::Groups::new(c.path()) {
+            .and_then(|c| {
+                match crate::sandbox::linux::groups::Groups::new(c.path(), &worker_exe) {
                     Ok(g) => Some(Arc::new(g)),
                     Err(e) => {
                         tracing::warn!("sessions share the cells' cgroup: {e}");
                         None
                     }
-                },
-            );
+                }
+            });
         // Warm workers see the scratch root from their start: make it now.
         let scratch_root = OnceLock::new();
         if self.warm {

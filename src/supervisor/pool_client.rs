@@ -44,6 +44,21 @@ struct State {
     unanswered: Option<Instant>,
 }
 
+/// Whose channel it is, which decides what a descriptor it sends is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parent {
+    /// A pool process (the fork server, a zygote): it runs no cell's code,
+    /// and the first fd of its `spawned` is its new child's pidfd; a child
+    /// nobody waits for any more is killed through it.
+    Pool,
+    /// A live session's state process: it has run the session's code, so
+    /// nothing it sends is acted on unasked. An answer to a request never
+    /// made breaks the protocol (the channel is closed, the reason kept:
+    /// see [`PoolClient::violation`]); the fds of an answer nobody waits
+    /// for any more are closed unused, never signalled through.
+    Untrusted,
+}
+
 /// One control channel to a pool parent.
 pub(crate) struct PoolClient {
     ctl: Mutex<OwnedFd>,
@@ -53,17 +68,39 @@ pub(crate) struct PoolClient {
     /// How a child ended when its parent is gone before reporting it
     /// (`None`: nobody is answered).
     lost: Option<Reaped>,
+    parent: Parent,
+    /// Why the channel was closed on a message that broke the protocol.
+    violation: Mutex<Option<String>>,
 }
 
 impl PoolClient {
     pub(crate) fn new(ctl: OwnedFd, lost: Option<Reaped>) -> PoolClient {
+        Self::of(ctl, lost, Parent::Pool)
+    }
+
+    /// A client of a channel whose other end is `parent`'s.
+    pub(crate) fn of(ctl: OwnedFd, lost: Option<Reaped>, parent: Parent) -> PoolClient {
         PoolClient {
             ctl: Mutex::new(ctl),
             state: Mutex::new(State::default()),
             closed: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             lost,
+            parent,
+            violation: Mutex::new(None),
         }
+    }
+
+    /// Why the channel was closed on a message that broke the protocol,
+    /// if it was.
+    pub(crate) fn violation(&self) -> Option<String> {
+        lock(&self.violation).clone()
+    }
+
+    /// Close the channel because the other end broke the protocol.
+    pub(crate) fn refuse(&self, why: String) {
+        lock(&self.violation).get_or_insert(why);
+        self.shutdown();
     }
 
     /// A second fd of the channel, for the reading task.
@@ -142,12 +179,6 @@ impl PoolClient {
         lock(&self.state).exits.arrived(pid)
     }
 
-    /// A child its parent said it forked unasked (a state process's spare):
-    /// see [`ExitTable::born`].
-    pub(crate) fn born(&self, pid: i32) {
-        lock(&self.state).exits.born(pid);
-    }
-
     /// Forget a child whose end will not be asked for.
     pub(crate) fn forget(&self, pid: i32) {
         lock(&self.state).exits.forget(pid);
@@ -188,6 +219,14 @@ impl PoolClient {
         };
         match msg.sort() {
             PoolReply::Spawned { id, pid } => {
+                let asked = id > 0 && id < self.next_id.load(Ordering::Relaxed);
+                if self.parent == Parent::Untrusted && !asked {
+                    // Its fds are closed here, unused.
+                    drop(fds);
+                    lock(&self.violation)
+                        .get_or_insert(format!("it answered request {id}, which was never made"));
+                    return false;
+                }
                 let tx = {
                     let mut s = lock(&self.state);
                     s.exits.born(pid);
@@ -198,7 +237,7 @@ impl PoolClient {
                     Some(tx) => tx.send(reply).err(),
                     None => Some(reply),
                 };
-                if let Some(Ok(s)) = unclaimed {
+                if let (Some(Ok(s)), Parent::Pool) = (unclaimed, self.parent) {
                     if let Some(pidfd) = s.fds.first() {
                         let _ = crate::sandbox::process::pidfd_kill(pidfd.as_fd());
                     }
@@ -270,8 +309,19 @@ mod tests {
         OwnedFd,
         tokio::task::JoinHandle<Vec<ZygoteMsg>>,
     ) {
+        connected_to(lost, Parent::Pool)
+    }
+
+    fn connected_to(
+        lost: Option<Reaped>,
+        parent: Parent,
+    ) -> (
+        Arc<PoolClient>,
+        OwnedFd,
+        tokio::task::JoinHandle<Vec<ZygoteMsg>>,
+    ) {
         let (ours, theirs) = crate::sandbox::compat::seqpacket_pair().unwrap();
-        let client = Arc::new(PoolClient::new(ours, lost));
+        let client = Arc::new(PoolClient::of(ours, lost, parent));
         let fd = crate::sandbox::process::watch_readable(client.reader_fd().unwrap()).unwrap();
         let reader = client.clone();
         let task = tokio::spawn(async move {
@@ -398,22 +448,6 @@ mod tests {
         raw(&theirs, spawned.as_bytes(), &[]);
         assert_eq!(answer.await.unwrap().unwrap().pid, 5);
         assert!(!client.exit_arrived(5), "the earlier end was dropped");
-        // And said unasked (a state process's spare): the same.
-        raw(
-            &theirs,
-            br#"{"op":"ended","pid":6,"status":0,"utime":[0,0],"stime":[0,0],"max_rss_kb":1}"#,
-            &[],
-        );
-        raw(&theirs, br#"{"op":"spawn","id":99}"#, &[]);
-        for _ in 0..500 {
-            if client.exit_arrived(6) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        assert!(client.exit_arrived(6));
-        client.born(6);
-        assert!(!client.exit_arrived(6));
         // The new child's own end is its.
         let end = client.exit_of(5);
         raw(
@@ -491,6 +525,58 @@ mod tests {
         ));
         assert!(client.is_closed());
         assert!(rx.await.is_err());
+    }
+
+    /// What a state process (untrusted) sends is never acted on unasked:
+    /// an answer to a request never made, carrying a pidfd, closes the
+    /// channel with the reason kept, and the process behind the pidfd is
+    /// not signalled (a pool parent's unclaimed child would be: see
+    /// `an_answer_nobody_waits_for_kills_its_child`, the same message on a
+    /// pool's channel). A late answer to a request given up on is closed
+    /// unused too, without breaking the protocol.
+    #[tokio::test]
+    async fn an_untrusted_parent_is_never_acted_on_unasked() {
+        let sleeper = || {
+            let child = std::process::Command::new("/bin/sleep")
+                .arg("60")
+                .spawn()
+                .unwrap();
+            let pidfd = crate::sandbox::process::pidfd_open(child.id() as i32).unwrap();
+            (child, pidfd)
+        };
+        let (client, theirs, task) = connected_to(None, Parent::Untrusted);
+        // Asked, given up on, then answered: closed unused.
+        let (id, rx) = client
+            .request(|id| ZygoteMsg::Spawn { id, state: false }, &[])
+            .unwrap();
+        client.give_up(id, None);
+        drop(rx);
+        let (mut late, late_fd) = sleeper();
+        raw(
+            &theirs,
+            format!(r#"{{"op":"spawned","id":{id},"pid":{}}}"#, late.id()).as_bytes(),
+            &[late_fd.as_fd()],
+        );
+        // Never asked: the channel closes.
+        let (mut victim, victim_fd) = sleeper();
+        raw(
+            &theirs,
+            format!(r#"{{"op":"spawned","id":4242,"pid":{}}}"#, victim.id()).as_bytes(),
+            &[victim_fd.as_fd()],
+        );
+        task.await.unwrap();
+        assert!(client.is_closed());
+        let why = client.violation().expect("a violation");
+        assert!(why.contains("4242"), "{why}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (child, what) in [(&mut late, "late"), (&mut victim, "unasked")] {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the {what} answer's process was signalled"
+            );
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[tokio::test]

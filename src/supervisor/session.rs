@@ -265,10 +265,25 @@ struct SessionInner {
     /// The end of its last cell, when that cell was answered before its
     /// worker was gone (see [`Session::settled`]).
     tail: std::sync::Mutex<Option<cell::Tail>>,
+    /// A live session's settling after its last cell (see
+    /// `super::live::settle`), while it runs.
+    #[cfg(target_os = "linux")]
+    settling: std::sync::Mutex<Option<Settling>>,
+    /// What a settling found, for the session's next result.
+    #[cfg(target_os = "linux")]
+    settled_notes: Arc<std::sync::Mutex<Vec<String>>>,
     /// Last: fields drop in order, and a session that holds the last
     /// reference to its supervisor gives its scratch and cgroups back
     /// before the supervisor removes the directories that hold them.
     sup: Arc<Inner>,
+}
+
+/// A live session's settling (see `super::live::settle`) under way: cancel
+/// it with `cancel`; `over` is cancelled once it has stopped.
+#[cfg(target_os = "linux")]
+struct Settling {
+    cancel: tokio_util::sync::CancellationToken,
+    over: tokio_util::sync::CancellationToken,
 }
 
 /// What [`Session::prepare_next`] was last asked for, and whether a task
@@ -379,6 +394,10 @@ impl Session {
                 parent,
                 state: tokio::sync::Mutex::new(State::new(None)),
                 tail: std::sync::Mutex::new(None),
+                #[cfg(target_os = "linux")]
+                settling: std::sync::Mutex::new(None),
+                #[cfg(target_os = "linux")]
+                settled_notes: Default::default(),
             }),
         })
     }
@@ -511,6 +530,105 @@ impl Session {
         if let Some(t) = self.tail() {
             t.wait().await;
         }
+        // A live session's settling after its cell (its spare forked, it
+        // frozen), without cutting it short.
+        #[cfg(target_os = "linux")]
+        {
+            let over = crate::util::lock(&self.inner.settling)
+                .as_ref()
+                .map(|s| s.over.clone());
+            if let Some(over) = over {
+                over.cancelled().await;
+            }
+        }
+    }
+
+    /// Stop a live session's settling, if it runs (what it has not done
+    /// yet is left undone: the spare not asked for, the session not
+    /// frozen), and with `thaw`, let the session's processes run again,
+    /// for a cell or a request to its state process.
+    #[cfg(target_os = "linux")]
+    async fn wake(&self, thaw: bool) {
+        let settling = crate::util::lock(&self.inner.settling).take();
+        if let Some(s) = settling {
+            s.cancel.cancel();
+            s.over.cancelled().await;
+        }
+        if !thaw {
+            return;
+        }
+        if let Some(g) = self.made_group() {
+            if let Err(e) = g.thaw() {
+                tracing::warn!("a session could not be thawed: {e}");
+            }
+        }
+    }
+
+    /// The session's group (made now if no cell has made it yet; none
+    /// where the supervisor has no groups).
+    #[cfg(target_os = "linux")]
+    fn made_group(&self) -> Option<Arc<crate::sandbox::linux::groups::SessionGroup>> {
+        self.inner
+            .share
+            .session(&self.inner.sup, &self.inner.config.limits)
+    }
+
+    /// Settle the live session after a cell or a change of its state
+    /// processes (see `super::live::settle`): on a task of its own when
+    /// `background` (the next cell cancels what is left of it), else
+    /// here. What it found goes in the next result's notes and the events.
+    #[cfg(target_os = "linux")]
+    async fn settle(&self, state: &State, run: &RunInfo, background: bool) {
+        let Some(group) = self.made_group() else {
+            return;
+        };
+        let keep: Vec<i32> = state
+            .checkpoints
+            .values()
+            .map(|c| c.state.host_pid())
+            .collect();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let over = tokio_util::sync::CancellationToken::new();
+        let work = {
+            let (current, retired) = (state.live.clone(), state.retired.clone());
+            let (cancel, over) = (cancel.clone(), over.clone());
+            let notes = self.inner.settled_notes.clone();
+            let sup = self.inner.sup.clone();
+            let (run, session_id) = (run.clone(), self.inner.id.clone());
+            async move {
+                let _over = over.drop_guard();
+                let s = super::live::settle(group, current, keep, retired, cancel).await;
+                let mut notes = crate::util::lock(&notes);
+                if s.killed > 0 {
+                    notes.push(format!(
+                        "{} process(es) of the session that were neither its state process \
+                         nor its spare were killed after the previous cell",
+                        s.killed
+                    ));
+                    sup.events.record(
+                        "session_processes_killed",
+                        &run,
+                        serde_json::json!({"session_id": session_id, "killed": s.killed,
+                                           "when": "between_cells"}),
+                    );
+                }
+                if let Some(e) = s.error {
+                    tracing::warn!("a live session could not be settled between cells: {e}");
+                    notes.push(format!(
+                        "the session could not be frozen after the previous cell: {e}"
+                    ));
+                }
+                if let Some(why) = s.no_spare {
+                    tracing::debug!("a live session has no spare for its next cell: {why}");
+                }
+            }
+        };
+        if background {
+            *crate::util::lock(&self.inner.settling) = Some(Settling { cancel, over });
+            tokio::spawn(work);
+        } else {
+            work.await;
+        }
     }
 
     /// Let go of this handle, ending the workers started ahead for the
@@ -537,8 +655,6 @@ impl Session {
     async fn run_one(&self, request: CellRequest, limits: Limits) -> CellResult {
         let mut state = self.state().await;
         self.settled().await;
-        #[cfg(target_os = "linux")]
-        state.retired.now();
         state.execution_count += 1;
         let count = state.execution_count;
         let run = match &self.inner.parent {
@@ -569,16 +685,27 @@ impl Session {
             .collect();
         // (None for a live Python cell: none is prepared in a live session.)
         let prepared = self.take_prepared(request.language, &limits);
-        let spec = CellSpec::new(self.view(), run, request.language, request.code.clone())
-            .vars(state.vars.clone())
-            .definitions(definitions)
-            .limits(limits)
-            .forward(request.forward)
-            .cancel(request.cancel.clone())
-            .output(request.output.clone())
-            .execution_count(count);
+        let spec = CellSpec::new(
+            self.view(),
+            run.clone(),
+            request.language,
+            request.code.clone(),
+        )
+        .vars(state.vars.clone())
+        .definitions(definitions)
+        .limits(limits)
+        .forward(request.forward)
+        .cancel(request.cancel.clone())
+        .output(request.output.clone())
+        .execution_count(count);
         #[cfg(target_os = "linux")]
-        let live = self.live_cell(&mut state, request.language);
+        let live = self.live_cell(&mut state, request.language, &run);
+        #[cfg(target_os = "linux")]
+        if live.is_some() {
+            // Its processes run again for the cell (frozen since the last).
+            self.wake(true).await;
+            state.retired.now();
+        }
         #[cfg(target_os = "linux")]
         let spec = spec.live(live.clone());
         let (mut result, done, tail) = cell::run_with(self.inner.sup.clone(), spec, prepared).await;
@@ -586,9 +713,14 @@ impl Session {
             *crate::util::lock(&self.inner.tail) = tail;
         }
         #[cfg(target_os = "linux")]
+        result
+            .notes
+            .extend(crate::util::lock(&self.inner.settled_notes).drain(..));
+        #[cfg(target_os = "linux")]
         if let Some(live) = live {
             self.after_live(&mut state, &live, done.as_deref(), &mut result)
                 .await;
+            self.settle(&state, &result.run, true).await;
             self.push_history(&mut state, &request, &result);
             return result;
         }
@@ -617,6 +749,7 @@ impl Session {
         &self,
         state: &mut State,
         language: Language,
+        run: &RunInfo,
     ) -> Option<Arc<super::live::LiveCell>> {
         let sup = &self.inner.sup;
         let usable = language == Language::Python
@@ -627,28 +760,37 @@ impl Session {
         if !usable {
             return None;
         }
-        let mut lost = false;
-        if state.live.as_ref().is_some_and(|s| s.is_dead()) {
-            // Lost (its zygote or its first state process gone): the next
-            // state process is seeded from the JSON mirror.
+        let mut lost = None;
+        if let Some(dead) = state.live.as_ref().filter(|s| s.is_dead()) {
+            // Lost (its zygote or its first state process gone, or it broke
+            // its protocol and was killed): the next state process is
+            // seeded from the JSON mirror.
+            lost = Some(dead.violation());
             state.live = None;
-            lost = true;
         }
-        let spare = state
+        let checkpoints = state
             .checkpoints
             .values()
             .map(|c| c.state.host_pid())
             .collect();
         let cell = super::live::LiveCell {
             pending_vars: std::mem::take(&mut state.pending_vars),
-            spare,
+            checkpoints,
             ..Default::default()
         };
-        if lost {
-            cell.note(
+        match lost {
+            Some(Some(why)) => {
+                cell.note(format!(
+                    "the session's state process broke its protocol ({why}) and was killed: \
+                     its live objects are lost; its JSON variables and definitions were restored"
+                ));
+                self.record_violation(run, &why);
+            }
+            Some(None) => cell.note(
                 "the session's live namespace was lost (its state process ended): \
                  its JSON variables and definitions were restored, other objects are gone",
-            );
+            ),
+            None => {}
         }
         *crate::util::lock(&cell.state) = state.live.clone();
         Some(Arc::new(cell))
@@ -687,6 +829,7 @@ impl Session {
         // uid and Landlock domain): what it left is ended by now, so a
         // successor that is not gone yet is not going (see `gone`).
         let killed = kept.as_ref().is_some_and(|k| k.gone());
+        let kept_violation = kept.as_ref().and_then(|k| k.violation());
         let previous_gone = previous.as_ref().is_some_and(|p| p.gone());
         let kept = kept.filter(|_| !killed);
         // What the mirror can take of the namespace the cell left; a cell
@@ -762,7 +905,15 @@ impl Session {
                     state.live = None;
                     return;
                 }
-                if killed {
+                let broke = kept_violation.filter(|_| killed);
+                if let Some(why) = &broke {
+                    result.notes.push(format!(
+                        "the cell's namespace could not be kept: the state process it left \
+                         broke its protocol ({why}) and was killed; the session's state is the \
+                         one before it"
+                    ));
+                    self.record_violation(&result.run, why);
+                } else if killed {
                     result.notes.push(
                         "the cell's namespace could not be kept (the state process it \
                          left was killed); the session's state is the one before it"
@@ -780,6 +931,17 @@ impl Session {
         }
     }
 
+    /// Record in the events that one of the session's state processes
+    /// broke its protocol (and was killed for it).
+    #[cfg(target_os = "linux")]
+    fn record_violation(&self, run: &RunInfo, why: &str) {
+        self.inner.sup.events.record(
+            "state_protocol_error",
+            run,
+            serde_json::json!({"session_id": self.inner.id, "error": why}),
+        );
+    }
+
     /// Keep a checkpoint of the live namespace as it is now.
     #[cfg(target_os = "linux")]
     async fn checkpoint_in(&self, state: &mut State, name: &str) -> Result<(), Error> {
@@ -795,14 +957,13 @@ impl Session {
                 "the session already keeps {max} checkpoints (max_checkpoints): restore or drop one first"
             )));
         }
-        let session = self.session_group()?;
         // Its copy of the mirror and definitions is charged before it is
         // made (one it replaces is given back).
         let bytes = state.vars_bytes() + state.definitions_bytes();
         let replaced = state.checkpoints.get(name).map_or(0, |c| c.bytes);
         let total = state.held_bytes() - replaced + bytes;
         state.charge(total, &|| format!("checkpoint {name:?}"))?;
-        let copy = match current.copy(&session).await {
+        let copy = match current.copy().await {
             Ok(c) => c,
             Err(e) => {
                 state.recharge();
@@ -844,8 +1005,7 @@ impl Session {
                  and it has been dropped; the session's state is unchanged"
             )));
         }
-        let session = self.session_group()?;
-        let copy = cp.state.copy(&session).await.map_err(|e| {
+        let copy = cp.state.copy().await.map_err(|e| {
             Error::Checkpoint(format!("checkpoint {name:?} could not be restored: {e}"))
         })?;
         state.vars = cp.vars.clone();
@@ -960,14 +1120,6 @@ impl Session {
         Some(ready.swap_remove(i))
     }
 
-    #[cfg(target_os = "linux")]
-    fn session_group(&self) -> Result<Arc<crate::sandbox::linux::groups::SessionGroup>, Error> {
-        self.inner
-            .share
-            .session(&self.inner.sup, &self.inner.config.limits)
-            .ok_or_else(|| Error::Checkpoint("the session has no cgroup".into()))
-    }
-
     /// Keep a checkpoint named `name` of the session's live Python
     /// namespace (a copy of its state process, bounded by
     /// `max_checkpoints`; the same name replaces the older one).
@@ -976,7 +1128,10 @@ impl Session {
         {
             let mut state = self.state().await;
             self.settled().await;
-            self.checkpoint_in(&mut state, name).await
+            self.wake(true).await;
+            let made = self.checkpoint_in(&mut state, name).await;
+            self.settle(&state, &RunInfo::root(), false).await;
+            made
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -992,7 +1147,10 @@ impl Session {
         {
             let mut state = self.state().await;
             self.settled().await;
-            self.restore_in(&mut state, name).await
+            self.wake(true).await;
+            let restored = self.restore_in(&mut state, name).await;
+            self.settle(&state, &RunInfo::root(), false).await;
+            restored
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -1198,6 +1356,10 @@ impl Session {
         state.definitions.clear();
         #[cfg(target_os = "linux")]
         {
+            // Its state processes are killed (frozen or not); it stays
+            // frozen, with its checkpoints.
+            self.wake(false).await;
+            state.retired.now();
             state.live = None;
             state.pending_vars.clear();
         }

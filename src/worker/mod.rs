@@ -31,6 +31,10 @@ pub const ZYGOTE_ARG: &str = "__zygote";
 /// what the SBPL policy cannot ([`crate::sandbox::seatbelt`]).
 pub const SEATBELT_WORKER_ARG: &str = "__seatbelt_worker";
 
+/// The hidden first argument of the process that thaws a killed
+/// supervisor's frozen sessions (see `crate::sandbox::linux::groups`).
+pub const GUARD_ARG: &str = "__freezer_guard";
+
 /// Exit codes of the worker process itself (the supervisor maps them).
 const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
 const EXIT_PROTOCOL: i32 = Exit::Internal.raw();
@@ -46,6 +50,7 @@ fn hidden_mode_of(mode: &std::ffi::OsStr) -> Option<&'static str> {
         (FORKSERVER_ARG, "fork server"),
         (ZYGOTE_ARG, "zygote"),
         (SEATBELT_WORKER_ARG, "worker"),
+        (GUARD_ARG, "freezer guard"),
     ]
     .into_iter()
     .find(|(arg, _)| mode == std::ffi::OsStr::new(arg))
@@ -121,6 +126,10 @@ pub fn dispatch() {
     #[cfg(target_os = "linux")]
     if mode.as_deref() == Some(std::ffi::OsStr::new(ZYGOTE_ARG)) {
         std::process::exit(run_zygote(late()));
+    }
+    #[cfg(target_os = "linux")]
+    if mode.as_deref() == Some(std::ffi::OsStr::new(GUARD_ARG)) {
+        std::process::exit(crate::sandbox::linux::groups::guard_main(args.next()));
     }
     if mode.as_deref() == Some(std::ffi::OsStr::new(FORKSERVER_ARG)) {
         let code = match crate::sandbox::spawn::take_protocol_channel() {

@@ -476,3 +476,44 @@ fn pool_processes_started_on_the_host_clone_themselves_and_die_with_serve() {
         still_running(&all)
     );
 }
+
+/// A serve killed while a live session of it is frozen between cells
+/// leaves nothing of the session: a frozen (cgroup v1) process acts on no
+/// signal until it is thawed, so its SIGKILL (its PID namespace ended with
+/// the zygote) would wait for the next supervisor's sweep; the freezer
+/// guard, which outlives the serve, thaws the serve's groups at once.
+#[test]
+fn a_serve_killed_with_a_frozen_session_leaves_nothing_of_it() {
+    let mut a = Serve::start();
+    let s = a.session();
+    let token = format!("frozen-{}", std::process::id());
+    let r = a.exec(
+        &s,
+        "python",
+        &format!("f = open({token:?}, 'w')\nopen('/proc/self/cgroup').read()"),
+    );
+    let cgroup = r["value"].as_str().unwrap_or_else(|| panic!("{r}"));
+    let freezer = cgroup
+        .lines()
+        .find_map(|l| l.split_once(":freezer:").map(|(_, p)| p.to_owned()))
+        .unwrap_or_else(|| panic!("no freezer group: {cgroup}"));
+    let state = format!("/sys/fs/cgroup/freezer{freezer}/freezer.state");
+    assert!(
+        eventually(10, || std::fs::read_to_string(&state)
+            .is_ok_and(|s| s.trim() == "FROZEN")),
+        "the idle session was not frozen"
+    );
+    let holders = super::common::holders_of(&token);
+    assert!(!holders.is_empty(), "the state process holds no file");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(a.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = a.child.wait();
+    assert!(
+        eventually(10, || super::common::holders_of(&token).is_empty()),
+        "the frozen session outlived its killed serve: {:?}",
+        super::common::holders_of(&token)
+    );
+}

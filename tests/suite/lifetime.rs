@@ -124,3 +124,232 @@ async fn a_clone_parent_child_of_a_fresh_cell_is_stopped_before_the_answer() {
         .unwrap();
     a_clone_parent_child_is_stopped_before_the_answer(sup, "fresh").await;
 }
+
+/// A live session's cell attaches a child to the session's state process
+/// (`clone(CLONE_PARENT)`, from the cell's own process): the state
+/// processes' children are not spared when the cell ends, so the child is
+/// killed before the answer, and the result and the events say so. The
+/// session goes on with its namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_parent_child_of_a_live_cell_is_killed_before_the_answer_and_recorded() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let sup = with_events(&events);
+    let session = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(&session, "x = 41").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let t = token("live-clone-parent");
+    let code = clone_parent_code(&t);
+    let s2 = session.clone();
+    let (seen, r, alive) = watched(&t, async move { s2.run(py(&code)).await }).await;
+    kill_left(&t);
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(seen, "the child never held its file: {r:?}");
+    assert!(
+        alive.is_empty(),
+        "the child attached to the state process could still run once the cell was answered: {alive:?}"
+    );
+    assert!(
+        r.notes.iter().any(|n| n.contains("were killed")),
+        "the result does not say what was killed: {:?}",
+        r.notes
+    );
+    let text = std::fs::read_to_string(&events).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("\"session_processes_killed\"")),
+        "no event recorded it: {text}"
+    );
+    let r = py_in(&session, "x + 1").await;
+    assert_eq!(r.value, serde_json::json!(42), "{r:?}");
+}
+
+/// The code of a Python cell that takes over its session's state loop
+/// (the runtime's globals are one `__globals__` away): every state process
+/// from then on arms a timer that, every 50 ms, forks a child holding a
+/// file named `token` open (at most 20) and spins the CPU for 30 ms,
+/// around the real loop, which it still runs (so the session goes on
+/// answering).
+fn hijack_code(token: &str) -> String {
+    format!(
+        r#"
+import os, signal, time
+G = call.__globals__
+serve = G["_state_serve"]
+forked = []
+busy = []
+
+def spin(signum, frame):
+    if busy:
+        return
+    busy.append(1)
+    if len(forked) < 20:
+        pid = os.fork()
+        if pid == 0:
+            f = open({token:?}, "w")
+            while True:
+                time.sleep(0.01)
+        forked.append(pid)
+    t = time.monotonic()
+    while time.monotonic() - t < 0.03:
+        pass
+    busy.pop()
+
+def hijacked():
+    signal.signal(signal.SIGALRM, spin)
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    serve()
+
+G["_state_serve"] = hijacked
+"hijacked"
+"#
+    )
+}
+
+/// The session's cgroup directory in the `cpuacct` and `freezer`
+/// hierarchies, from a cell's `/proc/self/cgroup` text.
+fn session_dirs(cgroup: &str) -> (String, String) {
+    let path = |controller: &str| {
+        cgroup
+            .lines()
+            .find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+                c.split(',').any(|c| c == controller).then(|| p.to_owned())
+            })
+            .unwrap_or_else(|| panic!("no {controller} line in {cgroup}"))
+    };
+    (
+        format!("/sys/fs/cgroup/cpuacct{}", path("cpuacct")),
+        format!("/sys/fs/cgroup/freezer{}", path("freezer")),
+    )
+}
+
+fn cpu_ns(dir: &str) -> u64 {
+    std::fs::read_to_string(format!("{dir}/cpuacct.usage"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A live session whose state loop was taken over runs nothing between
+/// cells: once a cell is over (and the session settled) its group is
+/// frozen, and the CPU time its cgroup counts does not move while it is
+/// idle, though the hijacked state process spins whenever it may run (as
+/// it does during a cell: the positive control); the children it forks
+/// during a cell are killed at the cell's end and said so, and none can
+/// run between cells. The session still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hijacked_state_loop_runs_nothing_between_cells() {
+    require_root();
+    let sup = supervisor();
+    let session = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(&session, "x = 1").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let t = token("hijacked-state");
+    let r = py_in(&session, &hijack_code(&t)).await;
+    assert_eq!(r.value, serde_json::json!("hijacked"), "{r:?}");
+    // During a cell the hijacked state process runs: it forks (the cell
+    // itself forks nothing) and spins.
+    let r = py_in(&session, "open('/proc/self/cgroup').read()").await;
+    let (cpu, freezer) = session_dirs(r.value.as_str().unwrap());
+    let before = cpu_ns(&cpu);
+    let s2 = session.clone();
+    let (seen, r, _) = watched(&t, async move {
+        s2.run(py("import time\ntime.sleep(1)\nx")).await
+    })
+    .await;
+    let during = cpu_ns(&cpu) - before;
+    assert_eq!(r.value, serde_json::json!(1), "{r:?}");
+    assert!(
+        seen && during > 0,
+        "the hijacked state did not run during a cell ({during} ns in 1 s): the attack is broken"
+    );
+    assert!(
+        r.notes.iter().any(|n| n.contains("were killed")),
+        "the children the hijacked state forked during the cell were not reported: {:?}",
+        r.notes
+    );
+    // Between cells: frozen, no CPU, nothing of it running.
+    session.settled().await;
+    let a = cpu_ns(&cpu);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = cpu_ns(&cpu) - a;
+    let running = running_holders_of(&t);
+    let state = std::fs::read_to_string(format!("{freezer}/freezer.state")).unwrap();
+    kill_left(&t);
+    assert_eq!(idle, 0, "an idle session used {idle} ns of CPU in 1 s");
+    assert!(
+        running.is_empty(),
+        "children of the hijacked state could run between cells: {running:?}"
+    );
+    assert_eq!(state.trim(), "FROZEN");
+    let r = py_in(&session, "x + 1").await;
+    assert_eq!(r.value, serde_json::json!(2), "{r:?}");
+}
+
+/// A state process whose loop was taken over answers a request the
+/// supervisor never made, with a pidfd of a child of its own: the
+/// supervisor closes its channel, kills it (through the pidfd it opened
+/// and checked itself), tells the next result why, and seeds the next
+/// state from the session's JSON variables; what it sent is never used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unasked_answer_from_a_state_process_is_refused_and_recorded() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let sup = with_events(&events);
+    let session = sup.session(SessionConfig::default()).unwrap();
+    let r = py_in(&session, "x = 5").await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let code = r#"
+import ctypes, os, platform, time
+G = call.__globals__
+serve = G["_state_serve"]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR = {"x86_64": 56, "aarch64": 220}[platform.machine()]
+CLONE_PIDFD, SIGCHLD = 0x1000, 17
+
+def hijacked():
+    fd = ctypes.c_int(-1)
+    pid = libc.syscall(NR, CLONE_PIDFD | SIGCHLD, 0, ctypes.byref(fd), 0, 0)
+    if pid == 0:
+        while True:
+            time.sleep(0.01)
+    G["_state_serve"] = serve
+    # Its `ready` first (the loop sends it), then the forged answer.
+    real = G["_zsend"]
+    def forge(obj, fds=()):
+        real(obj, fds)
+        if obj.get("op") == "ready" and fd.value >= 0:
+            real({"op": "spawned", "id": 424242, "pid": pid}, (fd.value,))
+    G["_zsend"] = forge
+    serve()
+
+G["_state_serve"] = hijacked
+"#;
+    // The forged answer is read once the supervisor has taken the cell's
+    // successor in: that cell's result says so when it came by then, else
+    // the next one does.
+    let hijack = py_in(&session, code).await;
+    assert_eq!(hijack.status, Status::Ok, "{hijack:?}");
+    let next = py_in(&session, "x").await;
+    let said = |r: &CellResult| {
+        r.notes
+            .iter()
+            .any(|n| n.contains("broke its protocol") && n.contains("424242"))
+    };
+    assert!(said(&hijack) || said(&next), "{hijack:?} {next:?}");
+    assert_eq!(next.value, serde_json::json!(5), "{next:?}");
+    let text = std::fs::read_to_string(&events).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("\"state_protocol_error\"") && l.contains("424242")),
+        "no event recorded it: {text}"
+    );
+    let r = py_in(&session, "x + 1").await;
+    assert_eq!(r.value, serde_json::json!(6), "{r:?}");
+}

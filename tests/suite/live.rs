@@ -534,14 +534,14 @@ async fn an_idle_state_process_runs_its_next_cell_in_a_spare_forked_ahead() {
         let (ns_pid, host) = found.unwrap_or_else(|| panic!("round {round}: no spare in {procs}"));
         if round == 3 {
             // A spare gone before its cell comes (a cell may kill its
-            // session's processes): the cell is forked then instead.
+            // session's processes): the cell is forked then instead. (The
+            // session is frozen: the spare dies once its cell thaws it.)
             let pid: i32 = host.parse().unwrap();
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL)
                 .unwrap();
             for _ in 0..500 {
-                match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                    Ok(t) if !t.contains(") Z ") => {}
-                    _ => break,
+                if !super::common::can_run(pid) {
+                    break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }

@@ -426,7 +426,10 @@ fn remove_tree(dir: &Path, v2: bool) -> Result<(), CgroupError> {
 }
 
 /// Sweep what gone supervisors left in every cgroup hierarchy this process
-/// is in (v1 memory, pids and the rest, and v2): see [`sweep_stale`].
+/// is in (v1 memory, pids and the rest, and v2): see [`sweep_stale`]. Their
+/// freezer groups are thawed first, in every hierarchy: a frozen v1 task
+/// dies of its SIGKILL only once thawed, and until then holds its place in
+/// the other hierarchies' groups too.
 pub fn sweep_gone() {
     let (Ok(cgroups), Ok(mountinfo)) = (
         std::fs::read_to_string("/proc/self/cgroup"),
@@ -434,8 +437,37 @@ pub fn sweep_gone() {
     ) else {
         return;
     };
-    for (dir, v2) in hierarchy_dirs(&cgroups, &mountinfo) {
+    let dirs = hierarchy_dirs(&cgroups, &mountinfo);
+    for (dir, _) in &dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let gone =
+                crate::sandbox::process::named_for_a_gone_process(&entry.file_name(), "cellbox-");
+            if gone && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                thaw_tree(&entry.path());
+            }
+        }
+    }
+    for (dir, v2) in dirs {
         sweep_stale(&dir, v2);
+    }
+}
+
+/// Thaw the v1 freezer group at `dir` and every group beneath it (where
+/// there is no `freezer.state`, nothing is done).
+pub(crate) fn thaw_tree(dir: &Path) {
+    let state = dir.join("freezer.state");
+    if state.exists() {
+        let _ = std::fs::write(&state, "THAWED");
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                thaw_tree(&e.path());
+            }
+        }
     }
 }
 

@@ -44,6 +44,29 @@
 //! for `tasks`, `memory.peak` for `memory.max_usage_in_bytes`, `cpu.stat`
 //! for `cpuacct.usage`), a tree is ended with `cgroup.kill`, and a cell
 //! joins one group, not three.
+//!
+//! # A session as a whole: freeze, kill, CPU
+//!
+//! A live session's processes (its state processes, its spare, its
+//! checkpoints) carry the tenant's code between cells, so between cells
+//! the session is **frozen**, and at a cell's end everything in its group
+//! but the processes the supervisor knows is killed. [`SessionGroup`]
+//! offers these operations whatever the cgroup version; this is how each
+//! is done:
+//!
+//! | operation | cgroup v1 | cgroup v2 |
+//! | --- | --- | --- |
+//! | freeze, thaw ([`SessionGroup::freeze`], [`SessionGroup::thaw`]) | `freezer/…/s<k>/freezer.state`: `FROZEN` (read back until it says so), `THAWED` | the session's leaf (`s<k>/live`, where its state processes and live cells are): `cgroup.freeze` `1` (until `cgroup.events` says `frozen 1`), `0` |
+//! | kill what is not kept ([`SessionGroup::end_others`], [`SessionGroup::settle`]) | `pids.max` 0, SIGKILL each listed pid until none is left | the same (no `cgroup.kill`: some are kept) |
+//! | kill one kept process while frozen ([`SessionGroup::kill`]) | SIGKILL, then moved to a freezer group that is never frozen (a frozen v1 task dies only once thawed) | SIGKILL (a fatal signal reaches a frozen v2 task) |
+//! | kill all ([`SessionGroup`]'s drop) | as above, then thawed | the same, then `cgroup.kill` |
+//! | CPU time ([`SessionGroup::cpu_ns`]) | `cpuacct.usage` | `cpu.stat` `usage_usec` |
+//!
+//! Under v1 a state process joins the session's freezer group with its
+//! other groups ([`SessionGroup::join_fds`]); cells of other sessions need
+//! none (nothing of theirs is left between cells). Without a freezer
+//! hierarchy (v1) sessions are not frozen, and [`SessionGroup::can_freeze`]
+//! says so.
 
 use super::cgroup::CgroupError;
 use crate::util::lock;
@@ -72,6 +95,9 @@ pub struct Groups {
     cpu: PathBuf,
     /// cgroup v2: the three above are one directory.
     v2: bool,
+    /// Its counterpart in the freezer hierarchy, where there is one, with
+    /// a group beneath that is never frozen (see [`SessionGroup::kill`]).
+    freezer: Option<FreezerRoot>,
     next: AtomicU64,
     free: Mutex<Vec<Arc<SessionDir>>>,
 }
@@ -226,8 +252,11 @@ pub fn stop(pids_dir: &Path, pids_max: &std::fs::File) -> Result<usize, CgroupEr
 
 impl Groups {
     /// Make the pids and cpuacct counterparts of the cells' memory cgroup
-    /// at `memory` (v1). An error when either hierarchy is missing.
-    pub fn new(memory: &Path) -> Result<Groups, CgroupError> {
+    /// at `memory` (v1), and the freezer's where there is one (with its
+    /// guard, the program `exe` started again: see [`FreezerGuard`]). An
+    /// error when the pids or cpuacct hierarchy is missing. Under cgroup v2
+    /// one hierarchy holds them all (see [`Self::new_v2`]).
+    pub fn new(memory: &Path, exe: &Path) -> Result<Groups, CgroupError> {
         if memory.join("cgroup.controllers").exists() {
             return Self::new_v2(memory);
         }
@@ -247,11 +276,27 @@ impl Groups {
             let _ = rmdir(&pids);
             return Err(e);
         }
+        let freezer = match v1_dir(&cgroups, "freezer") {
+            Some(root) => match FreezerRoot::make(root.join(name), exe) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!("sessions are not frozen between cells: {e}");
+                    None
+                }
+            },
+            None => {
+                tracing::info!(
+                    "no cgroup v1 freezer hierarchy: sessions are not frozen between cells"
+                );
+                None
+            }
+        };
         Ok(Groups {
             memory: memory.to_path_buf(),
             pids,
             cpu,
             v2: false,
+            freezer,
             next: AtomicU64::new(0),
             free: Mutex::new(Vec::new()),
         })
@@ -282,6 +327,8 @@ impl Groups {
             pids: memory.to_path_buf(),
             cpu: memory.to_path_buf(),
             v2: true,
+            // A session freezes its own leaf (`cgroup.freeze`).
+            freezer: None,
             next: AtomicU64::new(0),
             free: Mutex::new(Vec::new()),
         })
@@ -306,6 +353,7 @@ impl Groups {
         dir.bound(memory_bytes, max_processes)?;
         Ok(SessionGroup {
             saved_max: Mutex::new(None),
+            frozen: std::sync::atomic::AtomicBool::new(false),
             groups: self.clone(),
             dir,
         })
@@ -329,6 +377,13 @@ impl Drop for Groups {
         for d in [&self.pids, &self.cpu] {
             if let Err(e) = rmdir(d) {
                 tracing::warn!("{e}");
+            }
+        }
+        if let Some(f) = &self.freezer {
+            for d in [&f.dying, &f.dir] {
+                if let Err(e) = rmdir(d) {
+                    tracing::warn!("{e}");
+                }
             }
         }
     }
@@ -371,6 +426,15 @@ fn get(file: &std::fs::File) -> Option<u64> {
     std::str::from_utf8(buf.get(..n)?).ok()?.trim().parse().ok()
 }
 
+/// CPU time (ns) through a kept v1 `cpuacct.usage` or v2 `cpu.stat`.
+fn cpu_ns_of(file: &std::fs::File, v2: bool) -> Option<u64> {
+    if v2 {
+        let text = read_at0(file)?;
+        return super::cgroup2::keyed(&text, "usage_usec").map(|us| us.saturating_mul(1000));
+    }
+    get(file)
+}
+
 /// Whether a kept `cgroup.procs` lists no process.
 fn none_in(procs: &std::fs::File) -> bool {
     use std::os::unix::fs::FileExt;
@@ -404,6 +468,12 @@ struct SessionDir {
     max_usage: Option<std::fs::File>,
     usage: std::fs::File,
     pids_max: std::fs::File,
+    /// CPU time of every process it has had: v1 `cpuacct.usage` (ns), v2
+    /// `cpu.stat` (`usage_usec`).
+    cpu_usage: std::fs::File,
+    /// Its freezer group (v1, where there is a freezer hierarchy), or its
+    /// leaf's `cgroup.freeze` (v2).
+    freezer: Option<Freezer>,
     /// The bounds written last (not written again when unchanged).
     bounds: Mutex<Option<(u64, u64)>>,
     /// Emptied cell directories, for its next cells.
@@ -458,12 +528,26 @@ impl SessionDir {
                 },
                 open_r(&memory.join(usage))?,
                 open_rw(&pids.join("pids.max"))?,
+                if v2 {
+                    open_r(&pids.join("cpu.stat"))?
+                } else {
+                    open_r(&cpu.join("cpuacct.usage"))?
+                },
+                match &groups.freezer {
+                    Some(root) => Some(Freezer::make(root.dir.join(&s))?),
+                    // Its leaf, frozen in place (`cgroup.freeze`).
+                    None if v2 => Some(Freezer::v2(&own)?),
+                    None => None,
+                },
             ))
         })();
-        let (memory_tasks, max_usage, usage, pids_max) = match files {
+        let (memory_tasks, max_usage, usage, pids_max, cpu_usage, freezer) = match files {
             Ok(f) => f,
             Err(e) => {
                 undo();
+                if let Some(root) = &groups.freezer {
+                    let _ = rmdir(&root.dir.join(&s));
+                }
                 return Err(e);
             }
         };
@@ -477,6 +561,8 @@ impl SessionDir {
             max_usage,
             usage,
             pids_max,
+            cpu_usage,
+            freezer,
             bounds: Mutex::new(None),
             cells: Mutex::new(Vec::new()),
             next_cell: AtomicU64::new(0),
@@ -503,6 +589,12 @@ impl Drop for SessionDir {
     fn drop(&mut self) {
         // Its cells' directories first: a cgroup with children stays.
         lock(&self.cells).clear();
+        // Nothing frozen is left to hold a directory (see `SessionGroup`'s
+        // drop); thawed all the same, so a removal that kills finds them
+        // able to die.
+        if let Some(f) = &self.freezer {
+            let _ = f.thaw();
+        }
         if self.v2 {
             // One directory, with its leaf.
             for d in [&self.own, &self.pids] {
@@ -512,11 +604,221 @@ impl Drop for SessionDir {
             }
             return;
         }
-        for d in [&self.memory, &self.pids, &self.cpu] {
+        let freezer = self.freezer.as_ref().map(|f| &f.dir);
+        for d in [&self.memory, &self.pids, &self.cpu]
+            .into_iter()
+            .chain(freezer)
+        {
             if let Err(e) = rmdir(d) {
                 tracing::warn!("{e}");
             }
         }
+    }
+}
+
+/// The supervisor's group in the freezer hierarchy, and `dying` beneath
+/// it, which is never frozen: a kept process of a frozen session that is
+/// killed is moved there to die (a frozen v1 task acts on no signal, a
+/// SIGKILL included, until it is thawed; thawing its session would let
+/// the session's other processes run). With its [`FreezerGuard`].
+#[derive(Debug)]
+struct FreezerRoot {
+    dir: PathBuf,
+    dying: PathBuf,
+    dying_procs: std::fs::File,
+    _guard: FreezerGuard,
+}
+
+impl FreezerRoot {
+    fn make(dir: PathBuf, exe: &Path) -> Result<FreezerRoot, CgroupError> {
+        make_dir(&dir)?;
+        let dying = dir.join("dying");
+        let made = make_dir(&dying).and_then(|()| {
+            let procs = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dying.join("cgroup.procs"))
+                .map_err(CgroupError::io("open", &dying.join("cgroup.procs")))?;
+            let guard = FreezerGuard::start(exe, &dir)
+                .map_err(CgroupError::io("start the freezer guard for", &dir))?;
+            Ok((procs, guard))
+        });
+        match made {
+            Ok((dying_procs, guard)) => Ok(FreezerRoot {
+                dir,
+                dying,
+                dying_procs,
+                _guard: guard,
+            }),
+            Err(e) => {
+                let _ = rmdir(&dying);
+                let _ = rmdir(&dir);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A process (this program started again with `worker::GUARD_ARG`) that thaws
+/// every freezer group beneath the supervisor's once the supervisor is gone,
+/// however it went: a v1 task frozen when its supervisor is killed would
+/// otherwise stay, its SIGKILL (from its PID namespace's end) never acted
+/// on, holding its memory, until another supervisor sweeps. It waits for
+/// the end of a pipe whose other end only the supervisor holds.
+#[derive(Debug)]
+struct FreezerGuard {
+    child: std::process::Child,
+}
+
+impl FreezerGuard {
+    fn start(exe: &Path, root: &Path) -> std::io::Result<FreezerGuard> {
+        let child = std::process::Command::new(exe)
+            .arg(crate::worker::GUARD_ARG)
+            .arg(root)
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        Ok(FreezerGuard { child })
+    }
+}
+
+impl Drop for FreezerGuard {
+    fn drop(&mut self) {
+        // Its pipe's end: it thaws what is left (nothing, by now) and exits.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// A freezer guard's life (see [`FreezerGuard`]): in a session of its own
+/// (a terminal's Ctrl-C is not for it), wait for the end of stdin, then
+/// thaw every group beneath `root`. Its exit code.
+pub fn guard_main(root: Option<std::ffi::OsString>) -> i32 {
+    let Some(root) = root else {
+        return 2;
+    };
+    let _ = nix::unistd::setsid();
+    let mut buf = [0u8; 64];
+    loop {
+        match std::io::Read::read(&mut std::io::stdin(), &mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    super::cgroup::thaw_tree(Path::new(&root));
+    0
+}
+
+/// How long a freeze may take to hold every process of a session (a
+/// process in the kernel on its way, e.g. reading a big file, is frozen
+/// when it comes back).
+const FREEZE_WITHIN: Duration = Duration::from_secs(5);
+
+/// One session's freezer: under cgroup v1 its freezer group, with its
+/// `tasks` (for a state process to join) and `freezer.state` kept open;
+/// under v2 its leaf's `cgroup.freeze` and `cgroup.events`.
+#[derive(Debug)]
+struct Freezer {
+    dir: PathBuf,
+    /// v1: the group's `tasks`; v2: none (the leaf is where its state
+    /// processes are anyway).
+    tasks: Option<OwnedFd>,
+    /// v1 `freezer.state`, v2 `cgroup.freeze`.
+    state: std::fs::File,
+    /// v2: `cgroup.events`, whose `frozen 1` says the freeze holds.
+    events: Option<std::fs::File>,
+}
+
+impl Freezer {
+    fn make(dir: PathBuf) -> Result<Freezer, CgroupError> {
+        make_dir(&dir)?;
+        let files =
+            open_tasks(&dir, false).and_then(|t| Ok((t, open_rw(&dir.join("freezer.state"))?)));
+        match files {
+            Ok((tasks, state)) => Ok(Freezer {
+                dir,
+                tasks: Some(tasks),
+                state,
+                events: None,
+            }),
+            Err(e) => {
+                let _ = rmdir(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// The freezer of the v2 cgroup at `dir` (made already).
+    fn v2(dir: &Path) -> Result<Freezer, CgroupError> {
+        Ok(Freezer {
+            dir: dir.to_path_buf(),
+            tasks: None,
+            state: open_rw(&dir.join("cgroup.freeze"))?,
+            events: Some(open_r(&dir.join("cgroup.events"))?),
+        })
+    }
+
+    /// Whether every process of the group is frozen now (v1: reading
+    /// `freezer.state` also moves a `FREEZING` group on to `FROZEN` once
+    /// every process in it is).
+    fn holds(&self) -> Result<bool, CgroupError> {
+        match &self.events {
+            Some(events) => {
+                Ok(read_at0(events).and_then(|t| super::cgroup2::keyed(&t, "frozen")) == Some(1))
+            }
+            None => Ok(self.read()? == "FROZEN"),
+        }
+    }
+
+    /// What `freezer.state` says now (reading it also moves a `FREEZING`
+    /// group on to `FROZEN` once every process in it is).
+    fn read(&self) -> Result<String, CgroupError> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 32];
+        let n = self
+            .state
+            .read_at(&mut buf, 0)
+            .map_err(CgroupError::io("read", &self.dir.join("freezer.state")))?;
+        Ok(String::from_utf8_lossy(buf.get(..n).unwrap_or_default())
+            .trim()
+            .to_owned())
+    }
+
+    /// Freeze every process in the group, and wait until each is frozen
+    /// (at most `within`; past it the group is thawed again and the error
+    /// says so).
+    fn freeze(&self, within: Duration) -> Result<(), CgroupError> {
+        if self.events.is_some() {
+            put(&self.state, "1", &self.dir.join("cgroup.freeze"))?;
+        } else {
+            put(&self.state, "FROZEN", &self.dir.join("freezer.state"))?;
+        }
+        let end = Instant::now() + within;
+        let mut pause = Duration::from_micros(20);
+        loop {
+            if self.holds()? {
+                return Ok(());
+            }
+            if Instant::now() >= end {
+                let _ = self.thaw();
+                return Err(CgroupError::Busy(format!(
+                    "{} was not frozen within {within:?}",
+                    self.dir.display()
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    fn thaw(&self) -> Result<(), CgroupError> {
+        if self.events.is_some() {
+            return put(&self.state, "0", &self.dir.join("cgroup.freeze"));
+        }
+        put(&self.state, "THAWED", &self.dir.join("freezer.state"))
     }
 }
 
@@ -609,11 +911,7 @@ impl CellDir {
 
     /// CPU time of every process it had, in ns.
     fn cpu_ns(&self) -> Option<u64> {
-        if self.v2 {
-            let text = read_at0(&self.cpu_usage)?;
-            return super::cgroup2::keyed(&text, "usage_usec").map(|us| us.saturating_mul(1000));
-        }
-        get(&self.cpu_usage)
+        cpu_ns_of(&self.cpu_usage, self.v2)
     }
 
     /// How often a fork in it failed at its bound or its session's.
@@ -662,21 +960,6 @@ impl Drop for CellDir {
     }
 }
 
-/// The children of `parents` (by pid in our namespace), from
-/// `/proc/<pid>/task/<pid>/children`.
-fn children_of(parents: &[i32]) -> Vec<i32> {
-    let mut out = Vec::new();
-    for p in parents {
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")) {
-            out.extend(
-                text.split_whitespace()
-                    .filter_map(|c| c.parse::<i32>().ok()),
-            );
-        }
-    }
-    out
-}
-
 /// One session's group (see the module docs).
 #[derive(Debug)]
 pub struct SessionGroup {
@@ -685,6 +968,8 @@ pub struct SessionGroup {
     /// The session's `pids.max` while a live cell's bound replaces it
     /// ([`Self::bound_live_cell`]).
     saved_max: Mutex<Option<String>>,
+    /// Whether its freezer group is frozen now.
+    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl SessionGroup {
@@ -738,41 +1023,101 @@ impl SessionGroup {
                 .map_err(CgroupError::io("open", &tasks))?;
             fds.push(OwnedFd::from(f));
         }
+        if let Some(tasks) = self.dir.freezer.as_ref().and_then(|f| f.tasks.as_ref()) {
+            fds.push(
+                tasks
+                    .try_clone()
+                    .map_err(CgroupError::io("share", &self.dir.pids))?,
+            );
+        }
         Ok(fds)
     }
 
-    /// Kill every process directly in the session's own group except
-    /// those in `keep`, and wait until only they are left (at most
-    /// `within`): what a live Python session's cell left behind (its cell
-    /// runs in the session's group, beside the state processes in `keep`;
-    /// see `supervisor::live`). Nothing in the session can fork meanwhile:
-    /// its `pids.max` is 0 until the others are gone, then what it was.
-    ///
-    /// The children of the processes in `keep` are spared too (a state
-    /// process's spare: its next cell's process, forked ahead; a state
-    /// process runs no code of the session's between cells). They are
-    /// read after the group's processes, so one forked meanwhile is
-    /// either seen as a child or not seen at all.
-    pub fn end_others(&self, keep: &[i32], within: Duration) -> Result<(), CgroupError> {
-        let me = i32::try_from(std::process::id()).unwrap_or(0);
-        let others = || -> Vec<i32> {
-            let mut all = procs(&self.dir.own);
-            all.retain(|p| *p != me && !keep.contains(p));
-            if all.is_empty() {
-                return all;
-            }
-            let children = children_of(keep);
-            all.retain(|p| !children.contains(p));
-            all
+    /// Whether the session can be frozen (there is a freezer hierarchy).
+    pub fn can_freeze(&self) -> bool {
+        self.dir.freezer.is_some()
+    }
+
+    /// Whether the session is frozen now.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// Freeze every process of the session's freezer group (its state
+    /// processes and what they started), and wait until each is frozen:
+    /// from then on none of them runs until [`Self::thaw`]. Nothing to do
+    /// where sessions cannot be frozen.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        let Some(f) = &self.dir.freezer else {
+            return Ok(());
         };
+        f.freeze(FREEZE_WITHIN)?;
+        self.frozen.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Let the session's processes run again.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        let Some(f) = &self.dir.freezer else {
+            return Ok(());
+        };
+        if self.frozen.swap(false, Ordering::SeqCst) {
+            f.thaw()?;
+        }
+        Ok(())
+    }
+
+    /// CPU time (ns) every process of the session has had, its cells'
+    /// included.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        cpu_ns_of(&self.dir.cpu_usage, self.dir.v2)
+    }
+
+    /// SIGKILL one process of the session, by a pidfd the caller checked
+    /// is the session's (see [`open_member`]), frozen or not: a frozen one
+    /// is moved to a freezer group that is never frozen, where it dies
+    /// (see the module docs); the session's others stay frozen.
+    pub fn kill(&self, pidfd: std::os::fd::BorrowedFd<'_>) {
+        let _ = crate::sandbox::process::pidfd_kill(pidfd);
+        if !self.is_frozen() {
+            return;
+        }
+        // Frozen, it cannot exit: its pid stays its own until it is moved.
+        if let Ok(host) = pidfd_pid(&pidfd) {
+            self.release_frozen(host);
+        }
+    }
+
+    /// Kill `pid`, a process of the session listed in its group (see
+    /// [`Self::kill`] for one that is frozen).
+    fn kill_listed(&self, pid: i32) {
+        let _ = crate::sandbox::process::kill_pid(pid);
+        if self.is_frozen() {
+            self.release_frozen(pid);
+        }
+    }
+
+    /// Move `pid` (killed, frozen) to the freezer group that is never
+    /// frozen, where it dies.
+    fn release_frozen(&self, pid: i32) {
+        if let Some(root) = &self.groups.freezer {
+            let path = root.dying.join("cgroup.procs");
+            if let Err(e) = put(&root.dying_procs, &pid.to_string(), &path) {
+                tracing::debug!("a killed frozen process stays until its session thaws: {e}");
+            }
+        }
+    }
+
+    /// Kill every process of the session's group (its own directory and
+    /// its cells') except those in `keep` (pids in our namespace), and
+    /// wait until only they are left (at most `within`): what a live
+    /// Python session's cell left (it runs in the session's group, beside
+    /// the state processes in `keep`), whoever its parent is. Nothing in
+    /// the session can fork meanwhile: its `pids.max` is 0 until the
+    /// others are gone, then the session's own. The pids it killed.
+    pub fn end_others(&self, keep: &[i32], within: Duration) -> Result<Vec<i32>, CgroupError> {
         let max_path = self.dir.pids.join("pids.max");
         let saved = lock(&self.saved_max).take();
-        if others().is_empty() {
-            return match saved {
-                Some(v) => put(&self.dir.pids_max, &v, &max_path),
-                None => Ok(()),
-            };
-        }
         let before = match saved {
             Some(v) => v,
             None => std::fs::read_to_string(&max_path)
@@ -780,27 +1125,90 @@ impl SessionGroup {
                 .trim()
                 .to_owned(),
         };
-        put(&self.dir.pids_max, "0", &max_path)?;
+        let killed = self.kill_others(keep, within, false);
+        put(&self.dir.pids_max, &before, &max_path)?;
+        killed
+    }
+
+    /// [`Self::end_others`], then freeze the session (see
+    /// [`Self::freeze`]) before its `pids.max` is put back: nothing can
+    /// have started between the last look and the freeze. Once a live
+    /// session's cell is over and its spare forked: from here on none of
+    /// its processes runs until the next cell thaws it.
+    pub fn settle(&self, keep: &[i32], within: Duration) -> Result<Vec<i32>, CgroupError> {
+        let max_path = self.dir.pids.join("pids.max");
+        let before = match lock(&self.saved_max).take() {
+            Some(v) => v,
+            None => std::fs::read_to_string(&max_path)
+                .map_err(CgroupError::io("read", &max_path))?
+                .trim()
+                .to_owned(),
+        };
+        let killed = self.kill_others(keep, within, true);
+        put(&self.dir.pids_max, &before, &max_path)?;
+        killed
+    }
+
+    /// The pids of the session's group (its own directory and its
+    /// cells') that are neither this process nor in `keep`.
+    fn others(&self, keep: &[i32]) -> Vec<i32> {
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        let mut all = procs(&self.dir.pids);
+        if let Ok(entries) = std::fs::read_dir(&self.dir.pids) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    all.extend(procs(&e.path()));
+                }
+            }
+        }
+        all.retain(|p| *p != me && !keep.contains(p));
+        all
+    }
+
+    /// Kill the session's processes not in `keep` with its `pids.max` at
+    /// 0 (the caller puts it back), until none is left (at most
+    /// `within`); with `freeze`, freeze the session then, and look again.
+    fn kill_others(
+        &self,
+        keep: &[i32],
+        within: Duration,
+        freeze: bool,
+    ) -> Result<Vec<i32>, CgroupError> {
+        let max_path = self.dir.pids.join("pids.max");
+        let mut killed: Vec<i32> = Vec::new();
+        if !self.others(keep).is_empty() || freeze {
+            put(&self.dir.pids_max, "0", &max_path)?;
+        }
         let end = Instant::now() + within;
-        let outcome = loop {
-            let left = others();
+        let mut frozen = false;
+        loop {
+            let left = self.others(keep);
             if left.is_empty() {
-                break Ok(());
+                if !freeze || frozen {
+                    return Ok(killed);
+                }
+                // Frozen with the bound at 0: whatever is there now stays
+                // there, unable to run; one more look finds what a fork
+                // under way added.
+                self.freeze()?;
+                frozen = true;
+                continue;
             }
             if Instant::now() >= end {
-                break Err(CgroupError::Busy(format!(
+                return Err(CgroupError::Busy(format!(
                     "{} process(es) of {} still there after {within:?}",
                     left.len(),
                     self.dir.pids.display()
                 )));
             }
             for pid in left {
-                let _ = crate::sandbox::process::kill_pid(pid);
+                if !killed.contains(&pid) {
+                    killed.push(pid);
+                }
+                self.kill_listed(pid);
             }
             std::thread::sleep(Duration::from_micros(200));
-        };
-        put(&self.dir.pids_max, &before, &max_path)?;
-        outcome
+        }
     }
 
     /// Bound a live cell's processes: it runs in the session's own group,
@@ -845,13 +1253,22 @@ impl SessionGroup {
 impl Drop for SessionGroup {
     fn drop(&mut self) {
         // Its cells are over (each holds the session); anything left is
-        // killed before the group is kept or removed.
+        // killed before the group is kept or removed: sent SIGKILL while
+        // it may be frozen, then thawed, to die.
         if !none_in_dir(&self.dir.pids) {
+            if let Err(e) = stop(&self.dir.pids, &self.dir.pids_max) {
+                tracing::warn!("{e}");
+            }
+            if let Err(e) = self.thaw() {
+                tracing::warn!("{e}");
+            }
             if let Err(e) = empty(&self.dir.pids, Duration::from_secs(10)) {
                 tracing::warn!("{e}");
             }
             // Its pids.max was set to 0 to empty it.
             *lock(&self.dir.bounds) = None;
+        } else if let Err(e) = self.thaw() {
+            tracing::warn!("{e}");
         }
         // A group that still holds memory (pages of files not yet freed)
         // is not handed to another session.
@@ -997,6 +1414,54 @@ pub fn pidfd_pid(pidfd: &impl AsRawFd) -> Result<i32, CgroupError> {
         .ok_or_else(|| CgroupError::Busy(format!("{path} names no live process")))
 }
 
+/// Whether `pid` is listed in the pids cgroup at `dir` or in one of the
+/// groups directly beneath it (a session's cells).
+fn listed_in(dir: &Path, pid: i32) -> bool {
+    if procs(dir).contains(&pid) {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .any(|e| procs(&e.path()).contains(&pid))
+}
+
+/// The pid (in our namespace) of the process behind `pidfd`, checked to be
+/// in the pids cgroup at `dir` or a group directly beneath it. The check
+/// holds for that process, not for another given its pid: the pid is
+/// read from the pidfd, and read again after the cgroup is, and a pid is
+/// that process's until it is reaped (the second read says -1 then).
+pub fn member_pid(pidfd: &impl AsRawFd, dir: &Path) -> Result<i32, CgroupError> {
+    let pid = pidfd_pid(pidfd)?;
+    if !listed_in(dir, pid) {
+        return Err(CgroupError::Busy(format!(
+            "process {pid} is not in {}",
+            dir.display()
+        )));
+    }
+    match pidfd_pid(pidfd) {
+        Ok(again) if again == pid => Ok(pid),
+        _ => Err(CgroupError::Busy(format!(
+            "process {pid} ended while it was looked for in {}",
+            dir.display()
+        ))),
+    }
+}
+
+/// A pidfd for `host` (a pid in our namespace), opened first and then
+/// checked to be of the pids cgroup at `dir` (see [`member_pid`]): a
+/// process found there by pid may have ended and its pid been given to
+/// another before the pidfd was opened.
+pub fn open_member(dir: &Path, host: i32) -> Result<OwnedFd, CgroupError> {
+    let pidfd = crate::sandbox::process::pidfd_open(host)
+        .map_err(|e| CgroupError::Busy(format!("cannot open process {host}: {e}")))?;
+    member_pid(&pidfd, dir)?;
+    Ok(pidfd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1006,7 +1471,8 @@ mod tests {
             return None;
         }
         let cells = super::super::cgroup::CellCgroup::create(256 << 20).ok()?;
-        let g = Groups::new(cells.path()).ok()?;
+        let exe = std::env::current_exe().ok()?;
+        let g = Groups::new(cells.path(), &exe).ok()?;
         Some((cells, Arc::new(g)))
     }
 
@@ -1061,6 +1527,92 @@ mod tests {
             !path.exists(),
             "the cell's group is removed with the supervisor's"
         );
+        drop(cells_cgroup);
+    }
+
+    /// A `sleep` that joined `session`'s own groups (as a state process
+    /// does), with a pidfd for it.
+    fn sleeper_in(session: &SessionGroup) -> (std::process::Child, OwnedFd) {
+        let fds = session.join_fds().expect("join fds");
+        let child = crate::sandbox::testing::sleeper_joining(&fds);
+        drop(fds);
+        let pidfd = crate::sandbox::process::pidfd_open(child.id() as i32).expect("pidfd");
+        (child, pidfd)
+    }
+
+    /// What `/proc/PID/stat` says of `pid`'s state (`R`, `S`, `D`, `Z`...).
+    fn proc_state(pid: u32) -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|t| {
+                t.rsplit_once(')')
+                    .map(|(_, r)| r.trim().chars().take(1).collect())
+            })
+            .unwrap_or_default()
+    }
+
+    /// Settling a session kills every process of its group but those kept,
+    /// whoever their parent is, and freezes the rest: they use no CPU and
+    /// stay until thawed. One kept process killed while the session is
+    /// frozen dies without the session being thawed; dropping the group
+    /// kills and thaws what is left.
+    #[test]
+    fn a_settled_session_keeps_only_what_is_kept_and_is_frozen() {
+        let _serial = crate::util::lock(&super::super::cgroup::TEST_LOCK);
+        let Some((cells_cgroup, g)) = groups() else {
+            panic!("this test needs root and cgroup v1 memory, pids and cpuacct hierarchies");
+        };
+        let s = Arc::new(g.session(64 << 20, 8).expect("session group"));
+        assert!(
+            s.can_freeze(),
+            "this test needs the cgroup v1 freezer hierarchy, or cgroup v2"
+        );
+        let (mut kept, kept_fd) = sleeper_in(&s);
+        let (mut other, _other_fd) = sleeper_in(&s);
+        let (mut second, second_fd) = sleeper_in(&s);
+        let keep = [kept.id() as i32, second.id() as i32];
+        let killed = s.settle(&keep, Duration::from_secs(5)).expect("settled");
+        assert_eq!(killed, vec![other.id() as i32]);
+        assert!(other.wait().expect("wait").code().is_none(), "killed");
+        assert!(s.is_frozen());
+        let freezer = s.dir.freezer.as_ref().expect("a freezer group");
+        assert!(freezer.holds().expect("the freeze read back"), "not frozen");
+        // A kept one killed while frozen dies; the other stays frozen.
+        use std::os::fd::AsFd;
+        s.kill(second_fd.as_fd());
+        let status = second.wait().expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(s.is_frozen());
+        assert!(
+            matches!(proc_state(kept.id()).as_str(), "D" | "S"),
+            "{}",
+            proc_state(kept.id())
+        );
+        // Its pidfd is checked against the group: it is the session's.
+        assert_eq!(
+            member_pid(&kept_fd, s.pids_path()).expect("a member"),
+            kept.id() as i32
+        );
+        let stranger = std::process::Command::new("/bin/sleep")
+            .arg("300")
+            .spawn()
+            .expect("spawn");
+        let mut stranger = stranger;
+        assert!(open_member(s.pids_path(), stranger.id() as i32).is_err());
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+        // The session's CPU time is counted while it runs.
+        assert!(s.cpu_ns().is_some());
+        drop(s);
+        let status = kept.wait().expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        drop(g);
         drop(cells_cgroup);
     }
 

@@ -476,7 +476,7 @@ async fn start_live(
     let (err_r, err_w) = pipe()?;
     // Its process bound, on the session's group for the cell's time (the
     // session's own bound is put back when it ends).
-    let held = 1 + live.spare.len() as u64;
+    let held = 1 + live.checkpoints.len() as u64;
     session.bound_live_cell(
         held,
         crate::supervisor::tenancy::cell_processes(&spec.limits),
@@ -494,8 +494,10 @@ async fn start_live(
         None => {
             let host =
                 host_pid(session.pids_path(), ns_pid).ok_or(LaunchError::NotInSession(ns_pid))?;
-            let pidfd =
-                process::pidfd_open(host).map_err(LaunchError::io("open the cell's process"))?;
+            // Checked to be the session's once opened: the process found
+            // by pid may have ended, and its pid gone to another.
+            let pidfd = crate::sandbox::linux::groups::open_member(session.pids_path(), host)
+                .map_err(|_| LaunchError::NotInSession(ns_pid))?;
             (host, pidfd)
         }
     };

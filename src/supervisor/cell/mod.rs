@@ -510,7 +510,7 @@ async fn life(
         if d.status == DoneStatus::Ok && d.live.is_some() {
             let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
             let session = spec.share.session(sup, asked);
-            live.take_over(session.as_deref()).await;
+            live.take_over(session.as_ref()).await;
             became = live.became(worker.pid);
         }
     }
@@ -530,7 +530,18 @@ async fn life(
         // (Also when it did not get to run there: the session's own process
         // bound is put back.)
         let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
-        live.end_others(spec.share.session(sup, asked)).await;
+        let killed = live.end_others(spec.share.session(sup, asked)).await;
+        if killed > 0 {
+            result.notes.push(format!(
+                "{killed} process(es) left in the session's group when the cell ended \
+                 (neither its state process nor a checkpoint) were killed"
+            ));
+            sup.events.record(
+                "session_processes_killed",
+                &spec.run,
+                json!({"session_id": spec.session_id, "killed": killed, "when": "cell_end"}),
+            );
+        }
     }
     let (stdout, stderr) = streams.collect().await;
     result.record_end(stdout, stderr, reaped.as_ref().ok());

@@ -232,14 +232,16 @@ def _child(fds):
 #   `_live_prefork`), the cell's process is forked when the cell comes.
 # - `clone {id}` with one fd: fork a copy of this state process that
 #   serves that channel (a checkpoint, or a restore from one).
+# - `prefork {id}`: fork the next cell's process ahead (its spare, see
+#   `_live_prefork`), answered `spawned {id, pid}` with the spare's channel.
 # - replies: `spawned {id, pid}`, `error {id, message}`, `ended {pid, ...}`
-#   (as the zygote reports its children); and, unasked, `spare {pid}` with
-#   the channel of a spare (see `_live_prefork`).
+#   (as the zygote reports its children). Nothing is sent unasked.
 #
 # A state process runs cell code (the session's own), so the supervisor
 # trusts nothing it says beyond that session: pids are looked up in the
-# session's cgroup, and every report only ever decides that session's
-# result.
+# session's cgroup, an answer to a request never made closes the channel,
+# every report only ever decides that session's result, and between cells
+# the session is frozen (after its spare has warmed up).
 
 
 class _NewState(BaseException):
@@ -296,13 +298,7 @@ def _state_serve():
     poller.register(wake_r, select.POLLIN)
     cells = {}
     while True:
-        # Only a state process that runs cells: a successor, or one that
-        # has run one (not a checkpoint's idle copy).
-        wait = _SPARE_AFTER_MS if _st.get("spare_ok") and _st.get("spare") is None and not cells else None
-        events = poller.poll(wait)
-        if not events and wait is not None:
-            _live_prefork(cells)
-            continue
+        events = poller.poll()
         for fd, ev in events:
             if fd == wake_r:
                 try:
@@ -323,9 +319,12 @@ def _state_serve():
             op = msg.get("op")
             if op == "run":
                 _live_run(msg, fds, cells)
-                _st["spare_ok"] = True
             elif op == "clone":
                 _live_clone(msg, fds)
+            elif op == "prefork":
+                for f in fds:
+                    posix.close(f)
+                _live_prefork(msg, cells)
             else:
                 for f in fds:
                     posix.close(f)
@@ -399,34 +398,37 @@ def _live_cell(rl, fds):
     posix._exit(0)
 
 
-# A state process that has been idle a moment forks its next cell's
-# process ahead of time (its **spare**), so that a cell does not wait for
-# a fork of the whole namespace, and hands the spare's channel to the
-# supervisor (`spare {pid}`): the supervisor sends the spare the cell's
-# fds and limits itself, so that this process, whose pages the spare now
+# Once a cell is over, the supervisor asks the state process to fork its
+# next cell's process ahead of time (its **spare**, `prefork`), so that a
+# cell does not wait for a fork of the whole namespace, and is answered
+# with the spare's channel: the supervisor sends the spare the cell's fds
+# and limits itself, so that this process, whose pages the spare now
 # shares, runs nothing on the cell's way (each page it wrote would be
-# copied first). The spare then runs the cell as a cell forked then would.
-# A spare is a child of its state process and one of its cells (its end is
-# reported; the supervisor spares a state process's children when it ends
-# what a cell left); it exits when the supervisor lets go of its channel.
-# Where the supervisor holds no spare (not idle long enough, a fork
-# refused, a spare gone), it asks this process to `run` the cell, which is
-# forked then.
-_SPARE_AFTER_MS = 5
+# copied first). The spare warms up, says `warm` on its channel (the
+# supervisor then freezes the session until the cell comes), and runs the
+# cell as a cell forked then would. A spare is a child of its state
+# process and one of its cells (its end is reported); it exits when the
+# supervisor lets go of its channel. Where the supervisor holds no spare
+# (a cell came before, a fork refused, a spare gone), it asks this process
+# to `run` the cell, which is forked then.
 
 
-def _live_prefork(cells):
-    if _st.get("spare") is not None:
+def _live_prefork(msg, cells):
+    cid = msg.get("id")
+    if type(cid) is not int:
+        _zsend({"op": "error", "id": 0, "message": "a malformed prefork message"})
         return
     try:
         ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
-    except OSError:
+    except OSError as e:
+        _zsend({"op": "error", "id": cid, "message": "socketpair failed: %s" % e})
         return
     try:
         pid = posix.fork()
-    except OSError:
+    except OSError as e:
         ours.close()
         theirs.close()
+        _zsend({"op": "error", "id": cid, "message": "fork failed: %s" % e})
         return
     if pid == 0:
         try:
@@ -436,6 +438,7 @@ def _live_prefork(cells):
             # Not the state process's channel: its end is its own.
             posix.close(_FD)
             _live_warm_up()
+            theirs.send(b'{"op":"warm"}')
             data, anc, flags, _ = theirs.recvmsg(4096, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
             fds = _fds_of(anc)
             theirs.close()
@@ -448,10 +451,10 @@ def _live_prefork(cells):
             posix._exit(_EXIT_SANDBOX)
         _live_cell(rl, fds)
     theirs.close()
-    cells[pid] = 0
+    cells[pid] = cid
     _st["spare"] = pid
     try:
-        _zsend({"op": "spare", "pid": pid}, (ours.fileno(),))
+        _zsend({"op": "spawned", "id": cid, "pid": pid}, (ours.fileno(),))
     except OSError:
         try:
             posix.kill(pid, _signal.SIGKILL)
@@ -485,7 +488,6 @@ def _live_clone(msg, fds):
     if pid == 0:
         try:
             _live_forked()
-            _st["spare_ok"] = False
             posix.dup2(fds[0], _FD)
             posix.close(fds[0])
         except BaseException:
@@ -604,7 +606,6 @@ def _serve_next(nxt):
         posix.close(null)
         posix.dup2(nxt, _FD)
         posix.close(nxt)
-        _st["spare_ok"] = True
     except BaseException:
         posix._exit(_EXIT_SANDBOX)
     raise _NewState()
@@ -613,8 +614,9 @@ def _serve_next(nxt):
 def _spawn(msg, fds, cells):
     cid = msg.get("id")
     # Five, then the cgroup files it joins: three under cgroup v1 (memory,
-    # pids, cpuacct), one under v2.
-    if type(cid) is not int or len(fds) not in (5, 6, 8):
+    # pids, cpuacct) and the session's freezer group for a state process,
+    # one under v2 (where a session is frozen through its own group).
+    if type(cid) is not int or len(fds) not in (5, 6, 8, 9):
         for fd in fds:
             posix.close(fd)
         _zsend({"op": "error", "id": cid if type(cid) is int else 0, "message": "a malformed spawn message"})
