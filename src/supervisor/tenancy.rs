@@ -48,6 +48,9 @@ impl CellGroup {
     pub(crate) fn stop(&self) -> Result<usize, GroupError> {
         match *self {}
     }
+    pub(crate) fn cpu_ns(&self) -> Option<u64> {
+        match *self {}
+    }
     pub(crate) fn usage(&self) -> TreeUsage {
         match *self {}
     }

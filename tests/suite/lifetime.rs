@@ -353,3 +353,46 @@ G["_state_serve"] = hijacked
     let r = py_in(&session, "x + 1").await;
     assert_eq!(r.value, serde_json::json!(6), "{r:?}");
 }
+
+/// A chain of processes, each spinning 0.6 s of CPU and forking the next
+/// before it exits: each stays under its own RLIMIT_CPU of 1 s (the chain
+/// says how far each went), so only a count over all of the cell's
+/// processes ends it. The cell (warm and sessionless, then in a live
+/// session, whose processes are counted in the session's group) ends
+/// `limit_exceeded` at its `cpu_seconds`, not at its wall-clock limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_children_cannot_reset_its_cpu_count() {
+    require_root();
+    let code = r#"
+import os, sys, time
+def link(n):
+    t = time.process_time()
+    while time.process_time() - t < 0.6:
+        pass
+    sys.stderr.write("link %d used %.2f s\n" % (n, time.process_time() - t))
+    sys.stderr.flush()
+    if os.fork() == 0:
+        link(n + 1)
+    os._exit(0)
+if os.fork() == 0:
+    link(0)
+time.sleep(60)
+"#;
+    let sup = supervisor();
+    let mut cfg = replay(config(&[]));
+    cfg.limits.rlimits.cpu_seconds = 1;
+    cfg.limits.timeout_ms = 40_000;
+    let mut live = config(&[]);
+    live.limits = cfg.limits.clone();
+    for (path, cfg) in [("warm", cfg), ("live", live)] {
+        let session = sup.session(cfg).unwrap();
+        let r = session.run(py(code)).await;
+        assert_eq!(r.status, Status::LimitExceeded, "{path}: {r:?}");
+        let e = r.error.as_ref().unwrap();
+        assert!(e.message.contains("cpu_seconds"), "{path}: {r:?}");
+        // Its first link stayed under its own bound and handed on: the
+        // control (RLIMIT_CPU alone would let the chain run to the
+        // wall-clock limit).
+        assert!(r.stderr.contains("link 0 used 0.6"), "{path}: {r:?}");
+    }
+}

@@ -1362,6 +1362,12 @@ impl CellGroup {
         none_in(&self.dir.procs)
     }
 
+    /// CPU time (ns) of every process the cell group has had, as its
+    /// counter reads now.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        get(&self.dir.cpu_usage)
+    }
+
     /// CPU time of every process the cell had, and the session's peak
     /// memory while it ran.
     pub fn usage(&self) -> TreeUsage {

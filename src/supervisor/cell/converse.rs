@@ -123,7 +123,7 @@ pub(super) async fn converse(
     spec: &CellSpec,
     result: &mut CellResult,
     sock: std::os::unix::net::UnixStream,
-    exit_fd: &process::ExitWatch,
+    (exit_fd, meter): (&process::ExitWatch, Option<&super::cpu::CpuMeter>),
     deadline: Instant,
     mut conv: Conversation,
 ) -> (Outcome, Option<OwnedWriteHalf>) {
@@ -197,6 +197,7 @@ pub(super) async fn converse(
                 tracing::info!(run_id = %spec.run.run_id, level = %l.level, "worker: {msg}");
             }
         }
+        let look = meter.map(|m| tokio::time::Instant::now() + m.next_look());
         step = tokio::select! {
             biased;
             msg = incoming.next(), if conv.listening() => match msg {
@@ -219,6 +220,10 @@ pub(super) async fn converse(
             }
             _ = cancelled(spec.cancel.as_ref()) => Step::Finish(Outcome::interrupted()),
             _ = tokio::time::sleep_until(deadline_t) => Step::Finish(Outcome::Timeout),
+            _ = sleep_until_some(look) => match meter.and_then(super::cpu::CpuMeter::over) {
+                Some(why) => Step::Finish(Outcome::Fatal(ErrorKind::LimitExceeded, why)),
+                None => Step::Wait,
+            },
         };
     };
     let writer = if matches!(outcome, Outcome::Done(_)) {
@@ -235,6 +240,14 @@ pub(super) async fn converse(
         result.status = Status::PolicyDenied;
     }
     (ended.outcome, writer)
+}
+
+/// Resolves at `at` (never without one).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves when `token` is cancelled (never without one).

@@ -11,6 +11,7 @@
 mod calls;
 mod conversation;
 mod converse;
+mod cpu;
 mod end;
 mod launch;
 mod models;
@@ -460,7 +461,17 @@ async fn life(
     };
     let (setup, start) = opening(sup, spec, backend, plan, sourced, preloaded);
     let conv = Conversation::new(handshake, setup, start);
-    let (outcome, writer) = converse(sup, spec, result, sock, &exit, deadline, conv).await;
+    let meter = cpu_meter(sup, spec, group.as_ref());
+    let (outcome, writer) = converse(
+        sup,
+        spec,
+        result,
+        sock,
+        (&exit, meter.as_ref()),
+        deadline,
+        conv,
+    )
+    .await;
     // A worker that said `done` lingers until it is let go: what it used is
     // read from it first, and then the cell is answered without waiting for
     // its exit (not a live session's cell, whose process may carry on).
@@ -545,6 +556,13 @@ async fn life(
     }
     let (stdout, stderr) = streams.collect().await;
     result.record_end(stdout, stderr, reaped.as_ref().ok());
+    #[cfg(target_os = "linux")]
+    if spec.live.is_some() {
+        // A live cell's CPU time is its session's while it ran.
+        if let Some(ns) = meter.as_ref().and_then(cpu::CpuMeter::used_ns) {
+            result.usage.cpu_ms = result.usage.cpu_ms.max(ns / 1_000_000);
+        }
+    }
     let exec = spec.language == Language::Shell;
     let done = classify(&spec.limits, exec, result, outcome);
     #[cfg(target_os = "linux")]
@@ -554,6 +572,42 @@ async fn life(
         crate::supervisor::tenancy::explain_kill(group.as_ref(), session_bytes, result);
     }
     Ok((done, None))
+}
+
+/// What holds the cell to its CPU-time limit over all its processes (see
+/// `cpu`): the count of its own group, or of its session's for a live
+/// cell; none without a group.
+#[cfg(target_os = "linux")]
+fn cpu_meter(
+    sup: &Inner,
+    spec: &CellSpec,
+    group: Option<&Arc<CellGroup>>,
+) -> Option<cpu::CpuMeter> {
+    let limit = spec.limits.rlimits.cpu_seconds;
+    if spec.live.is_some() {
+        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+        let session = spec.share.session(sup, asked)?;
+        return cpu::CpuMeter::new(
+            Box::new(move || session.cpu_ns()),
+            limit,
+            "the session's processes (while the cell ran)",
+        );
+    }
+    let group = group?.clone();
+    cpu::CpuMeter::new(
+        Box::new(move || group.cpu_ns()),
+        limit,
+        "the cell's processes",
+    )
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_meter(
+    _sup: &Inner,
+    _spec: &CellSpec,
+    _group: Option<&Arc<CellGroup>>,
+) -> Option<cpu::CpuMeter> {
+    None
 }
 
 /// Turn the outcome and exit information into the result's status/error
