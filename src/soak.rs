@@ -54,6 +54,19 @@ pub struct SoakArgs {
     /// An extra argument for `serve` (repeatable).
     #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub serve_args: Vec<String>,
+    /// Multiply every cell's wall-clock limit by this (a slow or emulated
+    /// machine: a memory hog must reach its bound before its deadline).
+    #[arg(long = "time-scale", default_value_t = 1.0, value_parser = time_scale)]
+    pub time_scale: f64,
+}
+
+/// A time scale: a finite number from 0.1 to 100.
+fn time_scale(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.1..=100.0).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("{s} is not between 0.1 and 100")),
+        Err(e) => Err(format!("{s} is not a number: {e}")),
+    }
 }
 
 /// `cellbox soak` against the front binary next to this one: print the
@@ -78,6 +91,7 @@ pub async fn cli_main(args: SoakArgs) -> ExitCode {
         fd_slack: args.fd_slack,
         rss_slack: args.rss_slack_mb * 1_000_000,
         settle: Duration::from_secs(args.settle),
+        time_scale: args.time_scale,
     };
     match run(opts).await {
         Ok((report, true)) => {
@@ -120,6 +134,16 @@ pub struct SoakOptions {
     pub rss_slack: u64,
     /// How long the server gets to settle back after the sessions close.
     pub settle: Duration,
+    /// What every cell's wall-clock limit is multiplied by.
+    pub time_scale: f64,
+}
+
+impl SoakOptions {
+    /// The cell with its wall-clock limit multiplied by the time scale.
+    fn scaled(&self, mut cell: Cell) -> Cell {
+        cell.timeout = cell.timeout.map(|t| t * self.time_scale);
+        cell
+    }
 }
 
 /// Sessions opened at once during the warm-up: as many as the server keeps
@@ -738,14 +762,14 @@ async fn client_task(
     for _ in 0..n {
         let roll = rng.below(100) as u32;
         if roll < opts.hostile_percent {
-            let cell = hostile(&mut rng);
+            let cell = opts.scaled(hostile(&mut rng));
             if let Err(e) = run_cell(&peer, &cell, None, &tally).await {
                 note(e);
             }
             continue;
         }
         if rng.below(2) == 0 {
-            let cell = benign(&mut rng);
+            let cell = opts.scaled(benign(&mut rng));
             if let Err(e) = run_cell(&peer, &cell, None, &tally).await {
                 note(e);
             }
@@ -798,6 +822,7 @@ async fn client_task(
             stored.push(s);
             c
         };
+        let cell = opts.scaled(cell);
         if let Err(e) = run_cell(&peer, &cell, Some(id), &tally).await {
             note(e);
         }
