@@ -5,9 +5,8 @@
 
 use crate::cli::usage;
 use crate::exit::Exit;
-use crate::models::ModelClient;
 use crate::supervisor::RunInfo;
-use crate::{EventSink, Language, SessionConfig, Supervisor};
+use crate::{Language, SessionConfig};
 use serde::Serialize;
 use serde_json::Value;
 use std::io::{IsTerminal, Read, Write};
@@ -27,9 +26,10 @@ pub struct AgentArgs {
     /// The model (a `[models.NAME]`); default: the default model.
     #[arg(long)]
     pub model: Option<String>,
-    /// Language the model writes cells in: python or rhai.
-    #[arg(long = "lang", default_value = "python")]
-    pub lang: String,
+    /// Language the model writes cells in: python or rhai (default: python
+    /// where the config's server.languages allows it, else rhai).
+    #[arg(long = "lang")]
+    pub lang: Option<String>,
     /// A file (or - for stdin) loaded into the variable `context` (several:
     /// a list of strings).
     #[arg(long = "context", value_name = "FILE")]
@@ -106,70 +106,104 @@ pub async fn cli_main(args: AgentArgs) -> ExitCode {
     }
 }
 
+/// The language the loop's cells are written in: `--lang`, else Python
+/// where the config allows it, else Rhai; it must be one the config allows.
+fn loop_language(asked: Option<&str>, allowed: &[Language]) -> Result<Language, String> {
+    let lang = match asked {
+        Some(l) => l
+            .parse()
+            .map_err(|e: crate::Error| format!("--lang: {e}"))?,
+        None if allowed.contains(&Language::Python) || !allowed.contains(&Language::Rhai) => {
+            Language::Python
+        }
+        None => Language::Rhai,
+    };
+    if lang == Language::Shell {
+        return Err("--lang: give python or rhai".into());
+    }
+    if !allowed.contains(&lang) {
+        let names: Vec<&str> = allowed.iter().map(|l| l.as_str()).collect();
+        return Err(format!(
+            "--lang {lang}: the config's server.languages does not allow it (allowed: {})",
+            names.join(", ")
+        ));
+    }
+    Ok(lang)
+}
+
 async fn run(args: AgentArgs) -> Result<ExitCode, String> {
-    let file = crate::serve::ServeConfig::load(&args.config).map_err(|e| e.to_string())?;
-    crate::models::config::validate(&file.models)
-        .map_err(|e| format!("{}: {e}", args.config.display()))?;
+    // The config file means for the agent what it means for `serve`: the
+    // same settings, validated the same way, build the same supervisor
+    // (languages, profiles, limits, models, tools, files) and the same
+    // sessions (policy, limits, the local principal's budgets).
+    let mut file = crate::serve::ServeConfig::load(&args.config).map_err(|e| e.to_string())?;
     if file.models.is_empty() {
         return Err(format!(
             "{}: cellbox agent needs a model: add a [models.NAME] table",
             args.config.display()
         ));
     }
-    let client = ModelClient::new(&file.models).map_err(|e| e.to_string())?;
-    let (model, _) = client
-        .config(args.model.as_deref())
-        .map_err(|e| e.to_string())?;
-    let model = model.to_owned();
-    let lang: Language = args.lang.parse().map_err(|e: crate::Error| e.to_string())?;
-    if lang == Language::Shell {
-        return Err("--lang: give python or rhai".into());
-    }
-    let context = read_context(&args.context)?;
-    let mut policy = file.policy.clone();
     for cap in ["answer", "model_query", "model_query_batched"] {
-        policy.allow.insert(cap.to_owned());
+        file.policy.allow.insert(cap.to_owned());
     }
     for a in &args.allow {
         for name in a.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             if !crate::supervisor::is_allow_name(name) {
                 return Err(format!("--allow {name:?}: not a capability name"));
             }
-            policy.allow.insert(name.to_owned());
+            file.policy.allow.insert(name.to_owned());
         }
     }
     if let Some(n) = args.max_total_tokens {
-        policy.max_total_tokens = policy.max_total_tokens.min(n);
+        file.policy.max_total_tokens = file.policy.max_total_tokens.min(n);
     }
-    let events = match &args.events {
-        Some(p) => EventSink::to_file(p)
-            .map_err(|e| format!("failed to open the events file {}: {e}", p.display()))?,
-        None => EventSink::default(),
+    if let Some(p) = &args.python {
+        file.server.python = Some(p.clone());
+    }
+    if let Some(p) = &args.events {
+        file.server.events = Some(p.clone());
+    }
+    let settings = file
+        .validate()
+        .map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let lang = loop_language(args.lang.as_deref(), &settings.languages)?;
+    let context = read_context(&args.context)?;
+    let sup = crate::serve::build_supervisor(&settings).map_err(|e| e.to_string())?;
+    let Some(client) = sup.models().cloned() else {
+        return Err("cellbox agent needs a model".into());
     };
-    let mut b = Supervisor::builder()
-        .events(events.clone())
-        .models(client.clone())
+    let (model, _) = client
+        .config(args.model.as_deref())
         .map_err(|e| e.to_string())?;
-    if let Some(p) = args.python.as_ref().or(file.server.python.as_ref()) {
-        b = b.python(p);
-    }
-    let sup = b.build().map_err(|e| e.to_string())?;
-    let known: Vec<String> = sup.capabilities().map(|c| c.name().to_owned()).collect();
+    let model = model.to_owned();
+    let events = sup.event_sink().clone();
+    let policy = settings.session.policy.clone();
     let caps: Vec<String> = policy
         .allow
         .iter()
-        .filter(|c| known.contains(c))
+        .filter(|c| sup.capabilities().any(|k| k.name() == c.as_str()))
         .cloned()
         .collect();
+    // The local principal, as `serve` over stdio knows it: its budgets
+    // and its tenant.
+    let local = crate::serve::Principal::local();
+    let accounts =
+        crate::serve::principal::Accounts::new(settings.principals.clone(), policy.clone());
+    let account = crate::Account::principal(
+        crate::Tenant::new(
+            local.name(),
+            settings.own_workspaces,
+            settings.max_held_bytes_per_principal,
+        ),
+        accounts.ledger(&local),
+    );
     let session = sup
         .session(SessionConfig {
-            policy,
-            limits: file.limits.clone(),
-            profile: None,
+            account,
             // A turn's cell waits for the model's answer before it: its
             // worker is ready by then.
             prepare_next: true,
-            ..Default::default()
+            ..settings.session.clone()
         })
         .map_err(|e| e.to_string())?;
     if !context.is_null() {

@@ -27,8 +27,8 @@ pub use supervisor::{
 pub use supervisor::{Account, Caps, Chain, Ledger, Owner};
 pub use supervisor::{
     ArgsError, Budget, BudgetError, CallContext, CallError, Capability, CapabilityError,
-    LimitOverrides, Limits, ModelUsage, ModelUsageReport, Policy, Registry, MAX_EMITS_PER_CELL,
-    MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
+    LimitOverrides, Limits, Metered, ModelUsage, ModelUsageReport, Policy, Registry,
+    MAX_EMITS_PER_CELL, MAX_EMITS_PER_SESSION, MAX_EMIT_BYTES_PER_CELL, MAX_EMIT_BYTES_PER_SESSION,
 };
 // The host resources a supervisor holds: events, Python, scratch, memory,
 // warm pools.

@@ -33,10 +33,12 @@ mod lifetime;
 mod oom;
 mod ownership;
 mod pids;
+mod principal_budget;
 mod scratch_quota;
 mod sibling_proc;
 mod slow_body;
 mod subcell;
+mod upstream_state;
 mod workspace;
 mod workspace_quota;
 
@@ -80,6 +82,8 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("outlive_cell", lifetime::outlive),
     ("idle_session", lifetime::idle),
     ("unasked_answer", lifetime::unasked),
+    ("principal_budget", principal_budget::run),
+    ("upstream_state", upstream_state::run),
 ];
 
 /// Run the attacks whose name (with its `tenant_` prefix) contains

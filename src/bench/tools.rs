@@ -174,7 +174,7 @@ pub async fn upstream_round_trip(n: usize) -> Result<String, String> {
 
     let target = crate::tools::upstream::Target::new("up", Vec::new(), Some(url), None)
         .map_err(|e| e.to_string())?;
-    let cap = crate::tools::upstream::capability("up", "", target, 10_000, 1 << 20)
+    let cap = crate::tools::upstream::capability("up", "", target, 10_000, 1 << 20, true)
         .map_err(|e| e.to_string())?;
     // A host capability that does nothing: what any call from a cell costs.
     let noop = crate::Capability::new("noop", "", json!({"type": "object"}), |_, _| async {

@@ -152,6 +152,8 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// Capability allowlist and budgets for every cell.
     pub policy: Policy,
+    /// Budgets per principal, over all its sessions and calls.
+    pub principals: principal::PrincipalsSection,
     /// Model endpoints (`[models.NAME]`), offered to cells as
     /// `model_query` and `model_query_batched` when the policy allows them.
     pub models: crate::models::ModelsSection,
@@ -175,6 +177,7 @@ impl Default for ServeConfig {
                 ..Limits::default()
             },
             policy: Policy::default(),
+            principals: Default::default(),
             models: Default::default(),
             #[cfg(target_os = "linux")]
             files: crate::files::FilesConfig::default(),
@@ -406,6 +409,9 @@ pub struct Settings {
     pub profiles: BTreeMap<Language, String>,
     /// Policy and limits of every session (the profile comes per language).
     pub session: SessionConfig,
+    /// `[principals]`: the budgets of each principal, over all its sessions
+    /// and calls (checked against the principals there are).
+    pub principals: principal::PrincipalsSection,
     pub max_sessions: usize,
     pub max_sessions_per_principal: usize,
     pub idle_expiry: Duration,
@@ -828,6 +834,15 @@ impl ServeConfig {
             Some(n) => n,
             None => share(self.sessions.max_sessions, 1),
         };
+        let known: Vec<String> = match &transport {
+            Transport::Http { tokens, .. } if !tokens.is_empty() => {
+                tokens.iter().map(|t| t.name.clone()).collect()
+            }
+            _ => vec![super::Principal::local().name().to_owned()],
+        };
+        if let Some((key, problem)) = self.principals.problem(&known) {
+            return Err(ConfigError::Invalid { key, problem });
+        }
         let max_queue_per_principal = match s.max_queue_per_principal {
             Some(n) if n > s.max_queue => {
                 return Err(invalid(
@@ -849,6 +864,7 @@ impl ServeConfig {
                 max_held_bytes: self.sessions.max_held_bytes,
                 ..Default::default()
             },
+            principals: self.principals.clone(),
             max_sessions: self.sessions.max_sessions,
             max_sessions_per_principal,
             idle_expiry: Duration::from_secs(self.sessions.idle_expiry_seconds),
@@ -1375,6 +1391,79 @@ mod tests {
             let e = parse(text).unwrap().validate().unwrap_err().to_string();
             assert!(e.starts_with(key), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn principals_take_defaults_and_overrides_strictly() {
+        let dir = tempfile::tempdir().unwrap();
+        let two = dir.path().join("two");
+        std::fs::write(&two, "alice 0123456789abcdef-a\nbob 0123456789abcdef-b\n").unwrap();
+        let head = format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n",
+            two.to_str().unwrap()
+        );
+        let c = parse(&format!(
+            "{head}[principals]\nmax_cost = 1.5\nmax_tool_calls = 10\nwindow_seconds = 60\n\
+             [principals.alice]\nmax_cost = 3.0\nmax_upstream_connections = 2\n"
+        ))
+        .unwrap();
+        let s = c.validate().unwrap();
+        let alice = s.principals.of("alice");
+        assert_eq!(alice.max_cost, Some(3.0));
+        assert_eq!(alice.max_tool_calls, Some(10));
+        assert_eq!(alice.window_seconds, Some(60));
+        assert_eq!(alice.max_upstream_connections, Some(2));
+        let bob = s.principals.of("bob");
+        assert_eq!(
+            (bob.max_cost, bob.max_upstream_connections),
+            (Some(1.5), None)
+        );
+        // It writes back as it reads.
+        let again = parse(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again.principals, c.principals);
+        for (text, want) in [
+            ("[principals]\nmax_cots = 1\n", "max_cots"),
+            ("[principals.alice]\nmax_cots = 1\n", "principals.alice"),
+            ("[principals]\nmax_tool_calls = -1\n", "max_tool_calls"),
+            ("[principals]\nmax_tool_calls = \"10\"\n", "max_tool_calls"),
+            (
+                "[principals.\"a/b\"]\nmax_cost = 1\n",
+                "not a principal name",
+            ),
+        ] {
+            let e = parse(&format!("{head}{text}")).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        for (text, want) in [
+            (
+                "[principals.carol]\nmax_cost = 1\n",
+                "principals.carol: no such principal; the principals are: alice, bob",
+            ),
+            ("[principals]\nmax_cost = -1.0\n", "principals.max_cost: -1"),
+            ("[principals]\nmax_cost = nan\n", "principals.max_cost: NaN"),
+            (
+                "[principals.bob]\nwindow_seconds = 0\n",
+                "principals.bob.window_seconds",
+            ),
+        ] {
+            let e = parse(&format!("{head}{text}"))
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+        // Without a token file the one principal is `local`.
+        let e = parse("[principals.alice]\nmax_cost = 1\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("the principals are: local"), "{e}");
+        parse("[principals.local]\nmax_cost = 1\n")
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -71,6 +71,9 @@ struct NoArgs {}
 struct State {
     sup: Supervisor,
     settings: Settings,
+    /// Each principal's budgets, which its sessions and sessionless calls
+    /// draw from.
+    accounts: Arc<super::principal::Accounts>,
     sessions: SessionTable,
     gate: Gate,
     shutdown: CancellationToken,
@@ -421,6 +424,10 @@ impl CellboxServer {
     }
 
     pub fn new(sup: Supervisor, settings: Settings, shutdown: CancellationToken) -> Self {
+        let accounts = Arc::new(super::principal::Accounts::new(
+            settings.principals.clone(),
+            settings.session.policy.clone(),
+        ));
         let sessions = SessionTable::new(
             sup.clone(),
             settings.session.clone(),
@@ -437,6 +444,7 @@ impl CellboxServer {
             state: Arc::new(State {
                 sup,
                 settings,
+                accounts,
                 sessions,
                 gate,
                 shutdown,
@@ -451,12 +459,13 @@ impl CellboxServer {
     }
 
     /// The account a session or cell of `principal` runs under: its
-    /// tenant (see [`CellboxServer::tenant`]).
+    /// tenant (see [`CellboxServer::tenant`]) and its budgets (see
+    /// [`super::principal::Accounts`]).
     pub(crate) fn account(&self, principal: &Principal) -> crate::Account {
-        crate::Account {
-            chain: Default::default(),
-            tenant: Some(self.tenant(principal)),
-        }
+        crate::Account::principal(
+            self.tenant(principal),
+            self.state.accounts.ledger(principal),
+        )
     }
 
     /// `principal` as the supervisor knows it (made at its first call).
@@ -487,6 +496,18 @@ impl CellboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let st = &self.state;
         let principal = Principal::of(&ctx)?;
+        // A tool called without a cell is a tool call of its principal,
+        // like one from a cell.
+        if let Err(e) = self
+            .account(&principal)
+            .chain
+            .charge(crate::Metered::Tool, 1)
+        {
+            return Ok(direct_refusal(
+                ErrorKind::LimitExceeded,
+                format!("{}: {e}", cap.name()),
+            ));
+        }
         let admission = match st.gate.admit(&principal) {
             Ok(a) => a,
             Err(refusal) => {

@@ -13,6 +13,7 @@
 
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -215,6 +216,215 @@ impl Tokens {
             }
         }
         found
+    }
+}
+
+/// One principal's budgets in `[principals]` (the defaults, or a
+/// `[principals.NAME]` table): what every session and sessionless call of
+/// the principal draws from together. A key left out takes the defaults'
+/// value, and where they leave it out too, the `[policy]` budget of the
+/// same name: by default a principal may spend, over the server's life,
+/// what one session may.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrincipalBudget {
+    /// Model queries (`model_query`, each item of `model_query_batched`,
+    /// a sub-agent's turns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_calls: Option<u64>,
+    /// Sub-agents (`agent_query`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_agent_calls: Option<u64>,
+    /// Calls to host and declared tools (upstream tools included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u64>,
+    /// Model tokens, input and output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_total_tokens: Option<u64>,
+    /// Model cost, in the unit of the models' prices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// Connections to upstream MCP servers (`[tools.NAME] kind = "mcp"`,
+    /// a process each for stdio) it may hold open at once; by default one
+    /// per server, its own (see `shared`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_upstream_connections: Option<u64>,
+    /// Budgets count over windows of this many seconds (what was used
+    /// before the current window is forgotten); none: over the server's
+    /// life.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_seconds: Option<u64>,
+}
+
+impl PrincipalBudget {
+    /// Each key of `self`, else of `base`.
+    fn over(&self, base: &PrincipalBudget) -> PrincipalBudget {
+        PrincipalBudget {
+            max_model_calls: self.max_model_calls.or(base.max_model_calls),
+            max_agent_calls: self.max_agent_calls.or(base.max_agent_calls),
+            max_tool_calls: self.max_tool_calls.or(base.max_tool_calls),
+            max_total_tokens: self.max_total_tokens.or(base.max_total_tokens),
+            max_cost: self.max_cost.or(base.max_cost),
+            max_upstream_connections: self
+                .max_upstream_connections
+                .or(base.max_upstream_connections),
+            window_seconds: self.window_seconds.or(base.window_seconds),
+        }
+    }
+
+    /// The caps of a principal with these budgets, the policy's where
+    /// none is given.
+    fn caps(&self, policy: &crate::Policy) -> crate::Caps {
+        let from = crate::Caps::of_policy(policy);
+        crate::Caps {
+            model_calls: self.max_model_calls.or(from.model_calls),
+            agent_calls: self.max_agent_calls.or(from.agent_calls),
+            tool_calls: self.max_tool_calls.or(from.tool_calls),
+            total_tokens: self.max_total_tokens.or(from.total_tokens),
+            cost: self.max_cost.or(from.cost),
+            connections: self.max_upstream_connections,
+        }
+    }
+
+    /// What is wrong with a value: its key under `at`, and the problem.
+    fn problem(&self, at: &str) -> Option<(String, String)> {
+        if let Some(c) = self.max_cost {
+            if !(c.is_finite() && c >= 0.0) {
+                return Some((
+                    format!("{at}.max_cost"),
+                    format!("{c}: give a number of 0 or more"),
+                ));
+            }
+        }
+        if self.window_seconds == Some(0) {
+            return Some((
+                format!("{at}.window_seconds"),
+                "give 1 or more seconds, or leave it out to count over the server's life".into(),
+            ));
+        }
+        None
+    }
+}
+
+/// `[principals]`: default budgets (its keys) and per-principal ones (its
+/// `[principals.NAME]` tables).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrincipalsSection {
+    pub defaults: PrincipalBudget,
+    pub named: std::collections::BTreeMap<String, PrincipalBudget>,
+}
+
+impl<'de> Deserialize<'de> for PrincipalsSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let table = toml::Table::deserialize(d)?;
+        let mut defaults = toml::Table::new();
+        let mut named = std::collections::BTreeMap::new();
+        for (k, v) in table {
+            match v {
+                toml::Value::Table(t) => {
+                    if !valid_name(&k) {
+                        return Err(D::Error::custom(format!(
+                            "principals.{k}: not a principal name (1 to {MAX_NAME_CHARS} of \
+                             A-Z a-z 0-9 _ . -)"
+                        )));
+                    }
+                    let b = PrincipalBudget::deserialize(toml::Value::Table(t))
+                        .map_err(|e| D::Error::custom(format!("principals.{k}: {e}")))?;
+                    named.insert(k, b);
+                }
+                other => {
+                    defaults.insert(k, other);
+                }
+            }
+        }
+        let defaults = PrincipalBudget::deserialize(toml::Value::Table(defaults))
+            .map_err(|e| D::Error::custom(format!("principals: {e}")))?;
+        Ok(PrincipalsSection { defaults, named })
+    }
+}
+
+impl Serialize for PrincipalsSection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error as _, SerializeMap};
+        let defaults = toml::Table::try_from(&self.defaults).map_err(S::Error::custom)?;
+        let mut m = s.serialize_map(Some(defaults.len() + self.named.len()))?;
+        for (k, v) in &defaults {
+            m.serialize_entry(k, v)?;
+        }
+        for (k, v) in &self.named {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl PrincipalsSection {
+    /// Check the values, and that each named principal is one of `known`:
+    /// the key at fault and what is wrong.
+    pub fn problem(&self, known: &[String]) -> Option<(String, String)> {
+        if let Some(p) = self.defaults.problem("principals") {
+            return Some(p);
+        }
+        for (name, b) in &self.named {
+            if !known.iter().any(|k| k == name) {
+                return Some((
+                    format!("principals.{name}"),
+                    format!(
+                        "no such principal; the principals are: {}",
+                        known.join(", ")
+                    ),
+                ));
+            }
+            if let Some(p) = b.problem(&format!("principals.{name}")) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// The budgets of `name`: its own keys, then the defaults'.
+    pub fn of(&self, name: &str) -> PrincipalBudget {
+        match self.named.get(name) {
+            Some(b) => b.over(&self.defaults),
+            None => self.defaults.clone(),
+        }
+    }
+}
+
+/// Every principal's budgets: its ledger, made when it first calls, which
+/// all its sessions and calls draw from.
+#[derive(Debug)]
+pub struct Accounts {
+    section: PrincipalsSection,
+    policy: crate::Policy,
+    made: std::sync::Mutex<std::collections::HashMap<Principal, Arc<crate::Ledger>>>,
+}
+
+impl Accounts {
+    /// The ledgers of principals with `section`'s budgets, `policy`'s
+    /// where it gives none.
+    pub fn new(section: PrincipalsSection, policy: crate::Policy) -> Accounts {
+        Accounts {
+            section,
+            policy,
+            made: Default::default(),
+        }
+    }
+
+    /// The ledger of `p`, the same one for each of its sessions and calls.
+    pub fn ledger(&self, p: &Principal) -> Arc<crate::Ledger> {
+        let mut made = crate::util::lock(&self.made);
+        made.entry(p.clone())
+            .or_insert_with(|| {
+                let b = self.section.of(p.name());
+                Arc::new(crate::Ledger::new(
+                    crate::Owner::Principal(p.name().to_owned()),
+                    b.caps(&self.policy),
+                    b.window_seconds.map(std::time::Duration::from_secs),
+                ))
+            })
+            .clone()
     }
 }
 

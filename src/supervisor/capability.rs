@@ -1,6 +1,7 @@
 //! Capabilities: named, schema-checked functions a script may call through
 //! the supervisor.
 
+use super::ledger::Account;
 use crate::protocol::CapabilitySpec;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -45,10 +46,11 @@ pub type SourceFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, SourceError
 /// [`Capability::source`], looked up when a cell first calls one.
 pub trait ToolSource: Send + Sync {
     /// The capability `SERVER.TOOL` (schema-checked by the supervisor,
-    /// counted as a host tool call), starting the source if need be.
-    fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability>;
+    /// counted as a host tool call) for a cell of `account`'s tenant,
+    /// starting the source (that tenant's connection to it) if need be.
+    fn tool<'a>(&'a self, account: &'a Account, tool: &'a str) -> SourceFuture<'a, Capability>;
     /// Every tool of the source, starting it if need be.
-    fn list(&self) -> SourceFuture<'_, Vec<Capability>>;
+    fn list<'a>(&'a self, account: &'a Account) -> SourceFuture<'a, Vec<Capability>>;
 }
 
 /// A [`ToolSource`] lookup failed.
@@ -504,10 +506,10 @@ mod tests {
 
     struct NoTools;
     impl ToolSource for NoTools {
-        fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability> {
+        fn tool<'a>(&'a self, _: &'a Account, tool: &'a str) -> SourceFuture<'a, Capability> {
             Box::pin(async move { Err(SourceError::Unknown(tool.to_owned())) })
         }
-        fn list(&self) -> SourceFuture<'_, Vec<Capability>> {
+        fn list<'a>(&'a self, _: &'a Account) -> SourceFuture<'a, Vec<Capability>> {
             Box::pin(async { Ok(Vec::new()) })
         }
     }

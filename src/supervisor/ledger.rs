@@ -29,6 +29,9 @@ pub struct Caps {
     pub tool_calls: Option<u64>,
     pub total_tokens: Option<u64>,
     pub cost: Option<f64>,
+    /// Connections to upstream tool servers (a process each for stdio)
+    /// held open at once.
+    pub connections: Option<u64>,
 }
 
 impl Caps {
@@ -40,6 +43,7 @@ impl Caps {
             tool_calls: Some(p.max_tool_calls.into()),
             total_tokens: Some(p.max_total_tokens),
             cost: p.max_cost,
+            connections: None,
         }
     }
 
@@ -67,6 +71,8 @@ struct Tally {
     used: ModelUsage,
     held_tokens: u64,
     held_cost: f64,
+    /// Upstream connections open now (not forgotten with a window).
+    connections: u64,
     /// Start of the current window, for a ledger with one.
     since: Option<Instant>,
 }
@@ -330,6 +336,33 @@ impl Chain {
         .map(Hold::keep_calls)
     }
 
+    /// Count one more upstream connection held open, unless a ledger's
+    /// `connections` cap refuses it; it is counted until the returned
+    /// guard is dropped.
+    pub fn open_connection(&self, server: &str) -> Result<OpenConnection, BudgetError> {
+        let _one = crate::util::lock(&CHAIN);
+        let mut tallies: Vec<_> = self.0.iter().map(|l| l.tally()).collect();
+        for (l, t) in self.0.iter().zip(&tallies) {
+            if let Some(max) = l.caps.connections {
+                if t.connections >= max {
+                    return Err(BudgetError::Exhausted {
+                        budget: "max_upstream_connections",
+                        detail: format!(
+                            "{} upstream connections are open, of {max}{}; another to {server} \
+                             is refused",
+                            t.connections,
+                            l.whose()
+                        ),
+                    });
+                }
+            }
+        }
+        for t in tallies.iter_mut() {
+            t.connections += 1;
+        }
+        Ok(OpenConnection(self.clone()))
+    }
+
     /// Tokens a query may still hold: the least any ledger has left.
     pub fn tokens_left(&self) -> u64 {
         let _one = crate::util::lock(&CHAIN);
@@ -374,6 +407,20 @@ impl Chain {
             }
         }
         p
+    }
+}
+
+/// One upstream connection counted on a chain until dropped.
+#[derive(Debug)]
+pub struct OpenConnection(Chain);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        let _one = crate::util::lock(&CHAIN);
+        for l in self.0.ledgers() {
+            let mut t = l.tally();
+            t.connections = t.connections.saturating_sub(1);
+        }
     }
 }
 

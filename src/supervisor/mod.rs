@@ -938,6 +938,11 @@ impl Supervisor {
         self.inner.languages.iter().copied()
     }
 
+    /// Where the supervisor records its events.
+    pub fn event_sink(&self) -> &EventSink {
+        &self.inner.events
+    }
+
     /// The capabilities this supervisor knows.
     pub fn capabilities(&self) -> impl Iterator<Item = &Capability> {
         self.inner.registry.iter()

@@ -21,7 +21,9 @@
 //!   [`super::upstream`]). A stdio server starts with an empty environment
 //!   plus `env` (`NAME = "literal"` or `NAME = { env = "VAR" }`, a secret
 //!   of the supervisor's) and the supervisor's variables named in
-//!   `pass_env`.
+//!   `pass_env`. Each principal gets a connection of its own (a process for
+//!   stdio, an MCP session for HTTP); `shared = true` gives a server that
+//!   keeps no state one connection for all.
 //!
 //! Every value read from the supervisor's environment (`{ env = ... }`,
 //! `token_env`) is a secret: it is registered with the redaction
@@ -113,6 +115,10 @@ pub enum ToolDecl {
         timeout_ms: u64,
         #[serde(default = "default_output")]
         max_output_bytes: usize,
+        /// One connection for every principal (for a server that keeps no
+        /// state between calls); by default each principal has its own.
+        #[serde(default)]
+        shared: bool,
     },
 }
 

@@ -464,6 +464,7 @@ pub fn capabilities(
                 pass_env,
                 timeout_ms,
                 max_output_bytes,
+                shared,
             } => {
                 let mut target = super::upstream::Target::new(name, command, url, token_env)?
                     .with_env(name, &env, &pass_env)?;
@@ -476,6 +477,7 @@ pub fn capabilities(
                     target,
                     timeout_ms,
                     max_output_bytes,
+                    shared,
                 )?
             }
         };

@@ -7,8 +7,16 @@
 //! server runs in a process group of its own, killed with the supervisor:
 //! when the last handle on the [`Upstream`] goes (the supervisor's
 //! registry), the group is killed and the server reaped.
+//!
+//! Each tenant (a principal of `serve`) has a connection of its own: its
+//! own process for a stdio server, its own MCP session for an HTTP one, so
+//! what one tenant makes a stateful server keep, another cannot read. It
+//! is counted on the tenant's account while open (`[principals]
+//! max_upstream_connections`), and there is at most one per tenant and
+//! server at a time. A server declared `shared = true` (one that keeps no
+//! state between calls) has one connection for everyone instead.
 
-use crate::supervisor::{Capability, SourceError, SourceFuture, ToolSource};
+use crate::supervisor::{Account, Capability, SourceError, SourceFuture, ToolSource};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -235,10 +243,16 @@ struct Settings {
     max_output: usize,
 }
 
-/// One upstream MCP server, connected when first needed.
+/// A tenant's connection, or the one every tenant shares.
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+
+/// One upstream MCP server, connected when first needed (see the module
+/// docs: a connection per tenant unless shared).
 pub struct Upstream {
     settings: Arc<Settings>,
-    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+    shared: bool,
+    /// By tenant (`None`: the supervisor's own, and all when shared).
+    conns: Mutex<std::collections::HashMap<Option<Arc<str>>, Slot>>,
 }
 
 /// A live connection: the client, the server's tools as capabilities, and
@@ -251,6 +265,8 @@ struct Conn {
     child: Option<Helper>,
     /// (stdio) What the reader of the server's stdout stopped at.
     fault: Option<super::stdio_tap::Fault>,
+    /// Counts it on its tenant's account while it lives.
+    _counted: Option<crate::supervisor::ledger::OpenConnection>,
 }
 
 /// The process of a stdio server: its group is killed and it is reaped
@@ -388,7 +404,14 @@ fn result_value(name: &str, r: CallToolResult) -> Result<Value, String> {
 }
 
 impl Upstream {
-    pub fn new(server: &str, target: Target, timeout_ms: u64, max_output: usize) -> Upstream {
+    /// A server with a connection per tenant, or one for all when `shared`.
+    pub fn new(
+        server: &str,
+        target: Target,
+        timeout_ms: u64,
+        max_output: usize,
+        shared: bool,
+    ) -> Upstream {
         Upstream {
             settings: Arc::new(Settings {
                 server: server.to_owned(),
@@ -396,13 +419,27 @@ impl Upstream {
                 timeout: Duration::from_millis(timeout_ms.max(1)),
                 max_output,
             }),
-            conn: tokio::sync::Mutex::new(None),
+            shared,
+            conns: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
-    /// The live connection, made (again) if there is none or it died.
-    async fn connect(&self) -> Result<Arc<Conn>, String> {
-        let mut slot = self.conn.lock().await;
+    /// The slot of `account`'s connection.
+    fn slot(&self, account: &Account) -> Slot {
+        let key = if self.shared {
+            None
+        } else {
+            account.tenant.as_ref().map(|t| Arc::from(t.name()))
+        };
+        let mut conns = crate::util::lock(&self.conns);
+        conns.entry(key).or_default().clone()
+    }
+
+    /// `account`'s live connection, made (again) if there is none or it
+    /// died.
+    async fn connect(&self, account: &Account) -> Result<Arc<Conn>, String> {
+        let slot = self.slot(account);
+        let mut slot = slot.lock().await;
         if let Some(c) = slot.as_ref() {
             if !c.is_dead() {
                 return Ok(c.clone());
@@ -410,10 +447,21 @@ impl Upstream {
         }
         // The old one (and its process) goes first.
         *slot = None;
+        // A tenant's own connection is counted on its account; a shared
+        // one is the server's.
+        let counted = match (self.shared, account.tenant.is_some()) {
+            (false, true) => Some(
+                account
+                    .chain
+                    .open_connection(&self.settings.server)
+                    .map_err(|e| e.to_string())?,
+            ),
+            _ => None,
+        };
         let fault = super::stdio_tap::Fault::default();
         let started = tokio::time::timeout(
             self.settings.timeout,
-            start(self.settings.clone(), fault.clone()),
+            start(self.settings.clone(), fault.clone(), counted),
         )
         .await;
         if !matches!(started, Ok(Ok(_))) {
@@ -554,6 +602,7 @@ fn relay_log(server: &str, stderr: std::process::ChildStderr) {
 async fn start(
     settings: Arc<Settings>,
     fault: super::stdio_tap::Fault,
+    counted: Option<crate::supervisor::ledger::OpenConnection>,
 ) -> Result<Arc<Conn>, String> {
     let (service, child) = match &settings.target {
         Target::Stdio { argv, .. } => {
@@ -673,15 +722,19 @@ async fn start(
             dead: AtomicBool::new(false),
             child,
             fault,
+            _counted: counted,
         }
     });
     Ok(conn)
 }
 
 impl ToolSource for Upstream {
-    fn tool<'a>(&'a self, tool: &'a str) -> SourceFuture<'a, Capability> {
+    fn tool<'a>(&'a self, account: &'a Account, tool: &'a str) -> SourceFuture<'a, Capability> {
         Box::pin(async move {
-            let conn = self.connect().await.map_err(|e| self.failed(tool, e))?;
+            let conn = self
+                .connect(account)
+                .await
+                .map_err(|e| self.failed(tool, e))?;
             match conn.tools.get(tool) {
                 Some(cap) => Ok(cap.clone()),
                 None => Err(SourceError::Unknown(format!(
@@ -695,10 +748,10 @@ impl ToolSource for Upstream {
         })
     }
 
-    fn list(&self) -> SourceFuture<'_, Vec<Capability>> {
+    fn list<'a>(&'a self, account: &'a Account) -> SourceFuture<'a, Vec<Capability>> {
         Box::pin(async move {
             let conn = self
-                .connect()
+                .connect(account)
                 .await
                 .map_err(|e| SourceError::Failed(format!("{}: {e}", self.settings.server)))?;
             Ok(conn.tools.values().cloned().collect())
@@ -707,15 +760,16 @@ impl ToolSource for Upstream {
 }
 
 /// The capability standing for the upstream server `name` (its tools are
-/// looked up through it).
+/// looked up through it); `shared`: one connection for every tenant.
 pub fn capability(
     name: &str,
     description: &str,
     target: Target,
     timeout_ms: u64,
     max_output: usize,
+    shared: bool,
 ) -> Result<Capability, UpstreamError> {
-    let up = Arc::new(Upstream::new(name, target, timeout_ms, max_output));
+    let up = Arc::new(Upstream::new(name, target, timeout_ms, max_output, shared));
     let description = if description.is_empty() {
         format!("the tools of the upstream MCP server {name}")
     } else {

@@ -935,3 +935,127 @@ fn cellbox_agent_takes_an_answer_dict_or_final_var() {
         assert!(system.contains("answer[\"ready\"] = True"), "{system}");
     }
 }
+
+/// `cellbox agent --json` with the config `text` (a model at `url` is
+/// added), and its trajectory.
+fn agent_json(dir: &std::path::Path, url: &str, text: &str, extra: &[&str]) -> (i32, Value) {
+    let cfg = dir.join("agent-config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{text}\n[models.local]\nendpoint = \"{url}\"\nmodel = \"m\"\n\
+             input_price = 1.0\noutput_price = 1.0\n"
+        ),
+    )
+    .unwrap();
+    let mut args = vec!["agent", "--config", cfg.to_str().unwrap(), "--json"];
+    args.extend_from_slice(extra);
+    args.push("t");
+    let out = cellbox(&args, None);
+    let t = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    (out.status.code().unwrap_or(-1), t)
+}
+
+#[test]
+fn cellbox_agent_runs_only_the_languages_and_profiles_its_config_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    // The model writes a Python block where the config allows only Rhai:
+    // it is refused, not run (its print never happens), and the Rhai block
+    // after it runs under the config's own Rhai profile.
+    let reply = "```python\nprint('ran python')\n```\n```rhai\nanswer(\"done\")\n```";
+    let profile = dir.path().join("rhai-custom.toml");
+    let builtin = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sandbox-profiles/rhai.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        &profile,
+        builtin.replace("name = \"rhai\"", "name = \"rhai-custom\""),
+    )
+    .unwrap();
+    let fake = FakeModel::start(vec![Reply::Text(reply.into(), 5, 5)]);
+    let (code, t) = agent_json(
+        dir.path(),
+        &fake.url,
+        &format!(
+            "[server]\nlanguages = [\"rhai\"]\n[profiles]\nrhai = {:?}\n",
+            profile.to_str().unwrap()
+        ),
+        &[],
+    );
+    assert_eq!(code, 0, "{t}");
+    let cells = t["turns"][0]["cells"].as_array().unwrap();
+    assert_eq!(cells[0]["language"], "python", "{t}");
+    assert_ne!(cells[0]["status"], "ok", "{t}");
+    assert!(
+        cells[0]
+            .to_string()
+            .contains("python cells are not allowed here"),
+        "{t}"
+    );
+    assert_eq!(cells[0]["stdout"], "", "{t}");
+    assert_eq!(cells[1]["sandbox"]["profile"], "rhai-custom", "{t}");
+    // --lang names a language the config does not allow: refused at once.
+    let out = cellbox(
+        &[
+            "agent",
+            "--config",
+            dir.path().join("agent-config.toml").to_str().unwrap(),
+            "--lang",
+            "python",
+            "t",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not allow it"),
+        "{out:?}"
+    );
+    // Control: where the config allows Python, the same block runs.
+    let fake = FakeModel::start(vec![Reply::Text(reply.into(), 5, 5)]);
+    let (code, t) = agent_json(
+        dir.path(),
+        &fake.url,
+        "[server]\nlanguages = [\"python\", \"rhai\"]\n",
+        &[],
+    );
+    assert_eq!(code, 0, "{t}");
+    let cells = t["turns"][0]["cells"].as_array().unwrap();
+    assert_eq!(cells[0]["status"], "ok", "{t}");
+    assert_eq!(cells[0]["stdout"], "ran python\n", "{t}");
+}
+
+#[test]
+fn cellbox_agent_counts_its_own_turns_against_model_calls_and_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let never_answers = Reply::Text("```python\nprint(1)\n```".into(), 5, 5);
+    // Model calls: two turns of the policy's two, then it stops.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(never_answers.clone());
+    let (code, t) = agent_json(
+        dir.path(),
+        &fake.url,
+        "[policy]\nmax_model_calls = 2\n",
+        &[],
+    );
+    assert_eq!(code, 4, "{t}");
+    assert_eq!(t["stop"]["budget"], "max_model_calls", "{t}");
+    assert_eq!(fake.seen().len(), 2);
+    // Cost: each token costs 1 per million; 0.01 pays for a prompt and
+    // some reply, and the run stops before it would spend more.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(Reply::Text("```python\nprint(1)\n```".into(), 3000, 1000));
+    let (code, t) = agent_json(dir.path(), &fake.url, "[policy]\nmax_cost = 0.01\n", &[]);
+    assert_eq!(code, 4, "{t}");
+    assert_eq!(t["stop"]["budget"], "max_cost", "{t}");
+    let cost = t["cost"].as_f64().unwrap();
+    assert!(cost > 0.0 && cost <= 0.01 + 1e-12, "{t}");
+    // Control: with room, the same replies go on to max_steps.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(never_answers);
+    let (code, t) = agent_json(dir.path(), &fake.url, "", &["--max-steps", "3"]);
+    assert_eq!(code, 4, "{t}");
+    assert_eq!(t["stop"]["budget"], "max_steps", "{t}");
+    assert_eq!(fake.seen().len(), 3);
+}

@@ -778,3 +778,98 @@ async fn upstream_http_connection_closed_mid_call_is_a_clear_error() {
     );
     assert_eq!(r.value[2], json!({"sum": 4.0}), "{r:?}");
 }
+
+/// Python that stores `text` in the upstream `up` (when given) and prints
+/// what `up` kept for this connection.
+async fn store_and_read(sup: &Supervisor, tenant: &str, store: Option<&str>) -> (Status, String) {
+    let mut code = String::new();
+    if let Some(t) = store {
+        code.push_str(&format!("tools.up.store(text={t:?})\n"));
+    }
+    code.push_str("print(tools.up.read()['stored'])");
+    let mut c = config(&["up.*"]);
+    c.account = cellbox::Account {
+        chain: Default::default(),
+        tenant: Some(cellbox::Tenant::new(tenant, false, 1 << 30)),
+    };
+    let r = sup.run(CellRequest::new(Language::Python, code), c).await;
+    (r.status, r.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_has_its_own_upstream_connection_unless_shared() {
+    let url = cellbox::bench::tools::serve_mcp_http(FakeUpstream, None)
+        .await
+        .unwrap();
+    for (target, what) in [
+        (format!("url = \"{url}\""), "an MCP session"),
+        (
+            format!("command = [{:?}]", fake_program().to_string_lossy()),
+            "a process",
+        ),
+    ] {
+        // Each tenant its own: B reads nothing of what A stored.
+        let sup = supervisor_with(&format!("[tools.up]\nkind = \"mcp\"\n{target}\n"));
+        let (st, a) = store_and_read(&sup, "a", Some("a-secret")).await;
+        assert_eq!((st, a.as_str()), (Status::Ok, "['a-secret']\n"), "{what}");
+        let (st, b) = store_and_read(&sup, "b", None).await;
+        assert_eq!((st, b.as_str()), (Status::Ok, "[]\n"), "{what}");
+        // A's connection is kept: A reads its own back.
+        let (_, a) = store_and_read(&sup, "a", None).await;
+        assert_eq!(a, "['a-secret']\n", "{what}");
+        // Control: shared = true, one connection for all: B reads it.
+        let sup = supervisor_with(&format!(
+            "[tools.up]\nkind = \"mcp\"\n{target}\nshared = true\n"
+        ));
+        store_and_read(&sup, "a", Some("a-shared")).await;
+        let (_, b) = store_and_read(&sup, "b", None).await;
+        assert_eq!(b, "['a-shared']\n", "{what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_upstream_connections_are_counted_and_capped() {
+    let prog = fake_program().to_string_lossy().into_owned();
+    let sup = supervisor_with(&format!(
+        "[tools.one]\nkind = \"mcp\"\ncommand = [{prog:?}]\n\
+         [tools.two]\nkind = \"mcp\"\ncommand = [{prog:?}]\n"
+    ));
+    let ledger = std::sync::Arc::new(cellbox::Ledger::new(
+        cellbox::Owner::Principal("t".into()),
+        cellbox::Caps {
+            connections: Some(1),
+            ..Default::default()
+        },
+        None,
+    ));
+    let mut c = config(&["one.*", "two.*"]);
+    c.account = cellbox::Account {
+        chain: cellbox::Chain::new(vec![ledger]),
+        tenant: Some(cellbox::Tenant::new("t", false, 1 << 30)),
+    };
+    let code = "print(tools.one.add(a=1, b=2)['sum'])\n\
+                try:\n    tools.two.add(a=1, b=2)\nexcept RuntimeError as e:\n    print(e)";
+    let r = sup
+        .run(CellRequest::new(Language::Python, code), c.clone())
+        .await;
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert!(r.stdout.starts_with("3.0\n"), "{r:?}");
+    assert!(
+        r.stdout.contains("max_upstream_connections")
+            && r.stdout.contains("1 upstream connections are open, of 1"),
+        "{r:?}"
+    );
+    // Control: another tenant without a cap gets both.
+    c.account.chain = Default::default();
+    c.account.tenant = Some(cellbox::Tenant::new("u", false, 1 << 30));
+    let r = sup
+        .run(
+            CellRequest::new(
+                Language::Python,
+                "print(tools.one.add(a=1, b=2)['sum'], tools.two.add(a=1, b=2)['sum'])",
+            ),
+            c,
+        )
+        .await;
+    assert_eq!(r.stdout, "3.0 3.0\n", "{r:?}");
+}

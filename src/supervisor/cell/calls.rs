@@ -112,7 +112,7 @@ async fn perform_call(
             }
             let looked_up = tokio::time::timeout(
                 deadline.saturating_duration_since(Instant::now()),
-                source.tool(tool),
+                source.tool(&spec.account, tool),
             )
             .await;
             found = match looked_up {
@@ -319,7 +319,7 @@ pub(super) async fn source_specs(
             continue;
         }
         let within = deadline.saturating_duration_since(Instant::now());
-        if let Ok(Ok(tools)) = tokio::time::timeout(within, s.list()).await {
+        if let Ok(Ok(tools)) = tokio::time::timeout(within, s.list(&spec.account)).await {
             out.extend(
                 tools
                     .iter()

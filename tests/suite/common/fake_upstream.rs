@@ -10,7 +10,9 @@
 //! 1000` in the server's process group, which outlives the server unless
 //! the group is killed), `env` (the server's whole environment), `headers`
 //! (over HTTP: the headers of the request that called it), `log {text}`
-//! (writes text on stderr). In the `text` of `garbage` (default: "this is
+//! (writes text on stderr), `store {text}` and `read` (a stateful pair:
+//! what was stored on this connection, kept per process for stdio and per
+//! MCP session over HTTP). In the `text` of `garbage` (default: "this is
 //! not JSON at all") and `log`, `${NAME}` stands for the server's
 //! environment variable NAME. With `FAKE_LISTED` in its environment, it
 //! also lists `listed`, whose description, (required) parameter name and
@@ -86,6 +88,19 @@ fn tools() -> Vec<Tool> {
             schema(json!({"type": "object"})),
         ),
         Tool::new(
+            "store",
+            "Keep a text on this connection.",
+            schema(
+                json!({"type": "object", "properties": {"text": {"type": "string"}},
+                          "required": ["text"]}),
+            ),
+        ),
+        Tool::new(
+            "read",
+            "What was stored on this connection.",
+            schema(json!({"type": "object"})),
+        ),
+        Tool::new(
             "spawn_child",
             "Start `sleep 1000` in the server's process group; its pid.",
             schema(json!({"type": "object"})),
@@ -133,6 +148,19 @@ fn expand(text: &str) -> String {
     out
 }
 
+/// What `store` kept, by connection: the MCP session id over HTTP, "" for
+/// the one connection of a stdio process.
+static STORED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn connection_of(ctx: &RequestContext<RoleServer>) -> String {
+    ctx.extensions
+        .get::<http::request::Parts>()
+        .and_then(|p| p.headers.get("mcp-session-id"))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
 /// Write `bytes` on stdout beside rmcp's messages, and never answer.
 async fn raw_and_hang(bytes: Vec<u8>) -> CallToolResult {
     {
@@ -175,6 +203,7 @@ impl ServerHandler for FakeUpstream {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
+        let conn = connection_of(&context);
         let r = match request.name.as_ref() {
             "echo" => CallToolResult::success(vec![ContentBlock::text(
                 json!({"echo": args.get("text")}).to_string(),
@@ -207,6 +236,25 @@ impl ServerHandler for FakeUpstream {
                 raw_and_hang(line).await
             }
             "pid" => CallToolResult::structured(json!({"pid": std::process::id()})),
+            "store" => {
+                let text = args.get("text").and_then(Value::as_str).unwrap_or("");
+                if let Ok(mut s) = STORED.lock() {
+                    s.push((conn, text.to_owned()));
+                }
+                CallToolResult::structured(json!({"stored": text}))
+            }
+            "read" => {
+                let mine: Vec<String> = STORED
+                    .lock()
+                    .map(|s| {
+                        s.iter()
+                            .filter(|(c, _)| *c == conn)
+                            .map(|(_, t)| t.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                CallToolResult::structured(json!({"stored": mine}))
+            }
             "spawn_child" => match std::process::Command::new("sleep")
                 .arg("1000")
                 .stdin(std::process::Stdio::null())
