@@ -1,6 +1,7 @@
 //! A fake upstream MCP server over stdio, for the tests of `kind = "mcp"`
 //! tools (see tests/suite/common/fake_upstream.rs for its tools). With
-//! `--banner`, it first writes a line that is not JSON on stdout.
+//! `--banner`, it first writes a line that is not JSON on stdout; with
+//! `--list MODE`, its tool list is an attack (see `OddList`).
 
 #[allow(dead_code)]
 #[path = "../tests/suite/common/fake_upstream.rs"]
@@ -16,9 +17,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.write_all(b"fake upstream 0.0.1 starting\n")?;
         out.flush()?;
     }
-    let service = fake_upstream::FakeUpstream
-        .serve((tokio::io::stdin(), tokio::io::stdout()))
-        .await?;
-    service.waiting().await?;
+    let args: Vec<String> = std::env::args().collect();
+    let io = (tokio::io::stdin(), tokio::io::stdout());
+    match args.iter().position(|a| a == "--list") {
+        Some(i) => {
+            let mode = match args.get(i + 1).map(String::as_str) {
+                Some("many") => "many",
+                Some("huge") => "huge",
+                Some("deep") => "deep",
+                _ => "endless",
+            };
+            fake_upstream::OddList(mode)
+                .serve(io)
+                .await?
+                .waiting()
+                .await?;
+        }
+        None => {
+            fake_upstream::FakeUpstream
+                .serve(io)
+                .await?
+                .waiting()
+                .await?;
+        }
+    }
     Ok(())
 }

@@ -36,11 +36,46 @@ pub fn line_cap(max_output: usize) -> usize {
 /// failed.
 pub type Fault = Arc<OnceLock<String>>;
 
+/// Deepest nesting of arrays and objects a message may have: what the
+/// JSON parser of rmcp reads (serde_json's recursion limit). A deeper one
+/// would be skipped there without a word, leaving its call to time out.
+pub const MAX_DEPTH: usize = 128;
+
 /// Why a line is not passed on.
 #[derive(Debug, PartialEq, Eq)]
 enum Bad {
     NotJson(String),
     NotJsonRpc,
+    TooDeep,
+}
+
+/// Whether the JSON text `line` nests arrays and objects deeper than
+/// [`MAX_DEPTH`] (brackets inside strings do not count).
+pub fn too_deep(line: &[u8]) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in line {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The envelope every JSON-RPC 2.0 message has; the rest of the line is
@@ -58,6 +93,9 @@ fn check(line: &[u8]) -> Result<bool, Bad> {
     let line = line.trim_ascii();
     if line.is_empty() {
         return Ok(false);
+    }
+    if too_deep(line) {
+        return Err(Bad::TooDeep);
     }
     match serde_json::from_slice::<Envelope>(line) {
         Err(e) if e.is_syntax() || e.is_eof() => Err(Bad::NotJson(e.to_string())),
@@ -135,10 +173,21 @@ where
                 }
             }
             Ok(false) => {}
+            Err(Bad::TooDeep) => {
+                let _ = fault.set(format!(
+                    "upstream {server} wrote a message nested deeper than {MAX_DEPTH} levels, \
+                     the most read: {}",
+                    excerpt(line.strip_suffix(b"\n").unwrap_or(&line))
+                ));
+                tracing::warn!("{}", fault.get().map_or("", String::as_str));
+                return;
+            }
             Err(bad) => {
                 let why = match bad {
                     Bad::NotJson(e) => format!("not JSON: {e}"),
-                    Bad::NotJsonRpc => "JSON, but not a JSON-RPC 2.0 message".to_owned(),
+                    Bad::NotJsonRpc | Bad::TooDeep => {
+                        "JSON, but not a JSON-RPC 2.0 message".to_owned()
+                    }
                 };
                 let _ = fault.set(format!(
                     "upstream {server} wrote output that is not JSON-RPC: {} ({why}; an MCP \
@@ -172,6 +221,18 @@ mod tests {
         assert_eq!(check(br#"{"jsonrpc": 2}"#), Err(Bad::NotJsonRpc));
         assert_eq!(check(br#"["2.0"]"#), Err(Bad::NotJsonRpc));
         assert_eq!(check(b"42"), Err(Bad::NotJsonRpc));
+        let deep = |n: usize| {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"result\":{}1{}}}",
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        assert_eq!(check(deep(MAX_DEPTH - 1).as_bytes()), Ok(true));
+        assert_eq!(check(deep(MAX_DEPTH).as_bytes()), Err(Bad::TooDeep));
+        // Brackets in strings (escaped quotes too) do not count.
+        let quoted = format!("{{\"jsonrpc\":\"2.0\",\"s\":\"\\\"{}\"}}", "[".repeat(500));
+        assert_eq!(check(quoted.as_bytes()), Ok(true));
     }
 
     #[test]

@@ -598,6 +598,57 @@ fn relay_log(server: &str, stderr: std::process::ChildStderr) {
     });
 }
 
+/// Most tools one upstream server may list.
+pub const MAX_UPSTREAM_TOOLS: usize = 1024;
+/// Most bytes (as JSON) of one upstream server's tool list, all its pages.
+pub const MAX_TOOL_LIST_BYTES: usize = 8 << 20;
+/// Most pages of one upstream server's tool list.
+pub const MAX_TOOL_LIST_PAGES: usize = 64;
+
+/// The server's tools, page after page, bounded by count, bytes and pages
+/// (a server that pages forever, or lists huge tools, is refused with the
+/// bound it passed, not waited for until it is out of time).
+async fn list_tools(
+    service: &RunningService<RoleClient, ()>,
+    server: &str,
+) -> Result<Vec<rmcp::model::Tool>, String> {
+    let mut tools = Vec::new();
+    let mut bytes = 0usize;
+    let mut cursor = None;
+    for _ in 0..MAX_TOOL_LIST_PAGES {
+        let page = service
+            .list_tools(Some(
+                rmcp::model::PaginatedRequestParams::default().with_cursor(cursor),
+            ))
+            .await
+            .map_err(|e| format!("listing the upstream MCP server's tools failed: {e}"))?;
+        for t in page.tools {
+            bytes = bytes.saturating_add(serde_json::to_vec(&t).map_or(0, |v| v.len()));
+            if bytes > MAX_TOOL_LIST_BYTES {
+                return Err(format!(
+                    "the upstream MCP server {server} lists tools of more than \
+                     {MAX_TOOL_LIST_BYTES} bytes, the most read from one server"
+                ));
+            }
+            if tools.len() == MAX_UPSTREAM_TOOLS {
+                return Err(format!(
+                    "the upstream MCP server {server} lists more than {MAX_UPSTREAM_TOOLS} \
+                     tools, the most read from one server"
+                ));
+            }
+            tools.push(t);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(tools);
+        }
+    }
+    Err(format!(
+        "the upstream MCP server {server} lists its tools in more than {MAX_TOOL_LIST_PAGES} \
+         pages, the most read from one server"
+    ))
+}
+
 /// Connect to the server and learn its tools.
 async fn start(
     settings: Arc<Settings>,
@@ -670,10 +721,13 @@ async fn start(
         }
     };
     let (child, fault) = child.unzip();
-    let listed = service
-        .list_all_tools()
-        .await
-        .map_err(|e| format!("listing the upstream MCP server's tools failed: {e}"))?;
+    // rmcp keeps list replies a server asks it to cache (up to 512 of
+    // them): nothing an upstream sends is kept beyond what is asked.
+    service
+        .peer()
+        .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
+        .await;
+    let listed = list_tools(&service, &settings.server).await?;
     let conn = Arc::new_cyclic(|weak: &Weak<Conn>| {
         let mut tools = BTreeMap::new();
         for t in listed {

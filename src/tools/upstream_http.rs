@@ -144,6 +144,54 @@ impl EndsFirst {
     }
 }
 
+/// A message nested deeper than rmcp reads (see
+/// [`super::stdio_tap::MAX_DEPTH`]), which it would skip without a word:
+/// instead, an error response for its request id, so the call it answers
+/// fails at once and says why.
+fn too_deep_answer(data: &str) -> Option<String> {
+    if !super::stdio_tap::too_deep(data.as_bytes()) {
+        return None;
+    }
+    // The id only (the rest is skipped without recursion).
+    #[derive(serde::Deserialize)]
+    struct Id {
+        #[serde(default)]
+        id: Option<serde_json::Value>,
+    }
+    let id = serde_json::from_str::<Id>(data).ok()?.id?;
+    Some(
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
+        "code": -32603,
+        "message": format!(
+            "the upstream MCP server sent a message nested deeper than {} levels, the \
+             most read",
+            super::stdio_tap::MAX_DEPTH
+        )}})
+        .to_string(),
+    )
+}
+
+/// The events of a stream with each message nested too deep replaced by
+/// [`too_deep_answer`].
+struct Shallow(Events);
+
+impl futures_core::Stream for Shallow {
+    type Item = Result<Sse, SseError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match this.0.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(mut sse))) => {
+                if let Some(answer) = sse.data.as_deref().and_then(too_deep_answer) {
+                    sse.data = Some(answer);
+                }
+                Poll::Ready(Some(Ok(sse)))
+            }
+            other => other,
+        }
+    }
+}
+
 impl futures_core::Stream for EndsFirst {
     type Item = Result<Sse, SseError>;
 
@@ -382,7 +430,8 @@ impl StreamableHttpClient for PooledClient {
         match content_type.as_deref() {
             Some(ct) if ct.starts_with(EVENT_STREAM_MIME_TYPE) => {
                 let body = body.map_err(std::io::Error::other);
-                let mut events: Events = Box::pin(sse_stream::SseStream::new(body));
+                let mut events: Events =
+                    Box::pin(Shallow(Box::pin(sse_stream::SseStream::new(body))));
                 if let ClientJsonRpcMessage::Request(request) = &message {
                     if let Ok(id) = serde_json::to_value(&request.id) {
                         events = Box::pin(EndsFirst {
@@ -402,6 +451,8 @@ impl StreamableHttpClient for PooledClient {
                     .await
                     .map_err(|e| StreamableHttpError::Client(HttpClientError::Body(e.to_string())))?
                     .to_bytes();
+                let answer = std::str::from_utf8(&bytes).ok().and_then(too_deep_answer);
+                let bytes = answer.map_or(bytes, bytes::Bytes::from);
                 match serde_json::from_slice::<ServerJsonRpcMessage>(&bytes) {
                     Ok(parsed) => Ok(StreamableHttpPostResponse::Json(parsed, session_id)),
                     Err(_) if is_notice(&message) => Ok(StreamableHttpPostResponse::Accepted),

@@ -873,3 +873,52 @@ async fn a_tenants_upstream_connections_are_counted_and_capped() {
         .await;
     assert_eq!(r.stdout, "3.0 3.0\n", "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_list_without_end_or_nested_too_deep_fails_at_once_naming_its_bound() {
+    use super::common::fake_upstream::OddList;
+    let cases = [
+        ("many", "lists more than 1024 tools"),
+        ("huge", "lists tools of more than 8388608 bytes"),
+        ("endless", "lists its tools in more than 64 pages"),
+        ("deep", "nested deeper than 128 levels"),
+    ];
+    for (mode, want) in cases {
+        let http = cellbox::bench::tools::serve_mcp_http(OddList(mode), None)
+            .await
+            .unwrap();
+        for target in [
+            format!("url = \"{http}\""),
+            format!(
+                "command = [{:?}, \"--list\", \"{mode}\"]",
+                fake_program().to_string_lossy()
+            ),
+        ] {
+            // A long timeout: the call must not wait it out.
+            let sup = supervisor_with(&format!(
+                "[tools.odd]\nkind = \"mcp\"\n{target}\ntimeout_ms = 120000\n"
+            ));
+            let t0 = std::time::Instant::now();
+            let r = py(
+                &sup,
+                "try:\n    tools.odd.echo(text='x')\nexcept Exception as e:\n    print(e)",
+                &["odd.*"],
+            )
+            .await;
+            assert_eq!(r.status, Status::Ok, "{mode} {target}: {r:?}");
+            assert!(r.stdout.contains(want), "{mode} {target}: {}", r.stdout);
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "{mode} {target}: it waited {:?}",
+                t0.elapsed()
+            );
+        }
+    }
+    // Control: the same server with a list that is none of these answers.
+    let sup = supervisor_with(&format!(
+        "[tools.odd]\nkind = \"mcp\"\ncommand = [{:?}]\n",
+        fake_program().to_string_lossy()
+    ));
+    let r = py(&sup, "print(tools.odd.echo(text='x'))", &["odd.*"]).await;
+    assert_eq!(r.stdout, "{'echo': 'x'}\n", "{r:?}");
+}

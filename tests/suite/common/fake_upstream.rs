@@ -302,3 +302,67 @@ impl ServerHandler for FakeUpstream {
         Ok(r.into())
     }
 }
+
+/// A fake upstream whose tool list attacks the client: `many` (pages of
+/// 100 tools, without end), `huge` (pages of three tools of 1 MiB each,
+/// without end), `endless` (empty pages, each naming a next one) or `deep`
+/// (a tool whose schema nests 200 levels). Its tools answer as
+/// [`FakeUpstream`]'s.
+#[derive(Clone)]
+pub struct OddList(pub &'static str);
+
+/// A schema nesting `depth` objects.
+fn nested(depth: usize) -> Value {
+    let mut v = json!({"type": "string"});
+    for _ in 0..depth {
+        v = json!({"type": "object", "properties": {"a": v}});
+    }
+    v
+}
+
+impl ServerHandler for OddList {
+    fn get_info(&self) -> ServerConfig {
+        FakeUpstream.get_info()
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let page: usize = request
+            .and_then(|r| r.cursor)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let tool = |i: usize, description: String| {
+            Tool::new(
+                format!("t{page}_{i}"),
+                description,
+                schema(json!({"type": "object"})),
+            )
+        };
+        let tools = match self.0 {
+            "many" => (0..100).map(|i| tool(i, "a tool".into())).collect(),
+            "huge" => (0..3).map(|i| tool(i, "x".repeat(1 << 20))).collect(),
+            "deep" => {
+                let mut t = tools();
+                t.push(Tool::new("deep", "Nested.", schema(nested(200))));
+                return Ok(ListToolsResult::with_all_items(t));
+            }
+            _ => Vec::new(),
+        };
+        let mut r = ListToolsResult::with_all_items(tools);
+        r.next_cursor = Some((page + 1).to_string());
+        // Asks the client to keep each page for an hour.
+        r.ttl_ms = Some(3_600_000);
+        Ok(r)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        FakeUpstream.call_tool(request, context).await
+    }
+}
