@@ -1,4 +1,5 @@
 mod bench_mcp;
+mod bounds;
 mod budgets;
 mod cli;
 mod clients;

@@ -197,12 +197,28 @@ async fn perform_call(
                 tenant: spec.account.tenant.clone(),
                 cancel,
             };
-            match tokio::time::timeout(remaining, f(ctx, call.args.clone())).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(m)) => Err(("failed".into(), m)),
-                Err(_) => Err((
+            // The handler's future is dropped when the cell's time is up or
+            // its caller cancels it, whichever comes first: a handler whose
+            // work runs on (`aggregate_context` on a blocking thread) stops
+            // with it.
+            let cancelled = async {
+                match &spec.cancel {
+                    Some(t) => t.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                done = tokio::time::timeout(remaining, f(ctx, call.args.clone())) => match done {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(m)) => Err(("failed".into(), m)),
+                    Err(_) => Err((
+                        "failed".into(),
+                        "the capability did not finish in time".into(),
+                    )),
+                },
+                _ = cancelled => Err((
                     "failed".into(),
-                    "the capability did not finish in time".into(),
+                    "the cell was cancelled while the capability ran".into(),
                 )),
             }
         }
