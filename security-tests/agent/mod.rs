@@ -29,6 +29,7 @@
 
 pub mod harness;
 
+mod budgets;
 mod environment;
 mod leaks;
 mod live_output;
@@ -57,6 +58,8 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("terminal_and_key", terminal::run),
     ("live_output_in_pieces", live_output::run),
     ("redaction_oracle", oracle::run),
+    ("model_tokens_past_budget", budgets::model_tokens),
+    ("loop_config", budgets::loop_config),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains
