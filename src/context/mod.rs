@@ -19,9 +19,9 @@
 use crate::supervisor::{Capability, CapabilityError};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// Most results (and `search_files` matches, counted one each) one call
 /// may pass.
@@ -53,18 +53,24 @@ pub enum AggregateError {
     TimedOut,
 }
 
-/// When an aggregation is to stop: a flag its caller sets when it gives
-/// up, and a deadline.
+/// When an aggregation is to stop: a token its caller cancels (or that is
+/// cancelled when its caller gives up), and a deadline.
 #[derive(Debug, Clone)]
 pub struct Stop {
-    flag: Arc<AtomicBool>,
+    token: CancellationToken,
     deadline: Option<Instant>,
 }
 
 impl Stop {
     pub fn new(deadline: Option<Instant>) -> Stop {
+        Stop::with(&CancellationToken::new(), deadline)
+    }
+
+    /// A stop that also comes when `caller` is cancelled (stopping this
+    /// one leaves `caller` as it is).
+    pub fn with(caller: &CancellationToken, deadline: Option<Instant>) -> Stop {
         Stop {
-            flag: Arc::new(AtomicBool::new(false)),
+            token: caller.child_token(),
             deadline,
         }
     }
@@ -76,7 +82,7 @@ impl Stop {
 
     /// Stop the aggregation at its next look.
     pub fn stop(&self) {
-        self.flag.store(true, Ordering::Relaxed);
+        self.token.cancel();
     }
 
     /// A guard that stops the aggregation when dropped: held by the future
@@ -86,7 +92,7 @@ impl Stop {
     }
 
     fn check(&self) -> Result<(), AggregateError> {
-        if self.flag.load(Ordering::Relaxed) {
+        if self.token.is_cancelled() {
             return Err(AggregateError::Cancelled);
         }
         match self.deadline {
@@ -541,10 +547,12 @@ fn shorten(
 }
 
 /// `aggregate_context` with `args` (as its schema gives them) on a blocking
-/// thread; it stops when the returned future is dropped (its caller gave
-/// up) or after [`MAX_SECONDS`].
-pub async fn run(args: Map<String, Value>) -> Result<Value, String> {
-    let stop = Stop::new(Some(Instant::now() + Duration::from_secs(MAX_SECONDS)));
+/// thread; it stops when `cancel` is cancelled or the returned future is
+/// dropped (its caller gave up: the cell ended, the client went away), or
+/// after [`MAX_SECONDS`].
+pub async fn run(args: Map<String, Value>, cancel: CancellationToken) -> Result<Value, String> {
+    let deadline = Instant::now() + Duration::from_secs(MAX_SECONDS);
+    let stop = Stop::with(&cancel, Some(deadline));
     let _stop_with_caller = stop.on_drop();
     run_until(args, stop).await
 }
@@ -594,7 +602,7 @@ pub fn capability() -> Result<Capability, CapabilityError> {
             "budget_tokens": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
             "encoding": {"type": "string", "enum": ["o200k_base", "cl100k_base"]}},
           "required": ["results", "query", "budget_tokens"], "additionalProperties": false}),
-        |_ctx, args: Map<String, Value>| run(args),
+        |ctx, args: Map<String, Value>| run(args, ctx.cancel),
     )
 }
 
@@ -745,7 +753,7 @@ mod tests {
     async fn a_caller_that_gives_up_stops_the_work() {
         // Control: left alone, the same work runs to its end.
         let before = stopped();
-        let whole = run(big_args()).await.unwrap();
+        let whole = run(big_args(), CancellationToken::new()).await.unwrap();
         assert!(
             whole["tokens"].as_u64().unwrap() > 1_000_000,
             "{}",
@@ -765,11 +773,23 @@ mod tests {
         assert_eq!(stopped(), before + 1);
         // Its caller's future dropped while it runs (the cell ended, the
         // client went away): the blocking thread stops too.
-        let call = tokio::spawn(run(big_args()));
+        let call = tokio::spawn(run(big_args(), CancellationToken::new()));
         until_running(1).await;
         call.abort();
         until_running(0).await;
         assert_eq!(stopped(), before + 2, "the work went on to its end");
+        // Its caller's token cancelled (a call whose future is kept until
+        // the work has stopped): it ends stopped, and says so.
+        let cancel = CancellationToken::new();
+        let call = tokio::spawn(run(big_args(), cancel.clone()));
+        until_running(1).await;
+        cancel.cancel();
+        let r = call.await.unwrap();
+        assert_eq!(
+            r.unwrap_err(),
+            "aggregate_context: stopped: its caller gave up"
+        );
+        assert_eq!(stopped(), before + 3);
     }
 
     fn agg(results: Value, query: &str, budget: usize) -> Value {
