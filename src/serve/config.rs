@@ -283,6 +283,11 @@ impl Default for HttpSection {
     }
 }
 
+/// The most `[sessions] max_download_bytes` may be: a file of it, as
+/// base64, still fits the 960 KiB a result may take
+/// (`crate::serve::fit::MAX_RESULT_BYTES`).
+pub const MAX_DOWNLOAD_BYTES: u64 = 640 << 10;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionsSection {
@@ -789,6 +794,18 @@ impl ServeConfig {
                 "must be at least 1 second",
             ));
         }
+        if self.sessions.max_download_bytes > MAX_DOWNLOAD_BYTES {
+            return Err(invalid(
+                "sessions.max_download_bytes",
+                format!(
+                    "{}: at most {} (as base64, a larger file would not fit the {} bytes a result \
+                     may take)",
+                    self.sessions.max_download_bytes,
+                    MAX_DOWNLOAD_BYTES,
+                    super::fit::MAX_RESULT_BYTES
+                ),
+            ));
+        }
         // Below a few KiB not even an empty session's history fits.
         for (key, n) in [
             ("sessions.max_held_bytes", self.sessions.max_held_bytes),
@@ -1259,6 +1276,14 @@ mod tests {
         c.profiles.python = Some("nonesuch".into());
         let e = c.validate().unwrap_err().to_string();
         assert!(e.starts_with("profiles.python"), "{e}");
+
+        // A download larger than a result may hold (as base64).
+        let mut c = ServeConfig::default();
+        c.sessions.max_download_bytes = MAX_DOWNLOAD_BYTES + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("sessions.max_download_bytes"), "{e}");
+        c.sessions.max_download_bytes = MAX_DOWNLOAD_BYTES;
+        c.validate().unwrap();
 
         let mut c = ServeConfig::default();
         let e = c

@@ -635,6 +635,32 @@ pub fn value_result(v: Value, is_error: bool) -> CallToolResult {
     r
 }
 
+/// Any tool's MCP result held to [`MAX_RESULT_BYTES`] as sent (the tools
+/// whose answers grow with what a tenant made: `list_sessions`,
+/// `list_files`, ...): one past it is made again from its
+/// `structuredContent` by [`value_result`] (its largest lists and longest
+/// strings cut, and `cut_to_fit` says so), or, without one, from its text
+/// cut to [`CONTENT_BUDGET`].
+pub fn held_to_max(r: CallToolResult) -> CallToolResult {
+    if json_len_of(&r) <= MAX_RESULT_BYTES {
+        return r;
+    }
+    let is_error = r.is_error.unwrap_or(false);
+    if let Some(v) = r.structured_content {
+        return value_result(v, is_error);
+    }
+    let text: Vec<&str> = r
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect();
+    let text = text.join("\n");
+    let text = recut(&text, None, CONTENT_BUDGET).map_or(text, |(t, _)| t);
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.is_error = Some(is_error);
+    out
+}
+
 /// Halve the array anywhere in `v` that takes the most bytes (of those
 /// with more than one entry). `false` when there is none.
 fn cut_largest_array(v: &mut Value) -> bool {
@@ -949,6 +975,50 @@ mod tests {
         let tool = tool_result(r, false).unwrap();
         assert!(wire_len(&tool) <= MAX_RESULT_BYTES + 64);
         validate(tool.structured_content.as_ref().unwrap());
+    }
+
+    /// A session tool's answer past the maximum (a listing of many long
+    /// names, in its text and its structured content) is made again
+    /// within it, saying so; a text-only one is cut; small ones are as
+    /// they were.
+    #[test]
+    fn any_tool_result_is_held_to_the_maximum() {
+        let entries: Vec<Value> = (0..5000)
+            .map(|i| json!({"name": format!("{i:0>250}"), "type": "file", "size": 0}))
+            .collect();
+        let text = entries
+            .iter()
+            .map(|e| e["name"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut big = CallToolResult::structured(json!({"path": ".", "entries": entries}));
+        big.content = vec![ContentBlock::text(text.clone())];
+        big.is_error = Some(false);
+        assert!(wire_len(&big) > MAX_RESULT_BYTES);
+        let held = held_to_max(big);
+        assert!(
+            wire_len(&held) <= MAX_RESULT_BYTES + 64,
+            "{}",
+            wire_len(&held)
+        );
+        let s = held.structured_content.unwrap();
+        assert!(s["cut_to_fit"].is_string(), "{s}");
+        assert_eq!(s["path"], ".");
+        assert!(!s["entries"].as_array().unwrap().is_empty());
+        assert_eq!(held.is_error, Some(false));
+
+        let mut bare = CallToolResult::success(vec![ContentBlock::text("\u{1}".repeat(2 << 20))]);
+        bare.is_error = Some(true);
+        let held = held_to_max(bare);
+        assert!(
+            wire_len(&held) <= MAX_RESULT_BYTES + 64,
+            "{}",
+            wire_len(&held)
+        );
+        assert_eq!(held.is_error, Some(true));
+
+        let small = value_result(json!({"a": 1}), false);
+        assert_eq!(held_to_max(small.clone()), small);
     }
 
     #[test]

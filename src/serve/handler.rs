@@ -1042,8 +1042,23 @@ impl CellboxServer {
                     Err(e) => return Ok(tool_error(e.to_string())),
                 };
                 let limits = super::session_files::limits(&self.state.settings);
+                // What the call holds while it runs is its principal's.
+                let held = match crate::supervisor::tenant::Held::take(
+                    self.tenant(principal).ledger(),
+                    super::session_files::held_bound(name, limits),
+                    &format!("a {name} call"),
+                ) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        return Ok(direct_refusal(
+                            ErrorKind::LimitExceeded,
+                            format!("limit_exceeded: {e}"),
+                        ))
+                    }
+                };
                 let name = name.to_owned();
                 tokio::task::spawn_blocking(move || {
+                    let _held = held;
                     super::session_files::call(&name, &dir, limits, args)
                 })
                 .await
@@ -1209,10 +1224,15 @@ impl ServerHandler for CellboxServer {
                 };
                 self.direct_tool(cap, request.arguments, context).await?
             }
+            // Answers that grow with what a tenant made (a listing of its
+            // sessions' variables, of its files) are held to the maximum
+            // like a cell's.
             other => {
                 let principal = Principal::of(&context)?;
-                self.session_tool(&principal, other, request.arguments)
-                    .await?
+                fit::held_to_max(
+                    self.session_tool(&principal, other, request.arguments)
+                        .await?,
+                )
             }
         };
         Ok(redacted(result).into())

@@ -164,17 +164,29 @@ pub fn call(
             match open().and_then(|d| d.download(&a.path)) {
                 Ok((shown, bytes)) => {
                     let size = bytes.len();
+                    // Text as text unless its JSON (control characters
+                    // take six bytes each) is longer than its base64: the
+                    // result stays within the maximum a result may take
+                    // (see `super::config::MAX_DOWNLOAD_BYTES`).
+                    let b64_len = size.div_ceil(3) * 4;
                     let (encoding, content) = match String::from_utf8(bytes) {
-                        Ok(text) if !text.contains('\0') => ("utf-8", text),
+                        Ok(text) if !text.contains('\0') && json_len(&text) <= b64_len + 2 => {
+                            ("utf-8", text)
+                        }
                         Ok(text) => ("base64", b64(text.as_bytes())),
                         Err(e) => ("base64", b64(e.as_bytes())),
                     };
-                    let v = json!({"path": shown, "bytes": size, "encoding": encoding, "content": content});
-                    let text = if encoding == "utf-8" {
-                        content
+                    // The text is shown in `content` too when both fit.
+                    let shown_too = encoding == "utf-8"
+                        && 2 * json_len(&content) + 4096 <= super::fit::MAX_RESULT_BYTES;
+                    let text = if shown_too {
+                        content.clone()
+                    } else if encoding == "utf-8" {
+                        format!("{shown}: {size} bytes of text (in structuredContent.content)")
                     } else {
                         format!("{shown}: {size} bytes of binary data (base64 in structuredContent.content)")
                     };
+                    let v = json!({"path": shown, "bytes": size, "encoding": encoding, "content": content});
                     ok(text, v)
                 }
                 Err(e) => error(e),
@@ -202,6 +214,22 @@ pub fn call(
         }
         other => return Err(format!("unknown tool {other:?}")),
     })
+}
+
+/// Bytes `s` takes as a JSON string.
+fn json_len(s: &str) -> usize {
+    serde_json::to_vec(s).map_or(usize::MAX, |b| b.len())
+}
+
+/// Bytes a call of the session file tool `name` may hold in the server
+/// while it runs (its arguments, the file's bytes, its answer and that
+/// answer's encodings), charged to its principal before it runs.
+pub fn held_bound(name: &str, limits: SessionFileLimits) -> u64 {
+    match name {
+        "upload_file" => limits.max_upload_bytes.saturating_mul(3),
+        "download_file" => limits.max_download_bytes.saturating_mul(6),
+        _ => 4 << 20,
+    }
 }
 
 fn b64(bytes: &[u8]) -> String {

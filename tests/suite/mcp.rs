@@ -1539,6 +1539,189 @@ fn http_exchange(addr: SocketAddr, auth: Option<&str>, body: &str) -> String {
     buf
 }
 
+/// The largest result a cell can make: every part a worker reports flooded
+/// (its own `done` frame: a long value and repr, 20,000 variables, 5,000
+/// dropped ones, 30,070 display items, 1,000 dropped-display reasons, and a
+/// long error), real stdout and stderr past a raised output limit, and
+/// nearly as many call records as a run may make. What the server writes on the wire (the
+/// bytes of the JSON-RPC message in its event, measured as received over
+/// HTTP) stays within the documented 960 KiB, under the 1 MiB event the
+/// Python SDK 2.x reads, with every item count capped. The control is the
+/// cell's own report: the frame it sent is several times that size.
+#[tokio::test]
+async fn the_largest_result_on_the_wire_fits_the_documented_maximum() {
+    const MAX_RESULT_BYTES: usize = cellbox::serve::fit::MAX_RESULT_BYTES;
+    let server = HttpServer::start(&[
+        "--language",
+        "python",
+        "--max-output",
+        "4194304",
+        "--max-operations",
+        "0",
+    ]);
+    for status in ["ok", "error"] {
+        let code = format!(
+            r#"import json, os, struct, sys
+c = "\x01"
+for i in range(999):
+    try:
+        capabilities.answer(i)
+    except PermissionError:
+        pass
+frame = {{"t": "done", "status": "{status}", "value": [c * 40] * 4000, "repr": c * 150000,
+    "vars": {{"v%d" % i: 0 for i in range(20000)}},
+    "dropped": [{{"name": "d%d" % i, "type": c * 10, "reason": c * 40}} for i in range(5000)],
+    "display": [{{"mime": "text/html", "data": c * 1000}}] * 70
+        + [{{"mime": "text/markdown", "data": ""}}] * 30000,
+    "display_dropped": [{{"mime": "text/html", "bytes": 1, "reason": "r" * 300}}] * 1000}}
+if "{status}" == "error":
+    frame["error"] = {{"type": "E" * 1000, "message": c * 100000, "traceback": c * 100000,
+                      "line": 1}}
+data = json.dumps(frame, separators=(",", ":")).encode()
+print("FRAME", len(data), flush=True)
+sys.stdout.write(c * 2000000)
+sys.stdout.flush()
+sys.stderr.write(c * 2000000)
+sys.stderr.flush()
+data = struct.pack(">I", len(data)) + data
+while data:
+    data = data[os.write(3, data):]
+os._exit(0)
+"#
+        );
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": "execute_code",
+            "arguments": {"language": "python", "code": code, "timeout_seconds": 120}}})
+        .to_string();
+        let addr = server.addr;
+        let raw = tokio::task::spawn_blocking(move || http_exchange_bytes(addr, &body))
+            .await
+            .unwrap();
+        // The one message answering the call, as its bytes came: an SSE
+        // event's data (its lines joined), or the body itself.
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("an HTTP response");
+        let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+        let rest = &raw[split + 4..];
+        let body = if head.contains("transfer-encoding: chunked") {
+            dechunk(rest)
+        } else {
+            rest.to_vec()
+        };
+        let body = String::from_utf8(body).expect("a UTF-8 body");
+        let mut answers: Vec<String> = Vec::new();
+        for event in body.split("\n\n") {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            let data = if data.is_empty() && event.trim_start().starts_with('{') {
+                event.trim().to_owned()
+            } else {
+                data.join("\n")
+            };
+            // Every event fits what a client reads, the live output's
+            // too.
+            assert!(
+                data.len() <= MAX_RESULT_BYTES + 64,
+                "{status}: an event of {} bytes: {}",
+                data.len(),
+                &data[..data.len().min(300)]
+            );
+            if data.contains("\"result\"") && data.contains("\"id\":7") {
+                answers.push(data);
+            }
+        }
+        assert_eq!(
+            answers.len(),
+            1,
+            "{status}: {}",
+            &body[..body.len().min(2000)]
+        );
+        let wire = answers[0].len();
+        assert!(
+            wire <= MAX_RESULT_BYTES + 64,
+            "{status}: the result took {wire} bytes on the wire"
+        );
+        let msg: Value = serde_json::from_str(&answers[0]).unwrap();
+        let r = &msg["result"];
+        let s = &r["structuredContent"];
+        // The control: the cell ran as meant and sent far more.
+        let stdout = s["stdout"].as_str().unwrap_or_default();
+        let sent: usize = stdout
+            .split_once("FRAME ")
+            .and_then(|(_, n)| n.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| {
+                let shown = s.to_string();
+                panic!("{status}: no report: {}", &shown[..shown.len().min(3000)])
+            });
+        assert!(
+            sent > 5 * MAX_RESULT_BYTES,
+            "{status}: the frame took {sent} bytes"
+        );
+        assert_eq!(s["status"], status, "{status}: {}", s["error"]);
+        // Item counts capped, and what went said.
+        let blocks = r["content"].as_array().map_or(0, Vec::len);
+        assert!(
+            (2..=65).contains(&blocks),
+            "{status}: {blocks} content blocks"
+        );
+        let listed = |k: &str| s[k].as_array().map_or(0, Vec::len);
+        assert!(listed("display") <= 64, "{status}");
+        assert!(listed("display_dropped") <= 33, "{status}");
+        assert!(listed("calls") <= 1000, "{status}");
+        assert!(
+            listed("notes") >= 1,
+            "{status}: nothing said of what was cut"
+        );
+        eprintln!(
+            "{status}: the cell sent a {sent}-byte frame; the result took {wire} bytes on the \
+             wire, {blocks} content blocks, {} calls listed",
+            listed("calls")
+        );
+    }
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// The body of a chunked HTTP/1.1 response.
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&rest[..eol]);
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        let tail = &rest[eol + 2..];
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.extend_from_slice(&tail[..n]);
+        rest = tail[n..].strip_prefix(b"\r\n").unwrap_or(&tail[n..]);
+    }
+    out
+}
+
+/// [`http_exchange`], without a token, the response's bytes as they came.
+fn http_exchange_bytes(addr: SocketAddr, body: &str) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    buf
+}
+
 /// The official SDKs send `notifications/cancelled` as a POST of its own,
 /// not on the connection of the call. It kills the call of the same client
 /// with that id, and no other.

@@ -464,6 +464,65 @@ mod over_mcp {
         assert_eq!(r.structured_content.unwrap()["entries"][0]["size"], 21);
     }
 
+    /// Answers that grow with what a tenant's cells made stay within the
+    /// 960 KiB a result may take, as written: a 512 KiB file of control
+    /// characters (six bytes each as JSON text, 3 MiB) comes back whole as
+    /// base64; a listing of 3000 files named by 240 control characters
+    /// (1000 are listed, each name twice, six bytes a character) and a list
+    /// of sessions naming 40,000 long variables are cut to fit and say so.
+    /// The controls: what the cells made is far larger than the answers.
+    #[tokio::test]
+    async fn session_tool_answers_fit_the_result_maximum() {
+        const MAX: usize = cellbox::serve::fit::MAX_RESULT_BYTES;
+        let wire = |r: &CallToolResult| serde_json::to_vec(r).unwrap().len();
+        let c = serve(&[]).await;
+        let id = session(&c).await;
+        let code = "import os\nopen('ctl.txt', 'w').write('\\x01' * (512 << 10))\n\
+                    os.mkdir('many')\nfor i in range(3000):\n    \
+                    open('many/' + '\\x01' * 240 + '%05d' % i, 'w').close()\n\
+                    globals().update({'v%060d' % i: 0 for i in range(40000)})\n\
+                    len(os.listdir('many'))";
+        assert_eq!(python_value(&c, &id, code).await, json!(3000));
+
+        let r = call(
+            &c,
+            "download_file",
+            json!({"session_id": id, "path": "ctl.txt"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert!(wire(&r) <= MAX, "download: {} bytes", wire(&r));
+        let v = r.structured_content.clone().unwrap();
+        assert_eq!(v["encoding"], "base64", "{}", text(&r));
+        assert_eq!(
+            decode_b64(v["content"].as_str().unwrap()),
+            vec![1u8; 512 << 10]
+        );
+        // Control: as text, the same file takes far more.
+        let as_text = serde_json::to_vec(&"\u{1}".repeat(512 << 10))
+            .unwrap()
+            .len();
+        assert!(as_text > 3 * MAX, "{as_text}");
+
+        let r = call(&c, "list_files", json!({"session_id": id, "path": "many"})).await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert!(wire(&r) <= MAX, "list_files: {} bytes", wire(&r));
+        let v = r.structured_content.clone().unwrap();
+        let listed = v["entries"].as_array().unwrap().len();
+        assert!((1..3000).contains(&listed), "{listed}");
+        assert!(v["cut_to_fit"].is_string(), "{v:.300}");
+
+        let r = call(&c, "list_sessions", json!({})).await;
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        assert!(wire(&r) <= MAX, "list_sessions: {} bytes", wire(&r));
+        let v = r.structured_content.clone().unwrap();
+        assert!(v["cut_to_fit"].is_string(), "{v:.300}");
+        assert_eq!(v["sessions"][0]["session_id"], json!(id), "{v:.300}");
+        let names = v["sessions"][0]["variables"].as_array().unwrap().len();
+        assert!((1..40000).contains(&names), "{names}");
+        c.cancel().await.unwrap();
+    }
+
     #[tokio::test]
     async fn bad_file_requests_get_clear_errors() {
         let c = serve(&["--max-output", "4096"]).await;
