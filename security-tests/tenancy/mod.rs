@@ -35,6 +35,7 @@ mod ownership;
 mod pids;
 mod principal_budget;
 mod scratch_quota;
+mod session_answers;
 mod sibling_proc;
 mod slow_body;
 mod subcell;
@@ -77,6 +78,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("workspace_cross_principal", workspace::run),
     ("workspace_quota", workspace_quota::run),
     ("display_flood", display_flood::run),
+    ("session_answers", session_answers::run),
     ("held_memory_checkpoints", held_memory::checkpoints),
     ("held_memory_search", held_memory::search),
     ("outlive_cell", lifetime::outlive),
