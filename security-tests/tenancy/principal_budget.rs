@@ -9,8 +9,8 @@
 //!
 //! Control: `[principals] max_tool_calls = 1000` (a principal budget out of
 //! the way): each of X's three tries gets its call. Defence: the default
-//! principal budget (the policy's: what one session may spend, over the
-//! server's life): each try is refused naming `max_tool_calls` and the
+//! principal budget (the policy's: what one session may spend, per
+//! hour): each try is refused naming `max_tool_calls` and the
 //! principal, while Y, another principal, still gets its call.
 
 use super::harness::{call, exec, session, Client, Env, Serve};

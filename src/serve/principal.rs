@@ -219,12 +219,19 @@ impl Tokens {
     }
 }
 
+/// The window of a principal's budgets when `[principals]` gives none: an
+/// hour. Over the server's life, a long-running server (an editor's stdio
+/// server, a service) would refuse its one principal for good once the
+/// policy's per-session budget was spent; per hour, spending one session's
+/// budget and opening another still gains nothing.
+pub const DEFAULT_WINDOW_SECONDS: u64 = 3600;
+
 /// One principal's budgets in `[principals]` (the defaults, or a
 /// `[principals.NAME]` table): what every session and sessionless call of
 /// the principal draws from together. A key left out takes the defaults'
 /// value, and where they leave it out too, the `[policy]` budget of the
-/// same name: by default a principal may spend, over the server's life,
-/// what one session may.
+/// same name: by default a principal may spend, per hour
+/// ([`DEFAULT_WINDOW_SECONDS`]), what one session may.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrincipalBudget {
@@ -250,8 +257,8 @@ pub struct PrincipalBudget {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_upstream_connections: Option<u64>,
     /// Budgets count over windows of this many seconds (what was used
-    /// before the current window is forgotten); none: over the server's
-    /// life.
+    /// before the current window is forgotten); none:
+    /// [`DEFAULT_WINDOW_SECONDS`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window_seconds: Option<u64>,
 }
@@ -299,7 +306,7 @@ impl PrincipalBudget {
         if self.window_seconds == Some(0) {
             return Some((
                 format!("{at}.window_seconds"),
-                "give 1 or more seconds, or leave it out to count over the server's life".into(),
+                format!("give 1 or more seconds (left out: {DEFAULT_WINDOW_SECONDS})"),
             ));
         }
         None
@@ -421,7 +428,9 @@ impl Accounts {
                 Arc::new(crate::Ledger::new(
                     crate::Owner::Principal(p.name().to_owned()),
                     b.caps(&self.policy),
-                    b.window_seconds.map(std::time::Duration::from_secs),
+                    Some(std::time::Duration::from_secs(
+                        b.window_seconds.unwrap_or(DEFAULT_WINDOW_SECONDS),
+                    )),
                 ))
             })
             .clone()
