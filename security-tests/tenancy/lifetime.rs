@@ -235,6 +235,10 @@ fn freeze_state(dir: &str) -> String {
     }
 }
 
+/// CPU time a frozen session's group may count in the second it is
+/// watched (see `idle`): 0.2% of it.
+const IDLE_SLACK_NS: u64 = 2_000_000;
+
 pub fn idle(env: &Env) -> Result<Outcome, String> {
     let serve = Serve::start(env, &["x", "y"], &["--language", "python"])?;
     let (x, y) = (serve.client(env, "x")?, serve.client(env, "y")?);
@@ -301,7 +305,12 @@ pub fn idle(env: &Env) -> Result<Outcome, String> {
             "during X's cell (the session thawed) its group counted {} ms of CPU in 0.5 s",
             during / 1_000_000
         ),
-        blocked: idle == 0 && state == "FROZEN" && running.is_empty(),
+        // Frozen means nothing of it runs: the hijacked loop spins on a
+        // 50 ms timer (hundreds of ms a second, as the control shows); a
+        // cgroup v2 count may still take in a few hundred microseconds of
+        // the freeze itself (each task enters the freezer through the
+        // kernel's signal path), never anything of the tenant's code.
+        blocked: idle < IDLE_SLACK_NS && state == "FROZEN" && running.is_empty(),
         evidence: format!(
             "between X's cells its group counted {idle} ns of CPU in 1 s (host cgroup), \
              freezer {state:?}, token holders that could run: {running:?}; Y's cell ran"

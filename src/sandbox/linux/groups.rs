@@ -669,16 +669,43 @@ struct FreezerGuard {
     child: std::process::Child,
 }
 
+/// How long a freezer guard has to say it is ready.
+const GUARD_READY_WITHIN: Duration = Duration::from_secs(10);
+
 impl FreezerGuard {
+    /// Start it and wait for its ready byte: a program that is not a
+    /// guard (a worker binary of another kind) is reaped and refused, not
+    /// left a zombie that guards nothing.
     fn start(exe: &Path, root: &Path) -> std::io::Result<FreezerGuard> {
-        let child = std::process::Command::new(exe)
+        let mut child = std::process::Command::new(exe)
             .arg(crate::worker::GUARD_ARG)
             .arg(root)
             .env_clear()
             .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()?;
+        let ready = match child.stdout.take() {
+            Some(mut out) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                // A reader of its own, so that waiting has a bound (the
+                // read ends when the child is killed below).
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 1];
+                    let _ = tx.send(matches!(std::io::Read::read(&mut out, &mut b), Ok(1)));
+                });
+                rx.recv_timeout(GUARD_READY_WITHIN).unwrap_or(false)
+            }
+            None => false,
+        };
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(format!(
+                "{} did not start as a freezer guard",
+                exe.display()
+            )));
+        }
         Ok(FreezerGuard { child })
     }
 }
@@ -699,6 +726,14 @@ pub fn guard_main(root: Option<std::ffi::OsString>) -> i32 {
         return 2;
     };
     let _ = nix::unistd::setsid();
+    // Ready: the supervisor waits for this byte.
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        if out.write_all(b"r").and_then(|()| out.flush()).is_err() {
+            return 2;
+        }
+    }
     let mut buf = [0u8; 64];
     loop {
         match std::io::Read::read(&mut std::io::stdin(), &mut buf) {
