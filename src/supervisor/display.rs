@@ -132,6 +132,24 @@ mod tests {
         }
     }
 
+    /// A successful cell's `done` with these display items and reasons.
+    fn done_showing(display: Vec<DisplayItem>, display_dropped: Vec<DisplayDropped>) -> Done {
+        Done {
+            status: crate::protocol::DoneStatus::Ok,
+            value: serde_json::Value::Null,
+            repr: None,
+            vars: Default::default(),
+            kept: vec![],
+            dropped: vec![],
+            definitions: vec![],
+            error: None,
+            limit: None,
+            live: None,
+            display,
+            display_dropped,
+        }
+    }
+
     #[test]
     fn items_are_checked_again_and_capped() {
         let limits = Limits {
@@ -178,20 +196,10 @@ mod tests {
     #[test]
     fn item_counts_and_reasons_are_bounded() {
         let limits = Limits::default();
-        let mut done = Done {
-            status: crate::protocol::DoneStatus::Ok,
-            value: serde_json::Value::Null,
-            repr: None,
-            vars: Default::default(),
-            kept: vec![],
-            dropped: vec![],
-            definitions: vec![],
-            error: None,
-            limit: None,
-            live: None,
+        let mut done = done_showing(
             // Empty items cost no bytes: only the count holds them.
-            display: vec![item("text/markdown", ""); 200_001],
-            display_dropped: vec![
+            vec![item("text/markdown", ""); 200_001],
+            vec![
                 DisplayDropped {
                     mime: "m".repeat(10_000),
                     bytes: 1,
@@ -199,7 +207,7 @@ mod tests {
                 };
                 5000
             ],
-        };
+        );
         let mut r = CellResult::new("python", RunInfo::root());
         take(&limits, &mut r, &done);
         assert_eq!(r.display.len(), MAX_DISPLAY_ITEMS);
