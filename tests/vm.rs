@@ -276,7 +276,11 @@ fn cgroup_v2_guarantees_hold_in_a_vm() {
         ),
         (
             "tenancy",
-            format!("{} --test-threads 1 tenancy::", all.display()),
+            // With a session's CPU budget, counted by v2's `cpu.stat`.
+            format!(
+                "{} --test-threads 1 tenancy:: lifetime::a_session_cpu_budget",
+                all.display()
+            ),
         ),
         // An emulated machine: cells may take three times their time.
         (

@@ -32,6 +32,12 @@ pub struct Limits {
     /// images) a cell keeps in all, and for one item.
     pub max_display_bytes: usize,
     pub max_display_item_bytes: usize,
+    /// CPU seconds a session's processes may use over its whole life, all
+    /// its cells (and their sub-cells and whatever they started) together,
+    /// as its cgroup counts them; 0: no such budget. A cell that would run
+    /// with it spent is refused, and one that spends it is ended,
+    /// `limit_exceeded` naming it (see docs/architecture.md §10).
+    pub session_cpu_seconds: u64,
     /// OS: the cell's rlimits, keys of this table like the others (any
     /// left out keeps its default).
     #[serde(flatten, deserialize_with = "rlimits_over_defaults")]
@@ -57,10 +63,15 @@ impl Default for Limits {
             max_map_len: 100_000,
             max_display_bytes: crate::protocol::DEFAULT_MAX_DISPLAY_BYTES,
             max_display_item_bytes: crate::protocol::DEFAULT_MAX_DISPLAY_ITEM_BYTES,
+            session_cpu_seconds: DEFAULT_SESSION_CPU_SECONDS,
             rlimits: Rlimits::default(),
         }
     }
 }
+
+/// A session's CPU time over its life, by default: an hour, sixty cells
+/// of the default `cpu_seconds` each.
+pub const DEFAULT_SESSION_CPU_SECONDS: u64 = 3600;
 
 /// Per-call overrides; `None` keeps the session's value. Values larger than
 /// the session's are ignored: a call can only tighten.
@@ -112,6 +123,7 @@ impl Limits {
             max_display_item_bytes: self
                 .max_display_item_bytes
                 .min(other.max_display_item_bytes),
+            session_cpu_seconds: narrow_budget(self.session_cpu_seconds, other.session_cpu_seconds),
             rlimits: self.rlimits.min(&other.rlimits),
         }
     }
@@ -138,6 +150,14 @@ impl Limits {
             max_display_bytes: self.max_display_bytes,
             max_display_item_bytes: self.max_display_item_bytes,
         }
+    }
+}
+
+/// The narrower of two budgets where 0 is none.
+fn narrow_budget(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, n) | (n, 0) => n,
+        (a, b) => a.min(b),
     }
 }
 
@@ -196,6 +216,7 @@ mod tests {
         r#""max_frame_bytes":8388608,"max_operations":50000000,"max_call_levels":64,"#,
         r#""max_expr_depth":64,"max_string_bytes":16777216,"max_array_len":1000000,"#,
         r#""max_map_len":100000,"max_display_bytes":327680,"max_display_item_bytes":262144,"#,
+        r#""session_cpu_seconds":3600,"#,
         r#""cpu_seconds":60,"memory_bytes":1073741824,"#,
         r#""max_processes":64,"max_open_files":256,"max_file_size_bytes":67108864}"#
     );

@@ -127,6 +127,12 @@ impl Share {
             .clone()
     }
 
+    /// The session's group if it was made (by an earlier cell).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn made(&self) -> Option<Arc<SessionGroup>> {
+        self.group.get()?.clone()
+    }
+
     /// Bytes of memory the session's group holds now (none before its
     /// first cell, or without groups).
     #[cfg(target_os = "linux")]

@@ -396,3 +396,82 @@ time.sleep(60)
         assert!(r.stderr.contains("link 0 used 0.6"), "{path}: {r:?}");
     }
 }
+
+/// A session's CPU budget holds over all its cells: each cell forks a
+/// chain of three processes, each spinning 0.4 s of CPU and forking the
+/// next (under its own RLIMIT_CPU and its cell's `cpu_seconds` of 2), and
+/// waits for the chain's end. With `session_cpu_seconds` of 3, the first
+/// two cells run whole (the control: the chain works and the budget is not
+/// spent by them), a later one is ended `limit_exceeded` naming the
+/// session's budget, and the next is refused, naming it too. The cells'
+/// CPU times, read from their cgroups, add up to about the budget: no
+/// chain started its count afresh. Warm (state replayed) and live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cpu_budget_holds_across_cells() {
+    require_root();
+    let code = r#"
+import os, sys, time
+r, w = os.pipe()
+def link(n):
+    t = time.process_time()
+    while time.process_time() - t < 0.4:
+        pass
+    if n == 2:
+        os.write(w, b"x")
+        os._exit(0)
+    if os.fork() == 0:
+        link(n + 1)
+    os._exit(0)
+if os.fork() == 0:
+    link(0)
+os.read(r, 1)
+"chain done"
+"#;
+    let sup = supervisor();
+    let mut cfg = replay(config(&[]));
+    cfg.limits.rlimits.cpu_seconds = 2;
+    cfg.limits.session_cpu_seconds = 3;
+    cfg.limits.timeout_ms = 40_000;
+    let mut live = config(&[]);
+    live.limits = cfg.limits.clone();
+    for (path, cfg) in [("warm", cfg), ("live", live)] {
+        let session = sup.session(cfg).unwrap();
+        let mut cpu_ms = 0;
+        let mut ended = None;
+        for n in 0..6 {
+            let r = session.run(py(code)).await;
+            cpu_ms += r.usage.cpu_ms;
+            if n < 2 {
+                assert_eq!(r.status, Status::Ok, "{path}, cell {n}: {r:?}");
+                assert_eq!(r.value, serde_json::json!("chain done"), "{path}: {r:?}");
+                assert!(r.usage.cpu_ms >= 1_200, "{path}, cell {n}: {r:?}");
+                continue;
+            }
+            if r.status == Status::Ok {
+                continue;
+            }
+            ended = Some(r);
+            break;
+        }
+        let ended = ended.unwrap_or_else(|| panic!("{path}: no cell was ended in 6"));
+        assert_eq!(ended.status, Status::LimitExceeded, "{path}: {ended:?}");
+        let e = ended.error.as_ref().unwrap();
+        assert!(
+            e.message.contains("session_cpu_seconds"),
+            "{path}: {ended:?}"
+        );
+        // (A live session's state process also runs a little outside its
+        // cells' count, on the session's.)
+        assert!(
+            cpu_ms >= 2_700,
+            "{path}: the cells' groups counted {cpu_ms} ms: {ended:?}"
+        );
+        let refused = session.run(py("1")).await;
+        assert_eq!(refused.status, Status::LimitExceeded, "{path}: {refused:?}");
+        let e = refused.error.as_ref().unwrap();
+        assert!(
+            e.message.contains("session_cpu_seconds") && e.message.contains("spent"),
+            "{path}: {refused:?}"
+        );
+    }
+}

@@ -351,7 +351,11 @@ impl Groups {
             )?),
         };
         dir.bound(memory_bytes, max_processes)?;
+        // A kept directory counts its earlier sessions' time too (v2's
+        // count cannot be reset): this session's starts here.
+        let cpu_base = cpu_ns_of(&dir.cpu_usage, dir.v2).unwrap_or(0);
         Ok(SessionGroup {
+            cpu_base,
             saved_max: Mutex::new(None),
             frozen: std::sync::atomic::AtomicBool::new(false),
             groups: self.clone(),
@@ -1005,6 +1009,8 @@ pub struct SessionGroup {
     saved_max: Mutex<Option<String>>,
     /// Whether its freezer group is frozen now.
     frozen: std::sync::atomic::AtomicBool,
+    /// Its CPU-time count (ns) when it was made (see [`Self::cpu_used_ns`]).
+    cpu_base: u64,
 }
 
 impl SessionGroup {
@@ -1106,6 +1112,12 @@ impl SessionGroup {
     /// included.
     pub fn cpu_ns(&self) -> Option<u64> {
         cpu_ns_of(&self.dir.cpu_usage, self.dir.v2)
+    }
+
+    /// CPU time (ns) the session's processes have had since it was made:
+    /// every cell's, its live state processes', whatever they started.
+    pub fn cpu_used_ns(&self) -> Option<u64> {
+        self.cpu_ns().map(|n| n.saturating_sub(self.cpu_base))
     }
 
     /// SIGKILL one process of the session, by a pidfd the caller checked

@@ -286,6 +286,21 @@ pub(crate) fn run_with(
             return (r, None, None);
         }
         settle_limits(&sup, &mut spec);
+        if let Some(spent) = session_cpu_spent(&spec) {
+            if let Some(p) = prepared {
+                // Its worker is killed and its group emptied, off the
+                // runtime (see `Prepared`).
+                tokio::task::spawn_blocking(move || drop(p));
+            }
+            let mut r = CellResult::refused_with(
+                spec.language.as_str(),
+                spec.run.clone(),
+                ErrorKind::LimitExceeded,
+                spent,
+            );
+            r.execution_count = spec.execution_count;
+            return (r, None, None);
+        }
         let _running = Running::new(&sup.cells_running);
         let started = Instant::now();
         let mut result = CellResult::new(spec.language.as_str(), spec.run.clone());
@@ -584,21 +599,48 @@ fn cpu_meter(
     group: Option<&Arc<CellGroup>>,
 ) -> Option<cpu::CpuMeter> {
     let limit = spec.limits.rlimits.cpu_seconds;
-    if spec.live.is_some() {
-        let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
-        let session = spec.share.session(sup, asked)?;
-        return cpu::CpuMeter::new(
-            Box::new(move || session.cpu_ns()),
-            limit,
-            "the session's processes (while the cell ran)",
-        );
+    let asked = spec.asked.as_ref().unwrap_or(&spec.limits);
+    // A live cell runs in its session's group; another without a group
+    // of its own (its profile turns the layer off) has none of its
+    // session's either.
+    let session = match (&spec.live, group) {
+        (None, None) => None,
+        _ => spec.share.session(sup, asked),
+    };
+    let cell = if spec.live.is_some() {
+        session.clone().and_then(|s| {
+            cpu::CpuMeter::new(
+                Box::new(move || s.cpu_ns()),
+                limit,
+                "the session's processes (while the cell ran)",
+            )
+        })
+    } else {
+        group.cloned().and_then(|g| {
+            cpu::CpuMeter::new(Box::new(move || g.cpu_ns()), limit, "the cell's processes")
+        })
+    };
+    match session {
+        Some(s) => cpu::CpuMeter::with_session(
+            cell,
+            Box::new(move || s.cpu_used_ns()),
+            spec.limits.session_cpu_seconds,
+        ),
+        None => cell,
     }
-    let group = group?.clone();
-    cpu::CpuMeter::new(
-        Box::new(move || group.cpu_ns()),
-        limit,
-        "the cell's processes",
-    )
+}
+
+/// Why the cell may not start: its session's CPU budget is spent (see
+/// `cpu`); never before its session's first cell made the session's group.
+#[cfg(target_os = "linux")]
+fn session_cpu_spent(spec: &CellSpec) -> Option<String> {
+    let used = spec.share.made()?.cpu_used_ns()?;
+    cpu::session_spent(used, spec.limits.session_cpu_seconds)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn session_cpu_spent(_spec: &CellSpec) -> Option<String> {
+    None
 }
 
 #[cfg(not(target_os = "linux"))]
