@@ -2140,6 +2140,13 @@ async fn file_tools_are_offered_directly_when_files_are_configured() {
 /// The file tools and `aggregate_context` are calls like `execute_code`:
 /// while the only slot is taken by a cell and no call may wait, they are
 /// refused as `ServerBusy`; once it is free, they run (the control).
+///
+/// The cell is seen holding its slot from the host (its process is there;
+/// it took the slot before it started), never by a tool call: a call made
+/// to find out takes the one slot itself for a moment, and a cell arriving
+/// then is refused instead. The cell runs until it is cancelled (no
+/// operation limit, a long timeout), so both refusals come while it holds
+/// the slot, however slow the machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_tools_take_a_slot_like_cells() {
     let t = tempfile::tempdir().unwrap();
@@ -2161,27 +2168,29 @@ async fn host_tools_take_a_slot_like_cells() {
         "1",
         "--max-queue",
         "0",
+        "--max-operations",
+        "0",
     ])
     .await;
-    let peer = s.client.peer().clone();
-    let busy = tokio::spawn(async move {
-        let args = json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 3});
-        peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args)))
-            .await
-    });
-    // Until the cell holds the slot.
-    let t0 = std::time::Instant::now();
-    loop {
-        let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
-        if r.is_error == Some(true) {
-            let text = format!("{r:?}");
-            assert!(text.contains("ServerBusy"), "{text}");
-            assert_eq!(r.structured_content.unwrap()["status"], "limit_exceeded");
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "never refused");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tools(&s.client).await;
+    let baseline = descendants(s.pid);
+    let params = CallToolRequestParams::new("execute_code").with_arguments(obj(
+        json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 600}),
+    ));
+    let busy = within(
+        "send",
+        s.client.send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        ),
+    )
+    .await
+    .unwrap();
+    let cells = wait_for_rhai_cells(s.pid, &baseline).await;
+    let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    assert!(format!("{r:?}").contains("ServerBusy"), "{r:?}");
+    assert_eq!(r.structured_content.unwrap()["status"], "limit_exceeded");
     let r = call(
         &s.client,
         "aggregate_context",
@@ -2189,18 +2198,20 @@ async fn host_tools_take_a_slot_like_cells() {
     )
     .await;
     assert!(format!("{r:?}").contains("ServerBusy"), "{r:?}");
-    let _ = busy.await;
-    // Once the cell's slot is free (its worker gone, just after its
-    // answer), the tool runs.
-    let t0 = std::time::Instant::now();
+    busy.cancel(None).await.unwrap();
+    wait_gone(&cells, "the cancelled cell").await;
+    // Once the cell's slot is free (given back once its worker is gone,
+    // just after), the tool runs.
+    let t0 = Instant::now();
     let r = loop {
         let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
-        if r.is_error == Some(false) || t0.elapsed() > Duration::from_secs(20) {
+        if r.is_error == Some(false) {
             break r;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(format!("{r:?}").contains("ServerBusy"), "{r:?}");
+        assert!(t0.elapsed() < PATIENCE, "the slot was never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(r.is_error, Some(false), "{r:?}");
     assert_eq!(r.structured_content.unwrap()["content"], "alpha\n");
 }
 
