@@ -14,6 +14,16 @@
 //!   child holding the token file while the call is in flight (the attack
 //!   ran as written). Before, the child ran on for 2 s past the answer on
 //!   the sessionless path, and until the session closed in a live one.
+//! - `hijacked_shim`: X's cell without a session (the server's warm path)
+//!   and a cell of `cellbox run` (a fresh worker) take over the runtime
+//!   shim they run in (its globals, through `call.__globals__`): its frame
+//!   sender forks a child as the shim sends `done` and writes the child's
+//!   pid into the answer, then never returns, forking a child every 20 ms;
+//!   `posix._exit` sleeps instead. Defence: once the answer is in (the
+//!   call returned, `cellbox run` exited), no host process holding a token
+//!   file can run, nor after Y's next cell. Control: the answer names the
+//!   child forked at `done` (the taken-over sender ran) and the host saw
+//!   the cell's children while it ran.
 //! - `idle_session`: X takes over its live session's state loop (the
 //!   runtime's globals are one `__globals__` away): each state process
 //!   from then on forks a child holding a token file and spins the CPU on
@@ -32,6 +42,8 @@
 //!   does (the forged answer can be built).
 
 use super::harness::{holders, marker, python, session, spawn_exec, Client, Env, Serve};
+#[path = "../../tests/shared/hijack.rs"]
+mod hijack;
 use super::Outcome;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -149,40 +161,6 @@ pub fn outlive(env: &Env) -> Result<Outcome, String> {
     })
 }
 
-fn hijack_code(token: &str) -> String {
-    format!(
-        r#"import os, signal, time
-G = call.__globals__
-serve = G["_state_serve"]
-forked = []
-busy = []
-
-def spin(signum, frame):
-    if busy:
-        return
-    busy.append(1)
-    if len(forked) < 20:
-        pid = os.fork()
-        if pid == 0:
-            f = open({token:?}, "w")
-            while True:
-                time.sleep(0.01)
-        forked.append(pid)
-    t = time.monotonic()
-    while time.monotonic() - t < 0.03:
-        pass
-    busy.pop()
-
-def hijacked():
-    signal.signal(signal.SIGALRM, spin)
-    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
-    serve()
-
-G["_state_serve"] = hijacked
-"#
-    )
-}
-
 /// Where `pid`'s session is counted and frozen, on the host: the v1
 /// `cpuacct` and `freezer` directories of its cgroups, or under cgroup v2
 /// its one cgroup (the session's leaf) for both.
@@ -245,7 +223,11 @@ pub fn idle(env: &Env) -> Result<Outcome, String> {
     let token = marker("cbx-idle-");
     let seen = env.block_on("attack", async {
         let sid = session(&x).await?;
-        for code in ["x = 1".to_owned(), hijack_code(&token), "x".to_owned()] {
+        for code in [
+            "x = 1".to_owned(),
+            hijack::state_loop_code(&token),
+            "x".to_owned(),
+        ] {
             let a = python(&x, Some(&sid), &code, 10).await;
             if a.status() != "ok" {
                 return Err(format!("X's cell failed: {}", a.all_text()));
@@ -406,6 +388,137 @@ pub fn unasked(env: &Env) -> Result<Outcome, String> {
             "the server's events record a state protocol error for request 424242: {recorded}; \
              X's results say its state broke its protocol: {said}; X's next cell ran from its \
              JSON variables: {x_went_on}; Y's session untouched: {y_untouched}"
+        ),
+    })
+}
+
+/// One hijacked cell of X's without a session, on the server's warm path:
+/// whether the host saw the token held while it ran, the answer's value,
+/// and the holders that could run once it returned and after Y's cell.
+async fn hijacked_sessionless(x: &Client, y: &Client) -> Result<Hijacked, String> {
+    let token = marker("cbx-hijack-warm-");
+    let call = spawn_exec(
+        x,
+        json!({"language": "python", "code": hijack::shim_sender_code(&token),
+               "timeout_seconds": 15}),
+    );
+    let t0 = Instant::now();
+    let mut during = false;
+    while !call.is_finished() && t0.elapsed() < Duration::from_secs(30) {
+        during |= !holders(&token).is_empty();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let a = super::harness::join(call).await?;
+    let alive = running_holders(&token);
+    let b = python(y, None, "6 * 7", 10).await;
+    let after = running_holders(&token);
+    kill_all(&holders(&token));
+    if !b.all_text().contains("42") {
+        return Err(format!("Y's cell did not run: {}", b.all_text()));
+    }
+    let value = a
+        .structured
+        .as_ref()
+        .and_then(|v| v["value"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Ok(Hijacked {
+        during,
+        value,
+        alive,
+        after,
+    })
+}
+
+/// The same cell through `cellbox run` (a fresh worker, no pool): the
+/// answer is in once the command has exited.
+fn hijacked_fresh(env: &Env) -> Result<Hijacked, String> {
+    use std::io::Write;
+    let token = marker("cbx-hijack-fresh-");
+    let mut child = std::process::Command::new(&env.cellbox)
+        .args(["run", "--lang", "python", "--json", "--timeout", "15", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cellbox run: {e}"))?;
+    let code = hijack::shim_sender_code(&token);
+    child
+        .stdin
+        .take()
+        .ok_or("cellbox run: no stdin")?
+        .write_all(code.as_bytes())
+        .map_err(|e| format!("cellbox run's stdin: {e}"))?;
+    let t0 = Instant::now();
+    let mut during = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if t0.elapsed() < Duration::from_secs(30) => {}
+            Ok(None) => {
+                let _ = child.kill();
+                return Err("cellbox run did not end in 30 s".into());
+            }
+            Err(e) => return Err(format!("cellbox run: {e}")),
+        }
+        during |= !holders(&token).is_empty();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let alive = running_holders(&token);
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("cellbox run: {e}"))?;
+    std::thread::sleep(Duration::from_millis(200));
+    let after = running_holders(&token);
+    kill_all(&holders(&token));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "cellbox run printed no result ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    Ok(Hijacked {
+        during,
+        value: result["value"].as_str().unwrap_or_default().to_owned(),
+        alive,
+        after,
+    })
+}
+
+/// What one hijacked cell showed (see `hijacked_shim`).
+struct Hijacked {
+    during: bool,
+    value: String,
+    alive: Vec<i32>,
+    after: Vec<i32>,
+}
+
+pub fn hijacked_shim(env: &Env) -> Result<Outcome, String> {
+    let serve = Serve::start(env, &["x", "y"], &["--language", "python"])?;
+    let (x, y) = (serve.client(env, "x")?, serve.client(env, "y")?);
+    let warm = env.block_on("attack", hijacked_sessionless(&x, &y))??;
+    let fresh = hijacked_fresh(env)?;
+    for (path, h) in [("sessionless", &warm), ("fresh", &fresh)] {
+        if !h.during || !h.value.starts_with("hijacked, forked ") || h.value.contains("forked 0 ") {
+            return Err(format!(
+                "{path}: the taken-over sender did not answer or no child was seen (value {:?}, \
+                 seen {}): the attack is broken",
+                h.value, h.during
+            ));
+        }
+    }
+    Ok(Outcome {
+        control: format!(
+            "the answers came through the taken-over sender ({:?}, {:?}) and the host saw the \
+             cells' children while they ran",
+            warm.value, fresh.value
+        ),
+        blocked: [&warm, &fresh]
+            .iter()
+            .all(|h| h.alive.is_empty() && h.after.is_empty()),
+        evidence: format!(
+            "token holders that could run once the answer was in: sessionless {:?} (after Y's \
+             cell {:?}), fresh {:?} (after 200 ms {:?}) (host /proc)",
+            warm.alive, warm.after, fresh.alive, fresh.after
         ),
     })
 }

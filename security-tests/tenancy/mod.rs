@@ -82,6 +82,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("held_memory_checkpoints", held_memory::checkpoints),
     ("held_memory_search", held_memory::search),
     ("outlive_cell", lifetime::outlive),
+    ("hijacked_shim", lifetime::hijacked_shim),
     ("idle_session", lifetime::idle),
     ("unasked_answer", lifetime::unasked),
     ("principal_budget", principal_budget::run),

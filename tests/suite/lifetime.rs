@@ -7,6 +7,8 @@
 //! while the cell runs (its positive control).
 
 use super::common::{self, *};
+#[path = "../shared/hijack.rs"]
+mod hijack;
 use cellbox::{CellRequest, CellResult, Language, SessionConfig, Status, Supervisor};
 use std::time::Duration;
 
@@ -125,6 +127,60 @@ async fn a_clone_parent_child_of_a_fresh_cell_is_stopped_before_the_answer() {
     a_clone_parent_child_is_stopped_before_the_answer(sup, "fresh").await;
 }
 
+/// A cell without a state process takes over the shim it runs in (see
+/// `hijack::shim_sender_code`): its sender forks a child as the shim sends
+/// `done`, then its process never leaves and forks on a timer. The answer
+/// comes (through the taken-over sender: it says what it forked), and once
+/// it has come no child of the cell's can run, nor after the next cell.
+/// Control: the host sees the cell's children while the cell runs, and
+/// the answer names the child forked at `done`.
+async fn a_hijacked_shim_forks_nothing_past_the_answer(sup: Supervisor, path: &str) {
+    let t = token("hijacked-shim");
+    let code = hijack::shim_sender_code(&t);
+    let session = sup.session(replay(SessionConfig::default())).unwrap();
+    let s2 = session.clone();
+    let (seen, r, alive) = watched(&t, async move { s2.run(py(&code)).await }).await;
+    let next = session.run(py("6 * 7")).await;
+    let after_next = running_holders_of(&t);
+    kill_left(&t);
+    assert_eq!(r.status, Status::Ok, "{path}: {r:?}");
+    let value = r.value.as_str().unwrap_or_default();
+    assert!(
+        value.starts_with("hijacked, forked ") && !value.contains("forked 0 "),
+        "{path}: the taken-over sender did not answer: {r:?}"
+    );
+    assert!(
+        seen,
+        "{path}: the cell's children never held their files: {r:?}"
+    );
+    assert!(
+        alive.is_empty(),
+        "{path}: a child of the hijacked shim could still run once the cell was answered: {alive:?}"
+    );
+    assert_eq!(next.value, serde_json::json!(42), "{path}: {next:?}");
+    assert!(
+        after_next.is_empty(),
+        "{path}: a child of the hijacked shim could run after the next cell: {after_next:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hijacked_shim_of_a_warm_cell_forks_nothing_past_the_answer() {
+    require_root();
+    a_hijacked_shim_forks_nothing_past_the_answer(supervisor(), "warm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hijacked_shim_of_a_fresh_cell_forks_nothing_past_the_answer() {
+    require_root();
+    let sup = Supervisor::builder()
+        .worker_exe(bin())
+        .warm(false)
+        .build()
+        .unwrap();
+    a_hijacked_shim_forks_nothing_past_the_answer(sup, "fresh").await;
+}
+
 /// A live session's cell attaches a child to the session's state process
 /// (`clone(CLONE_PARENT)`, from the cell's own process): the state
 /// processes' children are not spared when the cell ends, so the child is
@@ -163,48 +219,6 @@ async fn a_clone_parent_child_of_a_live_cell_is_killed_before_the_answer_and_rec
     );
     let r = py_in(&session, "x + 1").await;
     assert_eq!(r.value, serde_json::json!(42), "{r:?}");
-}
-
-/// The code of a Python cell that takes over its session's state loop
-/// (the runtime's globals are one `__globals__` away): every state process
-/// from then on arms a timer that, every 50 ms, forks a child holding a
-/// file named `token` open (at most 20) and spins the CPU for 30 ms,
-/// around the real loop, which it still runs (so the session goes on
-/// answering).
-fn hijack_code(token: &str) -> String {
-    format!(
-        r#"
-import os, signal, time
-G = call.__globals__
-serve = G["_state_serve"]
-forked = []
-busy = []
-
-def spin(signum, frame):
-    if busy:
-        return
-    busy.append(1)
-    if len(forked) < 20:
-        pid = os.fork()
-        if pid == 0:
-            f = open({token:?}, "w")
-            while True:
-                time.sleep(0.01)
-        forked.append(pid)
-    t = time.monotonic()
-    while time.monotonic() - t < 0.03:
-        pass
-    busy.pop()
-
-def hijacked():
-    signal.signal(signal.SIGALRM, spin)
-    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
-    serve()
-
-G["_state_serve"] = hijacked
-"hijacked"
-"#
-    )
 }
 
 /// The session's cgroup directory in the `cpuacct` and `freezer`
@@ -249,7 +263,7 @@ async fn a_hijacked_state_loop_runs_nothing_between_cells() {
     let r = py_in(&session, "x = 1").await;
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let t = token("hijacked-state");
-    let r = py_in(&session, &hijack_code(&t)).await;
+    let r = py_in(&session, &hijack::state_loop_code(&t)).await;
     assert_eq!(r.value, serde_json::json!("hijacked"), "{r:?}");
     // During a cell the hijacked state process runs: it forks (the cell
     // itself forks nothing) and spins.
