@@ -107,11 +107,32 @@ pub struct ServeArgs {
     /// (replacing the older one); default 64 MiB.
     #[arg(long = "events-max-bytes", value_name = "BYTES")]
     pub events_max_bytes: Option<u64>,
-    /// The output schema `execute_code` lists: `compact` (its top level
-    /// typed, each nested part's shape in its description; the default) or
-    /// `full` (every nested part typed too).
-    #[arg(long = "output-schema", value_name = "compact|full")]
+    /// The output schema `execute_code` lists: `none` (no tool lists one;
+    /// the default with short descriptions), `compact` (its top level
+    /// typed, each nested part's shape in its description; the default with
+    /// long descriptions) or `full` (every nested part typed too).
+    #[arg(long = "output-schema", value_name = "none|compact|full")]
     pub output_schema: Option<OutputSchema>,
+    /// How much `tools/list` says: `short` (what a model needs to call each
+    /// tool; the default) or `long` (every detail, as docs/mcp.md shows).
+    #[arg(long = "tool-descriptions", value_name = "short|long")]
+    pub tool_descriptions: Option<ToolDescriptions>,
+}
+
+/// How much the tools' descriptions say (see [`crate::serve::describe`]).
+///
+/// Every client reads `tools/list` into its model's context, on every
+/// request of an agent: the short form keeps it to a few kilobytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolDescriptions {
+    /// What a model needs to call each tool well: the languages, the
+    /// sandbox in a line, what persists, the limits, the capabilities.
+    #[default]
+    Short,
+    /// Every detail: the paths each profile shows a cell, the limits'
+    /// consequences, the queues, each input's meaning at length.
+    Long,
 }
 
 /// The output schema `execute_code` lists (see [`crate::serve::schema`]).
@@ -123,10 +144,13 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputSchema {
+    /// No tool lists an output schema (results still carry
+    /// structuredContent): the default with short descriptions.
+    #[default]
+    None,
     /// The top level typed (every field, its type, the status values, what
     /// is required); each nested object's or list's shape written out in
     /// its description.
-    #[default]
     Compact,
     /// Every nested object and list typed as well.
     Full,
@@ -228,8 +252,11 @@ pub struct ServerSection {
     pub events: Option<PathBuf>,
     /// Bytes the events file may hold before it is rotated to `<file>.1`.
     pub events_max_bytes: u64,
-    /// The output schema `execute_code` lists.
-    pub output_schema: OutputSchema,
+    /// The output schema `execute_code` lists; by default `none` with
+    /// short descriptions and `compact` with long ones.
+    pub output_schema: Option<OutputSchema>,
+    /// How much the tools' descriptions say.
+    pub tool_descriptions: ToolDescriptions,
 }
 
 impl Default for ServerSection {
@@ -248,7 +275,8 @@ impl Default for ServerSection {
             python: None,
             events: None,
             events_max_bytes: crate::supervisor::DEFAULT_EVENTS_MAX_BYTES,
-            output_schema: OutputSchema::Compact,
+            output_schema: None,
+            tool_descriptions: ToolDescriptions::Short,
         }
     }
 }
@@ -443,6 +471,8 @@ pub struct Settings {
     pub events_max_bytes: u64,
     /// The output schema `execute_code` lists.
     pub output_schema: OutputSchema,
+    /// How much the tools' descriptions say.
+    pub tool_descriptions: ToolDescriptions,
     pub transport: Transport,
     /// The model endpoints (validated; keys are read when the supervisor
     /// is built).
@@ -625,7 +655,10 @@ impl ServeConfig {
             self.server.cells_memory_bytes = Some(n);
         }
         if let Some(schema) = args.output_schema {
-            self.server.output_schema = schema;
+            self.server.output_schema = Some(schema);
+        }
+        if let Some(d) = args.tool_descriptions {
+            self.server.tool_descriptions = d;
         }
         if let Some(on) = args.session_cgroups {
             self.server.session_cgroups = on;
@@ -900,7 +933,11 @@ impl ServeConfig {
             python: s.python.clone(),
             events: s.events.clone(),
             events_max_bytes: s.events_max_bytes,
-            output_schema: s.output_schema,
+            output_schema: s.output_schema.unwrap_or(match s.tool_descriptions {
+                ToolDescriptions::Short => OutputSchema::None,
+                ToolDescriptions::Long => OutputSchema::Compact,
+            }),
+            tool_descriptions: s.tool_descriptions,
             transport,
             models: self.models.clone(),
             #[cfg(target_os = "linux")]
@@ -1085,7 +1122,13 @@ mod tests {
     #[test]
     fn output_schema_from_file_and_flag() {
         let d = ServeConfig::default().validate().unwrap();
-        assert_eq!(d.output_schema, OutputSchema::Compact);
+        assert_eq!(d.tool_descriptions, ToolDescriptions::Short);
+        assert_eq!(d.output_schema, OutputSchema::None);
+        let long = parse("[server]\ntool_descriptions = \"long\"\n").unwrap();
+        assert_eq!(
+            long.validate().unwrap().output_schema,
+            OutputSchema::Compact
+        );
         let mut c = parse("[server]\noutput_schema = \"full\"\n").unwrap();
         assert_eq!(c.validate().unwrap().output_schema, OutputSchema::Full);
         c.apply_args(&ServeArgs {

@@ -90,6 +90,23 @@ async fn probe_one(
     }
 }
 
+/// A capability's description without the call signature it may start
+/// with (`name(a, b=None): does this`), which the list shows already.
+fn without_signature<'a>(name: &str, desc: &'a str) -> &'a str {
+    match desc.strip_prefix(name) {
+        Some(rest) if rest.starts_with('(') => rest.split_once("): ").map_or(desc, |(_, d)| d),
+        _ => desc,
+    }
+}
+
+/// A description's first sentence (up to the first ". " or the end).
+pub fn first_sentence(text: &str) -> &str {
+    match text.find(". ") {
+        Some(i) => &text[..=i],
+        None => text,
+    }
+}
+
 fn bytes(n: u64) -> String {
     const KIB: u64 = 1024;
     const MIB: u64 = 1024 * KIB;
@@ -253,6 +270,97 @@ fn sandbox_lines(
     lines
 }
 
+/// [`sandbox_lines`] in a few words each, for the short descriptions: the
+/// same claims from the same report, without the list of paths.
+fn sandbox_lines_short(
+    observed: Option<&Observed>,
+    profile: Option<&Profile>,
+    language: Language,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(p) = profile {
+        lines.push(format!("profile {:?}: {}", p.name, p.description));
+    }
+    let Some(o) = observed else {
+        lines.push("sandbox not checked yet".into());
+        return lines;
+    };
+    match &o.sandbox {
+        None => lines.push("sandbox report unavailable".into()),
+        Some(r) => {
+            let applied: Vec<&str> = r
+                .layers
+                .iter()
+                .filter(|l| l.applied)
+                .map(|l| l.name.as_str())
+                .collect();
+            let has = |layer: Layer| applied.contains(&layer.as_str());
+            let ns = |name: &str| r.namespaces.iter().any(|n| n == name);
+            lines.push(format!(
+                "layers applied on this host: {}",
+                if applied.is_empty() {
+                    "none".to_owned()
+                } else {
+                    applied.join(", ")
+                }
+            ));
+            lines.push(
+                if ns("net") {
+                    "network: none"
+                } else if has(Layer::Landlock) && r.landlock_abi.unwrap_or(0) >= 4 {
+                    "network: TCP connect and bind denied"
+                } else {
+                    "network: NOT isolated on this host"
+                }
+                .into(),
+            );
+            match (has(Layer::Landlock), profile) {
+                (true, Some(p)) => {
+                    lines.push("files: only the working directory (read-write)".to_owned());
+                    let more = language == Language::Python
+                        || p.filesystem
+                            .paths
+                            .iter()
+                            .any(|r| !r.optional || std::fs::symlink_metadata(&r.path).is_ok());
+                    let mut f = Vec::new();
+                    if more {
+                        f.push("system paths (read-only)".to_owned());
+                    }
+                    if ns("mount") && p.filesystem.tmp_bytes > 0 {
+                        f.push(format!(
+                            "a private /tmp of {}",
+                            bytes(p.filesystem.tmp_bytes)
+                        ));
+                    }
+                    if !f.is_empty() {
+                        lines.push(format!("files also: {}", f.join(", ")));
+                    }
+                }
+                (true, None) => lines.push("files: only the working directory is writable".into()),
+                (false, _) => lines.push("files: not restricted by Landlock on this host".into()),
+            }
+            if ns("pid") {
+                lines.push("processes: only its own processes, none outlive the call".into());
+            }
+        }
+    }
+    if let Some(f) = &o.failure {
+        lines.push(format!("WARNING: {f}"));
+    }
+    lines
+}
+
+/// How a language's code is run, in a line.
+fn language_line_short(language: Language) -> &'static str {
+    match language {
+        Language::Rhai => "rhai: a Rhai script; print() writes to stdout.",
+        Language::Python => {
+            "python: Python 3, the standard library only (no third-party packages)."
+        }
+        Language::Shell => "shell: /bin/sh -c; an exit status other than 0 is an error.",
+    }
+}
+
 /// Why a description names no Python interpreter.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum NoPython {
@@ -265,6 +373,8 @@ pub enum NoPython {
 /// Inputs every description is built from.
 pub struct Facts<'a> {
     pub settings: &'a Settings,
+    /// The long descriptions (`tool_descriptions = "long"`).
+    pub long: bool,
     /// Allowed capabilities: (name, description, parameter names).
     pub capabilities: Vec<(String, String, Vec<String>)>,
     pub python: Result<PythonInfo, NoPython>,
@@ -338,6 +448,7 @@ impl Facts<'_> {
             .collect();
         Facts {
             settings,
+            long: settings.tool_descriptions == super::config::ToolDescriptions::Long,
             capabilities,
             python,
             profiles,
@@ -348,7 +459,28 @@ impl Facts<'_> {
         }
     }
 
+    fn limits_text_short(&self) -> String {
+        let l = &self.settings.session.limits;
+        let mut s = format!(
+            "Limits per call: wall clock {}, {} of stdout and of stderr kept, memory {}, CPU \
+             {} s, files up to {} each",
+            seconds(l.timeout_ms),
+            bytes(l.max_output_bytes as u64),
+            bytes(l.rlimits.memory_bytes),
+            l.rlimits.cpu_seconds,
+            bytes(l.rlimits.max_file_size_bytes),
+        );
+        if let Some(q) = self.session_scratch {
+            let _ = write!(s, ", a session's files {} in all", bytes(q.bytes));
+        }
+        s.push_str("; arguments may only lower them.");
+        s
+    }
+
     fn limits_text(&self) -> String {
+        if !self.long {
+            return self.limits_text_short();
+        }
         let l = &self.settings.session.limits;
         let mut s = format!(
             "Limits per call: wall clock {} (the cell is killed after it; status timeout), \
@@ -411,19 +543,56 @@ impl Facts<'_> {
     }
 
     fn capabilities_text(&self) -> String {
+        if self.capabilities.is_empty() && !self.long {
+            return "Capabilities: none are allowed.".into();
+        }
         if self.capabilities.is_empty() {
             return "Capabilities: none are allowed, so the code cannot call anything outside \
                     the sandbox."
                 .into();
         }
-        let mut s = String::from(
+        let mut s = String::from(if self.long {
             "Capabilities (the only way out of the sandbox; call them as functions, positional \
-             arguments in this order; each call is checked by the server):",
-        );
+             arguments in this order; each call is checked by the server):"
+        } else {
+            "Capabilities (functions; arguments in this order):"
+        });
         for (name, desc, params) in &self.capabilities {
+            let desc = if self.long {
+                desc
+            } else {
+                first_sentence(without_signature(name, desc))
+            };
             let _ = write!(s, "\n- {name}({}): {desc}", params.join(", "));
         }
         let p = &self.settings.session.policy;
+        if !self.long {
+            let _ = write!(
+                s,
+                "\nAt most {} calls per call; the rest is denied.",
+                p.max_calls
+            );
+            if self
+                .capabilities
+                .iter()
+                .any(|(n, _, _)| n.starts_with("model_query"))
+            {
+                let names: Vec<&str> = self.settings.models.keys().map(String::as_str).collect();
+                let _ = write!(
+                    s,
+                    "\nModels (the server makes the request; no key is visible to the code): {}. \
+                     Python names them llm_query too. Per session: at most {} model queries and \
+                     {} tokens{}.",
+                    names.join(", "),
+                    p.max_model_calls,
+                    p.max_total_tokens,
+                    p.max_cost
+                        .map(|c| format!(", cost {c}"))
+                        .unwrap_or_default(),
+                );
+            }
+            return s;
+        }
         let _ = write!(
             s,
             "\nAt most {} capability calls per call of this tool; anything not listed is denied \
@@ -454,6 +623,15 @@ impl Facts<'_> {
     }
 
     fn persistence_text(&self) -> String {
+        if !self.long {
+            return format!(
+                "What persists: nothing without session_id. With one (from create_session) \
+                 files and variables carry over, Python objects stay alive, a failed call is \
+                 rolled back. Sessions close after {} s idle; at most {} sessions at once.",
+                self.settings.idle_expiry.as_secs(),
+                self.settings.max_sessions_per_principal,
+            );
+        }
         format!(
             "What persists: without session_id nothing does; every call starts from a fresh, \
              empty sandbox whose files are deleted afterwards. With a session_id (from \
@@ -473,6 +651,12 @@ impl Facts<'_> {
     }
 
     fn concurrency_text(&self) -> String {
+        if !self.long {
+            return format!(
+                "At most {} cells run at once; more wait, or are refused with ServerBusy.",
+                self.settings.max_concurrency,
+            );
+        }
         format!(
             "At most {} cells run at once; further calls wait (up to {} waiting, {} of them \
              yours), past that a call is refused with status limit_exceeded and error type \
@@ -484,8 +668,62 @@ impl Facts<'_> {
         )
     }
 
+    /// The short `execute_code` description: each language in a line, the
+    /// sandbox lines every language shares once, then each language's own.
+    fn execute_code_short(&self) -> String {
+        let mut s = String::from(
+            "Run code in a sandboxed cell; returns stdout, stderr, the last expression's value \
+             and any error.\n\nLanguages:",
+        );
+        let per: Vec<(Language, Vec<String>)> = self
+            .settings
+            .languages
+            .iter()
+            .map(|&lang| {
+                let observed = self.observed.and_then(|o| o.get(&lang));
+                (
+                    lang,
+                    sandbox_lines_short(observed, self.profiles.get(&lang), lang),
+                )
+            })
+            .collect();
+        let shared: Vec<&String> = per
+            .first()
+            .map(|(_, lines)| {
+                lines
+                    .iter()
+                    .filter(|l| per.iter().all(|(_, o)| o.contains(l)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (lang, lines) in &per {
+            let _ = write!(s, "\n- {}", language_line_short(*lang));
+            for line in lines.iter().filter(|l| !shared.contains(l)) {
+                let _ = write!(s, "\n  {line}");
+            }
+        }
+        if !shared.is_empty() {
+            s.push_str("\nSandbox:");
+            for line in shared {
+                let _ = write!(s, "\n- {line}");
+            }
+        }
+        let _ = write!(
+            s,
+            "\n\n{}\n\n{}\n\n{}\n\n{}",
+            self.persistence_text(),
+            self.limits_text(),
+            self.capabilities_text(),
+            self.concurrency_text()
+        );
+        s
+    }
+
     /// The `execute_code` description.
     pub fn execute_code(&self) -> String {
+        if !self.long {
+            return self.execute_code_short();
+        }
         let mut s = String::from(
             "Run code in a sandboxed cell and return its stdout, stderr, the value of the last \
              expression and any error. The text result shows the output (the head and tail of \
@@ -513,6 +751,11 @@ impl Facts<'_> {
     }
 
     pub fn create_session(&self) -> String {
+        if !self.long {
+            return "Create a session; pass its session_id to execute_code to keep variables \
+                    and files between calls."
+                .into();
+        }
         format!(
             "Create a session for execute_code: pass its session_id to keep variables, \
              definitions and files between calls. Sessions are closed after {} s without a \
@@ -523,18 +766,27 @@ impl Facts<'_> {
     }
 
     pub fn reset_session(&self) -> String {
+        if !self.long {
+            return "Forget a session's variables; its files stay.".into();
+        }
         "Forget every variable and definition of a session. Files in its working directory \
          stay; the session id stays valid."
             .into()
     }
 
     pub fn close_session(&self) -> String {
+        if !self.long {
+            return "Close a session and delete its variables and files.".into();
+        }
         "Close a session: a cell running in it is killed, its variables, definitions and files \
          are deleted, and its id becomes invalid."
             .into()
     }
 
     pub fn list_sessions(&self) -> String {
+        if !self.long {
+            return "List your open sessions.".into();
+        }
         "List your open sessions: id, idle time, time until expiry, whether a cell is running, \
          cells run so far, variable names, whether its Python namespace is live, its checkpoints \
          and the memory it holds."
@@ -542,6 +794,11 @@ impl Facts<'_> {
     }
 
     pub fn checkpoint_session(&self) -> String {
+        if !self.long {
+            return "Keep a session's live Python namespace under a name (in memory only), for \
+                    restore_session."
+                .into();
+        }
         "Keep a checkpoint of a session's live Python namespace (every object, as the last \
          successful cell left it) under a name, to return to with restore_session. A session \
          keeps a few at most; the same name replaces the older one. Checkpoints live in the \
@@ -552,6 +809,9 @@ impl Facts<'_> {
     }
 
     pub fn restore_session(&self) -> String {
+        if !self.long {
+            return "Return a session's live Python namespace to a checkpoint.".into();
+        }
         "Return a session's live Python namespace to a checkpoint made by checkpoint_session \
          (or checkpoint(name) in a cell). The checkpoint stays, for another restore."
             .into()

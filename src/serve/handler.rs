@@ -125,13 +125,18 @@ fn direct_capability<'a>(_sup: &'a Supervisor, _name: &str) -> Option<&'a crate:
     None
 }
 
-fn direct_tools(sup: &Supervisor) -> Vec<Tool> {
+fn direct_tools(sup: &Supervisor, long: bool) -> Vec<Tool> {
     sup.capabilities()
         .filter(|c| direct_capability(sup, c.name()).is_some())
         .filter_map(|c| {
             let input = c.schema().as_object()?.clone();
+            let description = if long {
+                c.description()
+            } else {
+                describe::first_sentence(c.description())
+            };
             Some(
-                Tool::new(c.name().to_owned(), c.description().to_owned(), input)
+                Tool::new(c.name().to_owned(), description.to_owned(), input)
                     .with_raw_output_schema(Arc::new(
                         json!({"type": "object"})
                             .as_object()
@@ -647,18 +652,24 @@ impl CellboxServer {
                 &st.settings.languages,
                 limits.timeout_ms as f64 / 1000.0,
                 limits.max_output_bytes,
+                facts.long,
             ),
         )
         .with_title("Run code in a sandbox")
         .with_raw_output_schema(Arc::new(match st.settings.output_schema {
-            OutputSchema::Compact => schema::cell_result_compact(),
             OutputSchema::Full => schema::cell_result(),
+            OutputSchema::Compact | OutputSchema::None => schema::cell_result_compact(),
         }))
         .with_annotations(
-            ToolAnnotations::with_title("Run code in a sandbox")
-                .read_only(false)
-                .idempotent(false)
-                .open_world(!isolated),
+            // The title once, in the short form.
+            if facts.long {
+                ToolAnnotations::with_title("Run code in a sandbox")
+            } else {
+                ToolAnnotations::new()
+            }
+            .read_only(false)
+            .idempotent(false)
+            .open_world(!isolated),
         );
         let session_tool = |name: &'static str, desc: String, input: JsonObject, output| {
             Tool::new(name, desc, input)
@@ -676,13 +687,13 @@ impl CellboxServer {
             session_tool(
                 "reset_session",
                 facts.reset_session(),
-                schema::session_id_input(),
+                schema::session_id_input(facts.long),
                 schema::session_done(),
             ),
             session_tool(
                 "close_session",
                 facts.close_session(),
-                schema::session_id_input(),
+                schema::session_id_input(facts.long),
                 schema::session_done(),
             ),
             session_tool(
@@ -694,21 +705,37 @@ impl CellboxServer {
             session_tool(
                 "checkpoint_session",
                 facts.checkpoint_session(),
-                schema::checkpoint_input(),
+                schema::checkpoint_input(facts.long),
                 schema::session_done(),
             ),
             session_tool(
                 "restore_session",
                 facts.restore_session(),
-                schema::checkpoint_input(),
+                schema::checkpoint_input(facts.long),
                 schema::session_done(),
             ),
         ];
         #[cfg(target_os = "linux")]
-        tools.extend(super::session_files::tools(super::session_files::limits(
-            &st.settings,
-        )));
-        tools.extend(direct_tools(&st.sup));
+        tools.extend(super::session_files::tools(
+            super::session_files::limits(&st.settings),
+            facts.long,
+        ));
+        tools.extend(direct_tools(&st.sup, facts.long));
+        // Results carry structuredContent either way; without a listed
+        // schema a client has nothing to check it against, and nothing to
+        // read on every request.
+        if st.settings.output_schema == OutputSchema::None {
+            for t in &mut tools {
+                t.output_schema = None;
+            }
+        }
+        // Unknown arguments are refused either way, with a message saying
+        // which; the short form does not list that.
+        if !facts.long {
+            for t in &mut tools {
+                Arc::make_mut(&mut t.input_schema).remove("additionalProperties");
+            }
+        }
         tools.into_iter().map(schema::with_dialect).collect()
     }
 

@@ -56,8 +56,23 @@ pub fn execute_code_input(
     languages: &[Language],
     max_timeout_s: f64,
     max_output: usize,
+    long: bool,
 ) -> Map<String, Value> {
     let langs: Vec<&str> = languages.iter().map(|l| l.as_str()).collect();
+    if !long {
+        return object(json!({
+            "type": "object",
+            "properties": {
+                "language": {"type": "string", "enum": langs},
+                "code": {"type": "string"},
+                "session_id": {"type": "string"},
+                "timeout_seconds": {"type": "number", "exclusiveMinimum": 0},
+                "max_output_bytes": {"type": "integer", "minimum": 1},
+                "verbose": {"type": "boolean", "default": false}
+            },
+            "required": ["language", "code"]
+        }));
+    }
     object(json!({
         "type": "object",
         "properties": {
@@ -101,7 +116,14 @@ pub fn execute_code_input(
 }
 
 /// Arguments of `reset_session` and `close_session`.
-pub fn session_id_input() -> Map<String, Value> {
+pub fn session_id_input(long: bool) -> Map<String, Value> {
+    if !long {
+        return object(json!({
+            "type": "object",
+            "properties": {"session_id": {"type": "string"}},
+            "required": ["session_id"]
+        }));
+    }
     object(json!({
         "type": "object",
         "properties": {
@@ -113,7 +135,17 @@ pub fn session_id_input() -> Map<String, Value> {
 }
 
 /// Arguments of `checkpoint_session` and `restore_session`.
-pub fn checkpoint_input() -> Map<String, Value> {
+pub fn checkpoint_input(long: bool) -> Map<String, Value> {
+    if !long {
+        return object(json!({
+            "type": "object",
+            "properties": {
+                "session_id": {"type": "string"},
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+            },
+            "required": ["session_id", "name"]
+        }));
+    }
     object(json!({
         "type": "object",
         "properties": {
@@ -584,8 +616,12 @@ mod tests {
     #[test]
     fn schemas_are_valid_json_schema() {
         for s in [
-            execute_code_input(&[Language::Rhai], 30.0, 100),
-            session_id_input(),
+            execute_code_input(&[Language::Rhai], 30.0, 100, true),
+            execute_code_input(&[Language::Rhai], 30.0, 100, false),
+            session_id_input(true),
+            session_id_input(false),
+            checkpoint_input(true),
+            checkpoint_input(false),
             no_input(),
             cell_result(),
             cell_result_compact(),

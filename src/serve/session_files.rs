@@ -61,9 +61,15 @@ fn schema(v: Value) -> Arc<Map<String, Value>> {
 }
 
 /// The three tools, described with their limits.
-pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
-    let id = json!({"type": "string", "description": "The session's id (create_session)."});
-    let path = json!({"type": "string", "description": "A path relative to the session's working directory: no '..', no absolute path, no symlink on the way."});
+pub fn tools(limits: SessionFileLimits, long: bool) -> Vec<Tool> {
+    let (id, path) = if long {
+        (
+            json!({"type": "string", "description": "The session's id (create_session)."}),
+            json!({"type": "string", "description": "A path relative to the session's working directory: no '..', no absolute path, no symlink on the way."}),
+        )
+    } else {
+        (json!({"type": "string"}), json!({"type": "string"}))
+    };
     let annotations = ToolAnnotations::new().open_world(false);
     let output = schema(
         json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
@@ -71,18 +77,30 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
     vec![
         Tool::new(
             "upload_file",
-            format!(
+            if !long {
+                format!(
+                    "Write a file (a path relative to a session's working directory, content \
+                     as encoding says) for its cells to read. At most {} bytes.",
+                    limits.max_upload_bytes
+                )
+            } else {
+                format!(
                 "Write a file into a session's working directory, where its cells run: the next \
                  cell of the session reads it by its relative path (open(path)). Missing parent \
                  directories are made; an existing file is replaced. encoding \"utf-8\" (text, the \
                  default) or \"base64\" (binary). At most {} bytes.",
                 limits.max_upload_bytes
-            ),
+            )
+            },
             schema(json!({
                 "type": "object",
                 "properties": {
                     "session_id": id, "path": path,
-                    "content": {"type": "string", "description": "The file's content, as encoding says."},
+                    "content": if long {
+                        json!({"type": "string", "description": "The file's content, as encoding says."})
+                    } else {
+                        json!({"type": "string"})
+                    },
                     "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"}
                 },
                 "required": ["session_id", "path", "content"],
@@ -93,11 +111,19 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
         .with_annotations(annotations.clone().read_only(false).idempotent(true)),
         Tool::new(
             "download_file",
-            format!(
+            if !long {
+                format!(
+                    "Read a file (a relative path) from a session's working directory. At \
+                     most {} bytes.",
+                    limits.max_download_bytes
+                )
+            } else {
+                format!(
                 "Read a file from a session's working directory (one its cells wrote, for \
                  example): text as utf-8, anything else as base64. At most {} bytes.",
                 limits.max_download_bytes
-            ),
+            )
+            },
             schema(json!({
                 "type": "object",
                 "properties": {"session_id": id, "path": path},
@@ -109,8 +135,12 @@ pub fn tools(limits: SessionFileLimits) -> Vec<Tool> {
         .with_annotations(annotations.clone().read_only(true)),
         Tool::new(
             "list_files",
-            "List a directory of a session's working directory (default \".\"): each entry's \
-             name, type (file, directory, symlink, other) and size.",
+            if !long {
+                "List a directory of a session's working directory."
+            } else {
+                "List a directory of a session's working directory (default \".\"): each entry's \
+             name, type (file, directory, symlink, other) and size."
+            },
             schema(json!({
                 "type": "object",
                 "properties": {"session_id": id, "path": path},

@@ -175,11 +175,18 @@ fn python_client(venv: &str, transport: &str, big_cap: bool) {
     let _server;
     match transport {
         "stdio" => {
-            cmd.arg(bin()).args(serve_args()).args(extra);
+            // SDK 1.x checks results against the compact output schema;
+            // 2.x reads the default listing, which names none.
+            let listed: &[&str] = if venv == "py1" {
+                &["--output-schema", "compact"]
+            } else {
+                &[]
+            };
+            cmd.arg(bin()).args(serve_args()).args(extra).args(listed);
         }
         _ => {
-            // Each SDK checks results against both output schemas: the
-            // compact one (the default) over stdio, the full one over HTTP.
+            // Each SDK checks results against the full output schema over
+            // HTTP.
             let s = HttpServe::start(&[extra, FULL_SCHEMA].concat());
             cmd.arg(&s.url);
             _server = s;

@@ -117,12 +117,15 @@ fn tool<'a>(tools: &'a [Tool], name: &str) -> &'a Tool {
 }
 
 /// A validator for the output schema `execute_code` declares.
+/// A validator of `execute_code`'s listed output schema, or of the compact
+/// one when the listing names none (the default, short listing).
 fn output_validator(tools: &[Tool]) -> jsonschema::Validator {
     let schema = tool(tools, "execute_code")
         .output_schema
-        .clone()
-        .expect("execute_code declares an outputSchema");
-    jsonschema::validator_for(&Value::Object((*schema).clone())).unwrap()
+        .as_deref()
+        .cloned()
+        .unwrap_or_else(cellbox::serve::schema::cell_result_compact);
+    jsonschema::validator_for(&Value::Object(schema)).unwrap()
 }
 
 /// `result` matches the output schema listed (`v`) and the full one too
@@ -321,30 +324,17 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
             "upload_file"
         ]
     );
+    // The short listing names no output schema (results still carry
+    // structuredContent); `--output-schema` lists one: below.
     for t in &tools {
-        let output = t
-            .output_schema
-            .as_ref()
-            .unwrap_or_else(|| panic!("{} declares no outputSchema", t.name));
-        // A dialect named, so that a client checking each result with a
-        // one-shot validator checks the schema against draft-07's
-        // metaschema, not 2020-12's (see `schema::DIALECT`).
-        assert_eq!(
-            output.get("$schema"),
-            Some(&json!(cellbox::serve::schema::DIALECT)),
-            "{}'s outputSchema names no dialect",
+        assert!(
+            t.output_schema.is_none(),
+            "{} lists an outputSchema",
             t.name
         );
-        jsonschema::validator_for(&Value::Object((**output).clone())).unwrap();
         jsonschema::validator_for(&Value::Object((*t.input_schema).clone())).unwrap();
     }
     let exec_tool = tool(&tools, "execute_code");
-    // The compact output schema by default (`--output-schema full` lists
-    // every nested part typed: below).
-    assert_eq!(
-        exec_tool.output_schema.as_deref(),
-        Some(&cellbox::serve::schema::cell_result_compact())
-    );
     let d = exec_tool.description.as_deref().unwrap();
     for needle in [
         "wall clock 7 s",
@@ -373,6 +363,22 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
 
     let s2 = stdio_server(&["--language", "rhai", "--output-schema", "full"]).await;
     let tools = self::tools(&s2.client).await;
+    for t in &tools {
+        let output = t
+            .output_schema
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} declares no outputSchema", t.name));
+        // A dialect named, so that a client checking each result with a
+        // one-shot validator checks the schema against draft-07's
+        // metaschema, not 2020-12's (see `schema::DIALECT`).
+        assert_eq!(
+            output.get("$schema"),
+            Some(&json!(cellbox::serve::schema::DIALECT)),
+            "{}'s outputSchema names no dialect",
+            t.name
+        );
+        jsonschema::validator_for(&Value::Object((**output).clone())).unwrap();
+    }
     let exec_tool = tool(&tools, "execute_code");
     assert_eq!(
         exec_tool.output_schema.as_deref(),
@@ -398,6 +404,108 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
     assert!(err.contains("not available here"), "{err}");
     s.client.cancel().await.unwrap();
     s2.client.cancel().await.unwrap();
+}
+
+/// Bytes of a `tools/list` result as it goes over the wire.
+fn listing_bytes(tools: &[Tool]) -> usize {
+    serde_json::to_vec(&json!({ "tools": tools }))
+        .unwrap()
+        .len()
+}
+
+/// Every model connected reads `tools/list` on each request: by default it
+/// says what a model needs to call each tool in at most 6 KB, for a server
+/// as it comes and for one configured as a deployment typically is
+/// (capabilities and a model allowed, its own limits and sessions). The
+/// long form (`tool_descriptions = "long"`) keeps every detail and the
+/// compact output schema.
+#[tokio::test]
+async fn the_default_tool_list_is_short_and_the_long_form_keeps_the_details() {
+    const MAX: usize = 6000;
+    let t = tempfile::tempdir().unwrap();
+    let conf = t.path().join("serve.toml");
+    std::fs::write(
+        &conf,
+        "[server]\npython = \"/usr/bin/python3\"\nmax_concurrency = 8\n\
+         [sessions]\nmax_sessions = 32\nidle_expiry_seconds = 600\n\
+         [limits]\ntimeout_ms = 60000\n\
+         [policy]\nallow = [\"model_query\", \"model_query_batched\", \"run_cell\", \"emit\", \"answer\"]\n\
+         max_model_calls = 50\n\
+         [models.local]\nendpoint = \"http://127.0.0.1:9/v1\"\nmodel = \"m-1\"\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let plain = stdio_server(&[]).await;
+    let typical = stdio_server(&["--config", conf]).await;
+    let long = stdio_server(&["--config", conf, "--tool-descriptions", "long"]).await;
+    let mut sizes = Vec::new();
+    for (what, s) in [("default", &plain), ("typical", &typical)] {
+        let listed = tools(&s.client).await;
+        assert!(listed.len() >= 11, "{what}: {} tools", listed.len());
+        let n = listing_bytes(&listed);
+        assert!(
+            n <= MAX,
+            "{what}: tools/list is {n} bytes:\n{:#}",
+            json!({ "tools": listed })
+        );
+        sizes.push((what, n));
+    }
+    let short = tools(&typical.client).await;
+    let d = tool(&short, "execute_code").description.as_deref().unwrap();
+    for needle in [
+        "wall clock 60 s",
+        "at most 32 sessions",
+        "after 600 s",
+        "At most 8 cells run at once",
+        "run_cell(",
+        "model_query(",
+        "Models (the server makes the request; no key is visible to the code): local.",
+        "at most 50 model queries",
+        "network:",
+        "standard library only",
+    ] {
+        assert!(d.contains(needle), "short: missing {needle:?} in:\n{d}");
+    }
+    let full = tools(&long.client).await;
+    let n = listing_bytes(&full);
+    assert!(n > MAX, "the long form is {n} bytes");
+    let exec_tool = tool(&full, "execute_code");
+    assert_eq!(
+        exec_tool.output_schema.as_deref(),
+        Some(&cellbox::serve::schema::cell_result_compact())
+    );
+    for t in &full {
+        assert!(
+            t.output_schema.is_some(),
+            "{} lists no outputSchema",
+            t.name
+        );
+    }
+    let d = exec_tool.description.as_deref().unwrap();
+    for needle in [
+        "What persists: without session_id nothing does",
+        "Python keeps every object alive between calls",
+        "files: only the working directory (read-write); read-only:",
+        "the cell is killed after it; status timeout",
+        "ClientQueueFull",
+        "the only way out of the sandbox",
+        "llm_query_batched",
+    ] {
+        assert!(d.contains(needle), "long: missing {needle:?} in:\n{d}");
+    }
+    let checkpoint = tool(&full, "checkpoint_session");
+    assert!(
+        checkpoint
+            .description
+            .as_deref()
+            .unwrap()
+            .contains("lost if the server restarts"),
+        "{checkpoint:?}"
+    );
+    println!("tools/list bytes: {sizes:?}, long form {n}");
+    for s in [plain, typical, long] {
+        s.client.cancel().await.unwrap();
+    }
 }
 
 #[tokio::test]
