@@ -1077,13 +1077,13 @@ fn run_help_says_what_the_language_defaults_to_and_it_is_so() {
     }
 }
 
-/// The `"landlock_abi": N` of the README's `--json` sample.
+/// The `"landlock_abi": N` of the `--json` sample in docs/guide.md.
 fn readme_landlock_abi() -> u64 {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide.md")).unwrap();
     let at = readme
         .find("\"landlock_abi\": ")
-        .expect("the README's sample shows landlock_abi");
+        .expect("the guide's sample shows landlock_abi");
     let rest = &readme[at + "\"landlock_abi\": ".len()..];
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().expect("a number")
