@@ -326,3 +326,27 @@ fn the_configuration_reference_names_every_key() {
     let c: cellbox::serve::ServeConfig = toml::from_str(&example).unwrap();
     c.validate().unwrap();
 }
+
+/// The speed log has one dated heading per entry (`## YYYY-MM-DD...`).
+#[test]
+fn every_speed_log_entry_has_a_dated_heading() {
+    let log = std::fs::read_to_string(root().join("docs/speed-log.md")).unwrap();
+    let headings: Vec<&str> = log.lines().filter(|l| l.starts_with("## ")).collect();
+    assert!(headings.len() > 10, "{headings:?}");
+    for h in &headings {
+        let date = &h[3..h.len().min(13)];
+        let ok = date.len() == 10
+            && date.chars().enumerate().all(|(i, c)| {
+                if i == 4 || i == 7 {
+                    c == '-'
+                } else {
+                    c.is_ascii_digit()
+                }
+            });
+        assert!(ok, "an undated heading: {h}");
+    }
+    assert!(
+        !log.lines().any(|l| l.starts_with("**20")),
+        "an entry begins with a bold date instead of a heading"
+    );
+}
