@@ -183,20 +183,21 @@ fn run_planned(
 
 /// A memory cgroup of `bytes` for the cell to start in, so that its
 /// processes together stay within the cell's memory limit: each one's
-/// RLIMIT_AS does not bound their sum. Only root can make one; otherwise, or
-/// when it fails, each process is still bounded on its own (an error when
-/// the profile requires the layer).
+/// RLIMIT_AS does not bound their sum. As root, one of the kept one-shot
+/// slots; without root, a group of its own in a cgroup v2 subtree delegated
+/// to this user, as sessions' are (it is tried: the kernel says). Where
+/// neither can be made, each process is still bounded on its own (an error
+/// when the profile requires the layer).
 pub(super) fn cell_cgroup(
     mode: crate::profiles::LayerMode,
     bytes: u64,
 ) -> Result<Option<crate::sandbox::linux::cgroup::CellCgroup>, CgroupError> {
     use crate::profiles::LayerMode;
-    let root = nix::unistd::geteuid().is_root();
+    use crate::sandbox::linux::cgroup::CellCgroup;
     let made = match mode {
         LayerMode::Off => return Ok(None),
-        LayerMode::BestEffort if !root => return Ok(None),
-        _ if !root => Err(CgroupError::from("making a memory cgroup needs root")),
-        _ => crate::sandbox::linux::cgroup::CellCgroup::slot(bytes),
+        _ if nix::unistd::geteuid().is_root() => CellCgroup::slot(bytes),
+        _ => CellCgroup::create(bytes),
     };
     match (made, mode) {
         (Ok(c), _) => Ok(Some(c)),

@@ -298,7 +298,11 @@ pub fn layer_report(
                 c.limit() >> 20
             ),
             None if mode == crate::profiles::LayerMode::Off => "off in this profile".into(),
-            None => "none: making a memory cgroup needs root and a usable memory controller".into(),
+            None => {
+                "none: making a memory cgroup needs root or a delegated cgroup v2 subtree, and a \
+                 usable memory controller"
+                    .into()
+            }
         },
     }
 }
