@@ -121,10 +121,16 @@ pub async fn cli_main(args: RunArgs) -> ExitCode {
 
 /// `cellbox run` of a shell cell, run from this process like `exec`.
 /// `None` when the cell is not a shell cell (or its language is unclear:
-/// the library path reports that).
+/// the library path reports that), or a config file is given.
 #[cfg(target_os = "linux")]
 pub fn one_shot_shell(args: &RunArgs) -> Option<ExitCode> {
     let (opts, json, file) = (&args.opts, args.json, args.file.as_str());
+    // A config file may name secrets (model keys, tool tokens): their
+    // redaction of the result and of the output shown as it comes is the
+    // library path's (see [`crate::secrets`]), as for Rhai below.
+    if opts.config.is_some() {
+        return None;
+    }
     if let Some(problem) = script_path_problem(file) {
         return Some(usage(problem));
     }

@@ -17,6 +17,52 @@ impl Forward {
     }
 }
 
+/// What of a stream is copied to this process's own stdout or stderr, as
+/// it arrives (see [`Forward`]). For [`Forward::Head`], a person's
+/// terminal: control characters are shown escaped (see
+/// [`crate::terminal`]) and the text passes the one redaction as one stream,
+/// so that a secret written in pieces is caught across them (see
+/// [`crate::secrets::StreamRedaction`]). The terminal is the operator's and
+/// the cell never reads it back: the operator's rule applies (see
+/// [`crate::secrets::Reader`]).
+#[derive(Debug)]
+pub(crate) struct Shown {
+    forward: Forward,
+    escaper: crate::terminal::Escaper,
+    redaction: crate::secrets::StreamRedaction,
+}
+
+impl Shown {
+    pub(crate) fn new(forward: Forward) -> Shown {
+        Shown {
+            forward,
+            escaper: crate::terminal::Escaper::default(),
+            redaction: crate::secrets::StreamRedaction::new(crate::secrets::Reader::Operator),
+        }
+    }
+
+    /// What to copy of `chunk` now, of which the first `to_head` bytes went
+    /// to the capture's head (possibly nothing: the redaction may hold back
+    /// the start of a possible secret until the next piece or the end).
+    pub(crate) fn pass(&mut self, chunk: &[u8], to_head: usize) -> Vec<u8> {
+        let shown = self.forward.shown(chunk, to_head);
+        if self.forward != Forward::Head {
+            return shown.to_vec();
+        }
+        let escaped = self.escaper.push(shown);
+        let text = String::from_utf8_lossy(&escaped);
+        self.redaction.push(&text).into_bytes()
+    }
+
+    /// The stream ended: what was held back.
+    pub(crate) fn finish(&mut self) -> Vec<u8> {
+        if self.forward != Forward::Head {
+            return Vec::new();
+        }
+        self.redaction.finish().into_bytes()
+    }
+}
+
 #[derive(Debug)]
 pub struct Capture {
     head: Vec<u8>,

@@ -1446,3 +1446,106 @@ fn an_unprivileged_cellbox_runs_warm_cells_from_its_pools() {
         }
     }
 }
+
+/// The secret of [`live_output_on_the_terminal_is_redacted`]: none of its
+/// 8-byte runs is text other tests print.
+const RUN_SECRET: &str = "cbx-run-7QpLz4WkVt9Hs2RmXe5NcJ8u";
+
+/// `cellbox run` and the REPL show a cell's output on the terminal as it
+/// comes; that copy passes the one redaction like the result does, as one
+/// stream: a secret the config names, printed whole, in two writes with a
+/// pause between (two reads of the pipe), base64-encoded, or on stderr,
+/// reaches neither stream, in full or in part, nor the result with `--json`
+/// (`--json` and the result were redacted already).
+/// Every language's path: Python (the library path), shell (the one-shot
+/// path run from the command line's thread), Rhai (the library path, as a
+/// config file sends it there), and the REPL.
+#[test]
+fn live_output_on_the_terminal_is_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cellbox.toml");
+    std::fs::write(
+        &cfg,
+        "[models.m]\nendpoint = \"http://127.0.0.1:9/v1\"\nmodel = \"x\"\n\
+         api_key_env = \"CELLBOX_RUN_SECRET\"\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let (a, b) = RUN_SECRET.split_at(10);
+    let python = format!(
+        "import sys, time, base64\nS = '{a}' + '{b}'\nprint('before', flush=True)\n\
+         print(S, flush=True)\nsys.stdout.write(S[:10]); sys.stdout.flush(); time.sleep(0.5)\n\
+         sys.stdout.write(S[10:] + '\\n'); sys.stdout.flush()\n\
+         print(base64.b64encode(S.encode()).decode(), flush=True)\n\
+         print(S, file=sys.stderr, flush=True)\nprint('after')\n"
+    );
+    let shell = format!(
+        "S='{a}''{b}'\necho before\necho \"$S\"\nprintf %s '{a}'; sleep 0.5; echo '{b}'\n\
+         printf %s \"$S\" | base64\necho \"$S\" >&2\necho after\n"
+    );
+    let rhai = format!(
+        "let s = \"{a}\" + \"{b}\";\nprint(\"before\");\nprint(s);\nprint(\"{a}\");\n\
+         print(\"after\");\n"
+    );
+    let repl = format!(
+        "import sys, base64\nS = '{a}' + '{b}'\nprint('before')\nprint(S)\n\
+         print(base64.b64encode(S.encode()).decode())\nprint(S, file=sys.stderr)\n\
+         print('after')\n:quit\n"
+    );
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(RUN_SECRET);
+    let mut ran = 0;
+    for (what, args, input) in [
+        (
+            "python",
+            vec!["run", "--lang", "python", "-"],
+            python.as_str(),
+        ),
+        ("shell", vec!["run", "--lang", "shell", "-"], shell.as_str()),
+        ("rhai", vec!["run", "--lang", "rhai", "-"], rhai.as_str()),
+        ("repl", vec!["repl", "--lang", "python"], repl.as_str()),
+        (
+            "python --json",
+            vec!["run", "--json", "--lang", "python", "-"],
+            python.as_str(),
+        ),
+        (
+            "shell --json",
+            vec!["run", "--json", "--lang", "shell", "-"],
+            shell.as_str(),
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(&args[..1])
+            .args(["--config", cfg])
+            .args(&args[1..])
+            .env("CELLBOX_RUN_SECRET", RUN_SECRET);
+        let out = wait_bounded(serve::spawn_with_input(&mut cmd, input));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let all = format!("{stdout}\n{stderr}");
+        // The output did flow (the cell ran and printed around the secret),
+        // and the secret was replaced where it was.
+        assert!(
+            stdout.contains("before") && stdout.contains("after"),
+            "{what}: {all}"
+        );
+        assert!(
+            all.contains("[REDACTED:CELLBOX_RUN_SECRET]"),
+            "{what}: {all}"
+        );
+        // (Rhai has no stderr of its own to print to; with --json, the
+        // result holds it.)
+        assert!(
+            what == "rhai"
+                || what.ends_with("--json")
+                || stderr.contains("[REDACTED:CELLBOX_RUN_SECRET]"),
+            "{what}: {stderr}"
+        );
+        for leaked in [RUN_SECRET, a, b, encoded.as_str()] {
+            assert!(!all.contains(leaked), "{what}: {leaked:?} in {all}");
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 6);
+}

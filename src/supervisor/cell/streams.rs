@@ -58,7 +58,7 @@ impl Streams {
                 let out = Out {
                     cap: capture.clone(),
                     forward: fwd,
-                    escaper: crate::terminal::Escaper::default(),
+                    shown: crate::supervisor::output::Shown::new(spec.forward_output),
                     tap,
                     buf: Vec::new(),
                     over: false,
@@ -92,14 +92,27 @@ impl Streams {
                 out.over = true;
             }
         }
+        self.finish_shown().await;
         (take_capture(&self.stdout), take_capture(&self.stderr))
     }
 
     /// What the streams held, once their writers are gone (stragglers get
     /// a moment).
-    pub(super) async fn collect(self) -> (Capture, Capture) {
-        collect_output(self.pumps).await;
+    pub(super) async fn collect(mut self) -> (Capture, Capture) {
+        collect_output(std::mem::take(&mut self.pumps)).await;
+        self.finish_shown().await;
         (take_capture(&self.stdout), take_capture(&self.stderr))
+    }
+
+    /// What the redaction of the shown copy held back (a possible start of
+    /// a secret at the end of what was read), shown now that nothing more
+    /// comes.
+    async fn finish_shown(&self) {
+        for pipe in &self.pipes {
+            let mut out = pipe.out.lock().await;
+            let rest = out.shown.finish();
+            out.show(&rest).await;
+        }
     }
 }
 
@@ -114,9 +127,8 @@ struct Tap {
 struct Out {
     cap: Arc<Mutex<Capture>>,
     forward: (crate::supervisor::Forward, bool),
-    /// For [`Forward::Head`](crate::supervisor::Forward::Head): a person's
-    /// terminal, which is shown control characters, never sent them.
-    escaper: crate::terminal::Escaper,
+    /// What of it is copied to this process's own stream, and how.
+    shown: crate::supervisor::output::Shown,
     tap: Option<Tap>,
     /// What was read last (its capacity is kept; it is never zeroed).
     buf: Vec<u8>,
@@ -208,7 +220,7 @@ impl Out {
     /// Take in what was read last.
     async fn take(&mut self) {
         let chunk = &self.buf[..];
-        let (cap, forward) = (&self.cap, self.forward);
+        let cap = &self.cap;
         if let Some(t) = self.tap.as_mut() {
             // Live output is best effort (the result always has it): never
             // wait for a slow consumer, never pass more than the cap.
@@ -224,26 +236,25 @@ impl Out {
             }
         }
         let to_head = crate::util::lock(cap).push(chunk);
-        let shown = forward.0.shown(chunk, to_head);
-        let escaped;
-        let shown = if forward.0 == crate::supervisor::Forward::Head {
-            escaped = self.escaper.push(shown);
-            &escaped[..]
+        let shown = self.shown.pass(chunk, to_head);
+        self.show(&shown).await;
+    }
+
+    /// Copy `shown` to this process's stdout or stderr. Flushed before the
+    /// next read, so that it is out before the result the caller prints
+    /// after it.
+    async fn show(&self, shown: &[u8]) {
+        if shown.is_empty() {
+            return;
+        }
+        if self.forward.1 {
+            let mut out = tokio::io::stdout();
+            let _ = out.write_all(shown).await;
+            let _ = out.flush().await;
         } else {
-            shown
-        };
-        // Flushed before the next read, so that it is out before the result
-        // the caller prints after it.
-        if !shown.is_empty() {
-            if forward.1 {
-                let mut out = tokio::io::stdout();
-                let _ = out.write_all(shown).await;
-                let _ = out.flush().await;
-            } else {
-                let mut err = tokio::io::stderr();
-                let _ = err.write_all(shown).await;
-                let _ = err.flush().await;
-            }
+            let mut err = tokio::io::stderr();
+            let _ = err.write_all(shown).await;
+            let _ = err.flush().await;
         }
     }
 }
@@ -282,7 +293,7 @@ mod tests {
         let out = Out {
             cap: cap.clone(),
             forward: (Forward::No, true),
-            escaper: crate::terminal::Escaper::default(),
+            shown: crate::supervisor::output::Shown::new(Forward::No),
             tap: None,
             buf: Vec::new(),
             over: false,
