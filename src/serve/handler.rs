@@ -501,18 +501,6 @@ impl CellboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let st = &self.state;
         let principal = Principal::of(&ctx)?;
-        // A tool called without a cell is a tool call of its principal,
-        // like one from a cell.
-        if let Err(e) = self
-            .account(&principal)
-            .chain
-            .charge(crate::Metered::Tool, 1)
-        {
-            return Ok(direct_refusal(
-                ErrorKind::LimitExceeded,
-                format!("{}: {e}", cap.name()),
-            ));
-        }
         let admission = match st.gate.admit(&principal) {
             Ok(a) => a,
             Err(refusal) => {
@@ -523,6 +511,19 @@ impl CellboxServer {
                 return Ok(direct_refusal(kind, refusal.to_string()));
             }
         };
+        // A tool called without a cell is a tool call of its principal,
+        // like one from a cell; counted once the server took it in (a call
+        // refused as busy did nothing, and costs nothing).
+        if let Err(e) = self
+            .account(&principal)
+            .chain
+            .charge(crate::Metered::Tool, 1)
+        {
+            return Ok(direct_refusal(
+                ErrorKind::LimitExceeded,
+                format!("{}: {e}", cap.name()),
+            ));
+        }
         let tenant = self.tenant(&principal);
         let stop = CancellationToken::new();
         let name = cap.name().to_owned();

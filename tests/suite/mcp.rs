@@ -2323,6 +2323,78 @@ async fn host_tools_take_a_slot_like_cells() {
     assert_eq!(r.structured_content.unwrap()["content"], "alpha\n");
 }
 
+/// A host tool called directly and refused as `ServerBusy` did nothing,
+/// so it is no tool call of its principal: with `max_tool_calls = 1`, five
+/// refused calls leave the one call, which runs once the slot is free;
+/// the next is refused by the budget (the control: the budget counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_tool_refused_as_busy_is_not_charged() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("a.txt"), "alpha\n").unwrap();
+    let conf = t.path().join("serve.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[files]\nroots = [{:?}]\n[principals]\nmax_tool_calls = 1\n",
+            root.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let s = stdio_server(&[
+        "--language",
+        "rhai",
+        "--config",
+        conf.to_str().unwrap(),
+        "--max-concurrency",
+        "1",
+        "--max-queue",
+        "0",
+    ])
+    .await;
+    let peer = s.client.peer().clone();
+    let busy = tokio::spawn(async move {
+        let args = json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 3});
+        peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args)))
+            .await
+    });
+    // Until the cell holds the slot (a cell is no tool call: probing with
+    // one charges nothing).
+    let t0 = std::time::Instant::now();
+    loop {
+        let r = call(
+            &s.client,
+            "execute_code",
+            json!({"language": "rhai", "code": "1"}),
+        )
+        .await;
+        if format!("{r:?}").contains("ServerBusy") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "never refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..5 {
+        let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+        assert!(format!("{r:?}").contains("ServerBusy"), "{r:?}");
+    }
+    let _ = busy.await;
+    let t0 = std::time::Instant::now();
+    let r = loop {
+        let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+        if !format!("{r:?}").contains("ServerBusy") || t0.elapsed() > Duration::from_secs(20) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    assert_eq!(r.structured_content.unwrap()["content"], "alpha\n");
+    let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
+    let text = format!("{r:?}");
+    assert!(text.contains("max_tool_calls"), "{text}");
+}
+
 /// `[models.NAME]` in serve's config and `model_query` allowed by its
 /// policy: a cell sent over MCP asks the model through the supervisor (the
 /// key from serve's environment, never the cell's), and the tool
