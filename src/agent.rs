@@ -1,7 +1,16 @@
 //! `cellbox agent`: the command that runs the CodeAct / RLM loop
 //! ([`crate::supervisor::agent`]) from a task, context files and a config
 //! file, and prints the answer, the trajectory, the events and the
-//! transcript; each stop has its own exit code.
+//! transcript; each stop has its own exit code:
+//!
+//! - 0: answered (`answer(...)`, a ready `answer` dict, `FINAL_VAR`);
+//! - 4: a budget ended the run (steps, errors, tokens, cost, calls, time);
+//!   the model was asked once more for its best answer, printed (and in
+//!   `--json`) marked not final when it gave one;
+//! - 1: the model endpoint failed; 2: a usage or configuration error.
+//!
+//! `--trajectory FILE` writes the run in rlms' JSON-lines log format
+//! (see docs/trajectories.md).
 
 use crate::cli::usage;
 use crate::exit::Exit;
@@ -55,6 +64,10 @@ pub struct AgentArgs {
     /// Write the chat messages (JSON) to this file.
     #[arg(long, value_name = "FILE")]
     pub transcript: Option<PathBuf>,
+    /// Write the run in rlms' log format (JSON lines: metadata, then one
+    /// line per turn) to this file, which rlms' visualizer opens.
+    #[arg(long, value_name = "FILE")]
+    pub trajectory: Option<PathBuf>,
     /// Allow one more capability to the cells (repeatable).
     #[arg(long = "allow", value_name = "CAP")]
     pub allow: Vec<String>,
@@ -71,11 +84,34 @@ struct Trajectory {
     model: String,
     stop: Stop,
     answer: Option<Value>,
+    /// False when `answer` is the model's best effort at a budget's end.
+    #[serde(rename = "final")]
+    is_final: bool,
     turns: Vec<Turn>,
+    /// The whole run tree's: the loop's turns, its cells' model queries,
+    /// sub-agents and their queries, at every depth.
     input_tokens: u64,
     output_tokens: u64,
     cost: f64,
+    /// The same, split: the loop's own turns (`root`) and everything its
+    /// cells asked (`sub_calls`).
+    usage: UsageSplit,
     run: RunInfo,
+}
+
+#[derive(Debug, Serialize)]
+struct Spent {
+    model_calls: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct UsageSplit {
+    root: Spent,
+    sub_calls: Spent,
+    sub_agents: u32,
 }
 
 fn read_context(files: &[String]) -> Result<Value, String> {
@@ -226,7 +262,9 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         max_errors: args.max_errors,
         deadline,
         progress: std::io::stderr().is_terminal() && !args.json,
+        best_effort: true,
     };
+    let max_steps = args.max_steps;
     let LoopOutcome {
         stop,
         answer,
@@ -234,8 +272,24 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         messages,
         input,
         output,
-        ..
+        cost: root_cost,
+        started,
     } = run_loop(&session, &client, &events, &run, &caps, cfg).await;
+    let is_final = stop == Stop::Answered;
+    if let Some(p) = &args.trajectory {
+        let info = crate::trajectory::RunMeta {
+            model: &model,
+            lang,
+            max_depth: policy.max_depth,
+            max_iterations: max_steps,
+            run: &run,
+            stop: &stop,
+            is_final,
+            started,
+        };
+        let text = crate::trajectory::rlm_log(&info, &turns, &messages, answer.as_ref());
+        std::fs::write(p, text).map_err(|e| format!("--trajectory {}: {e}", p.display()))?;
+    }
     if let Some(p) = &args.transcript {
         let mut messages = serde_json::to_value(&messages).map_err(|e| e.to_string())?;
         crate::secrets::redact_record_value(&mut messages);
@@ -247,18 +301,37 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         Stop::BudgetExhausted { .. } => Exit::Limit,
         Stop::ModelError { .. } => Exit::Failed,
     };
-    // The session's cost counts the loop's own queries and its cells'.
-    let total_cost = session.model_usage().cost;
+    // The session counts the loop's own queries with its cells' and its
+    // sub-agents' (their sessions draw on its ledgers).
+    let total = session.model_usage();
+    let root_calls = turns.len() as u64;
     if args.json {
+        let usage = UsageSplit {
+            root: Spent {
+                model_calls: root_calls,
+                input_tokens: input,
+                output_tokens: output,
+                cost: root_cost,
+            },
+            sub_calls: Spent {
+                model_calls: u64::from(total.model_calls).saturating_sub(root_calls),
+                input_tokens: total.input_tokens.saturating_sub(input),
+                output_tokens: total.output_tokens.saturating_sub(output),
+                cost: (total.cost - root_cost).max(0.0),
+            },
+            sub_agents: total.agent_calls,
+        };
         let t = Trajectory {
             task: args.task,
             model,
             stop,
             answer,
+            is_final,
             turns,
-            input_tokens: input,
-            output_tokens: output,
-            cost: total_cost,
+            input_tokens: total.input_tokens,
+            output_tokens: total.output_tokens,
+            cost: total.cost,
+            usage,
             run,
         };
         let mut t = serde_json::to_value(&t).map_err(|e| e.to_string())?;
@@ -268,17 +341,25 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
         // The answer and the messages are the model's and the endpoint's
         // words: redacted, and shown to the terminal, never obeyed by it.
         use crate::terminal::for_person;
+        match &answer {
+            Some(Value::String(s)) => println!("{}", for_person(s)),
+            Some(v) => println!("{}", for_person(&v.to_string())),
+            None => {}
+        }
         match (&answer, &stop) {
-            (Some(Value::String(s)), _) => println!("{}", for_person(s)),
-            (Some(v), _) => println!("{}", for_person(&v.to_string())),
+            (Some(_), Stop::BudgetExhausted { budget, detail }) => eprintln!(
+                "cellbox agent: not final: budget {budget} exhausted ({}); the answer above is \
+                 the model's best effort",
+                for_person(detail)
+            ),
             (None, Stop::BudgetExhausted { budget, detail }) => eprintln!(
                 "cellbox agent: stopped unanswered: budget {budget} exhausted ({})",
                 for_person(detail)
             ),
-            (None, Stop::ModelError { message }) => {
+            (_, Stop::ModelError { message }) => {
                 eprintln!("cellbox agent: {}", for_person(message))
             }
-            (None, Stop::Answered) => {}
+            (_, Stop::Answered) => {}
         }
         let _ = std::io::stdout().flush();
     }

@@ -85,6 +85,8 @@ pub mod run;
 pub mod security;
 #[doc(hidden)]
 pub mod soak;
+#[doc(hidden)]
+pub mod trajectory;
 
 // The README's Rust example is a whole program: compiled and run with the
 // doc-tests (`cargo test --profile test-release`), so it stays true as written.

@@ -139,21 +139,22 @@ fn agent(env: &Env, text: &str, printed: &str) -> Result<Vec<String>, String> {
 pub fn loop_config(env: &Env) -> Result<Outcome, String> {
     let printed = marker("ran-");
     // Control: where the config allows Python and six turns, the loop asks
-    // six times and the block runs (its output is in the next request).
+    // six times, then once more for its best answer at the steps' end, and
+    // the block runs (its output is in the next request).
     let open = agent(
         env,
         "[server]\nlanguages = [\"python\", \"rhai\"]\n[policy]\nmax_model_calls = 100\n",
         &printed,
     )?;
-    if open.len() != 6 || !open.iter().skip(1).any(|b| b.contains(&printed)) {
+    if open.len() != 7 || !open.iter().skip(1).any(|b| b.contains(&printed)) {
         return Err(format!(
             "with Python allowed the endpoint got {} requests, the block's output in none: \
              the attack is broken",
             open.len()
         ));
     }
-    let control = "with Python allowed and max_model_calls = 100, six turns asked the model and \
-                   the Python block ran"
+    let control = "with Python allowed and max_model_calls = 100, six turns and the best-effort \
+                   question asked the model and the Python block ran"
         .to_owned();
     let seen = agent(
         env,

@@ -28,10 +28,22 @@ pub enum Stop {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Turn {
-    step: u32,
-    reply: String,
-    usage: crate::models::TokenUsage,
-    cells: Vec<CellResult>,
+    pub step: u32,
+    pub reply: String,
+    pub usage: crate::models::TokenUsage,
+    pub cells: Vec<CellResult>,
+    /// The code of each cell run (in `cells`' order).
+    #[serde(skip)]
+    pub code: Vec<String>,
+    /// The messages sent with this turn's query: the first `prompt_len`.
+    #[serde(skip)]
+    pub prompt_len: usize,
+    /// Wall time of the turn (its query and its cells).
+    #[serde(skip)]
+    pub ms: u64,
+    /// The best-effort question asked at a budget's end (no code ran).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub best_effort: bool,
 }
 
 /// The fenced code blocks of a reply that the session runs: ```python,
@@ -173,6 +185,54 @@ fn budget_parts(e: &BudgetError) -> (String, String) {
     }
 }
 
+/// Characters of one prompt or reply text kept in a record (a run event, a
+/// model call's record in a cell's result, a trajectory): head and tail,
+/// with the count left out between them.
+pub const RECORD_TEXT_CHARS: usize = 8192;
+
+/// A prompt or reply text as records keep it (capped at
+/// [`RECORD_TEXT_CHARS`]).
+pub(crate) fn record_text(s: &str) -> String {
+    head_tail(s, RECORD_TEXT_CHARS)
+}
+
+/// Chat messages as records keep them: a lone user message as its text,
+/// else the messages with each content capped.
+pub(crate) fn record_prompt(messages: &[Value]) -> Value {
+    if let [only] = messages {
+        if only["role"] == "user" {
+            if let Some(text) = only["content"].as_str() {
+                return Value::String(record_text(text));
+            }
+        }
+    }
+    Value::Array(
+        messages
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                if let Some(text) = m["content"].as_str() {
+                    m["content"] = Value::String(record_text(text));
+                }
+                m
+            })
+            .collect(),
+    )
+}
+
+/// What the model is told when a budget ends the run: it answers once more,
+/// without code, with its best answer.
+fn best_effort_prompt(budget: &str, detail: &str) -> String {
+    format!(
+        "The run's budget {budget} is spent ({detail}). No more code will run. Reply now \
+         with your best final answer to the task, as plain text, from what you have found."
+    )
+}
+
+/// How long the best-effort question may take when the run's own deadline
+/// has passed (it is asked after a `--timeout` too).
+const BEST_EFFORT_GRACE: Duration = Duration::from_secs(30);
+
 /// One run of the loop.
 pub(crate) struct LoopConfig {
     pub task: String,
@@ -184,18 +244,108 @@ pub(crate) struct LoopConfig {
     pub max_errors: u32,
     pub deadline: Option<Instant>,
     pub progress: bool,
+    /// At a budget's end, ask the model once for its best answer (within
+    /// the same budgets: a spent token or cost budget may refuse it).
+    pub best_effort: bool,
 }
 
 /// How a run of the loop went.
 pub(crate) struct LoopOutcome {
     pub stop: Stop,
+    /// The answer: given with `answer(...)` (final), or, after a budget
+    /// ended the run, the model's best-effort reply (not final).
     pub answer: Option<Value>,
     pub turns: Vec<Turn>,
     pub messages: Vec<Value>,
-    /// Tokens of the loop's own model queries (the session counts them
-    /// with its cells').
+    /// Tokens and cost of the loop's own model queries (the session counts
+    /// them with its cells' and its sub-agents').
     pub input: u64,
     pub output: u64,
+    pub cost: f64,
+    /// When the run started.
+    pub started: std::time::SystemTime,
+}
+
+/// One model query of the loop, charged to `chain` and bounded by
+/// `within`.
+async fn ask(
+    chain: &crate::supervisor::ledger::Chain,
+    client: &ModelClient,
+    model: &str,
+    messages: &[Value],
+    within: Duration,
+) -> Result<(crate::models::ModelReply, spend::Settled), Stop> {
+    let planned = spend::plan(
+        chain,
+        client,
+        Some(model),
+        vec![messages.to_vec()],
+        None,
+        None,
+        Metered::Model,
+        true,
+    )
+    .await;
+    let (query, hold, estimate) = match planned.map(|mut v| v.pop()) {
+        Ok(Some(p)) => (p.query, p.hold, p.estimate),
+        Ok(None) => {
+            return Err(Stop::ModelError {
+                message: "no query was planned".into(),
+            })
+        }
+        Err(spend::PlanError::Budget(e)) => {
+            let (budget, detail) = budget_parts(&e);
+            return Err(Stop::BudgetExhausted { budget, detail });
+        }
+        Err(spend::PlanError::Model(e)) => {
+            return Err(Stop::ModelError {
+                message: e.to_string(),
+            })
+        }
+    };
+    let config = match client.config(Some(model)) {
+        Ok((_, c)) => c.clone(),
+        Err(e) => {
+            return Err(Stop::ModelError {
+                message: e.to_string(),
+            })
+        }
+    };
+    let asked = tokio::time::timeout(within, client.query(&query))
+        .await
+        .map_err(|_| None)
+        .and_then(|r| r.map_err(Some));
+    let settled = spend::settle(hold, estimate, &config, &asked, |e| match e {
+        Some(e) => spend::maybe_billed(e),
+        None => Some("no answer came before the run's deadline".into()),
+    });
+    match asked {
+        Ok(r) => Ok((r, settled)),
+        Err(Some(e)) => Err(Stop::ModelError {
+            message: e.to_string(),
+        }),
+        Err(None) => Err(Stop::BudgetExhausted {
+            budget: "timeout".into(),
+            detail: format!("no reply within {within:?}"),
+        }),
+    }
+}
+
+/// A loop query's event: its usage and charge, the messages sent since the
+/// previous query and the reply (texts capped at [`RECORD_TEXT_CHARS`]).
+fn call_record(
+    step: u32,
+    reply: &crate::models::ModelReply,
+    settled: &spend::Settled,
+    prompt: &[Value],
+) -> Value {
+    let mut record = json!({"step": step, "model": reply.model, "usage": reply.usage,
+                            "cost": settled.charged.cost, "latency_ms": reply.ms,
+                            "prompt": record_prompt(prompt), "reply": record_text(&reply.text)});
+    if let (Some(o), Value::Object(more)) = (record.as_object_mut(), settled.detail()) {
+        o.extend(more);
+    }
+    record
 }
 
 /// Run the loop in `session` (boxed: a sub-agent runs it from a cell of
@@ -210,18 +360,20 @@ pub(crate) fn run_loop<'a>(
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = LoopOutcome> + Send + 'a>> {
     Box::pin(async move {
         let lang = cfg.lang;
+        let system = system_prompt(lang, &cfg.context, caps, cfg.max_steps);
         events.record(
             "agent_start",
             run,
-            json!({"task": cfg.task, "model": cfg.model, "language": lang.as_str()}),
+            json!({"task": record_text(&cfg.task), "model": cfg.model,
+                   "language": lang.as_str(), "system": record_text(&system)}),
         );
         let mut messages = vec![
-            json!({"role": "system",
-                   "content": system_prompt(lang, &cfg.context, caps, cfg.max_steps)}),
+            json!({"role": "system", "content": system}),
             json!({"role": "user", "content": cfg.task}),
         ];
+        let started_at = std::time::SystemTime::now();
         let started = Instant::now();
-        let (mut input, mut output) = (0u64, 0u64);
+        let (mut input, mut output, mut cost) = (0u64, 0u64, 0f64);
         let mut turns: Vec<Turn> = Vec::new();
         let mut errors = 0u32;
         let mut answer = None;
@@ -230,6 +382,8 @@ pub(crate) fn run_loop<'a>(
             detail,
         };
         let mut step = 0;
+        // Messages up to this index were sent with an earlier query.
+        let mut sent = 0;
         // The loop's own turns are charged to the session (and its
         // account) like its cells' queries, held before each is sent.
         let chain = session.chain();
@@ -259,72 +413,29 @@ pub(crate) fn run_loop<'a>(
                     cfg.max_steps, used.cost
                 );
             }
-            let planned = spend::plan(
-                &chain,
-                client,
-                Some(&cfg.model),
-                vec![messages.clone()],
-                None,
-                None,
-                Metered::Model,
-                true,
-            )
-            .await;
-            let (query, hold, estimate) = match planned.map(|mut v| v.pop()) {
-                Ok(Some(p)) => (p.query, p.hold, p.estimate),
-                Ok(None) => {
-                    break Stop::ModelError {
-                        message: "no query was planned".into(),
-                    }
-                }
-                Err(spend::PlanError::Budget(e)) => {
-                    let (budget, detail) = budget_parts(&e);
-                    break exhausted(&budget, detail);
-                }
-                Err(spend::PlanError::Model(e)) => {
-                    break Stop::ModelError {
-                        message: e.to_string(),
-                    }
-                }
-            };
-            let config = match client.config(Some(&cfg.model)) {
-                Ok((_, c)) => c.clone(),
-                Err(e) => {
-                    break Stop::ModelError {
-                        message: e.to_string(),
-                    }
-                }
-            };
-            let asked = tokio::time::timeout(remaining, client.query(&query))
-                .await
-                .map_err(|_| None)
-                .and_then(|r| r.map_err(Some));
-            let settled = spend::settle(hold, estimate, &config, &asked, |e| match e {
-                Some(e) => spend::maybe_billed(e),
-                None => Some("no answer came before the run's deadline".into()),
-            });
-            let reply = match asked {
-                Ok(r) => r,
-                Err(Some(e)) => {
-                    break Stop::ModelError {
-                        message: e.to_string(),
-                    }
-                }
-                Err(None) => {
+            let turn_started = Instant::now();
+            let prompt_len = messages.len();
+            let (reply, settled) = match ask(&chain, client, &cfg.model, &messages, remaining).await
+            {
+                Ok(done) => done,
+                Err(Stop::BudgetExhausted { budget, .. }) if budget == "timeout" => {
                     break exhausted("timeout", format!("{:?} of wall time", started.elapsed()))
                 }
+                Err(stop) => break stop,
             };
             input += settled.charged.input_tokens;
             output += settled.charged.output_tokens;
-            let mut record = json!({"step": step, "model": reply.model, "usage": reply.usage,
-                                    "cost": settled.charged.cost, "latency_ms": reply.ms});
-            if let (Some(o), Value::Object(more)) = (record.as_object_mut(), settled.detail()) {
-                o.extend(more);
-            }
-            events.record("model_call", run, record);
+            cost += settled.charged.cost;
+            events.record(
+                "model_call",
+                run,
+                call_record(step, &reply, &settled, &messages[sent..]),
+            );
+            sent = messages.len() + 1;
             messages.push(json!({"role": "assistant", "content": reply.text}));
             let blocks = code_blocks(&reply.text, lang);
             let mut cells = Vec::new();
+            let mut code = Vec::new();
             let mut fed = Vec::new();
             if blocks.is_empty() {
                 errors += 1;
@@ -334,8 +445,9 @@ pub(crate) fn run_loop<'a>(
                 ));
             }
             let mut failed = false;
-            for (i, (l, code)) in blocks.into_iter().enumerate() {
-                let r = session.run(CellRequest::new(l, code)).await;
+            for (i, (l, block)) in blocks.into_iter().enumerate() {
+                code.push(block.clone());
+                let r = session.run(CellRequest::new(l, block)).await;
                 events.record(
                     "agent_cell",
                     run,
@@ -358,6 +470,10 @@ pub(crate) fn run_loop<'a>(
                 reply: reply.text,
                 usage: reply.usage,
                 cells,
+                code,
+                prompt_len,
+                ms: turn_started.elapsed().as_millis() as u64,
+                best_effort: false,
             });
             if answer.is_some() {
                 break Stop::Answered;
@@ -367,12 +483,64 @@ pub(crate) fn run_loop<'a>(
         if cfg.progress {
             eprintln!();
         }
+        // At a budget's end, one more question: the model's best answer
+        // from what it has seen, marked not final.
+        if let (Stop::BudgetExhausted { budget, detail }, true) = (&stop, cfg.best_effort) {
+            // After the last turn's feedback (a user message) it joins
+            // that message: roles keep alternating.
+            let ask_for = best_effort_prompt(budget, detail);
+            match messages.last_mut() {
+                Some(m) if m["role"] == "user" && m["content"].is_string() => {
+                    let fed = m["content"].as_str().unwrap_or_default();
+                    m["content"] = Value::String(format!("{fed}\n{ask_for}"));
+                }
+                _ => messages.push(json!({"role": "user", "content": ask_for})),
+            }
+            let within = match cfg.deadline {
+                Some(d) if d > Instant::now() => d - Instant::now(),
+                Some(_) => BEST_EFFORT_GRACE,
+                None => Duration::from_secs(86_400),
+            };
+            let turn_started = Instant::now();
+            let prompt_len = messages.len();
+            match ask(&chain, client, &cfg.model, &messages, within).await {
+                Ok((reply, settled)) => {
+                    input += settled.charged.input_tokens;
+                    output += settled.charged.output_tokens;
+                    cost += settled.charged.cost;
+                    let mut record = call_record(step + 1, &reply, &settled, &messages[sent..]);
+                    record["best_effort"] = json!(true);
+                    events.record("model_call", run, record);
+                    messages.push(json!({"role": "assistant", "content": reply.text}));
+                    answer = Some(Value::String(reply.text.clone()));
+                    turns.push(Turn {
+                        step: step + 1,
+                        reply: reply.text,
+                        usage: reply.usage,
+                        cells: Vec::new(),
+                        code: Vec::new(),
+                        prompt_len,
+                        ms: turn_started.elapsed().as_millis() as u64,
+                        best_effort: true,
+                    });
+                }
+                Err(why) => events.record(
+                    "best_effort_failed",
+                    run,
+                    json!({"why": serde_json::to_value(&why).unwrap_or(Value::Null)}),
+                ),
+            }
+        }
         match &stop {
             Stop::Answered => events.record("agent_answer", run, json!({"answer": answer})),
             Stop::BudgetExhausted { budget, detail } => events.record(
                 "budget_exhausted",
                 run,
-                json!({"budget": budget, "detail": detail}),
+                json!({"budget": budget, "detail": detail,
+                "best_effort_answer": answer.as_ref().map(|a| match a {
+                    Value::String(s) => record_text(s),
+                    other => record_text(&other.to_string()),
+                })}),
             ),
             Stop::ModelError { message } => {
                 events.record("model_error", run, json!({"message": message}))
@@ -385,6 +553,8 @@ pub(crate) fn run_loop<'a>(
             messages,
             input,
             output,
+            cost,
+            started: started_at,
         }
     })
 }

@@ -546,7 +546,8 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
         String::from_utf8_lossy(&out.stderr).contains("budget max_steps exhausted"),
         "{out:?}"
     );
-    assert_eq!(fake.seen().len(), 2);
+    // Two turns, then the best-effort question.
+    assert_eq!(fake.seen().len(), 3);
     // Consecutive errors: replies without code.
     let fake = FakeModel::start(vec![]);
     fake.otherwise(Reply::Text("I think it is 4.".into(), 5, 5));
@@ -560,7 +561,7 @@ fn cellbox_agent_stops_at_each_budget_with_exit_code_4() {
         String::from_utf8_lossy(&out.stderr).contains("budget max_errors exhausted"),
         "{out:?}"
     );
-    assert_eq!(fake.seen().len(), 3);
+    assert_eq!(fake.seen().len(), 4);
     // Tokens: 505 per turn, 2000 allowed. Each turn holds its prompt and
     // a reply of what is left before it is sent, so the run stops before
     // it passes the bound, however much a reply says it used.
@@ -1051,11 +1052,220 @@ fn cellbox_agent_counts_its_own_turns_against_model_calls_and_cost() {
     assert_eq!(t["stop"]["budget"], "max_cost", "{t}");
     let cost = t["cost"].as_f64().unwrap();
     assert!(cost > 0.0 && cost <= 0.01 + 1e-12, "{t}");
-    // Control: with room, the same replies go on to max_steps.
+    // Control: with room, the same replies go on to max_steps (and the
+    // best-effort question after them).
     let fake = FakeModel::start(vec![]);
     fake.otherwise(never_answers);
     let (code, t) = agent_json(dir.path(), &fake.url, "", &["--max-steps", "3"]);
     assert_eq!(code, 4, "{t}");
     assert_eq!(t["stop"]["budget"], "max_steps", "{t}");
-    assert_eq!(fake.seen().len(), 3);
+    assert_eq!(fake.seen().len(), 4);
+}
+
+/// At a budget's end the loop asks the model once more, without code, for
+/// its best answer: `cellbox agent` prints it, says it is not final, and
+/// exits 4; `--json` carries it with `final: false`. An answered run is
+/// `final: true`.
+#[test]
+fn cellbox_agent_at_a_budget_end_gives_a_best_effort_answer_not_final() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_owned();
+    let code = Reply::Text("```python\nx = 6 * 7\nprint(x)\n```".into(), 5, 5);
+    let best = Reply::Text("probably 42".into(), 7, 3);
+    let fake = FakeModel::start(vec![code.clone(), code.clone(), best.clone()]);
+    let cfg = agent_config(dir.path(), &fake.url);
+    let out = cellbox(
+        &["agent", "--config", &p(&cfg), "--max-steps", "2", "t"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "probably 42\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not final") && err.contains("max_steps"),
+        "{err}"
+    );
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 3);
+    let msgs = seen[2].body["messages"].as_array().unwrap();
+    let last = msgs.last().unwrap();
+    assert_eq!(last["role"], "user");
+    let asked = last["content"].as_str().unwrap();
+    assert!(
+        asked.contains("max_steps") && asked.contains("best final answer"),
+        "{asked}"
+    );
+    // With the last cell's output, in the one user message after the
+    // model's last reply: the model answers from what it saw.
+    assert!(asked.contains("stdout:\n42"), "{asked}");
+    assert_eq!(msgs[msgs.len() - 2]["role"], "assistant");
+    // --json: the same answer, marked not final, its turn marked too.
+    let fake = FakeModel::start(vec![code.clone(), best]);
+    let (status, t) = agent_json(dir.path(), &fake.url, "", &["--max-steps", "1"]);
+    assert_eq!(status, 4, "{t}");
+    assert_eq!(t["answer"], "probably 42", "{t}");
+    assert_eq!(t["final"], false, "{t}");
+    assert_eq!(t["stop"]["budget"], "max_steps", "{t}");
+    let turns = t["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 2, "{t}");
+    assert_eq!(turns[1]["best_effort"], true, "{t}");
+    assert!(turns[0].get("best_effort").is_none(), "{t}");
+    // The best-effort query is charged like the others.
+    assert_eq!(
+        (t["input_tokens"].as_u64(), t["output_tokens"].as_u64()),
+        (Some(12), Some(8)),
+        "{t}"
+    );
+    // A budget that refuses the question too (model calls): no answer,
+    // exit 4, said so.
+    let fake = FakeModel::start(vec![]);
+    fake.otherwise(code.clone());
+    let (status, t) = agent_json(
+        dir.path(),
+        &fake.url,
+        "[policy]\nmax_model_calls = 1\n",
+        &[],
+    );
+    assert_eq!(status, 4, "{t}");
+    assert_eq!(t["answer"], Value::Null, "{t}");
+    assert_eq!(t["final"], false, "{t}");
+    assert_eq!(fake.seen().len(), 1);
+    // Control: an answered run is final, and asks nothing more.
+    let fake = FakeModel::start(vec![Reply::Text("```python\nanswer(42)\n```".into(), 1, 1)]);
+    let (status, t) = agent_json(dir.path(), &fake.url, "", &[]);
+    assert_eq!(status, 0, "{t}");
+    assert_eq!(
+        (t["answer"].clone(), t["final"].clone()),
+        (Value::from(42), Value::Bool(true))
+    );
+    assert_eq!(fake.seen().len(), 1);
+}
+
+/// `cellbox agent --json` counts the whole run tree the same way: the
+/// loop's turns, a cell's `llm_query` and a sub-agent's turns, in the
+/// totals and split root / sub-calls; the events hold each call's prompt
+/// and reply text (capped, redacted) and the sub-agent's task and answer.
+#[test]
+fn cellbox_agent_reports_the_whole_tree_and_records_prompts_and_replies() {
+    let key = "sk-trajectory-key-never-shown-4b3a2918";
+    std::env::set_var("CELLBOX_TEST_KEY_TRAJ", key);
+    let long = format!("{}{}", "a".repeat(20_000), "END");
+    let fake = FakeModel::start(vec![
+        // Root turn 1: a query and a sub-agent from one cell.
+        Reply::Text(
+            "```python\nr = llm_query('first question')\nprint(len(r))\n\
+             s = agent_query('sub task')\nprint(s)\n```"
+                .into(),
+            100,
+            10,
+        ),
+        // The query's reply: long, and holding the key.
+        Reply::Text(format!("{long} {key}"), 20, 2),
+        // The sub-agent's one turn.
+        Reply::Text("```python\nanswer('sub done')\n```".into(), 30, 3),
+        // Root turn 2.
+        Reply::Text("```python\nanswer('ok')\n```".into(), 40, 4),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("ev.jsonl");
+    // The model's key is a secret: the reply that holds it is redacted in
+    // every record.
+    let cfg = dir.path().join("tree.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\npython = \"/usr/bin/python3\"\n[models.local]\nendpoint = \"{}\"\n\
+             model = \"m\"\napi_key_env = \"CELLBOX_TEST_KEY_TRAJ\"\n\
+             input_price = 1.0\noutput_price = 1.0\n",
+            fake.url
+        ),
+    )
+    .unwrap();
+    let out = cellbox(
+        &[
+            "agent",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            "--allow",
+            "agent_query",
+            "--events",
+            events.to_str().unwrap(),
+            "t",
+        ],
+        None,
+    );
+    let status = out.status.code().unwrap_or(-1);
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let everything = format!("{}{}", t, std::fs::read_to_string(&events).unwrap());
+    assert!(!everything.contains(key), "the key was recorded");
+    assert!(
+        everything.contains("[REDACTED:CELLBOX_TEST_KEY_TRAJ]"),
+        "{everything:.300}"
+    );
+    assert_eq!(status, 0, "{t}");
+    assert_eq!(t["answer"], "ok", "{t}");
+    assert_eq!(fake.seen().len(), 4, "{t}");
+    assert_eq!(
+        (t["input_tokens"].as_u64(), t["output_tokens"].as_u64()),
+        (Some(190), Some(19)),
+        "{t}"
+    );
+    let u = &t["usage"];
+    assert_eq!(u["root"]["input_tokens"], 140, "{t}");
+    assert_eq!(u["root"]["output_tokens"], 14, "{t}");
+    assert_eq!(u["root"]["model_calls"], 2, "{t}");
+    assert_eq!(u["sub_calls"]["input_tokens"], 50, "{t}");
+    assert_eq!(u["sub_calls"]["output_tokens"], 5, "{t}");
+    assert_eq!(u["sub_calls"]["model_calls"], 2, "{t}");
+    assert_eq!(u["sub_agents"], 1, "{t}");
+    let (total, root, sub) = (
+        t["cost"].as_f64().unwrap(),
+        u["root"]["cost"].as_f64().unwrap(),
+        u["sub_calls"]["cost"].as_f64().unwrap(),
+    );
+    // One unit per million tokens, in and out.
+    assert!((total - 209e-6).abs() < 1e-12, "{t}");
+    assert!(
+        (root - 154e-6).abs() < 1e-12 && (sub - 55e-6).abs() < 1e-12,
+        "{t}"
+    );
+    // The cell's call record carries the query's prompt and reply, capped.
+    let call = &t["turns"][0]["cells"][0]["calls"][0];
+    assert_eq!(call["detail"]["prompt"], "first question", "{t}");
+    let reply = call["detail"]["reply"].as_str().unwrap();
+    assert!(reply.contains("characters left out"), "{reply:.200}");
+    assert!(reply.chars().count() < 8192 + 100, "{}", reply.len());
+    let ev: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |kind: &str| -> Vec<&Value> { ev.iter().filter(|e| e["event"] == kind).collect() };
+    let calls = of("model_call");
+    assert_eq!(calls.len(), 4, "{ev:?}");
+    // The root's first turn: the system prompt and the task went out.
+    let first = calls.iter().find(|e| e["depth"] == 0).unwrap();
+    assert_eq!(first["prompt"][1]["content"], "t", "{first}");
+    assert!(first["reply"]
+        .as_str()
+        .unwrap()
+        .contains("agent_query('sub task')"));
+    // The cell's query: its prompt, and its reply capped (head and tail).
+    let q = calls
+        .iter()
+        .find(|e| e["prompt"] == "first question")
+        .unwrap_or_else(|| panic!("{calls:?}"));
+    let r = q["reply"].as_str().unwrap();
+    assert!(r.starts_with("aaaa") && r.contains("left out"), "{r:.100}");
+    // The sub-agent's own turn, one level down, and its summary.
+    let sub = calls.iter().find(|e| e["depth"] == 1).unwrap();
+    assert!(sub["reply"].as_str().unwrap().contains("sub done"), "{sub}");
+    let aq = of("agent_query");
+    assert_eq!(aq.len(), 1, "{ev:?}");
+    assert_eq!(aq[0]["task"], "sub task");
+    assert_eq!(aq[0]["answer"], "sub done");
+    assert_eq!(aq[0]["depth"], 1);
+    // Control for the cap: a short reply is kept whole.
+    assert_eq!(sub["reply"], "```python\nanswer('sub done')\n```");
 }

@@ -185,3 +185,185 @@ fn rlms_own_repl_tests_pass_against_the_cellbox_environment() {
         .unwrap_or(0);
     assert!(passed >= 141, "only {passed} of rlms' REPL tests ran");
 }
+
+/// Checks a `cellbox agent --trajectory` file with rlms' own code (in the
+/// venv with `rlms` installed): each line is rebuilt into rlms' types
+/// (`RLMMetadata`, `RLMIteration`, `CodeBlock`, `REPLResult`, and
+/// `RLMChatCompletion.from_dict` for the cells' model calls) whose
+/// `to_dict()` must give the line back exactly; the same objects written
+/// through rlms' `RLMLogger` must give lines with the same keys. Prints
+/// `ok N` (the iterations).
+const RLMS_LOG_CHECK: &str = r#"
+import json, sys, tempfile, os
+from rlm.core.types import (RLMMetadata, RLMIteration, CodeBlock, REPLResult,
+                            RLMChatCompletion)
+from rlm.logger import RLMLogger
+
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert lines and lines[0]["type"] == "metadata", lines[:1]
+meta_line = lines[0]
+fields = {k: v for k, v in meta_line.items() if k not in ("type", "timestamp")}
+meta = RLMMetadata(**fields)
+assert meta.to_dict() == fields, (meta.to_dict(), fields)
+iterations = []
+for n, line in enumerate(lines[1:], 1):
+    assert line["type"] == "iteration" and line["iteration"] == n, line
+    body = {k: v for k, v in line.items() if k not in ("type", "iteration", "timestamp")}
+    blocks = [CodeBlock(code=b["code"], result=REPLResult(
+        stdout=b["result"]["stdout"], stderr=b["result"]["stderr"],
+        locals=b["result"]["locals"], execution_time=b["result"]["execution_time"],
+        rlm_calls=[RLMChatCompletion.from_dict(c) for c in b["result"]["rlm_calls"]],
+        final_answer=b["result"]["final_answer"])) for b in body["code_blocks"]]
+    it = RLMIteration(prompt=body["prompt"], response=body["response"], code_blocks=blocks,
+                      final_answer=body["final_answer"], iteration_time=body["iteration_time"])
+    assert it.to_dict() == body, (it.to_dict(), body)
+    iterations.append(it)
+with tempfile.TemporaryDirectory() as d:
+    logger = RLMLogger(log_dir=d)
+    logger.log_metadata(meta)
+    for it in iterations:
+        logger.log(it)
+    theirs = [json.loads(l) for l in open(logger.log_file_path)]
+assert [sorted(x) for x in theirs] == [sorted(x) for x in lines], (theirs, lines)
+traj = logger.get_trajectory()
+print("ok", len(traj["iterations"]))
+print(json.dumps(lines))
+"#;
+
+/// `cellbox agent --trajectory FILE` writes rlms' log format: a run with a
+/// failing cell, a cell's `llm_query`, and an answer, checked by rlms' own
+/// types and logger; the cell's query is an `rlm_calls` entry with its
+/// prompt, reply and usage, and the last iteration holds the answer. A run
+/// stopped by a budget has its best-effort answer there and says it is not
+/// final in the metadata.
+#[test]
+fn cellbox_agent_trajectory_is_read_by_rlms_own_types() {
+    use super::common::fake_model::{FakeModel, Reply};
+    let fake = FakeModel::start(vec![
+        Reply::Text(
+            "Look.\n```python\nprint(len(context))\n1/0\n```".into(),
+            100,
+            20,
+        ),
+        Reply::Text(
+            "```python\nr = llm_query('summarise: ' + context)\nanswer(r)\n```".into(),
+            150,
+            10,
+        ),
+        Reply::Text("a short text".into(), 30, 3),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\npython = \"/usr/bin/python3\"\n[models.local]\nendpoint = \"{}\"\n\
+             model = \"m\"\ninput_price = 1.0\noutput_price = 1.0\n",
+            fake.url
+        ),
+    )
+    .unwrap();
+    let ctx = dir.path().join("ctx.txt");
+    std::fs::write(&ctx, "hello world").unwrap();
+    let log = dir.path().join("run.jsonl");
+    let out = super::common::cellbox(
+        &[
+            "agent",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--context",
+            ctx.to_str().unwrap(),
+            "--trajectory",
+            log.to_str().unwrap(),
+            "Summarise the context",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let checked = venv_python_of(
+        "pyclient",
+        &["-c", RLMS_LOG_CHECK, log.to_str().unwrap()],
+        dir.path(),
+        "rlms log check",
+        &[],
+    );
+    let mut parts = checked.splitn(2, '\n');
+    assert_eq!(parts.next(), Some("ok 2"), "{checked}");
+    let lines: serde_json::Value = serde_json::from_str(parts.next().unwrap().trim()).unwrap();
+    let meta = &lines[0];
+    assert_eq!(meta["root_model"], "local", "{meta}");
+    assert_eq!(meta["environment_type"], "cellbox");
+    assert_eq!(meta["environment_kwargs"]["answer_final"], true, "{meta}");
+    let first = &lines[1];
+    assert_eq!(first["prompt"][1]["content"], "Summarise the context");
+    assert_eq!(first["code_blocks"][0]["result"]["stdout"], "11\n");
+    assert!(
+        first["code_blocks"][0]["result"]["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError"),
+        "{first}"
+    );
+    assert_eq!(first["final_answer"], serde_json::Value::Null);
+    let second = &lines[2];
+    // The second turn was sent the whole conversation so far.
+    assert_eq!(second["prompt"].as_array().unwrap().len(), 4, "{second}");
+    let call = &second["code_blocks"][0]["result"]["rlm_calls"][0];
+    assert_eq!(call["prompt"], "summarise: hello world", "{call}");
+    assert_eq!(call["response"], "a short text", "{call}");
+    let usage = &call["usage_summary"]["model_usage_summaries"]["local"];
+    assert_eq!(
+        (
+            usage["total_input_tokens"].as_u64(),
+            usage["total_output_tokens"].as_u64()
+        ),
+        (Some(30), Some(3)),
+        "{call}"
+    );
+    assert_eq!(second["final_answer"], "a short text", "{second}");
+    // A run a budget stopped: the best-effort answer, not final.
+    let fake = FakeModel::start(vec![
+        Reply::Text("```python\nprint(1)\n```".into(), 5, 5),
+        Reply::Text("my best guess".into(), 5, 5),
+    ]);
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\npython = \"/usr/bin/python3\"\n[models.local]\nendpoint = \"{}\"\n\
+             model = \"m\"\n",
+            fake.url
+        ),
+    )
+    .unwrap();
+    let out = super::common::cellbox(
+        &[
+            "agent",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--max-steps",
+            "1",
+            "--trajectory",
+            log.to_str().unwrap(),
+            "t",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let checked = venv_python_of(
+        "pyclient",
+        &["-c", RLMS_LOG_CHECK, log.to_str().unwrap()],
+        dir.path(),
+        "rlms log check (budget)",
+        &[],
+    );
+    let mut parts = checked.splitn(2, '\n');
+    assert_eq!(parts.next(), Some("ok 2"), "{checked}");
+    let lines: serde_json::Value = serde_json::from_str(parts.next().unwrap().trim()).unwrap();
+    assert_eq!(lines[0]["environment_kwargs"]["answer_final"], false);
+    assert_eq!(
+        lines[0]["environment_kwargs"]["stop"]["budget"],
+        "max_steps"
+    );
+    assert_eq!(lines[2]["final_answer"], "my best guess");
+    assert_eq!(lines[2]["code_blocks"], serde_json::json!([]));
+}

@@ -5,6 +5,7 @@
 use super::CellSpec;
 use crate::models::client::Query;
 use crate::models::{ModelClient, ModelReply};
+use crate::supervisor::agent::{record_prompt, record_text};
 use crate::supervisor::capability::ModelOp;
 use crate::supervisor::policy::{Meter, Metered};
 use crate::supervisor::spend::{self, Settled};
@@ -51,9 +52,12 @@ fn reply_value(r: &ModelReply, s: &Settled) -> Value {
     json!({"text": r.text, "model": r.model, "usage": reported(r), "cost": s.charged.cost})
 }
 
-fn detail(r: &ModelReply, s: &Settled) -> Value {
+/// A call's record: model, usage, cost, and its prompt and reply text
+/// (each capped at [`crate::supervisor::agent::RECORD_TEXT_CHARS`]).
+fn detail(r: &ModelReply, s: &Settled, prompt: &Value) -> Value {
     let mut d = json!({"model": r.model, "usage": reported(r), "cost": s.charged.cost,
-                       "attempts": r.attempts, "latency_ms": r.ms});
+                       "attempts": r.attempts, "latency_ms": r.ms,
+                       "prompt": prompt, "reply": record_text(&r.text)});
     if let (Some(o), Value::Object(more)) = (d.as_object_mut(), s.detail()) {
         o.extend(more);
     }
@@ -99,6 +103,7 @@ pub(super) async fn perform(
             .map(|a| a.iter().map(messages).collect())
             .unwrap_or_default(),
     };
+    let shown: Vec<Value> = prompts.iter().map(|p| record_prompt(p)).collect();
     // Every query's tokens and cost are held before any is sent.
     let planned = spend::plan(
         &m.chain,
@@ -160,22 +165,26 @@ pub(super) async fn perform(
             ),
         });
     }
-    for (r, s) in &results {
+    let prompt_of = |i: usize| shown.get(i).cloned().unwrap_or(Value::Null);
+    for (i, (r, s)) in results.iter().enumerate() {
         match r {
-            Ok(r) => sup.events.record("model_call", &spec.run, detail(r, s)),
+            Ok(r) => sup
+                .events
+                .record("model_call", &spec.run, detail(r, s, &prompt_of(i))),
             Err(e) if s.note.is_some() => sup.events.record(
                 "model_call",
                 &spec.run,
-                json!({"model": model, "error": e.to_string(), "cost": s.charged.cost})
-                    .as_object()
-                    .map(|o| {
-                        let mut o = o.clone();
-                        if let Value::Object(more) = s.detail() {
-                            o.extend(more);
-                        }
-                        Value::Object(o)
-                    })
-                    .unwrap_or(Value::Null),
+                json!({"model": model, "error": e.to_string(), "cost": s.charged.cost,
+                       "prompt": prompt_of(i)})
+                .as_object()
+                .map(|o| {
+                    let mut o = o.clone();
+                    if let Value::Object(more) = s.detail() {
+                        o.extend(more);
+                    }
+                    Value::Object(o)
+                })
+                .unwrap_or(Value::Null),
             ),
             Err(_) => {}
         }
@@ -186,7 +195,7 @@ pub(super) async fn perform(
     };
     match op {
         ModelOp::Query | ModelOp::Agent => match results.into_iter().next() {
-            Some((Ok(r), s)) => Ok((reply_value(&r, &s), detail(&r, &s))),
+            Some((Ok(r), s)) => Ok((reply_value(&r, &s), detail(&r, &s, &prompt_of(0)))),
             Some((Err(e), s)) => Err(ModelFailure::Call("failed".into(), failure(&e, &s))),
             None => Err(ModelFailure::Call("failed".into(), "no reply".into())),
         },
@@ -198,7 +207,7 @@ pub(super) async fn perform(
                 match r {
                     Ok(r) => {
                         values.push(reply_value(&r, &s));
-                        details.push(detail(&r, &s));
+                        details.push(detail(&r, &s, &prompt_of(i)));
                     }
                     Err(e) => {
                         return Err(ModelFailure::Call(
@@ -324,6 +333,8 @@ async fn sub_agent(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
+    let shown_task = record_text(&task);
+    let model_name = model.clone();
     let cfg = crate::supervisor::agent::LoopConfig {
         task,
         model,
@@ -333,12 +344,21 @@ async fn sub_agent(
         max_errors: 3,
         deadline: Some(std::time::Instant::now() + remaining),
         progress: false,
+        best_effort: false,
     };
     let out =
         crate::supervisor::agent::run_loop(&session, client, &sup.events, &run, &caps, cfg).await;
     // Its session counted the loop's own queries with its cells'.
     let used = session.model_usage();
-    let detail = json!({"run_id": run.run_id, "depth": depth, "usage": used});
+    let answer_text = out.answer.as_ref().map(|a| match a {
+        Value::String(s) => record_text(s),
+        other => record_text(&other.to_string()),
+    });
+    let detail = json!({"run_id": run.run_id, "depth": depth, "usage": used,
+                        "model": model_name, "task": shown_task, "answer": answer_text, "stop": out.stop});
+    // The sub-agent's own events (its turns' prompts and replies) carry its
+    // run id; this one, in the calling run, ties its task to its answer.
+    sup.events.record("agent_query", &spec.run, detail.clone());
     match out.stop {
         crate::supervisor::agent::Stop::Answered => Ok((out.answer.unwrap_or(Value::Null), detail)),
         crate::supervisor::agent::Stop::BudgetExhausted { budget, detail } => Err(ModelFailure::Call(
