@@ -117,6 +117,10 @@ pub struct ServeArgs {
     /// tool; the default) or `long` (every detail, as docs/mcp.md shows).
     #[arg(long = "tool-descriptions", value_name = "short|long")]
     pub tool_descriptions: Option<ToolDescriptions>,
+    /// Seconds running cells get to finish after SIGTERM or SIGINT before
+    /// they are killed (default 25: inside Kubernetes' 30 s grace period).
+    #[arg(long = "drain-timeout", value_name = "SECS")]
+    pub drain_timeout: Option<u64>,
 }
 
 /// How much the tools' descriptions say (see [`crate::serve::describe`]).
@@ -235,6 +239,8 @@ pub struct ServerSection {
     pub max_queue_per_principal: Option<usize>,
     /// How often a running call reports progress when the client asked.
     pub progress_interval_ms: u64,
+    /// Seconds running cells get to finish after SIGTERM or SIGINT.
+    pub drain_timeout_seconds: u64,
     /// Bytes the scratch directories of all cells may hold together.
     pub scratch_bytes: u64,
     /// Bytes one session's scratch may hold (its own tmpfs).
@@ -267,6 +273,7 @@ impl Default for ServerSection {
             max_queue: 64,
             max_queue_per_principal: None,
             progress_interval_ms: 1000,
+            drain_timeout_seconds: 25,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
             session_scratch_bytes: crate::supervisor::DEFAULT_SESSION_SCRATCH.bytes,
             session_scratch_inodes: crate::supervisor::DEFAULT_SESSION_SCRATCH.inodes,
@@ -466,6 +473,8 @@ pub struct Settings {
     pub cells_memory_bytes: u64,
     pub session_cgroups: bool,
     pub progress_interval: Duration,
+    /// How long running cells get to finish after SIGTERM or SIGINT.
+    pub drain_timeout: Duration,
     pub python: Option<PathBuf>,
     pub events: Option<PathBuf>,
     pub events_max_bytes: u64,
@@ -665,6 +674,9 @@ impl ServeConfig {
         }
         if let Some(n) = args.max_queue {
             self.server.max_queue = n;
+        }
+        if let Some(n) = args.drain_timeout {
+            self.server.drain_timeout_seconds = n;
         }
         if let Some(n) = args.max_queue_per_principal {
             self.server.max_queue_per_principal = Some(n);
@@ -930,6 +942,7 @@ impl ServeConfig {
             cells_memory_bytes,
             session_cgroups: s.session_cgroups,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
+            drain_timeout: Duration::from_secs(s.drain_timeout_seconds),
             python: s.python.clone(),
             events: s.events.clone(),
             events_max_bytes: s.events_max_bytes,

@@ -77,6 +77,8 @@ struct State {
     sessions: SessionTable,
     gate: Gate,
     shutdown: CancellationToken,
+    /// Draining, and past the drain timeout (see [`super::ops`]).
+    ops: super::ops::Ops,
     observed: tokio::sync::OnceCell<Observations>,
     /// The tool list, built once the probe is done.
     tools: tokio::sync::OnceCell<Vec<Tool>>,
@@ -304,6 +306,8 @@ enum Interrupted {
     Cancelled,
     ShuttingDown,
     SessionClosed,
+    /// The server is draining and the call ran past the drain timeout.
+    Draining,
 }
 
 /// Who sent a request, for what the server keeps between one client's
@@ -453,6 +457,7 @@ impl CellboxServer {
                 sessions,
                 gate,
                 shutdown,
+                ops: super::ops::Ops::default(),
                 observed: tokio::sync::OnceCell::new(),
                 tools: tokio::sync::OnceCell::new(),
                 pools: tokio::sync::OnceCell::new(),
@@ -550,6 +555,7 @@ impl CellboxServer {
             _ = ctx.ct.cancelled() => Err(Interrupted::Cancelled),
             _ = cancel.token.cancelled() => Err(Interrupted::Cancelled),
             _ = st.shutdown.cancelled() => Err(Interrupted::ShuttingDown),
+            _ = st.ops.expired().cancelled() => Err(Interrupted::Draining),
         };
         match outcome {
             Ok(Ok(Some(Ok(v)))) => Ok(fit::value_result(v, false)),
@@ -568,7 +574,7 @@ impl CellboxServer {
                 format!("{name} failed: {e}"),
                 None,
             )),
-            Err(Interrupted::ShuttingDown) => {
+            Err(Interrupted::ShuttingDown) | Err(Interrupted::Draining) => {
                 stop.cancel();
                 Err(ErrorData::internal_error(
                     "the server is shutting down; the call was stopped",
@@ -580,6 +586,18 @@ impl CellboxServer {
 
     pub fn sessions(&self) -> &SessionTable {
         &self.state.sessions
+    }
+
+    /// The server's operating state (see [`super::ops`]).
+    pub fn ops(&self) -> &super::ops::Ops {
+        &self.state.ops
+    }
+
+    /// The probe's findings, once the warm workers are up and the sandbox
+    /// was probed (the first `tools/list` is answered then).
+    pub fn warmed(&self) -> Option<&Observations> {
+        self.state.tools.get()?;
+        self.state.observed.get()
     }
 
     pub fn gate(&self) -> &Gate {
@@ -880,6 +898,7 @@ impl CellboxServer {
                 _ = ctx.ct.cancelled() => break Err(Interrupted::Cancelled),
                 _ = cancel.token.cancelled() => break Err(Interrupted::Cancelled),
                 _ = st.shutdown.cancelled() => break Err(Interrupted::ShuttingDown),
+                _ = st.ops.expired().cancelled() => break Err(Interrupted::Draining),
                 _ = closed.cancelled() => break Err(Interrupted::SessionClosed),
                 Some(chunk) = async {
                     match live.as_mut() {
@@ -922,6 +941,16 @@ impl CellboxServer {
                     language,
                     ErrorKind::Killed,
                     "the session was closed while this cell ran; the cell was killed".into(),
+                ),
+                a.verbose,
+            ),
+            Err(Interrupted::Draining) => cell_tool_result(
+                refused(
+                    language,
+                    ErrorKind::Draining,
+                    "the server is stopping and this cell ran past the drain timeout; \
+                     the cell was killed"
+                        .into(),
                 ),
                 a.verbose,
             ),
@@ -1241,6 +1270,13 @@ impl ServerHandler for CellboxServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if self.state.ops.is_draining() {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode(super::ops::DRAINING_CODE),
+                super::ops::DRAINING,
+                None,
+            ));
+        }
         let result = match request.name.as_ref() {
             "execute_code" => self.execute_code(request.arguments, context).await?,
             other if direct_capability(&self.state.sup, other).is_some() => {

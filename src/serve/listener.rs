@@ -350,6 +350,10 @@ impl HttpServer {
                     let tokens = tokens.clone();
                     let conn = conn.clone();
                     async move {
+                        // Health and readiness need no token (see `ops`).
+                        if let Some(r) = super::ops::probe_response(&req, &server) {
+                            return Ok::<Response, Infallible>(r);
+                        }
                         let principal = if tokens.is_empty() {
                             Principal::local()
                         } else {
@@ -357,7 +361,7 @@ impl HttpServer {
                                 Some(p) => p,
                                 None => {
                                     tracing::info!(%peer, "rejected an HTTP request without a valid bearer token");
-                                    return Ok::<Response, Infallible>(unauthorized());
+                                    return Ok(unauthorized());
                                 }
                             }
                         };
@@ -376,6 +380,11 @@ impl HttpServer {
                         // `notifications/cancelled` (which clients send as
                         // a POST of its own) is honoured here, for the
                         // calls the same principal has running.
+                        if server.ops().is_draining() {
+                            if let Some(id) = super::ops::initialize_id(&bytes) {
+                                return Ok(super::ops::draining_response(id));
+                            }
+                        }
                         if let Some(id) = cancelled_request_id(&bytes) {
                             let n = server.cancel_request(&principal, &id);
                             tracing::info!(%peer, %id, "cancellation for {n} running call(s)");

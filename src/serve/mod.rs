@@ -20,9 +20,12 @@
 //!
 //! Logging: stderr, filtered by `CELLBOX_LOG`, else [`DEFAULT_LOG`].
 //!
-//! Shutdown (stdin closed, SIGINT, SIGTERM) cancels every call in flight,
-//! which kills their cells, and waits until the workers are reaped before
-//! returning.
+//! - [`ops`]: `/healthz`, `/readyz`, and the drain on SIGTERM or SIGINT
+//!   (running cells get `--drain-timeout` to finish; new calls are refused).
+//!
+//! Shutdown (stdin closed, the drain's end, a second signal) cancels every
+//! call in flight, which kills their cells, and waits until the workers are
+//! reaped before returning.
 
 pub mod config;
 pub mod describe;
@@ -33,6 +36,7 @@ pub mod ids;
 pub mod jsonrpc;
 pub mod lines;
 pub mod listener;
+pub mod ops;
 pub mod principal;
 pub mod schema;
 #[cfg(target_os = "linux")]
@@ -43,8 +47,9 @@ pub use config::{ServeArgs, ServeConfig, Settings, Transport};
 
 /// What `serve` logs to stderr when `CELLBOX_LOG` does not say: warnings,
 /// and the warm pools' events (zygotes and the fork server started,
-/// retired, found dead, stalled and replaced; cells moved off them).
-pub const DEFAULT_LOG: &str = "warn,cellbox::pool=info";
+/// retired, found dead, stalled and replaced; cells moved off them), and
+/// the drain's steps.
+pub const DEFAULT_LOG: &str = "warn,cellbox::pool=info,cellbox::serve::ops=info";
 pub use handler::CellboxServer;
 pub use principal::Principal;
 
@@ -299,24 +304,6 @@ async fn drain(gate: &gate::Gate) {
     }
 }
 
-fn watch_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
-        match signal(kind) {
-            Ok(mut s) => {
-                let shutdown = shutdown.clone();
-                tokio::spawn(async move {
-                    if s.recv().await.is_some() {
-                        tracing::info!("signal received; shutting down");
-                        shutdown.cancel();
-                    }
-                });
-            }
-            Err(e) => tracing::warn!("failed to watch a signal: {e}"),
-        }
-    }
-}
-
 /// The malloc arenas a server uses: its tokio workers share them, so that
 /// what one frees another reuses instead of a heap each that keeps its peak.
 const MALLOC_ARENAS: u8 = 2;
@@ -498,7 +485,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     });
     spawn_sweeper(&server, shutdown.clone());
     spawn_trimmer(&server, shutdown.clone());
-    watch_signals(shutdown.clone());
+    ops::watch_signals(&server, settings.drain_timeout, shutdown.clone());
     let code = match settings.transport {
         Transport::Stdio => {
             let max_script = settings.session.limits.max_script_bytes;

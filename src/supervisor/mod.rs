@@ -1035,6 +1035,14 @@ impl Supervisor {
         None
     }
 
+    /// Whether the scratch root exists and takes a new file (a readiness
+    /// check: a full or read-only temp dir fails every cell).
+    pub fn scratch_writable(&self) -> bool {
+        self.inner
+            .scratch_root()
+            .is_some_and(|r| tempfile::tempfile_in(r.path()).is_ok())
+    }
+
     /// The bytes the scratch directories of all cells may hold together, if
     /// this supervisor can enforce it (see [`SupervisorBuilder::scratch_bytes`]).
     pub fn scratch_quota(&self) -> Option<u64> {

@@ -126,11 +126,14 @@ pub enum ErrorKind {
     ServerBusy,
     /// The client holds as many cells as it may queue.
     ClientQueueFull,
+    /// The server was draining (stopping on a signal) and the cell ran past
+    /// the drain timeout, so it was killed.
+    Draining,
 }
 
 impl ErrorKind {
     /// Every kind.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::Timeout,
         ErrorKind::LimitExceeded,
         ErrorKind::Killed,
@@ -145,6 +148,7 @@ impl ErrorKind {
         ErrorKind::SessionError,
         ErrorKind::ServerBusy,
         ErrorKind::ClientQueueFull,
+        ErrorKind::Draining,
     ];
 
     /// The stable name (the serde name), as `error.type` shows it.
@@ -164,6 +168,7 @@ impl ErrorKind {
             ErrorKind::SessionError => "SessionError",
             ErrorKind::ServerBusy => "ServerBusy",
             ErrorKind::ClientQueueFull => "ClientQueueFull",
+            ErrorKind::Draining => "Draining",
         }
     }
 
@@ -174,7 +179,7 @@ impl ErrorKind {
             ErrorKind::LimitExceeded | ErrorKind::ServerBusy | ErrorKind::ClientQueueFull => {
                 Status::LimitExceeded
             }
-            ErrorKind::Killed | ErrorKind::Interrupted => Status::Killed,
+            ErrorKind::Killed | ErrorKind::Interrupted | ErrorKind::Draining => Status::Killed,
             ErrorKind::ExitStatus
             | ErrorKind::UsageError
             | ErrorKind::UnknownSession
@@ -700,6 +705,7 @@ mod tests {
             ("SessionError", Status::Error),
             ("ServerBusy", Status::LimitExceeded),
             ("ClientQueueFull", Status::LimitExceeded),
+            ("Draining", Status::Killed),
         ];
         assert_eq!(ErrorKind::ALL.len(), want.len());
         for (kind, (name, status)) in ErrorKind::ALL.into_iter().zip(want) {

@@ -25,6 +25,7 @@ mod pyclient;
 mod python;
 mod rhai;
 mod scratch;
+mod service;
 mod soak;
 mod supervisor;
 mod surface;
