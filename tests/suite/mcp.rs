@@ -851,14 +851,14 @@ async fn cancelled_shell_cell_leaves_no_process() {
 
 /// A server (no operation limit) running an endless Rhai cell whose call
 /// is pending on a task of its own: the server, its idle helpers, the call
-/// and the cell's worker.
+/// and the cell's worker. A signal's drain gives the cell one second.
 async fn an_endless_cell() -> (
     StdioServer,
     Vec<i32>,
     tokio::task::JoinHandle<Result<CallToolResult, rmcp::ServiceError>>,
     Vec<i32>,
 ) {
-    let s = stdio_server(&["--max-operations", "0"]).await;
+    let s = stdio_server(&["--max-operations", "0", "--drain-timeout", "1"]).await;
     tools(&s.client).await;
     let baseline = descendants(s.pid);
     let peer = s.client.peer().clone();
@@ -894,9 +894,12 @@ async fn sigterm_kills_running_cells_and_exits() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    // The call ends with an error instead of hanging.
-    let r = within("the pending call", pending).await.unwrap();
-    assert!(r.is_err(), "{r:?}");
+    // The drain lets the cell run for its timeout, then kills it and
+    // answers the call: killed, as the drain's.
+    let r = within("the pending call", pending).await.unwrap().unwrap();
+    let v = r.structured_content.expect("structuredContent");
+    assert_eq!(v["status"], "killed", "{v}");
+    assert_eq!(v["error"]["type"], "Draining", "{v}");
     wait_gone(&workers, "after SIGTERM").await;
     wait_gone(&baseline, "the server's helpers after SIGTERM").await;
     drop(s.client);
