@@ -2362,6 +2362,9 @@ async fn a_host_tool_refused_as_busy_is_not_charged() {
         peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args)))
             .await
     });
+    // Refused for want of a slot: ServerBusy, or ClientQueueFull when the
+    // principal's share of the queue (none here) is what refuses it.
+    let refused_busy = |r: &str| r.contains("ServerBusy") || r.contains("ClientQueueFull");
     // Until the cell holds the slot (a cell is no tool call: probing with
     // one charges nothing).
     let t0 = std::time::Instant::now();
@@ -2372,15 +2375,12 @@ async fn a_host_tool_refused_as_busy_is_not_charged() {
             json!({"language": "rhai", "code": "1"}),
         )
         .await;
-        if format!("{r:?}").contains("ServerBusy") {
+        if refused_busy(&format!("{r:?}")) {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "never refused");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Refused for want of a slot: ServerBusy, or ClientQueueFull when the
-    // principal's share of the queue (none here) is what refuses it.
-    let refused_busy = |r: &str| r.contains("ServerBusy") || r.contains("ClientQueueFull");
     for _ in 0..5 {
         let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
         assert!(refused_busy(&format!("{r:?}")), "{r:?}");
