@@ -2354,6 +2354,10 @@ async fn a_host_tool_refused_as_busy_is_not_charged() {
         "1",
         "--max-queue",
         "0",
+        // The looping cell runs until its timeout, not its operation limit,
+        // so it holds the slot while the probe and the five calls come.
+        "--max-operations",
+        "0",
     ])
     .await;
     let peer = s.client.peer().clone();
