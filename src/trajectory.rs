@@ -8,7 +8,7 @@
 //! [`crate::supervisor::agent::RECORD_TEXT_CHARS`] each and the whole is
 //! redacted as the operator's records are (docs/architecture.md §2).
 
-use crate::supervisor::agent::{record_text, Stop, Turn};
+use crate::supervisor::agent::{capped_messages, record_text, Stop, Turn};
 use crate::supervisor::{CellResult, RunInfo};
 use crate::Language;
 use serde_json::{json, Value};
@@ -39,22 +39,6 @@ fn text_of(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
-}
-
-/// Messages with each content capped.
-fn capped(messages: &[Value]) -> Value {
-    Value::Array(
-        messages
-            .iter()
-            .map(|m| {
-                let mut m = m.clone();
-                if let Some(text) = m["content"].as_str() {
-                    m["content"] = Value::String(record_text(text));
-                }
-                m
-            })
-            .collect(),
-    )
 }
 
 /// rlms' usage summary of one call.
@@ -181,7 +165,7 @@ pub(crate) fn rlm_log(
             "type": "iteration",
             "iteration": i + 1,
             "timestamp": timestamp(at),
-            "prompt": capped(prompt),
+            "prompt": capped_messages(prompt),
             "response": record_text(&t.reply),
             "code_blocks": blocks,
             "final_answer": if i == last { answer.map(text_of) } else { None },

@@ -206,6 +206,11 @@ pub(crate) fn record_prompt(messages: &[Value]) -> Value {
             }
         }
     }
+    capped_messages(messages)
+}
+
+/// Chat messages with each content capped at [`RECORD_TEXT_CHARS`].
+pub(crate) fn capped_messages(messages: &[Value]) -> Value {
     Value::Array(
         messages
             .iter()
