@@ -324,6 +324,71 @@ fn the_configuration_reference_names_every_key() {
     let example = std::fs::read_to_string(root().join("examples/cellbox.toml")).unwrap();
     let c: cellbox::serve::ServeConfig = toml::from_str(&example).unwrap();
     c.validate().unwrap();
+
+    // Every block of the reference is the example's own text, so the two
+    // cannot drift apart.
+    let mut blocks = 0;
+    for block in reference.split("```toml\n").skip(1) {
+        let block = &block[..block.find("```").unwrap()];
+        assert!(
+            example.contains(block),
+            "this block of docs/configuration.md is not in examples/cellbox.toml:\n{block}"
+        );
+        blocks += 1;
+    }
+    assert!(blocks >= 10, "{blocks} toml blocks");
+}
+
+/// examples/cellbox.toml holds every section, and each value it sets is
+/// the default, but in the sections it marks as examples (models, tools).
+#[test]
+fn the_example_config_holds_every_section_at_its_defaults() {
+    let example = std::fs::read_to_string(root().join("examples/cellbox.toml")).unwrap();
+    let example: toml::Value = toml::from_str(&example).unwrap();
+    let defaults = toml::Value::try_from(cellbox::serve::ServeConfig::default()).unwrap();
+    let (toml::Value::Table(example), toml::Value::Table(defaults)) = (example, defaults) else {
+        panic!("not tables");
+    };
+    let sections: Vec<&String> = defaults.keys().collect();
+    for section in &sections {
+        assert!(
+            example.contains_key(*section),
+            "no [{section}] in the example"
+        );
+    }
+    let mut differ = Vec::new();
+    for (section, table) in &example {
+        if section == "models" || section == "tools" {
+            assert!(
+                table.as_table().is_some_and(|t| !t.is_empty()),
+                "the example declares no [{section}.NAME]"
+            );
+            continue;
+        }
+        let toml::Value::Table(table) = table else {
+            panic!("[{section}] is not a table");
+        };
+        for (key, value) in table {
+            // A profile left out is the built-in one of the language's name.
+            let builtin = section == "profiles" && value.as_str() == Some(key.as_str());
+            if defaults[section].get(key) != Some(value) && !builtin {
+                differ.push(format!(
+                    "{section}.{key} = {value} (default: {:?})",
+                    defaults[section].get(key)
+                ));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "not the defaults: {differ:?}");
+    let tools = example["tools"].as_table().unwrap();
+    for kind in ["command", "http", "mcp"] {
+        assert!(
+            tools
+                .values()
+                .any(|t| t.get("kind").and_then(|k| k.as_str()) == Some(kind)),
+            "no tool of kind {kind} in the example"
+        );
+    }
 }
 
 /// The speed log has one dated heading per entry (`## YYYY-MM-DD...`).
