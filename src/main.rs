@@ -38,6 +38,9 @@ enum Command {
     Agent(Box<cellbox::agent::AgentArgs>),
     /// Serve `execute_code` and session tools over MCP (stdio, or --http).
     Serve(Box<cellbox::serve::ServeArgs>),
+    /// Print the tools a configuration offers, as `serve` lists them, in
+    /// the format of MCP's tools/list, OpenAI's or Anthropic's API.
+    Tools(Box<cellbox::serve::tooldefs::ToolsArgs>),
     /// Which sandbox layers this host supports and what a cell would get
     /// under each profile. Exits 6 when a profile's required layer is missing.
     Doctor(cellbox::doctor::DoctorArgs),
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
             Command::Exec(_) => ExitCode::from(EXIT_INTERNAL),
             Command::Serve(args) => cellbox::serve::run(*args).await,
             Command::Agent(args) => cellbox::agent::cli_main(*args).await,
+            Command::Tools(args) => cellbox::serve::tooldefs::cli_main(*args).await,
             Command::Doctor(args) => cellbox::doctor::cli_main(args).await,
             Command::Bench(args) => cellbox::bench::cli_main(args).await,
             Command::Soak(args) => cellbox::soak::cli_main(args).await,

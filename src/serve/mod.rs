@@ -42,6 +42,7 @@ pub mod schema;
 #[cfg(target_os = "linux")]
 pub mod session_files;
 pub mod sessions;
+pub mod tooldefs;
 
 pub use config::{ServeArgs, ServeConfig, Settings, Transport};
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the MCP clients the client-matrix test drives (tests/suite/clients.rs):
 # the official Python SDK 1.x and 2.x (each in its own venv) and the
-# TypeScript SDK with the Inspector CLI. Idempotent and quiet: a client that
+# TypeScript SDK with the Inspector CLI; also the Python package's test venv
+# and the OpenAI and Anthropic packages (their tool types). Idempotent and quiet: a client that
 # is already there at the wanted version is not installed again.
 set -euo pipefail
 root="${1:-$(dirname "$0")/../../target/mcp-clients}"
@@ -51,6 +52,18 @@ if [ ! -d "$pyclient/rlms-src/tests" ]; then
         -d "$pyclient/rlms-sdist" 'rlms==0.1.3'
     mkdir -p "$pyclient/rlms-src"
     tar -xzf "$pyclient"/rlms-sdist/rlms-0.1.3.tar.gz -C "$pyclient/rlms-src" --strip-components=1
+fi
+
+# The model APIs' own Python packages, whose tool types the output of
+# `cellbox tools --format openai|anthropic` must fit (tests/suite/tooldefs.rs).
+apitypes="$root/apitypes"
+apireq="openai>=1.50,<3 anthropic>=0.40,<1"
+if [ ! -x "$apitypes/bin/python" ] || [ "$(cat "$apitypes/.req" 2>/dev/null)" != "$apireq" ]; then
+    rm -rf "$apitypes"
+    /usr/bin/python3 -m venv "$apitypes"
+    # shellcheck disable=SC2086
+    "$apitypes/bin/pip" install -q --disable-pip-version-check $apireq
+    echo "$apireq" > "$apitypes/.req"
 fi
 
 node_dir="$root/node"

@@ -30,6 +30,7 @@ mod soak;
 mod supervisor;
 mod surface;
 mod tenancy;
+mod tooldefs;
 mod tools;
 mod upstream;
 mod zygote;
