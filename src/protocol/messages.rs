@@ -19,8 +19,35 @@ pub enum Backend {
         #[serde(default)]
         precompiled: Option<String>,
     },
-    /// `execve` of an arbitrary program (`cellbox exec`, shell cells).
-    Exec { argv: Vec<String> },
+    /// `execve` of an arbitrary program (`cellbox exec`, shell cells, a
+    /// command tool), with `env` added to the sandbox's fixed environment
+    /// (a command tool's `env` and `pass_env`).
+    Exec {
+        argv: Vec<String>,
+        #[serde(default, skip_serializing_if = "ExecEnv::is_empty")]
+        env: ExecEnv,
+    },
+}
+
+/// Variables a program is executed with besides the sandbox's own. They
+/// may hold secrets of the supervisor's (a command tool's `{ env = ... }`):
+/// `Debug` shows their names only.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ExecEnv(pub Vec<(String, String)>);
+
+impl ExecEnv {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for ExecEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| k))
+            .finish()
+    }
 }
 
 /// A capability as the worker sees it: a name and its parameter order, so a

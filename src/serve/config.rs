@@ -545,8 +545,8 @@ impl ServeConfig {
 
     /// The environment variables this configuration reads secrets from:
     /// model keys (`api_key_env`), http tools' headers (`{ env = ... }`),
-    /// upstream tokens (`token_env`) and the secrets of upstream servers'
-    /// environments (`env = { NAME = { env = ... } }`).
+    /// upstream tokens (`token_env`) and the secrets of command tools' and
+    /// upstream servers' environments (`env = { NAME = { env = ... } }`).
     pub fn secret_vars(&self) -> Vec<&str> {
         let mut out: Vec<&str> = self
             .models
@@ -557,7 +557,10 @@ impl ServeConfig {
         for tool in self.tools.values() {
             use crate::tools::config::{EnvValue, HeaderValue, ToolDecl};
             match tool {
-                ToolDecl::Command { .. } => {}
+                ToolDecl::Command { env, .. } => out.extend(env.values().filter_map(|v| match v {
+                    EnvValue::FromEnv(f) => Some(f.env.as_str()),
+                    EnvValue::Literal(_) => None,
+                })),
                 ToolDecl::Http { headers, .. } => {
                     out.extend(headers.values().filter_map(|h| match h {
                         HeaderValue::Env { env, .. } => Some(env.as_str()),

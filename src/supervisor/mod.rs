@@ -915,6 +915,20 @@ impl Supervisor {
         config: SessionConfig,
         forward_output: bool,
     ) -> CellResult {
+        self.exec_with_env(argv, Vec::new(), config, forward_output)
+            .await
+    }
+
+    /// [`Supervisor::exec`] with `env` besides the sandbox's fixed
+    /// environment (a command tool's `env` and `pass_env`; names the
+    /// sandbox sets are the tool's declaration's to refuse).
+    pub async fn exec_with_env(
+        &self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        config: SessionConfig,
+        forward_output: bool,
+    ) -> CellResult {
         match self.session(config) {
             Ok(s) => {
                 let forward = if forward_output {
@@ -922,7 +936,7 @@ impl Supervisor {
                 } else {
                     Forward::No
                 };
-                s.exec(argv, forward).await
+                s.exec(argv, crate::protocol::ExecEnv(env), forward).await
             }
             Err(e) => CellResult::refused_with(
                 "shell",

@@ -1228,6 +1228,7 @@ impl Session {
     pub(crate) async fn exec(
         &self,
         argv: Vec<String>,
+        env: crate::protocol::ExecEnv,
         forward_output: super::Forward,
     ) -> CellResult {
         let mut state = self.inner.state.lock().await;
@@ -1242,6 +1243,7 @@ impl Session {
         let code = argv.join(" ");
         let spec = CellSpec::new(self.view(), RunInfo::root(), Language::Shell, code)
             .argv(argv)
+            .env(env)
             .forward(forward_output)
             .execution_count(state.execution_count);
         cell::run(self.inner.sup.clone(), spec).await.0

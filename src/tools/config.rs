@@ -9,7 +9,10 @@
 //!   would begin an element with '-' (and so be read as an option) is
 //!   refused, unless the argument is named in `allow_options` (`["*"]`:
 //!   every argument) or the element comes after a literal `"--"` in
-//!   `argv` (for programs that end their options there).
+//!   `argv` (for programs that end their options there). The program
+//!   starts with the sandbox's fixed environment plus `env` and
+//!   `pass_env`, as a stdio server's below (neither may name a variable
+//!   the sandbox sets: [`super::env::SANDBOX_VARS`]).
 //! - `kind = "http"`: a JSON POST of the arguments to `url`, made by the
 //!   supervisor (cells have no network). A header value may come from an
 //!   environment variable of the supervisor (`{ env = "VAR" }`), which never
@@ -25,8 +28,8 @@
 //!   stdio, an MCP session for HTTP); `shared = true` gives a server that
 //!   keeps no state one connection for all.
 //!
-//! Every value read from the supervisor's environment (`{ env = ... }`,
-//! `token_env`) is a secret: it is registered with the redaction
+//! Every value read from the supervisor's environment (`{ env = ... }` of
+//! any kind, `token_env`) is a secret: it is registered with the redaction
 //! ([`crate::secrets`]) when the tool is declared.
 
 use serde::{Deserialize, Serialize};
@@ -66,6 +69,14 @@ pub enum ToolDecl {
         /// Arguments whose values may begin with '-' (`"*"`: all).
         #[serde(default)]
         allow_options: Vec<String>,
+        /// The program's variables besides the sandbox's fixed ones (see
+        /// [`super::env`]): literals and secrets of the supervisor's.
+        #[serde(default)]
+        env: BTreeMap<String, EnvValue>,
+        /// Variables of the supervisor's environment passed on by name:
+        /// not secrets, so not redacted.
+        #[serde(default)]
+        pass_env: Vec<String>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_output")]

@@ -27,6 +27,8 @@ pub enum DeclaredError {
     Url { name: String, url: String },
     #[error(transparent)]
     Upstream(#[from] super::upstream::UpstreamError),
+    #[error(transparent)]
+    Env(#[from] super::env::EnvError),
     #[error("tools.{name}.ca_file: failed to read {path}")]
     CaFile {
         name: String,
@@ -68,6 +70,8 @@ pub enum ToolCallError {
          (the tool's declaration may allow it with allow_options)"
     )]
     OptionValue(String),
+    #[error("tools.{tool}: {problem}")]
+    Environment { tool: String, problem: String },
     #[error("the command did not finish in {0} ms")]
     CommandTimeout(u64),
     #[error("the command ended with status {status}: {message}")]
@@ -186,19 +190,47 @@ fn cut(mut s: String, max: usize) -> (String, bool) {
     (s, true)
 }
 
-async fn run_command(
-    slot: SupervisorSlot,
+/// A command tool as declared.
+struct CommandTool {
+    name: String,
     argv: Vec<String>,
     allow_options: Vec<String>,
+    env: super::env::HelperEnv,
     timeout_ms: u64,
     max_output: usize,
+}
+
+/// The variables `tool`'s program starts with besides the sandbox's.
+fn command_env(tool: &CommandTool) -> Result<Vec<(String, String)>, ToolCallError> {
+    let bad = |problem| ToolCallError::Environment {
+        tool: tool.name.clone(),
+        problem,
+    };
+    tool.env
+        .resolve()
+        .map_err(bad)?
+        .into_iter()
+        .map(|(k, v)| match v.into_string() {
+            Ok(v) => Ok((k, v)),
+            Err(_) => Err(bad(format!(
+                "the value of the environment variable {k} (pass_env) is not Unicode"
+            ))),
+        })
+        .collect()
+}
+
+async fn run_command(
+    slot: SupervisorSlot,
+    tool: Arc<CommandTool>,
     args: Map<String, Value>,
 ) -> Result<Value, ToolCallError> {
     let sup = slot
         .get()
         .and_then(WeakSupervisor::upgrade)
         .ok_or(ToolCallError::ShuttingDown)?;
-    let argv = substitute(&argv, &args, &allow_options)?;
+    let argv = substitute(&tool.argv, &args, &tool.allow_options)?;
+    let env = command_env(&tool)?;
+    let (timeout_ms, max_output) = (tool.timeout_ms, tool.max_output);
     let config = SessionConfig {
         limits: Limits {
             timeout_ms,
@@ -207,7 +239,7 @@ async fn run_command(
         },
         ..SessionConfig::default()
     };
-    let r = sup.exec(argv, config, false).await;
+    let r = sup.exec_with_env(argv, env, config, false).await;
     match r.status {
         crate::Status::Ok | crate::Status::Error => Ok(json!({
             "exit_code": r.exit.code,
@@ -377,6 +409,8 @@ pub fn capabilities(
                 schema,
                 argv,
                 allow_options,
+                env,
+                pass_env,
                 timeout_ms,
                 max_output_bytes,
             } => {
@@ -392,17 +426,20 @@ pub fn capabilities(
                         arg: arg.clone(),
                     });
                 }
+                let env =
+                    super::env::HelperEnv::new(name, &env, &pass_env, super::env::SANDBOX_VARS)?;
+                let tool = Arc::new(CommandTool {
+                    name: name.clone(),
+                    argv,
+                    allow_options,
+                    env,
+                    timeout_ms,
+                    max_output: max_output_bytes,
+                });
                 let schema = serde_json::to_value(schema).unwrap_or(json!({}));
                 let slot = slot.clone();
                 Capability::new(name, &description, schema, move |_ctx, args| {
-                    let call = run_command(
-                        slot.clone(),
-                        argv.clone(),
-                        allow_options.clone(),
-                        timeout_ms,
-                        max_output_bytes,
-                        args,
-                    );
+                    let call = run_command(slot.clone(), tool.clone(), args);
                     async move { call.await.map_err(|e| e.to_string()) }
                 })
                 .map_err(bad)?

@@ -5,6 +5,7 @@
 #[cfg(target_os = "linux")]
 pub mod config;
 pub mod declared;
+pub mod env;
 mod stdio_tap;
 pub mod upstream;
 pub(crate) mod upstream_http;

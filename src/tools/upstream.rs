@@ -37,7 +37,7 @@ pub enum Target {
     /// configuration names).
     Stdio {
         argv: Vec<String>,
-        env: Vec<(String, HelperValue)>,
+        env: super::env::HelperEnv,
     },
     /// Streamable HTTP with the bearer token of `token_env`, read (and
     /// registered with the redaction) when the server is declared.
@@ -48,28 +48,6 @@ pub enum Target {
         /// Root certificates trusted besides the built-in ones (`ca_file`).
         roots: Vec<reqwest::Certificate>,
     },
-}
-
-/// The value of one variable of a helper's environment.
-#[derive(Debug, Clone)]
-pub enum HelperValue {
-    /// Given in the configuration.
-    Literal(String),
-    /// A secret of the supervisor's environment (`{ env = "VAR" }`);
-    /// `None` when VAR is not set (the server is then not started).
-    Secret {
-        var: String,
-        value: Option<crate::secrets::Secret>,
-    },
-    /// Passed through from the supervisor's environment by name
-    /// (`pass_env`), when set there.
-    Passed(Option<std::ffi::OsString>),
-}
-
-/// A valid environment variable name: letters, digits and '_', not
-/// starting with a digit.
-pub fn valid_env_name(name: &str) -> bool {
-    crate::util::valid_var_name(name)
 }
 
 /// An upstream server could not be declared.
@@ -87,12 +65,8 @@ pub enum UpstreamError {
         #[source]
         source: crate::supervisor::CapabilityError,
     },
-    #[error("tools.{name}.{key}: {problem}")]
-    Env {
-        name: String,
-        key: &'static str,
-        problem: String,
-    },
+    #[error(transparent)]
+    Env(#[from] super::env::EnvError),
     #[error("tools.{name}: {source}")]
     Secrets {
         name: String,
@@ -136,11 +110,6 @@ impl Target {
         env: &std::collections::BTreeMap<String, super::config::EnvValue>,
         pass_env: &[String],
     ) -> Result<Target, UpstreamError> {
-        let bad = |key, problem: String| UpstreamError::Env {
-            name: name.to_owned(),
-            key,
-            problem,
-        };
         let Target::Stdio { argv, .. } = self else {
             if env.is_empty() && pass_env.is_empty() {
                 return Ok(self);
@@ -150,42 +119,10 @@ impl Target {
                 what: "env or pass_env without command",
             });
         };
-        let mut out = Vec::new();
-        for (var, v) in env {
-            if !valid_env_name(var) {
-                return Err(bad("env", format!("{var:?} is not a variable name")));
-            }
-            out.push((
-                var.clone(),
-                match v {
-                    super::config::EnvValue::Literal(s) => HelperValue::Literal(s.clone()),
-                    super::config::EnvValue::FromEnv(f) => {
-                        if !valid_env_name(&f.env) {
-                            return Err(bad("env", format!("{:?} is not a variable name", f.env)));
-                        }
-                        HelperValue::Secret {
-                            var: f.env.clone(),
-                            value: crate::secrets::from_env(&f.env).map_err(|source| {
-                                UpstreamError::Secrets {
-                                    name: name.to_owned(),
-                                    source,
-                                }
-                            })?,
-                        }
-                    }
-                },
-            ));
-        }
-        for var in pass_env {
-            if !valid_env_name(var) {
-                return Err(bad("pass_env", format!("{var:?} is not a variable name")));
-            }
-            if env.contains_key(var) || pass_env.iter().filter(|p| *p == var).count() > 1 {
-                return Err(bad("pass_env", format!("{var} is named twice")));
-            }
-            out.push((var.clone(), HelperValue::Passed(std::env::var_os(var))));
-        }
-        Ok(Target::Stdio { argv, env: out })
+        // A server runs outside the sandbox: none of its variables is the
+        // sandbox's.
+        let env = super::env::HelperEnv::new(name, env, pass_env, &[])?;
+        Ok(Target::Stdio { argv, env })
     }
 
     /// The target of `[tools.NAME]` from its `command`, `url` and `token_env`.
@@ -203,7 +140,7 @@ impl Target {
             (false, None) if token_env.is_some() => Err(bad("token_env without url")),
             (false, None) => Ok(Target::Stdio {
                 argv: command,
-                env: Vec::new(),
+                env: super::env::HelperEnv::default(),
             }),
             (true, Some(url)) => {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -498,28 +435,7 @@ fn spawn(settings: &Settings, fault: &super::stdio_tap::Fault) -> Result<(Helper
     // Nothing of the supervisor's environment (its model keys, the other
     // tools' tokens) but what the configuration names for this server.
     cmd.env_clear();
-    for (var, value) in env {
-        match value {
-            HelperValue::Literal(v) => {
-                cmd.env(var, v);
-            }
-            HelperValue::Secret { value: Some(v), .. } => {
-                cmd.env(var, v.expose());
-            }
-            HelperValue::Secret {
-                value: None,
-                var: from,
-            } => {
-                return Err(format!(
-                    "the environment variable {from} (env.{var}) is not set"
-                ))
-            }
-            HelperValue::Passed(Some(v)) => {
-                cmd.env(var, v);
-            }
-            HelperValue::Passed(None) => {}
-        }
-    }
+    cmd.envs(env.resolve()?);
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -387,8 +387,8 @@ fn run_sandboxed(
             eprintln!("cellbox worker: failed to start {interpreter}: {err}");
             EXIT_PROTOCOL
         }
-        Backend::Exec { argv } => {
-            let err = python::exec_program(chan, &argv);
+        Backend::Exec { argv, env } => {
+            let err = python::exec_program(chan, &argv, &env.0);
             eprintln!(
                 "cellbox: failed to execute {}: {err}",
                 argv.first().map_or("nothing", String::as_str)

@@ -52,7 +52,7 @@ pub(crate) fn exec_zygote(interpreter: &str, config: &str, precompiled: Option<&
 
 /// Replace this process with `argv` (the protocol channel is closed at exec:
 /// a program run by `exec` speaks no protocol). Returns only on failure.
-pub(crate) fn exec_program(chan: Channel, argv: &[String]) -> String {
+pub(crate) fn exec_program(chan: Channel, argv: &[String], env: &[(String, String)]) -> String {
     let stream = chan.into_stream();
     if let Err(e) = nix::fcntl::fcntl(
         stream.as_fd(),
@@ -64,7 +64,7 @@ pub(crate) fn exec_program(chan: Channel, argv: &[String]) -> String {
         return "no program given".into();
     }
     // Keep the stream (and so fd 3) alive until exec closes it.
-    let err = crate::sandbox::exec(argv, &[]);
+    let err = crate::sandbox::exec(argv, env);
     drop(stream);
     err.to_string()
 }

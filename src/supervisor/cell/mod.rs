@@ -54,6 +54,8 @@ pub(crate) struct CellSpec {
     pub code: String,
     /// For `Language::Shell` via `exec`: the program and its arguments.
     pub argv: Option<Vec<String>>,
+    /// For `argv`: variables besides the sandbox's (a command tool's).
+    pub env: crate::protocol::ExecEnv,
     /// Shared with the session (see its `State::vars`).
     pub vars: std::sync::Arc<Map<String, Value>>,
     pub definitions: Vec<Definition>,
@@ -121,6 +123,7 @@ impl CellSpec {
             language,
             code: code.into(),
             argv: None,
+            env: Default::default(),
             vars: Default::default(),
             definitions: Vec::new(),
             limits: session.limits.clone(),
@@ -161,6 +164,12 @@ impl CellSpec {
     /// A program to execute (`exec`) rather than `code` for the shell.
     pub(crate) fn argv(mut self, argv: Vec<String>) -> CellSpec {
         self.argv = Some(argv);
+        self
+    }
+
+    /// Variables `argv` is executed with besides the sandbox's.
+    pub(crate) fn env(mut self, env: crate::protocol::ExecEnv) -> CellSpec {
+        self.env = env;
         self
     }
 

@@ -46,7 +46,10 @@ pub(super) fn backend_for(
             plan.exec.push(resolved.clone());
             let mut argv = argv;
             argv[0] = resolved.to_string_lossy().into_owned();
-            Backend::Exec { argv }
+            Backend::Exec {
+                argv,
+                env: spec.env.clone(),
+            }
         }
     };
     Ok((backend, plan))
