@@ -154,7 +154,7 @@ fn loop_language(asked: Option<&str>, allowed: &[Language]) -> Result<Language, 
         }
         None => Language::Rhai,
     };
-    if lang == Language::Shell {
+    if lang.is_shell() {
         return Err("--lang: give python or rhai".into());
     }
     if !allowed.contains(&lang) {

@@ -374,7 +374,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
         let code = match language {
             Language::Rhai => "40 + 2",
             Language::Python => "pass",
-            Language::Shell => "true",
+            Language::Shell | Language::Bash => "true",
         };
         let mut bare_python = None;
         if language == Language::Python {
@@ -508,7 +508,7 @@ pub async fn run(n: usize, langs: &[String]) -> Result<String, String> {
                 side_by_side(&c, &b)
             );
         }
-        if language != Language::Shell {
+        if !language.is_shell() {
             out.push_str(&tenancy_cost(n, &warm, language, code, lang).await?);
         }
         if language == Language::Python {

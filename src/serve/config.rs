@@ -268,7 +268,12 @@ pub struct ServerSection {
 impl Default for ServerSection {
     fn default() -> Self {
         ServerSection {
-            languages: vec!["python".into(), "rhai".into(), "shell".into()],
+            languages: vec![
+                "python".into(),
+                "rhai".into(),
+                "shell".into(),
+                "bash".into(),
+            ],
             max_concurrency: 4,
             max_queue: 64,
             max_queue_per_principal: None,
@@ -618,6 +623,12 @@ impl ServeConfig {
                 Language::Rhai => &mut self.profiles.rhai,
                 Language::Python => &mut self.profiles.python,
                 Language::Shell => &mut self.profiles.shell,
+                Language::Bash => return Err(invalid(
+                    "--profile",
+                    format!(
+                        "{p:?}: bash runs under the shell language's profile; give shell=PROFILE"
+                    ),
+                )),
             };
             *slot = Some(name.trim().to_owned());
         }
@@ -711,7 +722,7 @@ impl ServeConfig {
         if languages.is_empty() {
             return Err(invalid(
                 "server.languages (--language)",
-                "name at least one of python, rhai, shell",
+                "name at least one of python, rhai, shell, bash",
             ));
         }
         languages.sort_by_key(|l| l.as_str());
@@ -731,6 +742,10 @@ impl ServeConfig {
             }
             crate::profiles::Profile::load(&name).map_err(|e| invalid(&key, e.to_string()))?;
             profiles.insert(lang, name);
+        }
+        // Bash runs under the shell language's profile.
+        if let Some(shell) = profiles.get(&Language::Shell).cloned() {
+            profiles.insert(Language::Bash, shell);
         }
 
         for name in &self.policy.allow {
@@ -1104,7 +1119,12 @@ mod tests {
         assert_eq!(s.transport, Transport::Stdio);
         assert_eq!(
             s.languages,
-            vec![Language::Python, Language::Rhai, Language::Shell]
+            vec![
+                Language::Bash,
+                Language::Python,
+                Language::Rhai,
+                Language::Shell
+            ]
         );
         assert!(s.session.policy.allow.is_empty());
         assert_eq!(s.profiles[&Language::Python], "python");

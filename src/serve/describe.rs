@@ -31,7 +31,7 @@ fn probe_code(language: Language) -> &'static str {
     match language {
         Language::Rhai => "()",
         Language::Python => "None",
-        Language::Shell => "true",
+        Language::Shell | Language::Bash => "true",
     }
 }
 
@@ -152,6 +152,9 @@ fn language_line(language: Language, python: &Result<PythonInfo, NoPython>) -> S
         }
         Language::Shell => "shell: run by /bin/sh -c; stdout and stderr are returned, an exit \
                             status other than 0 is an error."
+            .to_owned(),
+        Language::Bash => "bash: run by /bin/bash -c under the shell profile, as shell is; shell \
+                           variables do not carry over to the next call, files in a session do."
             .to_owned(),
     }
 }
@@ -358,6 +361,7 @@ fn language_line_short(language: Language) -> &'static str {
             "python: Python 3, the standard library only (no third-party packages)."
         }
         Language::Shell => "shell: /bin/sh -c; an exit status other than 0 is an error.",
+        Language::Bash => "bash: /bin/bash -c; an exit status other than 0 is an error.",
     }
 }
 
@@ -521,7 +525,12 @@ impl Facts<'_> {
             }
         }
         // A language's profile is a ceiling over these.
+        let shell = self.profiles.get(&Language::Shell).map(|p| &p.name);
         for (lang, p) in &self.profiles {
+            // Bash under shell's profile has shell's ceiling, said once.
+            if *lang == Language::Bash && shell == Some(&p.name) {
+                continue;
+            }
             let e = l.under_profile(&p.limits);
             if e != *l {
                 let _ = write!(
@@ -696,7 +705,16 @@ impl Facts<'_> {
                     .collect()
             })
             .unwrap_or_default();
+        let shell_lines = per
+            .iter()
+            .find(|(l, _)| *l == Language::Shell)
+            .map(|(_, lines)| lines);
         for (lang, lines) in &per {
+            // Bash under the same profile as shell is said in a few words.
+            if *lang == Language::Bash && shell_lines == Some(lines) {
+                s.push_str("\n- bash: /bin/bash -c, as shell.");
+                continue;
+            }
             let _ = write!(s, "\n- {}", language_line_short(*lang));
             for line in lines.iter().filter(|l| !shared.contains(l)) {
                 let _ = write!(s, "\n  {line}");

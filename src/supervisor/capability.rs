@@ -367,7 +367,7 @@ impl Registry {
                 "run_cell",
                 "Run a sub-cell at depth + 1 under a policy no wider than this one; returns its value.",
                 json!({"type": "object", "properties": {
-                        "language": {"type": "string", "enum": ["rhai", "python", "shell"]},
+                        "language": {"type": "string", "enum": ["rhai", "python", "shell", "bash"]},
                         "code": {"type": "string"},
                         "vars": {"type": "object"}},
                        "required": ["language", "code"], "additionalProperties": false}),

@@ -65,7 +65,10 @@ use std::sync::{Arc, OnceLock};
 pub enum Language {
     Rhai,
     Python,
+    /// `/bin/sh -c CODE` under the shell profile.
     Shell,
+    /// `/bin/bash -c CODE` under the shell profile.
+    Bash,
 }
 
 impl Language {
@@ -74,32 +77,53 @@ impl Language {
             Language::Rhai => "rhai",
             Language::Python => "python",
             Language::Shell => "shell",
+            Language::Bash => "bash",
         }
     }
 
-    /// The built-in sandbox profile for this language.
+    /// The built-in sandbox profile for this language (bash runs under
+    /// the shell profile).
     pub fn default_profile(self) -> &'static str {
-        self.as_str()
+        match self {
+            Language::Bash => Language::Shell.as_str(),
+            l => l.as_str(),
+        }
+    }
+
+    /// A program run with the code as its `-c` argument (`/bin/sh`,
+    /// `/bin/bash`), rather than a script an engine reads.
+    pub fn is_shell(self) -> bool {
+        matches!(self, Language::Shell | Language::Bash)
+    }
+
+    /// The interpreter of a shell language.
+    pub fn shell_program(self) -> Option<&'static str> {
+        match self {
+            Language::Shell => Some("/bin/sh"),
+            Language::Bash => Some("/bin/bash"),
+            Language::Rhai | Language::Python => None,
+        }
     }
 
     /// Why `code` can never run in this language, if it cannot: shell code
     /// is an argument of `/bin/sh`, a C string, so it holds no NUL byte.
     pub fn code_error(self, code: &str) -> Option<String> {
         match (self, code.find('\0')) {
-            (Language::Shell, Some(at)) => Some(format!(
-                "shell code cannot contain a NUL byte (found at byte {at}): \
+            (Language::Shell | Language::Bash, Some(at)) => Some(format!(
+                "{self} code cannot contain a NUL byte (found at byte {at}): \
                  the shell gets the script as a program argument, a C string"
             )),
             _ => None,
         }
     }
 
-    /// Infer the language from a file name (`.rhai`, `.py`, `.sh`).
+    /// Infer the language from a file name (`.rhai`, `.py`, `.sh`, `.bash`).
     pub fn from_path(path: &Path) -> Option<Language> {
         match path.extension()?.to_str()? {
             "rhai" => Some(Language::Rhai),
             "py" => Some(Language::Python),
             "sh" => Some(Language::Shell),
+            "bash" => Some(Language::Bash),
             _ => None,
         }
     }
@@ -112,6 +136,7 @@ impl std::str::FromStr for Language {
             "rhai" => Ok(Language::Rhai),
             "python" | "py" | "python3" => Ok(Language::Python),
             "shell" | "sh" => Ok(Language::Shell),
+            "bash" => Ok(Language::Bash),
             other => Err(Error::UnknownLanguage(other.to_owned())),
         }
     }
@@ -127,7 +152,7 @@ impl std::fmt::Display for Language {
 /// [`CellResult`]).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("unknown language {0:?}: use rhai, python or shell")]
+    #[error("unknown language {0:?}: use rhai, python, shell or bash")]
     UnknownLanguage(String),
     #[error(transparent)]
     Capability(#[from] CapabilityError),
@@ -286,9 +311,15 @@ impl Inner {
     pub(crate) fn profile_name(&self, language: Language, session: Option<&str>) -> String {
         match session {
             Some(p) => p.to_owned(),
+            // Bash runs under the shell language's profile unless given
+            // one of its own.
             None => self
                 .profiles
                 .get(&language)
+                .or_else(|| match language {
+                    Language::Bash => self.profiles.get(&Language::Shell),
+                    _ => None,
+                })
                 .cloned()
                 .unwrap_or_else(|| language.default_profile().to_owned()),
         }
@@ -809,9 +840,14 @@ impl Supervisor {
                 .then(|| PathBuf::from(crate::macos::launch::SANDBOX_EXEC)),
             python: None,
             profiles: Default::default(),
-            languages: [Language::Rhai, Language::Python, Language::Shell]
-                .into_iter()
-                .collect(),
+            languages: [
+                Language::Rhai,
+                Language::Python,
+                Language::Shell,
+                Language::Bash,
+            ]
+            .into_iter()
+            .collect(),
             warm: true,
             prepare_runs: true,
             #[cfg(target_os = "linux")]

@@ -724,7 +724,7 @@ impl Session {
             self.push_history(&mut state, &request, &result);
             return result;
         }
-        if result.status == Status::Ok && request.language != Language::Shell {
+        if result.status == Status::Ok && !request.language.is_shell() {
             if let Some(done) = done.filter(|d| admit_carried(&mut state, d, &mut result)) {
                 apply(&mut state, request.language, &done, &mut result);
                 // Variables are shared across languages: a live Python
@@ -1056,7 +1056,7 @@ impl Session {
     async fn prepare_cell_with(&self, language: Language, limits: Limits) -> bool {
         let live_python =
             language == Language::Python && self.inner.config.python_state == PythonState::Live;
-        if live_python || language == Language::Shell {
+        if live_python || language.is_shell() {
             return false;
         }
         // Its variables as they are now go with it (a Rhai worker gets them

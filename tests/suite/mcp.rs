@@ -357,7 +357,7 @@ async fn tools_are_listed_with_generated_descriptions_and_schemas() {
     assert_eq!(hints.open_world_hint, Some(true));
     assert_eq!(hints.read_only_hint, Some(false));
     let langs = &exec_tool.input_schema["properties"]["language"]["enum"];
-    assert_eq!(langs, &json!(["python", "rhai", "shell"]));
+    assert_eq!(langs, &json!(["bash", "python", "rhai", "shell"]));
     let required = &exec_tool.input_schema["required"];
     assert_eq!(required, &json!(["language", "code"]));
 
@@ -2360,17 +2360,23 @@ async fn a_host_tool_refused_as_busy_is_not_charged() {
         "0",
     ])
     .await;
-    let peer = s.client.peer().clone();
-    let busy = tokio::spawn(async move {
-        let args = json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 3});
-        peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args)))
-            .await
-    });
+    // The looping cell; runs until its timeout, long enough for the probe
+    // and the five calls on a loaded host.
+    let start_busy = || {
+        let peer = s.client.peer().clone();
+        tokio::spawn(async move {
+            let args = json!({"language": "rhai", "code": "loop {}", "timeout_seconds": 15});
+            peer.call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args)))
+                .await
+        })
+    };
+    let mut busy = start_busy();
     // Refused for want of a slot: ServerBusy, or ClientQueueFull when the
     // principal's share of the queue (none here) is what refuses it.
     let refused_busy = |r: &str| r.contains("ServerBusy") || r.contains("ClientQueueFull");
     // Until the cell holds the slot (a cell is no tool call: probing with
-    // one charges nothing).
+    // one charges nothing). A probe that took the slot first made the
+    // looping cell's call be refused: it is made again.
     let t0 = std::time::Instant::now();
     loop {
         let r = call(
@@ -2383,11 +2389,18 @@ async fn a_host_tool_refused_as_busy_is_not_charged() {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "never refused");
+        if busy.is_finished() {
+            busy = start_busy();
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for _ in 0..5 {
         let r = call(&s.client, "read_file", json!({"path": "a.txt"})).await;
-        assert!(refused_busy(&format!("{r:?}")), "{r:?}");
+        assert!(
+            refused_busy(&format!("{r:?}")),
+            "{r:?}; the looping cell had ended: {}",
+            busy.is_finished()
+        );
     }
     let _ = busy.await;
     let t0 = std::time::Instant::now();

@@ -1,3 +1,4 @@
+mod bash;
 mod bench_mcp;
 mod bounds;
 mod budgets;

@@ -531,7 +531,7 @@ async fn life(
         let (stdout, stderr) = streams.drain().await;
         result.record_end(stdout, stderr, Some(&used));
         let tail = end::Tail::start(ending, writer, exit, group, spec.scratch.clone());
-        let exec = spec.language == Language::Shell;
+        let exec = spec.language.is_shell();
         return Ok((classify(&spec.limits, exec, result, outcome), Some(tail)));
     }
     drop(writer);
@@ -587,7 +587,7 @@ async fn life(
             result.usage.cpu_ms = result.usage.cpu_ms.max(ns / 1_000_000);
         }
     }
-    let exec = spec.language == Language::Shell;
+    let exec = spec.language.is_shell();
     let done = classify(&spec.limits, exec, result, outcome);
     #[cfg(target_os = "linux")]
     {

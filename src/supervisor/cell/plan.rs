@@ -36,10 +36,13 @@ pub(super) fn backend_for(
                 precompiled,
             }
         }
-        Language::Shell => {
+        Language::Shell | Language::Bash => {
             let argv = match &spec.argv {
                 Some(a) => a.clone(),
-                None => vec!["/bin/sh".into(), "-c".into(), spec.code.clone()],
+                None => {
+                    let sh = spec.language.shell_program().unwrap_or("/bin/sh");
+                    vec![sh.into(), "-c".into(), spec.code.clone()]
+                }
             };
             let prog = argv.first().ok_or(ProgramError::Empty)?;
             let resolved = crate::supervisor::resolve_program(prog)?;
