@@ -93,7 +93,7 @@ fn rlm_calls(cell: &CellResult) -> Vec<Value> {
     for c in &cell.calls {
         let Some(d) = &c.detail else { continue };
         match c.cap.as_str() {
-            "model_query" => out.push(completion(d)),
+            "model_query" | "summarize" => out.push(completion(d)),
             "model_query_batched" => {
                 out.extend(d.as_array().into_iter().flatten().map(completion));
             }

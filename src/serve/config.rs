@@ -623,12 +623,14 @@ impl ServeConfig {
                 Language::Rhai => &mut self.profiles.rhai,
                 Language::Python => &mut self.profiles.python,
                 Language::Shell => &mut self.profiles.shell,
-                Language::Bash => return Err(invalid(
-                    "--profile",
-                    format!(
+                Language::Bash => {
+                    return Err(invalid(
+                        "--profile",
+                        format!(
                         "{p:?}: bash runs under the shell language's profile; give shell=PROFILE"
                     ),
-                )),
+                    ))
+                }
             };
             *slot = Some(name.trim().to_owned());
         }

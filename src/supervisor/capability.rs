@@ -70,6 +70,8 @@ pub(crate) enum ModelOp {
     Query,
     Batch,
     Agent,
+    /// One query: an instruction to summarise, then the text.
+    Summarize,
 }
 
 /// A capability: name, description, JSON schema of its arguments, handler.
@@ -383,7 +385,8 @@ impl Registry {
         }
     }
 
-    /// Register `model_query` and `model_query_batched`.
+    /// Register `model_query`, `model_query_batched`, `agent_query` and
+    /// `summarize`.
     pub(crate) fn register_models(&mut self) -> Result<(), CapabilityError> {
         let message = json!({"type": "object", "properties": {
             "role": {"type": "string"}, "content": {"type": "string"}},
@@ -427,6 +430,17 @@ impl Registry {
                         "model": {"type": ["string", "null"]}},
                        "required": ["task"], "additionalProperties": false}),
                 Handler::Model(ModelOp::Agent),
+            )?,
+            Capability::build(
+                "summarize",
+                "summarize(text, max_tokens=None, model=None): ask a configured model for a \
+                 summary of text in at most max_tokens tokens; returns the summary.",
+                json!({"type": "object", "properties": {
+                        "text": {"type": "string"},
+                        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+                        "model": {"type": ["string", "null"]}},
+                       "required": ["text"], "additionalProperties": false}),
+                Handler::Model(ModelOp::Summarize),
             )?,
         ] {
             self.register(cap)?;

@@ -116,7 +116,7 @@ fn model_text(cap: &str, v: Dynamic) -> Dynamic {
             .unwrap_or_else(|| d.clone())
     };
     match cap {
-        "model_query" => text(&v),
+        "model_query" | "summarize" => text(&v),
         "model_query_batched" => match v.read_lock::<rhai::Array>() {
             Some(a) => Dynamic::from_array(a.iter().map(text).collect()),
             None => v.clone(),

@@ -341,12 +341,15 @@ def _model_reply(v):
 
 # Model capabilities and the names recursive-language-model code calls them by.
 _MODEL_ALIASES = {"model_query": "llm_query", "model_query_batched": "llm_query_batched"}
+# Model capabilities whose value is one reply (a ModelReply), or a list of them.
+_MODEL_SINGLE = ("model_query", "summarize")
+_MODEL_CAPS = _MODEL_SINGLE + ("model_query_batched",)
 
 
 def _model_capability(name, params):
-    """model_query / model_query_batched: the reply as a ModelReply."""
+    """model_query / summarize / model_query_batched: the reply as a ModelReply."""
     inner = _capability(name, params)
-    if name == "model_query":
+    if name in _MODEL_SINGLE:
         def capability(*args, **kwargs):
             return _model_reply(inner(*args, **kwargs))
     else:
@@ -583,7 +586,7 @@ def _cell_builtins(caps, out, g):
     allowed = {}
     for spec in caps:
         name = spec["name"]
-        make = _model_capability if name in _MODEL_ALIASES else _capability
+        make = _model_capability if name in _MODEL_CAPS else _capability
         f = make(name, tuple(map(str, spec["params"])))
         _st.setdefault("caps", {})[name] = f
         if spec.get("allowed", True) is not True:
