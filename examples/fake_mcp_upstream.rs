@@ -2,6 +2,7 @@
 //! tools (see tests/suite/common/fake_upstream.rs for its tools). With
 //! `--banner`, it first writes a line that is not JSON on stdout; with
 //! `--list MODE`, its tool list is an attack (see `OddList`).
+#![allow(clippy::disallowed_macros)] // its `log` tool writes raw stderr on purpose
 
 #[allow(dead_code)]
 #[path = "../tests/suite/common/fake_upstream.rs"]

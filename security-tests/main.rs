@@ -9,6 +9,7 @@
 //! attacks between clients of one `cellbox serve --http`, in Rust; and the
 //! agent-surface section (`agent/`): attacks through models, tools, upstream
 //! MCP servers and the agent loop, in Rust.
+#![allow(clippy::disallowed_macros)] // stderr is for the developer
 
 use cellbox::security::{self, catalog, Category, Lang, SuiteOptions};
 use std::collections::BTreeSet;

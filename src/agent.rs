@@ -347,17 +347,17 @@ async fn run(args: AgentArgs) -> Result<ExitCode, String> {
             None => {}
         }
         match (&answer, &stop) {
-            (Some(_), Stop::BudgetExhausted { budget, detail }) => eprintln!(
+            (Some(_), Stop::BudgetExhausted { budget, detail }) => crate::report!(
                 "cellbox agent: not final: budget {budget} exhausted ({}); the answer above is \
                  the model's best effort",
                 for_person(detail)
             ),
-            (None, Stop::BudgetExhausted { budget, detail }) => eprintln!(
+            (None, Stop::BudgetExhausted { budget, detail }) => crate::report!(
                 "cellbox agent: stopped unanswered: budget {budget} exhausted ({})",
                 for_person(detail)
             ),
             (_, Stop::ModelError { message }) => {
-                eprintln!("cellbox agent: {}", for_person(message))
+                crate::report!("cellbox agent: {}", for_person(message))
             }
             (_, Stop::Answered) => {}
         }

@@ -334,7 +334,7 @@ pub async fn cli_main(args: BenchArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("cellbox bench: {e}");
+            crate::report!("cellbox bench: {e}");
             ExitCode::from(EXIT_INTERNAL)
         }
     }

@@ -77,7 +77,7 @@ pub struct CellArgs {
 
 /// Report a usage error and return its exit code.
 pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("cellbox: {}", crate::terminal::for_person(&msg.to_string()));
+    crate::report!("cellbox: {}", crate::terminal::for_person(&msg.to_string()));
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -130,7 +130,7 @@ pub fn print_json(r: &CellResult) -> Result<(), ExitCode> {
             Ok(())
         }
         Err(e) => {
-            eprintln!("cellbox: failed to encode the result: {e}");
+            crate::report!("cellbox: failed to encode the result: {e}");
             Err(ExitCode::from(EXIT_INTERNAL))
         }
     }
@@ -222,7 +222,7 @@ pub fn exec_exit(result: &CellResult, json: bool) -> ExitCode {
     } else {
         if let Some(e) = &result.error {
             if result.status != Status::Error {
-                eprintln!(
+                crate::report!(
                     "cellbox: {}: {} [{}]",
                     crate::terminal::escape(&e.kind),
                     crate::terminal::escape(&e.message),
@@ -404,7 +404,7 @@ pub fn hand_to_engine() -> ExitCode {
     let engine = match find_engine() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("cellbox: {e}");
+            crate::report!("cellbox: {e}");
             return ExitCode::from(EXIT_INTERNAL);
         }
     };
@@ -414,7 +414,7 @@ pub fn hand_to_engine() -> ExitCode {
         .arg0(arg0)
         .args(args)
         .exec();
-    eprintln!(
+    crate::report!(
         "cellbox: cannot run {} ({err}); it is built and installed with cellbox (`cargo build --release`)",
         engine.display()
     );

@@ -391,7 +391,7 @@ pub async fn cli_main(args: DoctorArgs) -> ExitCode {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),
             Err(e) => {
-                eprintln!("cellbox: failed to encode the report: {e}");
+                crate::report!("cellbox: failed to encode the report: {e}");
                 return ExitCode::from(EXIT_INTERNAL);
             }
         }

@@ -71,7 +71,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("cellbox: failed to start the runtime: {e}");
+            cellbox::report!("cellbox: failed to start the runtime: {e}");
             return ExitCode::from(EXIT_INTERNAL);
         }
     };

@@ -83,12 +83,12 @@ async fn repl_command(
             let value = serde_json::from_str(a2)
                 .unwrap_or_else(|_| serde_json::Value::String(a2.to_owned()));
             if let Err(e) = session.set_var(a1, value).await {
-                eprintln!("{e}");
+                crate::report!("{e}");
             }
         }
         ":get" if !a1.is_empty() => match session.get_var(a1).await {
             Some(v) => println!("{}", crate::terminal::escape_json(&v.to_string())),
-            None => eprintln!("no variable {a1:?}"),
+            None => crate::report!("no variable {a1:?}"),
         },
         ":show" => match a1 {
             "vars" => {
@@ -139,7 +139,7 @@ async fn repl_command(
                     );
                 }
             }
-            _ => eprintln!("usage: :show vars|status|history"),
+            _ => crate::report!("usage: :show vars|status|history"),
         },
         ":call" if !a1.is_empty() => {
             let args = if a2.is_empty() { "{}" } else { a2 };
@@ -148,18 +148,18 @@ async fn repl_command(
                     let r = session.call(a1, m).await;
                     print_result(&r, true, false);
                 }
-                _ => eprintln!("usage: :call CAP {{\"arg\": value, ...}}"),
+                _ => crate::report!("usage: :call CAP {{\"arg\": value, ...}}"),
             }
         }
         ":lang" => match a1.parse() {
             Ok(l) => *language = l,
-            Err(e) => eprintln!("{e}"),
+            Err(e) => crate::report!("{e}"),
         },
         ":reset" => {
             session.reset().await;
             println!("namespace cleared");
         }
-        _ => eprintln!("unknown or incomplete command {line:?}; type :help"),
+        _ => crate::report!("unknown or incomplete command {line:?}; type :help"),
     }
     true
 }

@@ -75,7 +75,7 @@ pub async fn cli_main(args: SoakArgs) -> ExitCode {
     let binary = match crate::cli::front_binary() {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("cellbox soak: cannot find this binary: {e}");
+            crate::report!("cellbox soak: cannot find this binary: {e}");
             return ExitCode::from(EXIT_INTERNAL);
         }
     };
@@ -103,7 +103,7 @@ pub async fn cli_main(args: SoakArgs) -> ExitCode {
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("cellbox soak: {e}");
+            crate::report!("cellbox soak: {e}");
             ExitCode::from(EXIT_INTERNAL)
         }
     }

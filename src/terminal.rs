@@ -62,6 +62,30 @@ pub fn for_person(text: &str) -> String {
     escape(&crate::secrets::redact_record(text)).into_owned()
 }
 
+/// `eprintln!` for the operator's terminal: the line redacted and escaped
+/// ([`for_person`]). Every message cellbox writes on stderr goes through
+/// it (`clippy.toml` disallows `eprintln!` itself): an error may quote a
+/// config file, a path, a principal's name or an endpoint's words, any of
+/// which can carry escape sequences or a secret.
+#[macro_export]
+macro_rules! report {
+    () => {{
+        #[allow(clippy::disallowed_macros)]
+        {
+            ::std::eprintln!();
+        }
+    }};
+    ($($arg:tt)*) => {{
+        #[allow(clippy::disallowed_macros)]
+        {
+            ::std::eprintln!(
+                "{}",
+                $crate::terminal::for_person(&::std::format!($($arg)*))
+            );
+        }
+    }};
+}
+
 /// [`escape`] of a byte stream that arrives in pieces: a character split
 /// between two pieces is held until it is whole; bytes that are not UTF-8
 /// are written `\xNN`.

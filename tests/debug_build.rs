@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_macros)] // test code: a panic is a failed test; stderr is for the developer
 //! The debug build works: a warm Rhai cell, a warm and a live Python cell,
 //! one `serve` call, and the README's "From Rust" program, each run by
 //! binaries built with the plain `dev` profile (debug assertions on).

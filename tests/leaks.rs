@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_macros)] // test code: a panic is a failed test; stderr is for the developer
 //! No fd, zombie or scratch dir outlives a cell. A binary of its own: it
 //! counts process-wide resources, which concurrent tests would disturb.
 

@@ -572,7 +572,7 @@ fn cell_body(
         }
     };
     let err = linux::exec::exec_in(argv, &linux::cell_environment(plan));
-    eprintln!(
+    crate::report!(
         "cellbox: failed to execute {}: {err}",
         argv.first().map_or("nothing", String::as_str)
     );

@@ -66,7 +66,7 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
     {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("cellbox security-test: cannot find the running binary: {e}");
+            crate::report!("cellbox security-test: cannot find the running binary: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -82,14 +82,14 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
         match l.parse::<Lang>() {
             Ok(l) => opts.langs.push(l),
             Err(e) => {
-                eprintln!("cellbox security-test: --lang: {e}");
+                crate::report!("cellbox security-test: --lang: {e}");
                 return ExitCode::from(EXIT_USAGE);
             }
         }
     }
     if opts.live {
         if opts.langs.iter().any(|l| *l != Lang::Python) {
-            eprintln!("cellbox security-test: --live attacks Python sessions; drop --lang or give --lang python");
+            crate::report!("cellbox security-test: --live attacks Python sessions; drop --lang or give --lang python");
             return ExitCode::from(EXIT_USAGE);
         }
         opts.langs = vec![Lang::Python];
@@ -101,18 +101,18 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
     let attacks = match attacks {
         Ok(a) => opts.select(a),
         Err(e) => {
-            eprintln!("cellbox security-test: {e}");
+            crate::report!("cellbox security-test: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     if attacks.is_empty() {
-        eprintln!("cellbox security-test: no attack matches the filters");
+        crate::report!("cellbox security-test: no attack matches the filters");
         return ExitCode::from(EXIT_USAGE);
     }
     let report = match run_suite(attacks, &opts) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cellbox security-test: {e}");
+            crate::report!("cellbox security-test: {e}");
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -121,12 +121,12 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
         let text = match serde_json::to_string_pretty(&report.to_json()) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("cellbox security-test: failed to encode the report: {e}");
+                crate::report!("cellbox security-test: failed to encode the report: {e}");
                 return ExitCode::from(EXIT_FAILED);
             }
         };
         if let Err(e) = std::fs::write(path, text + "\n") {
-            eprintln!(
+            crate::report!(
                 "cellbox security-test: failed to write {}: {e}",
                 path.display()
             );
@@ -135,7 +135,7 @@ pub fn cli_main(args: SecurityTestArgs) -> ExitCode {
     }
     if let Some(path) = &args.markdown {
         if let Err(e) = std::fs::write(path, report.markdown()) {
-            eprintln!(
+            crate::report!(
                 "cellbox security-test: failed to write {}: {e}",
                 path.display()
             );

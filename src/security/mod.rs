@@ -608,7 +608,7 @@ pub fn run_suite(attacks: Vec<Attack>, opts: &SuiteOptions) -> Result<SuiteRepor
                 let outcome = run_one(&suite, &attacks[i], opts, why);
                 if opts.progress {
                     let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                    eprintln!(
+                    crate::report!(
                         "[{n:>3}/{total}] {:<8} {:<40} {:>6.1}s",
                         outcome.verdict.as_str(),
                         outcome.file,

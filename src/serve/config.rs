@@ -543,7 +543,7 @@ impl ServeConfig {
         let warnings = crate::secrets::load(config.secret_vars())
             .map_err(|e| invalid("the config's secrets", e.to_string()))?;
         for w in warnings {
-            eprintln!("cellbox: warning: {w}");
+            crate::report!("cellbox: warning: {w}");
         }
         Ok(config)
     }

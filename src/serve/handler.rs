@@ -625,7 +625,7 @@ impl CellboxServer {
             .pools
             .get_or_init(|| async {
                 if let Err(e) = self.state.sup.start_pools().await {
-                    eprintln!("cellbox serve: warm workers unavailable, cells run cold: {e}");
+                    crate::report!("cellbox serve: warm workers unavailable, cells run cold: {e}");
                 }
             })
             .await;

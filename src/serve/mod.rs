@@ -368,7 +368,7 @@ async fn serve_stdio(
     let reader = match StdinReader::spawn(shutdown.clone(), limit, swap) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cellbox serve: failed to start the stdin reader: {e}");
+            crate::report!("cellbox serve: failed to start the stdin reader: {e}");
             return EXIT_INTERNAL;
         }
     };
@@ -430,13 +430,13 @@ async fn serve_http(server: CellboxServer, settings: &Settings, shutdown: Cancel
     {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("cellbox serve: failed to listen on {addr}: {e}");
+            crate::report!("cellbox serve: failed to listen on {addr}: {e}");
             return EXIT_USAGE;
         }
     };
     match http.local_addr() {
         // Announce the real address (a port of 0 picks a free one).
-        Ok(a) => eprintln!("cellbox serve: MCP over streamable HTTP at http://{a}/"),
+        Ok(a) => crate::report!("cellbox serve: MCP over streamable HTTP at http://{a}/"),
         Err(e) => tracing::warn!("failed to read the bound address: {e}"),
     }
     http.serve(shutdown).await;
@@ -448,7 +448,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     let settings = match config::resolve(&args) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("cellbox serve: {e}");
+            crate::report!("cellbox serve: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -458,13 +458,13 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     let sup = match build_supervisor(&settings) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("cellbox serve: {e}");
+            crate::report!("cellbox serve: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     if settings.session_cgroups {
         if let Some(gap) = sup.missing_separation() {
-            eprintln!("cellbox serve: {gap}");
+            crate::report!("cellbox serve: {gap}");
         }
     }
     let shutdown = CancellationToken::new();

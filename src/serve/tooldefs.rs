@@ -136,14 +136,14 @@ pub async fn cli_main(args: ToolsArgs) -> ExitCode {
     let tools = match listed(&args.serve).await {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("cellbox tools: {e}");
+            crate::report!("cellbox tools: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     let out = match render(&tools, args.format) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("cellbox tools: {e}");
+            crate::report!("cellbox tools: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -153,7 +153,7 @@ pub async fn cli_main(args: ToolsArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("cellbox tools: failed to encode the definitions: {e}");
+            crate::report!("cellbox tools: failed to encode the definitions: {e}");
             ExitCode::from(EXIT_INTERNAL)
         }
     }

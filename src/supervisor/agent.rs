@@ -486,7 +486,7 @@ pub(crate) fn run_loop<'a>(
             messages.push(json!({"role": "user", "content": fed.join("\n")}));
         };
         if cfg.progress {
-            eprintln!();
+            crate::report!();
         }
         // At a budget's end, one more question: the model's best answer
         // from what it has seen, marked not final.

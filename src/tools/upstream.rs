@@ -507,7 +507,7 @@ fn relay_log(server: &str, stderr: std::process::ChildStderr) {
                     }
                     text = &text[..end];
                 }
-                eprintln!("upstream {server}: {}", crate::terminal::escape(text));
+                crate::report!("upstream {server}: {}", crate::terminal::escape(text));
                 line.clear();
             }
         }

@@ -102,7 +102,7 @@ pub fn dispatch() {
                 None => run_worker(stream),
             },
             Err(e) => {
-                eprintln!("cellbox worker: {e}");
+                crate::report!("cellbox worker: {e}");
                 EXIT_PROTOCOL
             }
         };
@@ -117,7 +117,7 @@ pub fn dispatch() {
                 None => run_worker_with(stream, crate::sandbox::seatbelt::enter),
             },
             Err(e) => {
-                eprintln!("cellbox worker: {e}");
+                crate::report!("cellbox worker: {e}");
                 EXIT_PROTOCOL
             }
         };
@@ -135,7 +135,7 @@ pub fn dispatch() {
         let code = match crate::sandbox::spawn::take_protocol_channel() {
             Ok(stream) => fork_server_main(stream.into(), late()),
             Err(e) => {
-                eprintln!("cellbox fork server: {e}");
+                crate::report!("cellbox fork server: {e}");
                 EXIT_PROTOCOL
             }
         };
@@ -314,11 +314,11 @@ fn run_worker_with(
     let setup = match read_frame_blocking::<ToWorker, _>(chan.stream(), DEFAULT_MAX_FRAME_BYTES) {
         Ok(ToWorker::Setup(s)) => s,
         Ok(_) => {
-            eprintln!("cellbox worker: expected a setup frame");
+            crate::report!("cellbox worker: expected a setup frame");
             return EXIT_PROTOCOL;
         }
         Err(e) => {
-            eprintln!("cellbox worker: failed to read the setup frame: {e}");
+            crate::report!("cellbox worker: failed to read the setup frame: {e}");
             return EXIT_PROTOCOL;
         }
     };
@@ -384,12 +384,12 @@ fn run_sandboxed(
             precompiled,
         } => {
             let err = python::exec_shim(&interpreter, precompiled.as_deref());
-            eprintln!("cellbox worker: failed to start {interpreter}: {err}");
+            crate::report!("cellbox worker: failed to start {interpreter}: {err}");
             EXIT_PROTOCOL
         }
         Backend::Exec { argv, env } => {
             let err = python::exec_program(chan, &argv, &env.0);
-            eprintln!(
+            crate::report!(
                 "cellbox: failed to execute {}: {err}",
                 argv.first().map_or("nothing", String::as_str)
             );
@@ -409,7 +409,7 @@ fn run_zygote(late: Option<String>) -> i32 {
     let ctl = match zygote::take_control_fd() {
         Ok(fd) => fd,
         Err(e) => {
-            eprintln!("cellbox zygote: {e}");
+            crate::report!("cellbox zygote: {e}");
             return EXIT_PROTOCOL;
         }
     };
@@ -426,11 +426,11 @@ fn run_zygote(late: Option<String>) -> i32 {
                 _,
             ))) => (interpreter, plan, python, cloned, precompiled),
             Ok(_) => {
-                eprintln!("cellbox zygote: expected a setup message");
+                crate::report!("cellbox zygote: expected a setup message");
                 return EXIT_PROTOCOL;
             }
             Err(e) => {
-                eprintln!("cellbox zygote: failed to read the setup message: {e}");
+                crate::report!("cellbox zygote: failed to read the setup message: {e}");
                 return EXIT_PROTOCOL;
             }
         };
@@ -472,7 +472,7 @@ fn run_zygote(late: Option<String>) -> i32 {
     // fd 3 stays open (and inheritable) for the interpreter.
     let err = python::exec_zygote(&interpreter, &config, precompiled.as_deref());
     drop(ctl);
-    eprintln!("cellbox zygote: failed to start {interpreter}: {err}");
+    crate::report!("cellbox zygote: failed to start {interpreter}: {err}");
     EXIT_PROTOCOL
 }
 

@@ -351,7 +351,7 @@ fn replay_definitions(engine: &Engine, defs: &[Definition]) -> AST {
     for d in defs {
         match engine.compile(&d.source) {
             Ok(ast) => acc = acc.merge(&ast.clone_functions_only()),
-            Err(e) => eprintln!(
+            Err(e) => crate::report!(
                 "cellbox: could not restore the definitions of {}: {e}",
                 d.names.join(", ")
             ),
