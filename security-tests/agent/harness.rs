@@ -242,6 +242,40 @@ impl AgentServe {
         Ok((client, notes))
     }
 
+    /// An initialized MCP client speaking with bearer `token` (a server
+    /// whose config names a `token_file`).
+    pub fn client_as(&self, env: &Env, token: &str) -> Result<Client, String> {
+        let config = StreamableHttpClientTransportConfig::with_uri(self.url.clone())
+            .max_concurrent_requests(16)
+            .auth_header(token);
+        let _in_runtime = env.rt.enter();
+        let transport = StreamableHttpClientTransport::from_config(config);
+        env.block_on("initialize", ().serve(transport))?
+            .map_err(|e| format!("initialize: {e}"))
+    }
+
+    /// [`AgentServe::client_as`], keeping the log notifications it is
+    /// sent.
+    pub fn recording_client_as(
+        &self,
+        env: &Env,
+        token: &str,
+    ) -> Result<(RecordingClient, Notes), String> {
+        let config = StreamableHttpClientTransportConfig::with_uri(self.url.clone())
+            .max_concurrent_requests(16)
+            .auth_header(token);
+        let _in_runtime = env.rt.enter();
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let notes = Notes::default();
+        let recorder = Recorder {
+            logs: notes.clone(),
+        };
+        let client = env
+            .block_on("initialize", recorder.serve(transport))?
+            .map_err(|e| format!("initialize: {e}"))?;
+        Ok((client, notes))
+    }
+
     /// Everything the server wrote to its log so far.
     pub fn log(&self) -> String {
         self.log.lock().map(|l| l.join("\n")).unwrap_or_default()

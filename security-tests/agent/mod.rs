@@ -29,12 +29,18 @@
 
 pub mod harness;
 
+mod budget_race;
 mod budgets;
+mod crossing;
 mod environment;
+mod event_stream;
 mod leaks;
 mod live_output;
 mod oracle;
+mod principal_names;
+mod reply_headers;
 mod terminal;
+mod wire;
 
 pub use crate::tenancy::{Env, Outcome};
 
@@ -60,6 +66,13 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("redaction_oracle", oracle::run),
     ("model_tokens_past_budget", budgets::model_tokens),
     ("loop_config", budgets::loop_config),
+    ("model_reply_headers", reply_headers::model_reply_headers),
+    ("model_reply_flood", reply_headers::model_reply_flood),
+    ("event_stream_between_tenants", event_stream::run),
+    ("principal_names", principal_names::run),
+    ("principal_budget_race", budget_race::run),
+    ("upstream_http_between_tenants", crossing::upstream_http),
+    ("session_paths_between_tenants", crossing::session_paths),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains
