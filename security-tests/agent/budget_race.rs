@@ -8,6 +8,9 @@
 //! `max_tokens` it was asked for (and one prompt token), so what the
 //! endpoint billed is what the tenant spent.
 //!
+//! `estimate_gap` (below) spends past a budget another way: with prompts
+//! the estimate counts low.
+//!
 //! Control: with `[principals]` budgets out of the way, every one of the
 //! 45 queries and 30 tool calls reaches the endpoint.
 //! Defence: with `[principals] max_total_tokens = 6000` (each session's
@@ -181,6 +184,113 @@ pub fn run(env: &Env) -> Result<Outcome, String> {
              {billed} tokens; with max_cost = {max_cost} it answered {cost_queries} queries \
              costing {cost_billed:.3}; with max_tool_calls = {max_tools} it got {tools} tool \
              calls"
+        ),
+    })
+}
+
+/// One run of [`estimate_gap`]: each query's (tokens billed, tokens
+/// held), in order, and the cell's text.
+fn gap_run(env: &Env, principals: &str, queries: u32) -> Result<(Vec<(u64, u64)>, String), String> {
+    let echo = Echo::start(Arc::new(|seen| {
+        let body = serde_json::from_str::<Value>(&seen.body).unwrap_or_default();
+        let asked = body["max_tokens"].as_u64().unwrap_or(0);
+        let bytes: usize = body["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|x| x["content"].as_str().unwrap_or_default().len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let body = json!({"choices": [{"index": 0, "message": {"role": "assistant",
+                          "content": "ok"}, "finish_reason": "stop"}],
+                          "usage": {"prompt_tokens": bytes, "completion_tokens": asked}});
+        (200, body.to_string())
+    }))?;
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let conf = dir.path().join("gap.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[server]\nlanguages = [\"python\"]\n[models.m]\nendpoint = \"{}/v1\"\nmodel = \"x\"\n\
+             max_attempts = 1\n[policy]\nallow = [\"model_query\"]\nmax_model_calls = 1000\n\
+             max_total_tokens = 100000000\n[principals]\n{principals}\n",
+            echo.url
+        ),
+    )
+    .map_err(|e| format!("config: {e}"))?;
+    let conf = conf.display().to_string();
+    let serve = Serve::start(env, &["t"], &["--config", &conf])?;
+    let client = serve.client(env, "t")?;
+    // 3000 CJK characters: 9000 bytes, far fewer tokens in o200k_base.
+    let code = format!(
+        "p = '\\u4e00\\u4e8c\\u4e09' * 1000\nfor i in range({queries}):\n    \
+         model_query(p, max_tokens=10)\n"
+    );
+    let a = env.block_on(
+        "queries",
+        crate::tenancy::harness::python(&client, None, &code, 120),
+    )?;
+    let billed: Vec<u64> = echo
+        .seen()
+        .iter()
+        .filter_map(|(_, ans)| serde_json::from_str::<Value>(ans).ok())
+        .map(|v| {
+            v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
+                + v["usage"]["completion_tokens"].as_u64().unwrap_or(0)
+        })
+        .collect();
+    let held: Vec<u64> = a
+        .structured
+        .as_ref()
+        .and_then(|v| v["calls"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c["detail"]["held_tokens"].as_u64())
+        .collect();
+    Ok((billed.iter().copied().zip(held).collect(), a.all_text()))
+}
+
+/// A provider whose tokenizer is not the one the estimate uses bills
+/// every byte of a prompt as a token (as byte-level tokenizers do with a
+/// script they were not trained on); the tenant sends prompts that
+/// o200k_base counts low, so each query is billed about three times what
+/// was held for it.
+///
+/// Control: with the budget out of the way, three such queries are each
+/// billed more than they held (the call records' `held_tokens` against
+/// what the endpoint billed): charged only their holds, queries would go
+/// on being sent until the holds alone filled the budget.
+/// Defence: with `[principals] max_total_tokens = 20000`, what the
+/// endpoint billed in all passes the budget by at most what one query was
+/// billed past its hold (the query that found room for its hold).
+pub fn estimate_gap(env: &Env) -> Result<Outcome, String> {
+    let (open, said) = gap_run(env, "", 3)?;
+    if open.len() != 3 || open.iter().any(|(billed, held)| billed <= held) {
+        return Err(format!(
+            "the queries were not billed past their holds ({open:?}): the attack is broken: {said}"
+        ));
+    }
+    let excess = open.iter().map(|(b, h)| b - h).max().unwrap_or(0);
+    let (billed, held) = open[0];
+    let budget = 20000;
+    let (seen, said) = gap_run(env, &format!("max_total_tokens = {budget}"), 40)?;
+    if !said.contains("max_total_tokens") {
+        return Err(format!("the budget never refused a query: {said}"));
+    }
+    let total: u64 = seen.iter().map(|(b, _)| b).sum();
+    Ok(Outcome {
+        control: format!(
+            "each query held {held} tokens and was billed {billed}: charged only its hold, {} \
+             queries would fit a budget of {budget} and bill {}",
+            budget / held,
+            budget / held * billed
+        ),
+        blocked: total <= budget + excess,
+        evidence: format!(
+            "with max_total_tokens = {budget} the endpoint answered {} queries billing {total} \
+             tokens (at most {budget} + one query's {excess} past its hold)",
+            seen.len()
         ),
     })
 }

@@ -71,6 +71,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("event_stream_between_tenants", event_stream::run),
     ("principal_names", principal_names::run),
     ("principal_budget_race", budget_race::run),
+    ("prompt_estimate_gap", budget_race::estimate_gap),
     ("upstream_http_between_tenants", crossing::upstream_http),
     ("session_paths_between_tenants", crossing::session_paths),
 ];

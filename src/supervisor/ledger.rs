@@ -9,8 +9,10 @@
 //!
 //! Calls are counted when they are made. Tokens and cost are *held* before
 //! a model query is sent (its `max_tokens` plus its prompt's estimated
-//! tokens, priced) and settled when its reply comes: at most what was
-//! held is charged, the rest is given back.
+//! tokens, priced) and settled when its reply comes: what it reported is
+//! charged and the rest given back. Only a prompt the estimate counted
+//! low is charged past its hold (see `spend::settle`); a reply is never
+//! charged more than its `max_tokens`.
 
 use super::policy::{BudgetError, Metered, ModelUsage, Policy};
 use serde::{Deserialize, Serialize};
@@ -470,6 +472,24 @@ impl Hold {
             input_tokens: input,
             output_tokens: output,
             cost,
+        };
+        self.release(c);
+        c
+    }
+
+    /// Charge `input` and `output` tokens and `cost` as they are, past
+    /// the hold when they are more, and give the rest of it back: what an
+    /// endpoint billed for a prompt the estimate counted low was spent
+    /// all the same (a later ask then finds the ledger full).
+    pub fn settle_past(mut self, input: u64, output: u64, cost: f64) -> Charged {
+        let c = Charged {
+            input_tokens: input,
+            output_tokens: output,
+            cost: if cost.is_finite() {
+                cost.max(0.0)
+            } else {
+                self.cost
+            },
         };
         self.release(c);
         c

@@ -5,7 +5,10 @@
 //! tokens (counted with the tokenizer `aggregate_context` uses), priced,
 //! on every ledger it is charged to, before it is sent; one that does not
 //! fit is never sent. The `max_tokens` sent is the one held. When the
-//! reply comes, the usage it reports is charged within the hold; a usage
+//! reply comes, the usage it reports is charged within the hold, except a
+//! prompt billed for more tokens than estimated (another tokenizer): that
+//! is charged as reported, past the hold, so a tenant cannot spend past
+//! its budget with text the estimate counts low; a usage
 //! that is missing or not a sane count, or a query whose use cannot be
 //! known (no answer in time, a reply too large or unreadable), is charged
 //! the whole hold, and the call record says so.
@@ -210,6 +213,23 @@ pub(crate) fn settle<E>(
         Ok(r) => match &r.usage_problem {
             None => {
                 let (input, output) = (r.usage.input_tokens, r.usage.output_tokens);
+                // An endpoint whose tokenizer is not the estimate's bills
+                // a prompt the estimate counted low for more than was
+                // held: that was spent, and is charged as reported (the
+                // reply itself never past the `max_tokens` it asked).
+                let reply = output.min(held.saturating_sub(estimate));
+                if input.saturating_add(reply) > held {
+                    let cost = price(config, input, reply);
+                    return Settled {
+                        charged: hold.settle_past(input, reply, cost),
+                        held_tokens: held,
+                        note: Some(format!(
+                            "the prompt was billed {input} tokens, more than the {estimate} \
+                             estimated: the {} reported were charged, past the {held} held",
+                            input.saturating_add(reply)
+                        )),
+                    };
+                }
                 let cost = price(config, input, output);
                 let note = if r.usage.total() > held {
                     Some(format!(

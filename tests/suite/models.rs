@@ -299,10 +299,11 @@ async fn each_budget_ends_the_cell_limit_exceeded_and_nothing_runs_past_it() {
     let r = rhai(&s, r#"model_query("again")"#).await;
     assert_eq!(r.status, Status::LimitExceeded, "{r:?}");
     assert_eq!(fake.seen().len(), 2);
-    // Tokens: 15 per echo, 40 allowed. Each query holds its prompt (9
-    // tokens estimated) and a reply of what is left before it is sent;
-    // the third may ask for one reply token, and its reply's 15 tokens
-    // are charged within the 10 it held. The fourth is not sent.
+    // Tokens: 15 per echo (10 of prompt, 5 of reply), 40 allowed. Each
+    // query holds its prompt (9 tokens estimated) and a reply of what is
+    // left before it is sent; the third may ask for one reply token: its
+    // reply is charged the one it asked, its prompt the 10 billed (one
+    // more than estimated, so one past the cap). The fourth is not sent.
     let s = session(&sup, |c| c.policy.max_total_tokens = 40);
     let before = fake.seen().len();
     let r = py_in(&s, "for i in range(5):\n    model_query('t')\n    print(i)").await;
@@ -320,7 +321,7 @@ async fn each_budget_ends_the_cell_limit_exceeded_and_nothing_runs_past_it() {
         .map(|s| s.body["max_tokens"].as_u64().unwrap_or(0))
         .collect();
     assert_eq!(asked, [31, 16, 1]);
-    assert_eq!(r.models.unwrap().session.total_tokens(), 40);
+    assert_eq!(r.models.unwrap().session.total_tokens(), 41);
     // A batch larger than the calls left is refused whole.
     let s = session(&sup, |c| c.policy.max_model_calls = 3);
     let before = fake.seen().len();
@@ -1043,15 +1044,17 @@ fn cellbox_agent_counts_its_own_turns_against_model_calls_and_cost() {
     assert_eq!(code, 4, "{t}");
     assert_eq!(t["stop"]["budget"], "max_model_calls", "{t}");
     assert_eq!(fake.seen().len(), 2);
-    // Cost: each token costs 1 per million; 0.01 pays for a prompt and
-    // some reply, and the run stops before it would spend more.
+    // Cost: each token costs 1 per million; each turn is billed 0.004
+    // (a prompt of 3000 tokens, which the estimate counts far lower, and
+    // 1000 of reply), charged as billed: the run stops on max_cost once a
+    // turn no longer fits, past 0.01 by at most one turn's bill.
     let fake = FakeModel::start(vec![]);
     fake.otherwise(Reply::Text("```python\nprint(1)\n```".into(), 3000, 1000));
     let (code, t) = agent_json(dir.path(), &fake.url, "[policy]\nmax_cost = 0.01\n", &[]);
     assert_eq!(code, 4, "{t}");
     assert_eq!(t["stop"]["budget"], "max_cost", "{t}");
     let cost = t["cost"].as_f64().unwrap();
-    assert!(cost > 0.0 && cost <= 0.01 + 1e-12, "{t}");
+    assert!(cost > 0.0 && cost <= 0.01 + 0.004 + 1e-12, "{t}");
     // Control: with room, the same replies go on to max_steps (and the
     // best-effort question after them).
     let fake = FakeModel::start(vec![]);
