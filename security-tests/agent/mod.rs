@@ -31,6 +31,7 @@ pub mod harness;
 
 mod budget_race;
 mod budgets;
+mod cancel;
 mod crossing;
 mod environment;
 mod event_stream;
@@ -74,6 +75,7 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("prompt_estimate_gap", budget_race::estimate_gap),
     ("upstream_http_between_tenants", crossing::upstream_http),
     ("session_paths_between_tenants", crossing::session_paths),
+    ("cancel_between_tenants", cancel::run),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains
