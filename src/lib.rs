@@ -47,6 +47,7 @@ pub mod exit;
 pub mod files;
 /// The macOS backend: profile → SBPL, and the sandbox-exec launcher.
 pub mod macos;
+pub mod metrics;
 pub mod models;
 pub mod plan;
 pub mod profiles;

@@ -109,14 +109,46 @@ fn init_tracing(command: &Command) {
         )),
         Err(_) => None,
     };
-    if let Some(filter) = filter {
-        // Every line redacted and its control characters escaped (so no
-        // colours either): what a log line quotes came from outside.
+    let Some(filter) = filter else { return };
+    if log_format(command) == cellbox::serve::LogFormat::Json {
+        // One JSON object a line, with the fields of the spans it is in
+        // (a call's request id, principal and session); each redacted.
         let _ = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(false)
+            .with_span_list(true)
             .with_env_filter(filter)
-            .with_writer(cellbox::terminal::LogWriter)
-            .with_ansi(false)
+            .with_writer(cellbox::terminal::JsonLogWriter)
             .try_init();
+        return;
+    }
+    // Every line redacted and its control characters escaped (so no
+    // colours either): what a log line quotes came from outside.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(cellbox::terminal::LogWriter)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// `serve --log-format`, else `CELLBOX_LOG_FORMAT` (`text` or `json`).
+fn log_format(command: &Command) -> cellbox::serve::LogFormat {
+    use cellbox::serve::LogFormat;
+    if let Command::Serve(args) = command {
+        if let Some(f) = args.log_format {
+            return f;
+        }
+    }
+    let Some(asked) = std::env::var_os("CELLBOX_LOG_FORMAT") else {
+        return LogFormat::Text;
+    };
+    match asked.to_str() {
+        Some("json") => LogFormat::Json,
+        Some("text") | Some("") => LogFormat::Text,
+        _ => {
+            eprintln!("cellbox: CELLBOX_LOG_FORMAT={asked:?}: use text or json; logging text");
+            LogFormat::Text
+        }
     }
 }
 

@@ -156,6 +156,48 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
     }
 }
 
+/// The writer of `serve --log-format json`: each line is one JSON object
+/// (one event; the layer writes it whole), whose strings are redacted as a
+/// log line's are (see [`crate::secrets`]) and whose characters a terminal
+/// would act on are escaped; still one JSON object a line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JsonLogWriter;
+
+impl std::io::Write for JsonLogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut out = String::with_capacity(buf.len());
+        for line in String::from_utf8_lossy(buf).split_inclusive('\n') {
+            let body = line.trim_end_matches('\n');
+            match serde_json::from_str::<serde_json::Value>(body) {
+                Ok(mut v) => {
+                    crate::secrets::redact_record_value(&mut v);
+                    out.push_str(&escape_json(&v.to_string()));
+                }
+                // Not JSON (it should not happen): shown as a JSON string.
+                Err(_) => {
+                    out.push_str(&serde_json::json!({ "message": for_person(body) }).to_string())
+                }
+            }
+            if line.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        std::io::stderr().lock().write_all(out.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for JsonLogWriter {
+    type Writer = JsonLogWriter;
+    fn make_writer(&'a self) -> JsonLogWriter {
+        JsonLogWriter
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

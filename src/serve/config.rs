@@ -121,6 +121,25 @@ pub struct ServeArgs {
     /// they are killed (default 25: inside Kubernetes' 30 s grace period).
     #[arg(long = "drain-timeout", value_name = "SECS")]
     pub drain_timeout: Option<u64>,
+    /// Serve Prometheus metrics (`GET /metrics`), `/healthz` and `/readyz`
+    /// on this address, e.g. 127.0.0.1:9464 (no token: nothing there is
+    /// secret); over stdio too.
+    #[arg(long = "metrics", value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+    /// Log lines as `text` (the default) or `json` (one object a line);
+    /// also CELLBOX_LOG_FORMAT.
+    #[arg(long = "log-format", value_name = "text|json")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// How `serve` writes its log lines to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One readable line an event.
+    #[default]
+    Text,
+    /// One JSON object a line (`tracing-subscriber`'s JSON layer).
+    Json,
 }
 
 /// How much the tools' descriptions say (see [`crate::serve::describe`]).
@@ -241,6 +260,8 @@ pub struct ServerSection {
     pub progress_interval_ms: u64,
     /// Seconds running cells get to finish after SIGTERM or SIGINT.
     pub drain_timeout_seconds: u64,
+    /// Serve Prometheus metrics, `/healthz` and `/readyz` on this address.
+    pub metrics: Option<SocketAddr>,
     /// Bytes the scratch directories of all cells may hold together.
     pub scratch_bytes: u64,
     /// Bytes one session's scratch may hold (its own tmpfs).
@@ -279,6 +300,7 @@ impl Default for ServerSection {
             max_queue_per_principal: None,
             progress_interval_ms: 1000,
             drain_timeout_seconds: 25,
+            metrics: None,
             scratch_bytes: crate::supervisor::DEFAULT_SCRATCH_BYTES,
             session_scratch_bytes: crate::supervisor::DEFAULT_SESSION_SCRATCH.bytes,
             session_scratch_inodes: crate::supervisor::DEFAULT_SESSION_SCRATCH.inodes,
@@ -480,6 +502,8 @@ pub struct Settings {
     pub progress_interval: Duration,
     /// How long running cells get to finish after SIGTERM or SIGINT.
     pub drain_timeout: Duration,
+    /// Where `/metrics` is served, if anywhere.
+    pub metrics: Option<SocketAddr>,
     pub python: Option<PathBuf>,
     pub events: Option<PathBuf>,
     pub events_max_bytes: u64,
@@ -693,6 +717,9 @@ impl ServeConfig {
         }
         if let Some(n) = args.drain_timeout {
             self.server.drain_timeout_seconds = n;
+        }
+        if let Some(a) = args.metrics {
+            self.server.metrics = Some(a);
         }
         if let Some(n) = args.max_queue_per_principal {
             self.server.max_queue_per_principal = Some(n);
@@ -963,6 +990,7 @@ impl ServeConfig {
             session_cgroups: s.session_cgroups,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             drain_timeout: Duration::from_secs(s.drain_timeout_seconds),
+            metrics: s.metrics,
             python: s.python.clone(),
             events: s.events.clone(),
             events_max_bytes: s.events_max_bytes,

@@ -670,7 +670,9 @@ impl Facts<'_> {
             "At most {} cells run at once; further calls wait (up to {} waiting, {} of them \
              yours), past that a call is refused with status limit_exceeded and error type \
              ServerBusy (ClientQueueFull when your share is used up). Calls on one session run \
-             one at a time.",
+             one at a time. While the server stops, new calls get the error \"server is \
+             draining\" and a cell still running past the drain timeout ends with status \
+             killed and error type Draining.",
             self.settings.max_concurrency,
             self.settings.max_queue,
             self.settings.max_queue_per_principal

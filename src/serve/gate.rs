@@ -147,6 +147,11 @@ impl Gate {
         self.inner.total.load(Ordering::Acquire)
     }
 
+    /// Calls admitted and still waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.inner.waiting().values().sum()
+    }
+
     /// Calls in flight (running or waiting).
     pub fn admitted(&self) -> usize {
         self.inner.admitted.load(Ordering::Acquire)

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// `execute_code` arguments.
 #[derive(Debug, Deserialize)]
@@ -288,8 +289,41 @@ async fn send_output(
     }
 }
 
-fn refused(language: Language, kind: ErrorKind, message: String) -> CellResult {
-    CellResult::refused_with(language.as_str(), RunInfo::root(), kind, message)
+fn refused(language: Language, kind: ErrorKind, message: String, request_id: &str) -> CellResult {
+    let mut run = RunInfo::root();
+    run.request_id = Some(request_id.to_owned());
+    CellResult::refused_with(language.as_str(), run, kind, message)
+}
+
+/// Where each call's line is logged (at INFO; see docs/service.md).
+pub const CALLS_LOG: &str = "cellbox::serve::calls";
+
+/// A new request id: unique within this server (its start time and a
+/// count), short enough to quote.
+fn new_request_id() -> String {
+    static START: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
+    });
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("req-{:x}-{n}", *START)
+}
+
+/// What a call's log line says of a cell's result: its status and error
+/// type, and its wall time.
+fn cell_fields(r: &CallToolResult) -> (Option<String>, Option<String>, Option<u64>) {
+    let Some(v) = r.structured_content.as_ref() else {
+        return (None, None, None);
+    };
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+    (
+        text(v.get("status")),
+        text(v.pointer("/error/type")),
+        v.pointer("/usage/wall_ms").and_then(Value::as_u64),
+    )
 }
 
 fn parse_args<T: serde::de::DeserializeOwned>(
@@ -513,6 +547,7 @@ impl CellboxServer {
                     Refused::Busy(_) => ErrorKind::ServerBusy,
                     Refused::PrincipalBusy(_) => ErrorKind::ClientQueueFull,
                 };
+                crate::metrics::get().refusal(kind.as_str());
                 return Ok(direct_refusal(kind, refusal.to_string()));
             }
         };
@@ -765,6 +800,7 @@ impl CellboxServer {
         &self,
         args: Option<JsonObject>,
         ctx: RequestContext<RoleServer>,
+        request_id: &str,
     ) -> Result<CallToolResult, ErrorData> {
         let st = &self.state;
         let principal = Principal::of(&ctx)?;
@@ -786,6 +822,7 @@ impl CellboxServer {
                 )
             })?;
         let mut request = CellRequest::new(language, a.code);
+        request.request_id = Some(request_id.to_owned());
         if let Some(t) = a.timeout_seconds {
             if !(t.is_finite() && t > 0.0) {
                 return Err(ErrorData::invalid_params(
@@ -825,7 +862,10 @@ impl CellboxServer {
                         SessionError::Unknown { .. } => ErrorKind::UnknownSession,
                         _ => ErrorKind::SessionError,
                     };
-                    return cell_tool_result(refused(language, kind, e.to_string()), a.verbose);
+                    return cell_tool_result(
+                        refused(language, kind, e.to_string(), request_id),
+                        a.verbose,
+                    );
                 }
             },
             None => None,
@@ -837,7 +877,11 @@ impl CellboxServer {
                     Refused::Busy(_) => ErrorKind::ServerBusy,
                     Refused::PrincipalBusy(_) => ErrorKind::ClientQueueFull,
                 };
-                return cell_tool_result(refused(language, kind, refusal.to_string()), a.verbose);
+                crate::metrics::get().refusal(kind.as_str());
+                return cell_tool_result(
+                    refused(language, kind, refusal.to_string(), request_id),
+                    a.verbose,
+                );
             }
         };
 
@@ -850,6 +894,7 @@ impl CellboxServer {
             / 1000.0;
         let running = AtomicBool::new(false);
         let closed = lease.as_ref().map(|l| l.closed.clone()).unwrap_or_default();
+        let admitted = Instant::now();
         let work = async {
             // One call at a time per session, in arrival order; then a slot.
             let _lane = match &lease {
@@ -857,6 +902,7 @@ impl CellboxServer {
                 None => None,
             };
             let slot = admission.slot().await;
+            crate::metrics::get().queued(admitted.elapsed().as_secs_f64());
             running.store(true, Ordering::Release);
             let (result, tail) = match &lease {
                 Some(l) => {
@@ -941,6 +987,7 @@ impl CellboxServer {
                     language,
                     ErrorKind::Killed,
                     "the session was closed while this cell ran; the cell was killed".into(),
+                    request_id,
                 ),
                 a.verbose,
             ),
@@ -951,6 +998,7 @@ impl CellboxServer {
                     "the server is stopping and this cell ran past the drain timeout; \
                      the cell was killed"
                         .into(),
+                    request_id,
                 ),
                 a.verbose,
             ),
@@ -1270,15 +1318,83 @@ impl ServerHandler for CellboxServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        self.state.ops.call_begun();
+        // Counted under its name when it is one of the tools listed.
+        let tool = match self.get_tool(&request.name) {
+            Some(t) => t.name.to_string(),
+            None => crate::metrics::UNKNOWN.to_owned(),
+        };
         if self.state.ops.is_draining() {
+            let m = crate::metrics::get();
+            m.refusal(ErrorKind::Draining.as_str());
+            m.tool_call(tool, "refused");
             return Err(ErrorData::new(
                 rmcp::model::ErrorCode(super::ops::DRAINING_CODE),
                 super::ops::DRAINING,
                 None,
             ));
         }
+        // Every log line of the call carries its request id, principal,
+        // tool and session (a session id as the client gave it, cut short).
+        let request_id = new_request_id();
+        let principal = Principal::of(&context)
+            .map(|p| p.name().to_owned())
+            .unwrap_or_default();
+        let session_id: String = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("session_id"))
+            .and_then(Value::as_str)
+            .map(|s| s.chars().take(64).collect())
+            .unwrap_or_default();
+        let span = tracing::info_span!(
+            "call",
+            request_id = %request_id,
+            principal = %principal,
+            tool = %tool,
+            session_id = %session_id,
+        );
+        let t0 = Instant::now();
+        let answered = self
+            .answer(request, context, &request_id)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &answered {
+            Ok(r) if r.is_error == Some(true) => "error",
+            Ok(_) => "ok",
+            Err(_) => "failed",
+        };
+        let (status, error_type, wall_ms) =
+            answered.as_ref().map_or((None, None, None), cell_fields);
+        span.in_scope(|| {
+            tracing::info!(
+                target: CALLS_LOG,
+                outcome,
+                status = status.as_deref(),
+                error_type = error_type.as_deref(),
+                wall_ms,
+                ms = t0.elapsed().as_millis() as u64,
+                "call answered"
+            )
+        });
+        crate::metrics::get().tool_call(tool, outcome);
+        Ok(redacted(answered?).into())
+    }
+}
+
+impl CellboxServer {
+    /// A tool call's result, before redaction.
+    async fn answer(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+        request_id: &str,
+    ) -> Result<CallToolResult, ErrorData> {
         let result = match request.name.as_ref() {
-            "execute_code" => self.execute_code(request.arguments, context).await?,
+            "execute_code" => {
+                self.execute_code(request.arguments, context, request_id)
+                    .await?
+            }
             other if direct_capability(&self.state.sup, other).is_some() => {
                 let Some(cap) = direct_capability(&self.state.sup, other).cloned() else {
                     return Err(ErrorData::invalid_params(
@@ -1299,6 +1415,6 @@ impl ServerHandler for CellboxServer {
                 )
             }
         };
-        Ok(redacted(result).into())
+        Ok(result)
     }
 }

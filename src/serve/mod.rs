@@ -44,12 +44,13 @@ pub mod session_files;
 pub mod sessions;
 pub mod tooldefs;
 
-pub use config::{ServeArgs, ServeConfig, Settings, Transport};
+pub use config::{LogFormat, ServeArgs, ServeConfig, Settings, Transport};
 
-/// What `serve` logs to stderr when `CELLBOX_LOG` does not say: warnings,
-/// and the warm pools' events (zygotes and the fork server started,
-/// retired, found dead, stalled and replaced; cells moved off them), and
-/// the drain's steps.
+/// What `serve` logs to stderr when `CELLBOX_LOG` does not say: warnings
+/// (among them warm workers found dead or stalled and replaced), cells
+/// moved off a stalled zygote, and the drain's steps. A warm worker's
+/// start and routine retirement are at debug level; each call's line
+/// (`cellbox::serve::calls`) at info, shown when `CELLBOX_LOG` asks.
 pub const DEFAULT_LOG: &str = "warn,cellbox::pool=info,cellbox::serve::ops=info";
 pub use handler::CellboxServer;
 pub use principal::Principal;
@@ -57,6 +58,7 @@ pub use principal::Principal;
 use crate::exit::Exit;
 use crate::{EventSink, Supervisor};
 use rmcp::ServiceExt;
+use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -75,13 +77,18 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// thread blocked in `read` does not hold up runtime shutdown (a read on
 /// tokio's blocking pool would, when stdin is a terminal), and it ends with
 /// the process. End of input (or a read error) fires `eof`: for stdio, the
-/// client going away.
+/// client going away, which drains the server as a signal does (see
+/// [`ops`]). The MCP service is told of the end only once `shutdown` fires
+/// (the drain is over), so calls still running can answer.
 struct StdinReader {
     rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
     chunk: Vec<u8>,
     pos: usize,
     done: bool,
     eof: CancellationToken,
+    /// Set once the end was seen: the wait for `shutdown`.
+    ended: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
+    shutdown: CancellationToken,
 }
 
 impl StdinReader {
@@ -89,8 +96,10 @@ impl StdinReader {
     /// longer than `limit` bytes (see [`lines`]).
     fn spawn(
         eof: CancellationToken,
+        shutdown: CancellationToken,
         limit: usize,
         swap: Arc<ids::IdSwap>,
+        calls_read: Arc<std::sync::atomic::AtomicU64>,
     ) -> std::io::Result<StdinReader> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         std::thread::Builder::new()
@@ -115,6 +124,9 @@ impl StdinReader {
                                     None => u.stand_in(),
                                 },
                             };
+                            if ops::is_tool_call(&line) {
+                                calls_read.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                            }
                             if tx.blocking_send(Ok(line)).is_err() {
                                 return;
                             }
@@ -137,6 +149,8 @@ impl StdinReader {
             pos: 0,
             done: false,
             eof,
+            ended: None,
+            shutdown,
         })
     }
 }
@@ -158,20 +172,29 @@ impl AsyncRead for StdinReader {
             if self.done {
                 return Poll::Ready(Ok(()));
             }
+            if let Some(ended) = self.ended.as_mut() {
+                // The end is passed on once the drain is over.
+                return match ended.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        self.done = true;
+                        Poll::Ready(Ok(()))
+                    }
+                    Poll::Pending => Poll::Pending,
+                };
+            }
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     self.chunk = chunk;
                     self.pos = 0;
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    self.done = true;
+                    tracing::debug!("standard input failed: {e}");
                     self.eof.cancel();
-                    return Poll::Ready(Err(e));
+                    self.ended = Some(Box::pin(self.shutdown.clone().cancelled_owned()));
                 }
                 Poll::Ready(None) => {
-                    self.done = true;
                     self.eof.cancel();
-                    return Poll::Ready(Ok(()));
+                    self.ended = Some(Box::pin(self.shutdown.clone().cancelled_owned()));
                 }
                 Poll::Pending => return Poll::Pending,
             }
@@ -358,6 +381,7 @@ fn spawn_sweeper(server: &CellboxServer, shutdown: CancellationToken) {
 async fn serve_stdio(
     server: CellboxServer,
     max_script_bytes: usize,
+    eof: CancellationToken,
     shutdown: CancellationToken,
 ) -> u8 {
     // rmcp's writer half: non-blocking when stdout is a pipe.
@@ -365,7 +389,8 @@ async fn serve_stdio(
     let swap = ids::IdSwap::new();
     let writer = ids::Restoring::new(writer, swap.clone());
     let limit = lines::max_message_bytes(max_script_bytes);
-    let reader = match StdinReader::spawn(shutdown.clone(), limit, swap) {
+    let calls_read = server.ops().calls_read();
+    let reader = match StdinReader::spawn(eof, shutdown.clone(), limit, swap, calls_read) {
         Ok(r) => r,
         Err(e) => {
             crate::report!("cellbox serve: failed to start the stdin reader: {e}");
@@ -484,13 +509,39 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             }
         }
     });
+    if let Some(addr) = settings.metrics {
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("cellbox serve: failed to listen for metrics on {addr}: {e}");
+                shutdown.cancel();
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+        match listener.local_addr() {
+            Ok(a) => eprintln!("cellbox serve: Prometheus metrics on http://{a}/metrics"),
+            Err(e) => tracing::warn!("failed to read the metrics address: {e}"),
+        }
+        tokio::spawn(ops::serve_metrics(
+            listener,
+            server.clone(),
+            shutdown.clone(),
+        ));
+    }
     spawn_sweeper(&server, shutdown.clone());
     spawn_trimmer(&server, shutdown.clone());
-    ops::watch_signals(&server, settings.drain_timeout, shutdown.clone());
+    // Over stdio, the end of input drains as a first signal does.
+    let eof = CancellationToken::new();
+    ops::watch_signals(
+        &server,
+        settings.drain_timeout,
+        eof.clone(),
+        shutdown.clone(),
+    );
     let code = match settings.transport {
         Transport::Stdio => {
             let max_script = settings.session.limits.max_script_bytes;
-            serve_stdio(server.clone(), max_script, shutdown.clone()).await
+            serve_stdio(server.clone(), max_script, eof, shutdown.clone()).await
         }
         Transport::Http { .. } => serve_http(server.clone(), &settings, shutdown.clone()).await,
     };

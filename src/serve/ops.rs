@@ -15,6 +15,9 @@
 //! then killed: status `killed`, error type `Draining`), the server shuts
 //! down as it does at the end of input: sessions closed, workers reaped,
 //! scratch and cgroups removed. A second signal shuts down at once.
+//!
+//! `--metrics ADDR` serves `GET /metrics` (see [`crate::metrics`]) with
+//! `/healthz` and `/readyz` on a listener of its own, over stdio too.
 
 use super::handler::CellboxServer;
 use bytes::Bytes;
@@ -41,6 +44,11 @@ const ANSWER_GRACE: Duration = Duration::from_secs(3);
 pub struct Ops {
     draining: CancellationToken,
     expired: CancellationToken,
+    /// `tools/call` requests read from standard input (stdio), and calls
+    /// that reached the handler: at the end of input, the calls read
+    /// before it are waited for before the drain refuses anything.
+    calls_read: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    calls_begun: std::sync::atomic::AtomicU64,
 }
 
 impl Ops {
@@ -57,6 +65,36 @@ impl Ops {
     fn start_drain(&self) {
         self.draining.cancel();
     }
+
+    /// The count of `tools/call` requests read, for the stdin reader.
+    pub fn calls_read(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.calls_read.clone()
+    }
+
+    /// A call reached the handler.
+    pub fn call_begun(&self) {
+        self.calls_begun
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Every call read has reached the handler.
+    fn caught_up(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.calls_begun.load(Ordering::Acquire) >= self.calls_read.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `line` is a `tools/call` request.
+pub fn is_tool_call(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Message>(line)
+        .ok()
+        .and_then(|m| m.method)
+        .is_some_and(|m| m == "tools/call")
 }
 
 /// Why the server is not ready, if it is not.
@@ -116,6 +154,101 @@ pub fn probe_response<B>(req: &http::Request<B>, server: &CellboxServer) -> Opti
     }
 }
 
+/// The answer to `GET /metrics`: the gauges read now, then every metric
+/// in the Prometheus text format (see [`crate::metrics`]).
+pub async fn metrics_response(server: &CellboxServer) -> Response {
+    let m = crate::metrics::get();
+    let sup = server.supervisor();
+    m.set_load(sup.cells_running(), server.gate().waiting());
+    m.set_sessions_open(server.sessions().open_by_principal());
+    let pools = sup.pool_status().await;
+    m.set_pools(crate::metrics::PoolSizes {
+        rhai_fork_servers: usize::from(pools.rhai_fork_server),
+        rhai_spares: pools.rhai_spares,
+        python_zygotes: pools.python.iter().filter(|z| z.alive).count(),
+        prepared_sessions: pools.prepared_runs,
+    });
+    m.set_process(sup.cells_memory_in_use());
+    let mut r = http::Response::new(Full::new(Bytes::from(m.encode())).boxed());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    r
+}
+
+/// Connections the metrics listener serves at once; more are closed when
+/// they are accepted.
+const METRICS_CONNECTIONS: usize = 16;
+
+/// A request head must arrive on the metrics listener within this.
+const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve `GET /metrics`, `/healthz` and `/readyz` on `listener` until
+/// `shutdown` (no token: nothing there is secret; anything else is 404).
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    server: CellboxServer,
+    shutdown: CancellationToken,
+) {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("failed to accept a metrics connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let server = server.clone();
+                    async move {
+                        if let Some(r) = probe_response(&req, &server) {
+                            return Ok::<Response, Infallible>(r);
+                        }
+                        if req.method() == http::Method::GET && req.uri().path() == "/metrics" {
+                            return Ok(metrics_response(&server).await);
+                        }
+                        let mut r = http::Response::new(
+                            Full::new(Bytes::from_static(b"not found\n")).boxed(),
+                        );
+                        *r.status_mut() = http::StatusCode::NOT_FOUND;
+                        Ok(r)
+                    }
+                });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(METRICS_HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!("metrics connection ended: {e}");
+                    }
+                }
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
+                }
+            }
+        });
+    }
+}
+
 fn retry_after(r: &mut Response) {
     r.headers_mut()
         .insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
@@ -152,11 +285,24 @@ pub fn initialize_id(body: &[u8]) -> Option<serde_json::Value> {
     (m.method == "initialize").then_some(m.id)
 }
 
-/// Watch SIGTERM and SIGINT: the first starts the drain (see the module
-/// documentation), the second fires `shutdown` at once.
-pub fn watch_signals(server: &CellboxServer, drain_timeout: Duration, shutdown: CancellationToken) {
+/// Watch SIGTERM and SIGINT, and `eof` (the end of a stdio server's
+/// input): the first starts the drain (see the module documentation), a
+/// second signal fires `shutdown` at once.
+pub fn watch_signals(
+    server: &CellboxServer,
+    drain_timeout: Duration,
+    eof: CancellationToken,
+    shutdown: CancellationToken,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    tokio::spawn({
+        let tx = tx.clone();
+        async move {
+            eof.cancelled().await;
+            let _ = tx.send("end of input");
+        }
+    });
     for (kind, name) in [
         (SignalKind::terminate(), "SIGTERM"),
         (SignalKind::interrupt(), "SIGINT"),
@@ -178,13 +324,29 @@ pub fn watch_signals(server: &CellboxServer, drain_timeout: Duration, shutdown: 
     let server = server.clone();
     tokio::spawn(async move {
         let Some(first) = rx.recv().await else { return };
-        tracing::info!(
-            signal = first,
-            timeout_s = drain_timeout.as_secs(),
-            "draining: no new sessions or calls; running cells may finish"
-        );
-        server.ops().start_drain();
-        let drained = drain(&server, drain_timeout, shutdown.clone());
+        // With nothing running (a stdio client that simply left) the drain
+        // is over at once and says nothing at INFO.
+        if server.gate().admitted() == 0 {
+            tracing::debug!(signal = first, "stopping: nothing is running");
+        } else {
+            tracing::info!(
+                signal = first,
+                timeout_s = drain_timeout.as_secs(),
+                "draining: no new sessions or calls; running cells may finish"
+            );
+        }
+        let drained = async {
+            if first == "end of input" {
+                // The calls read before the end are let in first: no new
+                // one can come after it.
+                let t0 = Instant::now();
+                while !server.ops().caught_up() && t0.elapsed() < drain_timeout {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            server.ops().start_drain();
+            drain(&server, drain_timeout, shutdown.clone()).await
+        };
         tokio::select! {
             () = drained => {}
             second = rx.recv() => {

@@ -333,12 +333,14 @@ pub fn cell_result() -> Map<String, Value> {
             "run": {
                 "type": "object",
                 "description": "This run's id, its parent's (null for a run no cell \
-                                started) and its root's, and how deep it is.",
+                                started) and its root's, how deep it is, and the id of \
+                                the request that ran it (as the server's logs name it).",
                 "properties": {
                     "run_id": {"type": "string"},
                     "parent_run_id": opt_str,
                     "root_run_id": {"type": "string"},
-                    "depth": count
+                    "depth": count,
+                    "request_id": {"type": "string"}
                 },
                 "required": ["run_id", "parent_run_id", "root_run_id", "depth"],
                 "additionalProperties": false

@@ -223,6 +223,7 @@ impl SessionTable {
             })
             .map_err(|e| SessionError::Create(e.to_string()))?;
         let id = new_id().map_err(SessionError::Create)?;
+        crate::metrics::get().session_created();
         map.insert(
             id.clone(),
             Entry {
@@ -299,6 +300,7 @@ impl SessionTable {
             }
         }
         .ok_or_else(|| self.unknown(id))?;
+        crate::metrics::get().sessions_closed(1);
         entry.closed.cancel();
         Ok(())
     }
@@ -306,6 +308,7 @@ impl SessionTable {
     /// Close every session (server shutdown).
     pub fn close_all(&self) {
         let entries: Vec<Entry> = self.inner.lock().drain().map(|(_, e)| e).collect();
+        crate::metrics::get().sessions_closed(entries.len() as u64);
         for e in entries {
             e.closed.cancel();
         }
@@ -323,6 +326,7 @@ impl SessionTable {
                 .collect();
             ids.iter().filter_map(|k| map.remove(k)).collect()
         };
+        crate::metrics::get().sessions_expired(expired.len() as u64);
         for e in &expired {
             tracing::info!(session = e.session.id(), "session expired after idling");
             e.closed.cancel();
@@ -332,6 +336,15 @@ impl SessionTable {
 
     pub fn len(&self) -> usize {
         self.inner.lock().len()
+    }
+
+    /// How many sessions each principal holds (those holding one or more).
+    pub fn open_by_principal(&self) -> Vec<(String, usize)> {
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for e in self.inner.lock().values() {
+            *by.entry(e.owner.name().to_owned()).or_default() += 1;
+        }
+        by.into_iter().collect()
     }
 
     /// Sessions `owner` holds.

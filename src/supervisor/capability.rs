@@ -322,6 +322,7 @@ impl Capability {
                 parent_run_id: None,
                 root_run_id: String::new(),
                 depth: 0,
+                request_id: None,
             },
             tenant,
             cancel,

@@ -99,6 +99,9 @@ impl EventSink {
             "root_run_id": run.root_run_id,
             "depth": run.depth,
         });
+        if let (Some(o), Some(id)) = (obj.as_object_mut(), &run.request_id) {
+            o.insert("request_id".into(), json!(id));
+        }
         if let (Some(o), Value::Object(extra)) = (obj.as_object_mut(), fields) {
             for (k, v) in extra {
                 o.insert(k, v);
@@ -127,6 +130,7 @@ mod tests {
             parent_run_id: None,
             root_run_id: "r".into(),
             depth: 0,
+            request_id: None,
         };
         for i in 0..2000 {
             sink.record("emit", &run, json!({"data": "x".repeat(100), "i": i}));

@@ -228,6 +228,8 @@ pub struct CellRequest {
     /// error `Interrupted`) keeps what the cell printed until then, and a
     /// session's namespace is left as it was before the cell.
     pub cancel: Option<tokio_util::sync::CancellationToken>,
+    /// The request it answers (see [`RunInfo::request_id`]).
+    pub request_id: Option<String>,
 }
 
 impl CellRequest {
@@ -239,6 +241,7 @@ impl CellRequest {
             output: None,
             forward: Forward::No,
             cancel: None,
+            request_id: None,
         }
     }
 
@@ -373,11 +376,17 @@ impl Inner {
                 pid = fs.pid,
                 "the Rhai fork server died or stalled; starting a new one"
             );
+            let why = if fs.is_stalled() {
+                crate::metrics::Restart::Stalled
+            } else {
+                crate::metrics::Restart::Dead
+            };
+            crate::metrics::get().pool_restart(crate::metrics::Pool::RhaiForkServer, why);
         }
         let profile = self.profile_name(Language::Rhai, None);
         match warm::ForkServer::start(&self.worker_exe, &profile, self) {
             Ok(fs) => {
-                tracing::info!(target: warm::POOL_LOG, pid = fs.pid, profile = %profile, "Rhai fork server started");
+                tracing::debug!(target: warm::POOL_LOG, pid = fs.pid, profile = %profile, "Rhai fork server started");
                 let fs = Arc::new(fs);
                 *slot = Some(fs.clone());
                 Some(fs)
@@ -1078,6 +1087,22 @@ impl Supervisor {
         Some("sessions are NOT kept apart: cgroups are Linux only".into())
     }
 
+    /// Cells running now, sub-cells included.
+    pub fn cells_running(&self) -> usize {
+        self.inner
+            .cells_running
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes of memory the cells' memory cgroup holds now (every session's
+    /// and cell's, the warm workers'), when there is one.
+    pub fn cells_memory_in_use(&self) -> Option<u64> {
+        #[cfg(target_os = "linux")]
+        return self.inner.cells_cgroup.as_ref().and_then(|c| c.in_use());
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
     pub fn cells_memory(&self) -> Option<u64> {
         #[cfg(target_os = "linux")]
         return self.inner.cells_cgroup.as_ref().map(|c| c.limit());
@@ -1198,6 +1223,7 @@ impl RunInfo {
             parent_run_id: None,
             root_run_id: id,
             depth: 0,
+            request_id: None,
         }
     }
 }

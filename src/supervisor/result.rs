@@ -284,6 +284,11 @@ pub struct RunInfo {
     pub parent_run_id: Option<String>,
     pub root_run_id: String,
     pub depth: u32,
+    /// The id of the request that ran it (an MCP `tools/call` of `serve`),
+    /// as the server's log lines and events name it; a sub-cell's is its
+    /// parent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// How the worker process ended. A warm cell returned at `done`: its worker
@@ -649,6 +654,7 @@ mod tests {
             parent_run_id: None,
             root_run_id: "r".into(),
             depth: 0,
+            request_id: None,
         };
         let mut r = CellResult::new("python", run);
         r.status = Status::Error;

@@ -657,15 +657,19 @@ impl Session {
         self.settled().await;
         state.execution_count += 1;
         let count = state.execution_count;
-        let run = match &self.inner.parent {
+        let mut run = match &self.inner.parent {
             Some(p) => RunInfo {
                 run_id: cell::new_run_id(),
                 parent_run_id: Some(p.run_id.clone()),
                 root_run_id: p.root_run_id.clone(),
                 depth: p.depth,
+                request_id: p.request_id.clone(),
             },
             None => RunInfo::root(),
         };
+        if request.request_id.is_some() {
+            run.request_id = request.request_id.clone();
+        }
         if let Some(problem) = code_problem(request.language, &request.code, &limits) {
             let mut r = CellResult::refused_with(
                 request.language.as_str(),

@@ -465,6 +465,11 @@ impl ForkServer {
             || self.stalled.load(Ordering::SeqCst)
     }
 
+    /// It stopped answering in time (it counts as dead too).
+    pub(crate) fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::SeqCst)
+    }
+
     /// It did not answer `what` in time (see [`STALL_WITHIN`]).
     fn mark_stalled(&self, what: &str, waited: Duration) {
         if self.stalled.swap(true, Ordering::SeqCst)

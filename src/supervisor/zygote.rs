@@ -630,7 +630,7 @@ async fn read_loop(
     let serving = |m: ZygoteMsg, fds: Vec<OwnedFd>| {
         let first = matches!(m, ZygoteMsg::Serving) && fds.is_empty() && !serves.send_replace(true);
         if first {
-            tracing::info!(target: POOL_LOG, profile = %profile, pid, "Python zygote started");
+            tracing::debug!(target: POOL_LOG, profile = %profile, pid, "Python zygote started");
         }
         first
     };
@@ -772,6 +772,15 @@ impl Pools {
             let cells = z.cells.load(Ordering::SeqCst);
             let age_ms = z.born.elapsed().as_millis() as u64;
             let in_flight = z.in_flight.load(Ordering::SeqCst);
+            use crate::metrics::{Pool, Restart};
+            let why = if z.is_stalled() {
+                Restart::Stalled
+            } else if z.is_dead() {
+                Restart::Dead
+            } else {
+                Restart::Retired
+            };
+            crate::metrics::get().pool_restart(Pool::PythonZygote, why);
             if z.is_stalled() {
                 tracing::warn!(
                     target: POOL_LOG,
@@ -795,7 +804,7 @@ impl Pools {
                 } else {
                     "age"
                 };
-                tracing::info!(
+                tracing::debug!(
                     target: POOL_LOG,
                     profile = %z.profile,
                     pid = z.pid,

@@ -43,6 +43,10 @@ fi
 "$root/py1/bin/python" -c 'import pytest' 2>/dev/null \
     || "$root/py1/bin/pip" install -q --disable-pip-version-check pytest
 "$root/py1/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$pkg"
+# The official Prometheus text parser (the `prometheus_client` package):
+# tests/suite/service.rs reads `serve --metrics` with it, beside the SDK.
+"$root/py1/bin/python" -c 'import prometheus_client.parser' 2>/dev/null \
+    || "$root/py1/bin/python" -m pip install -q --disable-pip-version-check 'prometheus_client>=0.20,<1'
 # rlms' own tests, from its source distribution on PyPI (the wheel has
 # none): tests/suite/pyclient.rs runs its environment tests against the
 # cellbox environment.

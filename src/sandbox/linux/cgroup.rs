@@ -227,6 +227,20 @@ impl CellCgroup {
         &self.dir
     }
 
+    /// Bytes of memory the group's processes hold now.
+    pub fn in_use(&self) -> Option<u64> {
+        let file = if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        };
+        std::fs::read_to_string(self.dir.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// `"cgroup v1 memory"` or `"cgroup v2 memory"`.
     pub fn kind(&self) -> &'static str {
         if self.v2 {

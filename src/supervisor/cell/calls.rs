@@ -55,8 +55,22 @@ async fn perform_call(
         }
         format!("{}... ({} bytes)", &call.cap[..end], call.cap.len())
     };
+    // Its label in the metrics: a name the registry knows (`SERVER.*` for
+    // a tool server's), never one a cell made up.
+    let label = if !name_fits {
+        crate::metrics::UNKNOWN.to_owned()
+    } else if sup.registry.get(&call.cap).is_some() {
+        call.cap.clone()
+    } else if let (Some(_), Some((server, _))) =
+        (sup.registry.source_of(&call.cap), call.cap.split_once('.'))
+    {
+        format!("{server}.*")
+    } else {
+        crate::metrics::UNKNOWN.to_owned()
+    };
     let record_with =
         |outcome: &str, message: Option<String>, detail: Option<Value>, result: &mut CellResult| {
+            crate::metrics::get().capability_call(label.clone(), outcome);
             sup.events.record(
                 "call",
                 &spec.run,
@@ -281,6 +295,7 @@ async fn run_sub_cell(
         parent_run_id: Some(spec.run.run_id.clone()),
         root_run_id: spec.run.root_run_id.clone(),
         depth,
+        request_id: spec.run.request_id.clone(),
     };
     // Of its parent's session: the session's profile, or the supervisor's
     // for the language (and its ceiling over the limits), exactly as for a

@@ -292,6 +292,7 @@ pub(crate) fn run_with(
                 refusal,
             );
             r.execution_count = spec.execution_count;
+            count(&r, "none");
             return (r, None, None);
         }
         settle_limits(&sup, &mut spec);
@@ -308,6 +309,7 @@ pub(crate) fn run_with(
                 spent,
             );
             r.execution_count = spec.execution_count;
+            count(&r, "none");
             return (r, None, None);
         }
         let _running = Running::new(&sup.cells_running);
@@ -319,7 +321,9 @@ pub(crate) fn run_with(
             &spec.run,
             json!({"language": spec.language.as_str(), "session_id": spec.session_id}),
         );
-        let (done, tail) = match run_worker(&sup, &spec, &mut result, started, prepared).await {
+        let mut path = "none";
+        let ran = run_worker(&sup, &spec, &mut result, started, prepared, &mut path).await;
+        let (done, tail) = match ran {
             Ok(ended) => ended,
             Err(e) => {
                 result.fail_with(ErrorKind::SpawnError, e.to_string());
@@ -343,8 +347,48 @@ pub(crate) fn run_with(
             json!({"status": result.status, "wall_ms": result.usage.wall_ms,
                    "error": result.error.as_ref().map(|e| &e.message)}),
         );
+        count(&result, path);
         (result, done, tail)
     })
+}
+
+/// A cell's result in the process's metrics (see [`crate::metrics`]):
+/// `path` is how its worker started (`fresh`, `warm`, `live`), or `none`.
+fn count(result: &CellResult, path: &'static str) {
+    let m = crate::metrics::get();
+    m.cell(
+        crate::metrics::CellLabels {
+            language: result.language.clone(),
+            status: result.status.as_str().to_owned(),
+            path,
+        },
+        result.usage.wall_ms,
+    );
+    for (stream, text, cut) in [
+        ("stdout", &result.stdout, result.truncated.stdout),
+        ("stderr", &result.stderr, result.truncated.stderr),
+    ] {
+        match cut {
+            Some(t) => m.output(stream, t.total_bytes, t.kept_head + t.kept_tail),
+            None => m.output(stream, text.len() as u64, text.len() as u64),
+        }
+    }
+    if let Some(kind) = result.error.as_ref().and_then(|e| refusal_kind(&e.kind)) {
+        m.refusal(kind);
+    }
+}
+
+/// The refusal a cell's error type counts as, if it is one: a limit or
+/// the policy stopped it.
+fn refusal_kind(kind: &str) -> Option<&'static str> {
+    [
+        ErrorKind::Timeout,
+        ErrorKind::LimitExceeded,
+        ErrorKind::PermissionError,
+    ]
+    .into_iter()
+    .map(ErrorKind::as_str)
+    .find(|k| *k == kind)
 }
 
 /// `result` with every secret the process holds redacted (see
@@ -413,6 +457,7 @@ async fn run_worker(
     result: &mut CellResult,
     started: Instant,
     prepared: Option<Prepared>,
+    path: &mut &'static str,
 ) -> Result<(Option<Box<Done>>, Option<Tail>), LaunchError> {
     let (group, launched) = match prepared {
         Some(p) => {
@@ -427,7 +472,7 @@ async fn run_worker(
             }
         },
     };
-    let out = life(sup, spec, result, started, group.clone(), launched).await;
+    let out = life(sup, spec, result, started, group.clone(), launched, path).await;
     end::release_group(group).await;
     out
 }
@@ -443,6 +488,7 @@ async fn life(
     started: Instant,
     group: Option<Arc<CellGroup>>,
     launched: Option<Launched>,
+    path: &mut &'static str,
 ) -> Result<(Option<Box<Done>>, Option<Tail>), LaunchError> {
     let deadline = started + spec.limits.timeout();
     let launched = match launched {
@@ -456,6 +502,11 @@ async fn life(
                 None => return Ok((None, None)),
             }
         }
+    };
+    *path = match (&launched.handshake, spec.live.is_some()) {
+        (Handshake::Setup, _) => "fresh",
+        (_, true) => "live",
+        (_, false) => "warm",
     };
     let Launched {
         started: worker,

@@ -188,6 +188,13 @@ pub(super) async fn perform(
     }
     let prompt_of = |i: usize| shown.get(i).cloned().unwrap_or(Value::Null);
     for (i, (r, s)) in results.iter().enumerate() {
+        // A configured model's name: the query was planned for it.
+        let name = match r {
+            Ok(r) => r.model.as_str(),
+            Err(_) => model.as_deref().unwrap_or("default"),
+        };
+        let c = &s.charged;
+        crate::metrics::get().model_call(name, r.is_ok(), c.input_tokens, c.output_tokens, c.cost);
         match r {
             Ok(r) => sup
                 .events
@@ -310,6 +317,7 @@ async fn sub_agent(
         parent_run_id: Some(spec.run.run_id.clone()),
         root_run_id: spec.run.root_run_id.clone(),
         depth,
+        request_id: spec.run.request_id.clone(),
     };
     let config = crate::SessionConfig {
         policy: child.clone(),

@@ -752,6 +752,11 @@ def _zygote():
 
 try:
     _zygote()
+except (BrokenPipeError, ConnectionResetError):
+    # The supervisor's end is gone: it is shutting down (or gone itself).
+    # A normal end, with nothing to say; this PID namespace's cells end
+    # with its first process.
+    posix._exit(0)
 except BaseException as e:
     try:
         posix.write(2, ("cellbox zygote: %s: %s\n" % (type(e).__name__, _clean(str(e)))).encode("utf-8", "replace"))
