@@ -146,7 +146,9 @@ fn log_format(command: &Command) -> cellbox::serve::LogFormat {
         Some("json") => LogFormat::Json,
         Some("text") | Some("") => LogFormat::Text,
         _ => {
-            eprintln!("cellbox: CELLBOX_LOG_FORMAT={asked:?}: use text or json; logging text");
+            cellbox::report!(
+                "cellbox: CELLBOX_LOG_FORMAT={asked:?}: use text or json; logging text"
+            );
             LogFormat::Text
         }
     }

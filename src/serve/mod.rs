@@ -513,13 +513,13 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         let listener = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("cellbox serve: failed to listen for metrics on {addr}: {e}");
+                crate::report!("cellbox serve: failed to listen for metrics on {addr}: {e}");
                 shutdown.cancel();
                 return ExitCode::from(EXIT_USAGE);
             }
         };
         match listener.local_addr() {
-            Ok(a) => eprintln!("cellbox serve: Prometheus metrics on http://{a}/metrics"),
+            Ok(a) => crate::report!("cellbox serve: Prometheus metrics on http://{a}/metrics"),
             Err(e) => tracing::warn!("failed to read the metrics address: {e}"),
         }
         tokio::spawn(ops::serve_metrics(
