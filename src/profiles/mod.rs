@@ -130,7 +130,9 @@ impl Layers {
 }
 
 /// Who the cell runs as when cellbox itself runs as root. An unprivileged
-/// cellbox keeps its own uid (mapped to itself in a user namespace).
+/// cellbox keeps its own uid (mapped to itself in a user namespace), or
+/// with `subordinate_ids` runs the cell as `uid`/`gid` mapped to the
+/// user's first subordinate ids.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Identity {
@@ -138,6 +140,24 @@ pub struct Identity {
     pub gid: u32,
     /// Host name inside the cell's UTS namespace.
     pub hostname: String,
+    /// Without root: whether cells run as a subordinate id of the user.
+    #[serde(default)]
+    pub subordinate_ids: SubordinateIds,
+}
+
+/// Whether an unprivileged cellbox runs its cells as a subordinate id of
+/// its user (`/etc/subuid`, `/etc/subgid`, `newuidmap`), see
+/// `crate::sandbox::linux::subids`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubordinateIds {
+    /// The cell keeps the user's own uid and gid.
+    #[default]
+    Off,
+    /// The user's first subordinate uid and gid where the user has ranges
+    /// and the map helpers are installed, else the user's own ids (the
+    /// sandbox report says which).
+    Auto,
 }
 
 /// Resource limits as written in a profile: one flat table, every key

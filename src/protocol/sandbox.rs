@@ -50,9 +50,13 @@ pub struct SandboxPlan {
     pub exec: Vec<PathBuf>,
     /// Which layers are required, best effort or off.
     pub layers: Layers,
-    /// uid/gid the cell runs as when the worker starts as root.
+    /// uid/gid the cell runs as when the worker starts as root (and, with
+    /// subordinate ids, inside the cell's user namespace).
     pub uid: u32,
     pub gid: u32,
+    /// Without root: whether the cell runs as a subordinate id.
+    #[serde(default)]
+    pub subordinate_ids: crate::profiles::SubordinateIds,
     pub hostname: String,
     /// The profile's host paths (system libraries, loader, config files).
     pub paths: Vec<PathRule>,
@@ -82,6 +86,7 @@ impl SandboxPlan {
             layers: profile.layers,
             uid: profile.identity.uid,
             gid: profile.identity.gid,
+            subordinate_ids: profile.identity.subordinate_ids,
             hostname: profile.identity.hostname.clone(),
             // Rules for another architecture (its dynamic loader) are left out.
             paths: profile

@@ -190,7 +190,13 @@ fn spawn_program(
     // A cell that runs in its own copy of this process cannot share our
     // memory: it takes the usual way.
     let shares_memory = matches!(program, Program::Exec(_));
-    if plan.layers.namespaces != LayerMode::Off && way != CloneWay::ParentMaps && shares_memory {
+    // Subordinate ids are mapped only by the setuid helpers, which this
+    // process runs: the child cannot map itself.
+    if plan.layers.namespaces != LayerMode::Off
+        && way != CloneWay::ParentMaps
+        && shares_memory
+        && ids.sub.is_none()
+    {
         if ids.root && !plan.scratch_in_cell {
             // The child is not root on the host and cannot hand the scratch
             // directory over itself.
@@ -506,7 +512,7 @@ fn cell_body(
         ));
     }
     let owner = ids.root.then_some((ids.uid, ids.gid));
-    let (start, owner) = match ns {
+    let (start, owner, ids) = match ns {
         Namespaces::SelfMapped { names, refused } => {
             if let Err(e) = linux::sys::set_parent_death_signal(libc::SIGKILL) {
                 fail(SandboxError::new(
@@ -524,7 +530,7 @@ fn cell_body(
                 setgroups: false,
                 control: control.as_fd(),
             };
-            (start, None)
+            (start, None, ids)
         }
         Namespaces::Cloned(names) => {
             // While the parent writes the maps: what the code run in this
@@ -544,12 +550,23 @@ fn cell_body(
             }
             let start = Start::Cloned {
                 names,
-                setgroups: ids.root,
+                setgroups: ids.switches_ids(),
                 control: control.as_fd(),
             };
-            (start, owner)
+            // With subordinate ids the maps exist now, and this process
+            // is root of a namespace that maps the cell's ids.
+            let owner = ids.switches_ids().then_some((ids.uid, ids.gid));
+            (start, owner, ids)
         }
-        Namespaces::Without(mode, why) => (Start::Without(mode, why), owner),
+        Namespaces::Without(mode, why) => {
+            // No user namespace: the cell keeps the user's own ids.
+            let ids = if ids.sub.is_some() {
+                linux::own_ids()
+            } else {
+                ids
+            };
+            (Start::Without(mode, why), owner, ids)
+        }
     };
     // The rest is the jail sequence, as a one-shot cell: hygiene, the
     // namespaces' contents, rlimits, privileges, Landlock, seccomp.

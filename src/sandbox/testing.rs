@@ -161,3 +161,55 @@ pub fn sleeper_joining(join: &[std::os::fd::OwnedFd]) -> std::process::Child {
     }
     cmd.spawn().expect("spawn sleep")
 }
+
+/// In this (forked, test) process: a private mount namespace whose `/etc`
+/// is the host's with `files` laid over it (an overlay whose upper and
+/// work directories are made in `base`, which the caller owns and removes),
+/// then `uid`/`gid` without supplementary groups. For tests of what an
+/// unprivileged user with given `/etc/passwd`, `/etc/subuid`... entries
+/// gets, without changing the host's.
+#[cfg(target_os = "linux")]
+pub fn become_user_with_etc(
+    base: &std::path::Path,
+    files: &[(&str, String)],
+    uid: u32,
+    gid: u32,
+) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    let (upper, work) = (base.join("upper"), base.join("work"));
+    for d in [&upper, &work] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    for (name, text) in files {
+        std::fs::write(upper.join(name), text).map_err(|e| format!("{name}: {e}"))?;
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| e.to_string())?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / private: {e}"))?;
+    let data = format!(
+        "lowerdir=/etc,upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        "/etc",
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .map_err(|e| format!("overlay on /etc: {e}"))?;
+    let (u, g) = (
+        nix::unistd::Uid::from_raw(uid),
+        nix::unistd::Gid::from_raw(gid),
+    );
+    nix::unistd::setgroups(&[]).map_err(|e| e.to_string())?;
+    nix::unistd::setresgid(g, g, g).map_err(|e| e.to_string())?;
+    nix::unistd::setresuid(u, u, u).map_err(|e| e.to_string())
+}

@@ -36,16 +36,39 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     })
 }
 
-/// A directory removed with [`remove_tree`] when dropped (a failure is
-/// logged). Made from a `TempDir`, whose own removal it replaces.
-#[derive(Debug)]
+/// Another way to remove a tree, for what [`remove_tree`] cannot: files of
+/// ids this process has no power over (a cell's subordinate ids, see
+/// `crate::sandbox::linux::subids::remove_tree_mapped`).
+pub type Remover = std::sync::Arc<dyn Fn(&Path) -> std::io::Result<()> + Send + Sync>;
+
+/// A directory removed with [`remove_tree`] when dropped, or where that
+/// fails with its [`Remover`] if it has one (a failure is logged). Made
+/// from a `TempDir`, whose own removal it replaces.
 pub struct OwnedTree {
     path: PathBuf,
+    remover: Option<Remover>,
+}
+
+impl std::fmt::Debug for OwnedTree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedTree")
+            .field("path", &self.path)
+            .field("remover", &self.remover.is_some())
+            .finish()
+    }
 }
 
 impl OwnedTree {
     pub fn new(dir: tempfile::TempDir) -> OwnedTree {
-        OwnedTree { path: dir.keep() }
+        OwnedTree::with_remover(dir, None)
+    }
+
+    /// With `remover` tried where [`remove_tree`] fails.
+    pub fn with_remover(dir: tempfile::TempDir, remover: Option<Remover>) -> OwnedTree {
+        OwnedTree {
+            path: dir.keep(),
+            remover,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -69,7 +92,11 @@ impl Drop for OwnedTree {
         // more; a pass that still failed is tried again before giving up.
         let mut last = None;
         for _ in 0..3 {
-            match remove_tree(&self.path) {
+            let removed = remove_tree(&self.path).or_else(|e| match &self.remover {
+                Some(remover) => remover(&self.path),
+                None => Err(e),
+            });
+            match removed {
                 Ok(()) => return,
                 Err(e) => last = Some(e),
             }

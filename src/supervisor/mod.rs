@@ -272,6 +272,9 @@ pub(crate) struct Inner {
     pub(crate) models: Option<Arc<crate::models::ModelClient>>,
     pub(crate) events: EventSink,
     pub(crate) worker_exe: PathBuf,
+    /// Removes scratch trees that cells running as subordinate ids wrote
+    /// (unprivileged, where the user has them).
+    pub(crate) tree_remover: Option<crate::sandbox::tree::Remover>,
     /// Workers start under this `sandbox-exec` (see [`crate::macos`]).
     pub(crate) sandbox_exec: Option<PathBuf>,
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
@@ -766,6 +769,7 @@ impl SupervisorBuilder {
                 registry: self.registry,
                 models: self.models,
                 events: self.events,
+                tree_remover: tree_remover(&worker_exe),
                 worker_exe,
                 sandbox_exec: self.sandbox_exec,
                 profiles: self.profiles,
@@ -787,6 +791,23 @@ impl SupervisorBuilder {
             }),
         })
     }
+}
+
+/// Without root, where the user has subordinate ids: how to remove a
+/// scratch tree that cells running as them wrote (the worker binary in a
+/// user namespace mapping them, see [`crate::sandbox::linux::subids`]).
+fn tree_remover(worker_exe: &std::path::Path) -> Option<crate::sandbox::tree::Remover> {
+    #[cfg(target_os = "linux")]
+    if !nix::unistd::geteuid().is_root() {
+        use crate::sandbox::linux::subids;
+        let map = subids::lookup().ok()?;
+        let exe = worker_exe.to_path_buf();
+        return Some(std::sync::Arc::new(move |path: &std::path::Path| {
+            subids::remove_tree_mapped(&exe, path, map)
+        }));
+    }
+    let _ = worker_exe;
+    None
 }
 
 /// The entry point of the library: owns the capability registry and spawns

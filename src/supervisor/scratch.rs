@@ -75,6 +75,15 @@ impl Parent {
         }
     }
 
+    /// How to remove what cells with subordinate ids wrote, if they may.
+    fn remover(&self) -> Option<crate::sandbox::tree::Remover> {
+        match self {
+            Parent::Supervisor(sup) => sup.tree_remover.clone(),
+            #[cfg(test)]
+            Parent::Path(..) => None,
+        }
+    }
+
     /// The bounds of a session's own tmpfs, if one may be mounted.
     fn quota(&self) -> Option<ScratchQuota> {
         match self {
@@ -131,7 +140,7 @@ impl Home {
         let tree = tempfile::Builder::new()
             .prefix(HOME_PREFIX)
             .tempdir_in(self.parent.path())
-            .map(OwnedTree::new)?;
+            .map(|d| OwnedTree::with_remover(d, self.parent.remover()))?;
         let quota = self
             .parent
             .quota()
@@ -221,7 +230,7 @@ impl Scratch {
         let made = tempfile::Builder::new()
             .prefix(self.prefix)
             .tempdir_in(self.home.path()?)
-            .map(OwnedTree::new)?;
+            .map(|d| OwnedTree::with_remover(d, self.home.parent.remover()))?;
         // Two callers racing both make one; the loser's is removed at once.
         Ok(self.dir.get_or_init(|| made).path())
     }

@@ -35,6 +35,13 @@ pub const SEATBELT_WORKER_ARG: &str = "__seatbelt_worker";
 /// supervisor's frozen sessions (see `crate::sandbox::linux::groups`).
 pub const GUARD_ARG: &str = "__freezer_guard";
 
+/// The hidden first argument of the process that removes a tree a cell
+/// with subordinate ids wrote (see `crate::sandbox::linux::subids`).
+#[cfg(target_os = "linux")]
+pub const REMOVE_TREE_ARG: &str = crate::sandbox::linux::subids::REMOVE_ARG;
+#[cfg(not(target_os = "linux"))]
+pub const REMOVE_TREE_ARG: &str = "__remove_tree";
+
 /// Exit codes of the worker process itself (the supervisor maps them).
 const EXIT_SANDBOX: i32 = Exit::Sandbox.raw();
 const EXIT_PROTOCOL: i32 = Exit::Internal.raw();
@@ -51,6 +58,7 @@ fn hidden_mode_of(mode: &std::ffi::OsStr) -> Option<&'static str> {
         (ZYGOTE_ARG, "zygote"),
         (SEATBELT_WORKER_ARG, "worker"),
         (GUARD_ARG, "freezer guard"),
+        (REMOVE_TREE_ARG, "tree removal"),
     ]
     .into_iter()
     .find(|(arg, _)| mode == std::ffi::OsStr::new(arg))
@@ -126,6 +134,10 @@ pub fn dispatch() {
     #[cfg(target_os = "linux")]
     if mode.as_deref() == Some(std::ffi::OsStr::new(ZYGOTE_ARG)) {
         std::process::exit(run_zygote(late()));
+    }
+    #[cfg(target_os = "linux")]
+    if mode.as_deref() == Some(std::ffi::OsStr::new(REMOVE_TREE_ARG)) {
+        std::process::exit(crate::sandbox::linux::subids::remove_main(args.next()));
     }
     #[cfg(target_os = "linux")]
     if mode.as_deref() == Some(std::ffi::OsStr::new(GUARD_ARG)) {

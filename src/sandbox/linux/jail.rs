@@ -61,7 +61,13 @@ impl<'a> Jail<'a> {
     /// A worker, the fork server or a zygote: a process that enters from
     /// outside, cloning into the namespaces itself.
     pub(crate) fn new(plan: &'a SandboxPlan, entry: Entry) -> Jail<'a> {
-        let ids = host_ids(plan);
+        let mut ids = host_ids(plan);
+        if ids.sub.is_some() && entry != Entry::Worker {
+            // Subordinate ids are for a worker's cell, whose scratch
+            // directory it hands over and the supervisor removes with them;
+            // the pools' cells keep the user's own ids.
+            ids = super::own_ids();
+        }
         Jail {
             plan,
             entry,
@@ -94,8 +100,8 @@ impl<'a> Jail<'a> {
         jail.start = Start::Cloned {
             names,
             // Root's maps are written without denying setgroups; an
-            // unprivileged supervisor's are not.
-            setgroups: jail.ids.root,
+            // unprivileged supervisor's own are not.
+            setgroups: jail.ids.switches_ids(),
             control,
         };
         jail
@@ -204,7 +210,17 @@ impl<'a> Jail<'a> {
                 );
             }
             Start::Clone => match namespaces::clone_into(self.ids) {
-                Ok(state) => self.in_ns = Some(state),
+                Ok(state) => {
+                    self.in_ns = Some(state);
+                    if self.ids.sub.is_some() && !plan.scratch_in_cell {
+                        // Only now, as root of a namespace that maps the
+                        // cell's subordinate ids, may this process give
+                        // them the scratch directory (on the host it is
+                        // the user, who may not).
+                        hygiene::hand_over(&plan.scratch, self.ids.uid, self.ids.gid)
+                            .map_err(|e| SandboxError::new(Layer::Hygiene, e))?;
+                    }
+                }
                 Err(e) if e.before_clone() && mode == LayerMode::BestEffort => {
                     self.report
                         .push(Layer::Namespaces, mode, false, e.to_string());
@@ -232,6 +248,11 @@ impl<'a> Jail<'a> {
             }
             Start::Without(mode, why) => self.report.push(Layer::Namespaces, mode, false, why),
         }
+        if self.in_ns.is_none() && self.ids.sub.is_some() {
+            // No user namespace to map subordinate ids in: the cell keeps
+            // the user's own ids, as without them.
+            self.ids = super::own_ids();
+        }
         let view = self.given_view.or(self.view.as_ref());
         let (Some(state), Some(view)) = (&self.in_ns, view) else {
             return Ok(());
@@ -247,6 +268,12 @@ impl<'a> Jail<'a> {
         })?;
         self.report.namespaces = state.names.iter().map(|n| n.to_string()).collect();
         let mut detail = format!("{}; new read-only root", state.names.join(","));
+        if let Some(map) = self.ids.sub {
+            detail.push_str(&format!(
+                "; subordinate ids: the cell's {}:{} are {}:{} on the host",
+                self.ids.uid, self.ids.gid, map.uid, map.gid
+            ));
+        }
         if !view.skipped.is_empty() {
             let skipped: Vec<String> = view
                 .skipped

@@ -15,6 +15,7 @@ pub mod namespaces;
 pub mod privileges;
 pub mod rlimits;
 pub mod seccomp;
+pub mod subids;
 pub mod sys;
 pub mod view;
 
@@ -158,21 +159,46 @@ fn apply_seccomp(plan: &SandboxPlan, report: &mut SandboxReport) -> Result<(), S
 }
 
 /// Who the cell is on the host: the profile's ids when running as root,
-/// our own otherwise.
+/// our own otherwise, or with the plan's `subordinate_ids` and the user's
+/// ranges, the profile's ids inside mapped to the user's first
+/// subordinate ids ([`subids`]).
 pub(crate) fn host_ids(plan: &SandboxPlan) -> namespaces::HostIds {
     let root = nix::unistd::geteuid().is_root();
     if root {
-        namespaces::HostIds {
+        return namespaces::HostIds {
             root,
             uid: plan.uid,
             gid: plan.gid,
+            sub: None,
+        };
+    }
+    if plan.subordinate_ids == crate::profiles::SubordinateIds::Auto
+        && plan.layers.namespaces != LayerMode::Off
+        && plan.uid != 0
+        && plan.gid != 0
+    {
+        match subids::lookup() {
+            Ok(map) => {
+                return namespaces::HostIds {
+                    root,
+                    uid: plan.uid,
+                    gid: plan.gid,
+                    sub: Some(map),
+                }
+            }
+            Err(e) => tracing::debug!("cells keep the user's own ids: {e}"),
         }
-    } else {
-        namespaces::HostIds {
-            root,
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
-        }
+    }
+    own_ids()
+}
+
+/// This unprivileged process's own ids, mapped to themselves.
+pub(crate) fn own_ids() -> namespaces::HostIds {
+    namespaces::HostIds {
+        root: false,
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+        sub: None,
     }
 }
 
@@ -496,6 +522,122 @@ mod tests {
             "Ouid=1000\t1000\t1000\t1000 seccomp=2 capeff=0000000000000000 \
              ns=user,mount,pid,net,ipc,uts layers=6 cell_in_passwd=true"
         );
+    }
+
+    /// The user the subordinate-id tests become, in a private view of
+    /// `/etc` ([`crate::sandbox::testing::become_user_with_etc`]).
+    const SUB_USER: u32 = 59999;
+
+    /// Run a shell-profile worker cell with `subordinate_ids = "auto"` as
+    /// [`SUB_USER`], whose `/etc/subuid` and `/etc/subgid` are `ranges`;
+    /// the cell writes a read-only tree in its scratch. Returns what the
+    /// cell saw and the scratch directory, left for the caller to inspect
+    /// (in `dir`, which it removes).
+    fn run_with_ranges(dir: &Path, ranges: &str) -> (String, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test starts as root to become an unprivileged user with its own /etc view"
+        );
+        for tool in ["newuidmap", "newgidmap"] {
+            if let Err(e) = subids::tool(tool) {
+                panic!("{e}: the subordinate-id tests need it");
+            }
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let scratch = dir.join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        std::os::unix::fs::chown(&scratch, Some(SUB_USER), Some(SUB_USER)).unwrap();
+        let mut passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+        passwd.push_str(&format!(
+            "cellbox-subids:x:{SUB_USER}:{SUB_USER}::/nonexistent:/usr/sbin/nologin\n"
+        ));
+        let files = [
+            ("passwd", passwd),
+            ("subuid", ranges.to_owned()),
+            ("subgid", ranges.to_owned()),
+        ];
+        let base = dir.join("etc");
+        let mut plan = plan("shell", &scratch);
+        plan.subordinate_ids = crate::profiles::SubordinateIds::Auto;
+        let (out, how) = in_worker_child(move || {
+            crate::sandbox::testing::become_user_with_etc(&base, &files, SUB_USER, SUB_USER)?;
+            let report = enter(&plan, Entry::Worker).map_err(|e| e.to_string())?;
+            let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+            let map = std::fs::read_to_string("/proc/self/uid_map").map_err(|e| e.to_string())?;
+            let map: Vec<String> = map
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect();
+            // A tree its user may not change: read-only directories.
+            std::fs::create_dir_all("ro/deep").map_err(|e| e.to_string())?;
+            std::fs::write("ro/deep/f", "x").map_err(|e| e.to_string())?;
+            for (p, mode) in [("ro/deep/f", 0o400), ("ro/deep", 0o500), ("ro", 0o500)] {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| e.to_string())?;
+            }
+            let ns = report
+                .layers
+                .iter()
+                .find(|l| l.name == "namespaces")
+                .map(|l| l.detail.clone())
+                .unwrap_or_default();
+            Ok(format!(
+                "uid={} gid={} groups={} map={} ns={ns}",
+                status_field(&status, "Uid"),
+                status_field(&status, "Gid"),
+                status_field(&status, "Groups"),
+                map.join(","),
+            ))
+        });
+        assert_eq!(how, Outcome::Exited(0), "{out}");
+        (out, scratch)
+    }
+
+    fn owner(path: &Path) -> (u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(path).unwrap();
+        (m.uid(), m.gid())
+    }
+
+    /// With subordinate ids the cell is the profile's uid and gid inside
+    /// (with no groups), which are the user's first subordinate ids on the
+    /// host: its scratch directory and everything it wrote there belong to
+    /// them, not to the user; the user maps only as the namespace's root.
+    #[test]
+    fn subordinate_ids_make_the_cell_another_host_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let (out, scratch) = run_with_ranges(dir.path(), "cellbox-subids:200000:65536\n");
+        assert_eq!(
+            out,
+            format!(
+                "Ouid=65534\t65534\t65534\t65534 gid=65534\t65534\t65534\t65534 groups= \
+                 map=0 {SUB_USER} 1,65534 200000 1 ns=user,mount,pid,net,ipc,uts; new read-only \
+                 root; subordinate ids: the cell's 65534:65534 are 200000:200000 on the host"
+            )
+        );
+        for p in ["", "ro", "ro/deep", "ro/deep/f"] {
+            assert_eq!(owner(&scratch.join(p)), (200000, 200000), "{p}");
+        }
+    }
+
+    /// Without ranges for the user, `auto` falls back to the user's own
+    /// ids mapped to themselves, as without the switch.
+    #[test]
+    fn without_ranges_the_cell_keeps_the_users_own_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let (out, scratch) = run_with_ranges(dir.path(), "someone-else:200000:65536\n");
+        let u = SUB_USER;
+        assert_eq!(
+            out,
+            format!(
+                "Ouid={u}\t{u}\t{u}\t{u} gid={u}\t{u}\t{u}\t{u} groups= map={u} {u} 1 \
+                 ns=user,mount,pid,net,ipc,uts; new read-only root"
+            )
+        );
+        for p in ["", "ro/deep/f"] {
+            assert_eq!(owner(&scratch.join(p)), (u, u), "{p}");
+        }
     }
 
     /// Killing the worker (what the supervisor does on timeout) kills the

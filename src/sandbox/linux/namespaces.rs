@@ -60,9 +60,23 @@ pub fn id_map_line(inside: u32, outside: u32) -> String {
 pub struct HostIds {
     /// The worker runs as real root.
     pub root: bool,
-    /// The ids the cell ends up with (profile ids when root, own otherwise).
+    /// The ids the cell ends up with (profile ids when root or with
+    /// subordinate ids, own otherwise), as seen inside its user namespace.
     pub uid: u32,
     pub gid: u32,
+    /// Unprivileged with subordinate ids: 0 inside is the user, `uid` and
+    /// `gid` inside are these subordinate ids ([`super::subids`]).
+    pub sub: Option<super::subids::SubMap>,
+}
+
+impl HostIds {
+    /// Whether the maps leave the namespace's root able to change ids and
+    /// clear its groups before the drop (root's maps, or subordinate ids
+    /// written by the setuid helpers), rather than only the creator's own
+    /// id mapped to itself.
+    pub fn switches_ids(&self) -> bool {
+        self.root || self.sub.is_some()
+    }
 }
 
 /// The cell-side state after a successful clone.
@@ -114,7 +128,7 @@ impl NamespaceError {
 pub fn clone_into(ids: HostIds) -> Result<InNamespaces, NamespaceError> {
     match clone_split(ids)? {
         Cloned::Parent { pid, sync, user_ns } => worker_side(pid, sync, user_ns, ids),
-        Cloned::Child { names, sync } => cell_side(names, sync, ids.root),
+        Cloned::Child { names, sync } => cell_side(names, sync, ids),
     }
 }
 
@@ -350,13 +364,13 @@ pub fn wait_for_parent(sync: &UnixStream) -> Result<(), NamespaceError> {
 fn cell_side(
     names: Vec<&'static str>,
     sync: UnixStream,
-    root: bool,
+    ids: HostIds,
 ) -> Result<InNamespaces, NamespaceError> {
     wait_for_parent(&sync)?;
     Ok(InNamespaces {
-        // Root's maps are written without denying setgroups; an
-        // unprivileged worker's are not.
-        setgroups: root,
+        // Root's maps and the setuid helpers' are written without denying
+        // setgroups; an unprivileged worker's own are not.
+        setgroups: ids.switches_ids(),
         names,
         sync: sync.into(),
     })
@@ -386,6 +400,14 @@ fn write_own_id_maps(entry: &str, ids: HostIds) -> Result<(), IdMapError> {
 }
 
 fn write_maps(pid: libc::pid_t, ids: HostIds) -> Result<(), IdMapError> {
+    if let Some(map) = ids.sub {
+        // The set-up runs as the user (0 inside), the cell drops to its
+        // ids, which are the subordinate ones on the host.
+        return super::subids::write_maps(pid, ids.uid, ids.gid, map).map_err(|e| IdMapError {
+            path: format!("/proc/{pid}/uid_map and gid_map"),
+            source: std::io::Error::other(e),
+        });
+    }
     let entry = pid.to_string();
     let write = |file: &str, text: &str| write_proc(&entry, file, text);
     if ids.root {
