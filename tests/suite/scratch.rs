@@ -275,3 +275,91 @@ async fn session_scratch_inodes_are_bounded_per_session_on_every_path() {
         assert!(!mounts.contains(home_a.to_str().unwrap()), "{mounts}");
     }
 }
+
+/// An unprivileged user with subordinate ids and a profile with
+/// `subordinate_ids = "auto"`: a session's shell cell runs as the profile's
+/// uid (a subordinate id on the host, so not the user), and the read-only
+/// tree it leaves in its scratch is removed with the session all the same
+/// (by the worker binary in a user namespace that maps those ids, where it
+/// is root): nothing is left in the user's temp dir. The user and its
+/// ranges are the test's own, in a private view of `/etc` (an overlay in a
+/// mount namespace of its own), made with util-linux's `unshare` and
+/// `setpriv`.
+#[test]
+fn a_cell_as_a_subordinate_id_leaves_nothing_behind() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    common::require_root("the test becomes an unprivileged user with ranges of its own");
+    for tool in ["newuidmap", "newgidmap"] {
+        if let Err(e) = cellbox::sandbox::linux::subids::tool(tool) {
+            panic!("{e}: the subordinate-id tests need it");
+        }
+    }
+    const USER: u32 = 59997;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+    mode(dir.path(), 0o755).unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    chown(&tmp, Some(USER), Some(USER)).unwrap();
+    let shell = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("sandbox-profiles/shell.toml")).unwrap();
+    let profile = dir.path().join("shell.toml");
+    std::fs::write(
+        &profile,
+        shell.replace("[identity]", "[identity]\nsubordinate_ids = \"auto\""),
+    )
+    .unwrap();
+    let mut passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    passwd.push_str(&format!(
+        "cellbox-subids:x:{USER}:{USER}::/nonexistent:/usr/sbin/nologin\n"
+    ));
+    let ranges = "cellbox-subids:400000:65536\n";
+    let upper = dir.path().join("etc/upper");
+    let work = dir.path().join("etc/work");
+    std::fs::create_dir_all(&upper).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    for (name, text) in [("passwd", passwd.as_str()), ("subuid", ranges), ("subgid", ranges)] {
+        std::fs::write(upper.join(name), text).unwrap();
+    }
+    let script = "echo ids=$(id -u):$(id -g):$(id -G); \
+                  mkdir -p ro/deep && echo x > ro/deep/f && chmod 400 ro/deep/f && \
+                  chmod 500 ro/deep && chmod 0 ro && chmod 0 . && echo wrote\n:quit\n";
+    let setup = format!(
+        "mount -t overlay overlay -o lowerdir=/etc,upperdir={},workdir={} /etc && \
+         exec setpriv --reuid={USER} --regid={USER} --clear-groups \
+         env TMPDIR={} {} repl --lang shell --profile {}",
+        upper.display(),
+        work.display(),
+        tmp.display(),
+        common::bin().display(),
+        profile.display()
+    );
+    let mut child = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &setup])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("util-linux's unshare");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("ids=65534:65534:65534\n") && stdout.contains("wrote"),
+        "{stdout}\n{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}\n{stderr}");
+}
