@@ -219,6 +219,21 @@ impl fmt::Display for DoctorReport {
         if let Some(c) = &host.container {
             writeln!(f, "  {:<16} {c}", "container")?;
         }
+        // Which ids cells of a profile with `identity.subordinate_ids =
+        // "auto"` get (the others keep the user's own).
+        match &host.subordinate_ids {
+            Some(Ok(ids)) => writeln!(
+                f,
+                "  {:<16} yes: cells of profiles with subordinate_ids = \"auto\" run as {ids}",
+                "subordinate ids"
+            )?,
+            Some(Err(why)) => writeln!(
+                f,
+                "  {:<16} NO ({why}): every cell runs as the user's own uid",
+                "subordinate ids"
+            )?,
+            None => {}
+        }
         writeln!(
             f,
             "  {:<16} {}",
@@ -426,6 +441,7 @@ mod tests {
             memory_cgroup: MemoryCgroup::default(),
             python: None,
             container: None,
+            subordinate_ids: None,
         }
     }
 

@@ -41,6 +41,10 @@ pub struct HostSupport {
     /// The container this runs in, as far as it can tell (`docker`,
     /// `podman`, `kubernetes`, or what PID 1's `container=` says).
     pub container: Option<String>,
+    /// Without root: the user's subordinate ids that cells of a profile
+    /// with `identity.subordinate_ids = "auto"` run as, or why there are
+    /// none (those cells then keep the user's own ids). `None` as root.
+    pub subordinate_ids: Option<Result<String, String>>,
 }
 
 /// Where the memory controller is that bounds cells together.
@@ -277,11 +281,20 @@ pub fn probe() -> HostSupport {
         },
         python: find_python(),
         container: detect_container(),
+        subordinate_ids: None,
     };
     #[cfg(target_os = "linux")]
     {
         use super::linux::{landlock, namespaces, sys};
         host.running_as_root = nix::unistd::geteuid().is_root();
+        if !host.running_as_root {
+            host.subordinate_ids = Some(super::linux::subids::lookup().map(|m| {
+                format!(
+                    "uid {} and gid {} (the first of the user's ranges)",
+                    m.uid, m.gid
+                )
+            }));
+        }
         host.landlock_abi = sys::landlock_abi();
         host.landlock_pinned_abi = landlock::PINNED_ABI;
         host.seccomp = probe_seccomp();
@@ -456,6 +469,7 @@ mod tests {
             memory_cgroup: MemoryCgroup::default(),
             python: None,
             container: None,
+            subordinate_ids: None,
         };
         f(&mut h);
         h

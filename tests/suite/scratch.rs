@@ -301,7 +301,10 @@ fn a_cell_as_a_subordinate_id_leaves_nothing_behind() {
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
     chown(&tmp, Some(USER), Some(USER)).unwrap();
-    let shell = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("sandbox-profiles/shell.toml")).unwrap();
+    let shell = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("sandbox-profiles/shell.toml"),
+    )
+    .unwrap();
     let profile = dir.path().join("shell.toml");
     std::fs::write(
         &profile,
@@ -313,46 +316,54 @@ fn a_cell_as_a_subordinate_id_leaves_nothing_behind() {
         "cellbox-subids:x:{USER}:{USER}::/nonexistent:/usr/sbin/nologin\n"
     ));
     let ranges = "cellbox-subids:400000:65536\n";
-    let upper = dir.path().join("etc/upper");
-    let work = dir.path().join("etc/work");
-    std::fs::create_dir_all(&upper).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    for (name, text) in [("passwd", passwd.as_str()), ("subuid", ranges), ("subgid", ranges)] {
-        std::fs::write(upper.join(name), text).unwrap();
-    }
     let script = "echo ids=$(id -u):$(id -g):$(id -G); \
                   mkdir -p ro/deep && echo x > ro/deep/f && chmod 400 ro/deep/f && \
                   chmod 500 ro/deep && chmod 0 ro && chmod 0 . && echo wrote\n:quit\n";
-    let setup = format!(
-        "mount -t overlay overlay -o lowerdir=/etc,upperdir={},workdir={} /etc && \
-         exec setpriv --reuid={USER} --regid={USER} --clear-groups \
-         env TMPDIR={} {} repl --lang shell --profile {}",
-        upper.display(),
-        work.display(),
-        tmp.display(),
-        common::bin().display(),
-        profile.display()
-    );
-    let mut child = std::process::Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &setup])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("util-linux's unshare");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // `cellbox ARGS` as the user, with these files in its /etc.
+    let as_user = |args: &str, etc: &[(&str, &str)], stdin: &str| {
+        let (upper, work) = (dir.path().join("etc/upper"), dir.path().join("etc/work"));
+        for d in [&upper, &work] {
+            let _ = std::fs::remove_dir_all(d);
+            std::fs::create_dir_all(d).unwrap();
+        }
+        for (name, text) in etc {
+            std::fs::write(upper.join(name), text).unwrap();
+        }
+        let setup = format!(
+            "mount -t overlay overlay -o lowerdir=/etc,upperdir={},workdir={} /etc && \
+             exec setpriv --reuid={USER} --regid={USER} --clear-groups \
+             env TMPDIR={} {} {args}",
+            upper.display(),
+            work.display(),
+            tmp.display(),
+            common::bin().display(),
+        );
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &setup])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("util-linux's unshare");
+        use std::io::Write;
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.as_bytes()).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let with_ranges = [
+        ("passwd", passwd.as_str()),
+        ("subuid", ranges),
+        ("subgid", ranges),
+    ];
+    let repl = format!("repl --lang shell --profile {}", profile.display());
+    let (status, stdout, stderr) = as_user(&repl, &with_ranges, script);
+    assert!(status.success(), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("ids=65534:65534:65534\n") && stdout.contains("wrote"),
         "{stdout}\n{stderr}"
@@ -362,4 +373,38 @@ fn a_cell_as_a_subordinate_id_leaves_nothing_behind() {
         .map(|e| e.unwrap().path())
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}\n{stderr}");
+    // A one-shot cell too (its scratch is in the cell).
+    let exec = format!("exec --profile {} -- /usr/bin/id -u", profile.display());
+    let (status, stdout, stderr) = as_user(&exec, &with_ranges, "");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "65534\n", "{stderr}");
+    let (_, doctor, _) = as_user("doctor", &with_ranges, "");
+    assert!(
+        doctor.contains(
+            "subordinate ids  yes: cells of profiles with subordinate_ids = \"auto\" run as \
+             uid 400000 and gid 400000"
+        ),
+        "{doctor}"
+    );
+    // Without ranges for the user: its own ids, and doctor says why.
+    let none = "someone-else:400000:65536\n";
+    let without = [
+        ("passwd", passwd.as_str()),
+        ("subuid", none),
+        ("subgid", none),
+    ];
+    let (status, stdout, stderr) = as_user(&repl, &without, "echo ids=$(id -u)\n:quit\n");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("ids={USER}\n")),
+        "{stdout}\n{stderr}"
+    );
+    let (_, doctor, _) = as_user("doctor", &without, "");
+    assert!(
+        doctor.contains(
+            "subordinate ids  NO (/etc/subuid gives cellbox-subids no subordinate uids): every \
+             cell runs as the user's own uid"
+        ),
+        "{doctor}"
+    );
 }

@@ -180,7 +180,9 @@ pub fn remove_tree_mapped(exe: &Path, path: &Path, map: SubMap) -> std::io::Resu
     match status {
         Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
         Ok(other) => Err(failed(format!("the removal helper ended: {other:?}"))),
-        Err(e) => Err(failed(format!("failed to wait for the removal helper: {e}"))),
+        Err(e) => Err(failed(format!(
+            "failed to wait for the removal helper: {e}"
+        ))),
     }
 }
 
