@@ -273,6 +273,10 @@ pub struct ServerSection {
     pub cells_memory_bytes: Option<u64>,
     /// A cgroup per session and per cell beneath the cells' one.
     pub session_cgroups: bool,
+    /// Without root: every profile's `identity.subordinate_ids`, when
+    /// given (otherwise each profile's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subordinate_ids: Option<crate::profiles::SubordinateIds>,
     /// Python interpreter for python cells.
     pub python: Option<PathBuf>,
     /// Append run events (JSON lines) to this file.
@@ -306,6 +310,7 @@ impl Default for ServerSection {
             session_scratch_inodes: crate::supervisor::DEFAULT_SESSION_SCRATCH.inodes,
             cells_memory_bytes: None,
             session_cgroups: true,
+            subordinate_ids: None,
             python: None,
             events: None,
             events_max_bytes: crate::supervisor::DEFAULT_EVENTS_MAX_BYTES,
@@ -499,6 +504,8 @@ pub struct Settings {
     pub session_scratch: crate::supervisor::ScratchQuota,
     pub cells_memory_bytes: u64,
     pub session_cgroups: bool,
+    /// Every profile's `identity.subordinate_ids`, when given.
+    pub subordinate_ids: Option<crate::profiles::SubordinateIds>,
     pub progress_interval: Duration,
     /// How long running cells get to finish after SIGTERM or SIGINT.
     pub drain_timeout: Duration,
@@ -988,6 +995,7 @@ impl ServeConfig {
             session_scratch,
             cells_memory_bytes,
             session_cgroups: s.session_cgroups,
+            subordinate_ids: s.subordinate_ids,
             progress_interval: Duration::from_millis(s.progress_interval_ms),
             drain_timeout: Duration::from_secs(s.drain_timeout_seconds),
             metrics: s.metrics,
@@ -1141,6 +1149,21 @@ mod tests {
 
     fn parse(text: &str) -> Result<ServeConfig, ConfigError> {
         ServeConfig::from_toml(text, Path::new("test.toml"))
+    }
+
+    /// `server.subordinate_ids` reaches the settings only when given
+    /// (each profile's own decides otherwise).
+    #[test]
+    fn subordinate_ids_are_set_for_every_profile_only_when_given() {
+        use crate::profiles::SubordinateIds;
+        let s = ServeConfig::default().validate().unwrap();
+        assert_eq!(s.subordinate_ids, None);
+        let c = parse("[server]\nsubordinate_ids = \"auto\"\n").unwrap();
+        assert_eq!(
+            c.validate().unwrap().subordinate_ids,
+            Some(SubordinateIds::Auto)
+        );
+        assert!(parse("[server]\nsubordinate_ids = \"yes\"\n").is_err());
     }
 
     #[test]

@@ -231,6 +231,9 @@ pub fn build_supervisor(settings: &Settings) -> Result<Supervisor, BuildError> {
         .cells_memory_bytes(settings.cells_memory_bytes)
         .session_cgroups(settings.session_cgroups)
         .languages(settings.languages.iter().copied());
+    if let Some(mode) = settings.subordinate_ids {
+        b = b.subordinate_ids(mode);
+    }
     for (lang, profile) in &settings.profiles {
         b = b.profile(*lang, profile.clone());
     }

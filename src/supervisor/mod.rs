@@ -275,6 +275,8 @@ pub(crate) struct Inner {
     /// Removes scratch trees that cells running as subordinate ids wrote
     /// (unprivileged, where the user has them).
     pub(crate) tree_remover: Option<crate::sandbox::tree::Remover>,
+    /// Overrides every profile's `identity.subordinate_ids` when given.
+    subordinate_ids: Option<crate::profiles::SubordinateIds>,
     /// Workers start under this `sandbox-exec` (see [`crate::macos`]).
     pub(crate) sandbox_exec: Option<PathBuf>,
     pub(crate) profiles: std::collections::BTreeMap<Language, String>,
@@ -358,7 +360,11 @@ impl Inner {
         if let Some(p) = cache.get(name) {
             return Ok(p.clone());
         }
-        let p = Arc::new(crate::profiles::Profile::load(name)?);
+        let mut p = crate::profiles::Profile::load(name)?;
+        if let Some(mode) = self.subordinate_ids {
+            p.identity.subordinate_ids = mode;
+        }
+        let p = Arc::new(p);
         cache.insert(name.to_owned(), p.clone());
         Ok(p)
     }
@@ -504,9 +510,18 @@ pub struct SupervisorBuilder {
     session_scratch: ScratchQuota,
     cells_memory_bytes: u64,
     session_cgroups: bool,
+    subordinate_ids: Option<crate::profiles::SubordinateIds>,
 }
 
 impl SupervisorBuilder {
+    /// Without root: whether every profile's cells run as a subordinate
+    /// id of the user (see [`crate::profiles::SubordinateIds`]), whatever
+    /// the profile's own `identity.subordinate_ids` says.
+    pub fn subordinate_ids(mut self, mode: crate::profiles::SubordinateIds) -> Self {
+        self.subordinate_ids = Some(mode);
+        self
+    }
+
     /// A cgroup for every session and every cell beneath the cells' memory
     /// cgroup (on by default; where the host allows: root, cgroup v1 with
     /// the memory, pids and cpuacct hierarchies): sessions are bounded
@@ -781,6 +796,7 @@ impl SupervisorBuilder {
                 prepare_runs: self.prepare_runs,
                 forkserver: tokio::sync::Mutex::new(None),
                 profile_cache: Default::default(),
+                subordinate_ids: self.subordinate_ids,
                 scratch_root,
                 scratch_bytes: self.scratch_bytes,
                 session_scratch: self.session_scratch,
@@ -884,6 +900,7 @@ impl Supervisor {
             pool: zygote::PoolConfig::default(),
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
             session_cgroups: true,
+            subordinate_ids: None,
             session_scratch: DEFAULT_SESSION_SCRATCH,
             cells_memory_bytes: DEFAULT_CELLS_MEMORY_BYTES,
         }
