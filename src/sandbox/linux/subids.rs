@@ -190,13 +190,13 @@ pub fn remove_tree_mapped(exe: &Path, path: &Path, map: SubMap) -> std::io::Resu
 /// code.
 pub fn remove_main(path: Option<std::ffi::OsString>) -> i32 {
     let Some(path) = path else {
-        eprintln!("cellbox: {REMOVE_ARG} needs a path");
+        crate::report!("cellbox: {REMOVE_ARG} needs a path");
         return 2;
     };
     match crate::sandbox::tree::remove_tree(Path::new(&path)) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("cellbox: {e}");
+            crate::report!("cellbox: {e}");
             1
         }
     }
