@@ -32,6 +32,7 @@ pub mod harness;
 mod budget_race;
 mod budgets;
 mod cancel;
+mod context_cpu;
 mod crossing;
 mod environment;
 mod event_stream;
@@ -41,6 +42,7 @@ mod oracle;
 mod principal_names;
 mod reply_headers;
 mod terminal;
+mod upstream_flood;
 mod wire;
 
 pub use crate::tenancy::{Env, Outcome};
@@ -76,6 +78,8 @@ pub const ATTACKS: &[(&str, AttackFn)] = &[
     ("upstream_http_between_tenants", crossing::upstream_http),
     ("session_paths_between_tenants", crossing::session_paths),
     ("cancel_between_tenants", cancel::run),
+    ("context_cpu", context_cpu::run),
+    ("upstream_list_flood", upstream_flood::run),
 ];
 
 /// Run the attacks whose name (with its `agent_` prefix) contains

@@ -12,7 +12,8 @@
 //! sum of theirs: each ends with a newline and the next starts with `=`,
 //! where the tokenizer splits anyway), and the input is bounded
 //! ([`MAX_RESULTS`], [`MAX_INPUT_BYTES`]). It runs on a blocking thread
-//! that stops, at the next piece or [`CHUNK_BYTES`] of text, once its caller
+//! that stops, at the next piece or [`CHUNK_BYTES`] of text (at most
+//! [`MAX_CHUNK_BYTES`] in a text without a place to cut), once its caller
 //! gave up (the cell ended, the client cancelled) or [`MAX_SECONDS`]
 //! passed.
 
@@ -31,6 +32,9 @@ pub const MAX_RESULTS: usize = 20_000;
 pub const MAX_INPUT_BYTES: usize = 16 << 20;
 /// Text counted between two looks at whether to stop.
 pub const CHUNK_BYTES: usize = 64 << 10;
+/// Most text counted between two looks at whether to stop, when the text
+/// has no place where the tokenizer splits anyway.
+pub const MAX_CHUNK_BYTES: usize = 16 * CHUNK_BYTES;
 /// Longest one call may run, whoever waits for it.
 pub const MAX_SECONDS: u64 = 60;
 
@@ -240,7 +244,8 @@ impl Encoding {
 
 /// Where to cut `text` into a first chunk of about `want` bytes that the
 /// tokenizer counts apart from the rest (see [`Encoding::count_stoppable`]):
-/// all of it when it is short or has no such place.
+/// all of it when it is short or has no such place, unless it is longer
+/// than 16 times `want` ([`MAX_CHUNK_BYTES`]): then it is cut there.
 fn split_point(text: &str, want: usize) -> usize {
     let b = text.as_bytes();
     if b.len() <= want {
@@ -260,10 +265,26 @@ fn split_point(text: &str, want: usize) -> usize {
         return i;
     }
     // None near: the first place past the window (each byte of the text
-    // is looked at by one such search at most).
-    (window.end..last)
+    // is looked at by one such search at most), but no further than
+    // [`MAX_CHUNK_BYTES`]: a text with no such place (digits and spaces, a
+    // run of one letter) is cut there anyway, at a character's start, so
+    // that a look at whether to stop comes that often whatever the text
+    // (the count may then differ by a token or two at the cut).
+    let far = want.saturating_mul(16).max(1);
+    let found = (window.end..far.min(last))
         .find(|&i| newline(i) || space(i))
-        .map_or(b.len(), |i| if b[i] == b'\n' { i + 1 } else { i })
+        .map(|i| if b[i] == b'\n' { i + 1 } else { i });
+    match found {
+        Some(at) => at,
+        None if b.len() <= far => b.len(),
+        None => {
+            let mut at = far;
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            at
+        }
+    }
 }
 
 /// One merged piece of context.
@@ -672,6 +693,15 @@ mod tests {
             // letter, which has no place to cut).
             let cut = split_point(t, CHUNK_BYTES);
             assert!(n == 3 || cut <= 4 * CHUNK_BYTES, "text {n}: {cut}");
+        }
+        // A long text with no place to cut is cut anyway, at
+        // MAX_CHUNK_BYTES, at a character's start.
+        for t in ["7 ".repeat(MAX_CHUNK_BYTES), "é".repeat(MAX_CHUNK_BYTES)] {
+            let cut = split_point(&t, CHUNK_BYTES);
+            assert!(
+                (MAX_CHUNK_BYTES..=MAX_CHUNK_BYTES + 1).contains(&cut) && t.is_char_boundary(cut),
+                "{cut}"
+            );
         }
     }
 

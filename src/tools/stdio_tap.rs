@@ -41,18 +41,51 @@ pub type Fault = Arc<OnceLock<String>>;
 /// would be skipped there without a word, leaving its call to time out.
 pub const MAX_DEPTH: usize = 128;
 
+/// Most JSON values (objects, arrays, scalars) one message may hold. A
+/// parsed value takes some hundred bytes of memory whatever its text (a
+/// 16 MiB message of `[{},{},...]` would take over a gigabyte), so a
+/// message of more is refused before it is parsed: at most about 40 MiB
+/// held for one, where a tool list of 1024 tools with rich schemas has
+/// some tens of thousands, and a result of `max_output_bytes` (256 KiB)
+/// at most 131,072.
+pub const MAX_VALUES: usize = 1 << 18;
+
 /// Why a line is not passed on.
 #[derive(Debug, PartialEq, Eq)]
 enum Bad {
     NotJson(String),
     NotJsonRpc,
     TooDeep,
+    TooMany,
+}
+
+/// What makes a JSON text too costly to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TooCostly {
+    /// Arrays and objects nested deeper than [`MAX_DEPTH`].
+    Deep,
+    /// More than [`MAX_VALUES`] values.
+    Many,
+}
+
+impl TooCostly {
+    /// Why a message is not read, for an error.
+    pub fn why(self) -> String {
+        match self {
+            TooCostly::Deep => format!("a message nested deeper than {MAX_DEPTH} levels"),
+            TooCostly::Many => format!("a message of more than {MAX_VALUES} JSON values"),
+        }
+    }
 }
 
 /// Whether the JSON text `line` nests arrays and objects deeper than
-/// [`MAX_DEPTH`] (brackets inside strings do not count).
-pub fn too_deep(line: &[u8]) -> bool {
+/// [`MAX_DEPTH`] or holds more than [`MAX_VALUES`] values (each element of
+/// an array and member of an object counted, as the commas and the
+/// non-empty brackets outside strings show them), found in one pass before
+/// anything is parsed (brackets and commas inside strings do not count).
+pub fn too_costly(line: &[u8]) -> Option<TooCostly> {
     let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let (mut values, mut opened) = (1usize, false);
     for &b in line {
         if in_string {
             match (escaped, b) {
@@ -63,19 +96,31 @@ pub fn too_deep(line: &[u8]) -> bool {
             }
             continue;
         }
+        // The first element of a container that is not empty.
+        if opened && !b.is_ascii_whitespace() {
+            opened = false;
+            if b != b']' && b != b'}' {
+                values += 1;
+            }
+        }
         match b {
             b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_DEPTH {
-                    return true;
+                    return Some(TooCostly::Deep);
                 }
+                opened = true;
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' => values += 1,
             _ => {}
         }
+        if values > MAX_VALUES {
+            return Some(TooCostly::Many);
+        }
     }
-    false
+    None
 }
 
 /// The envelope every JSON-RPC 2.0 message has; the rest of the line is
@@ -94,8 +139,10 @@ fn check(line: &[u8]) -> Result<bool, Bad> {
     if line.is_empty() {
         return Ok(false);
     }
-    if too_deep(line) {
-        return Err(Bad::TooDeep);
+    match too_costly(line) {
+        Some(TooCostly::Deep) => return Err(Bad::TooDeep),
+        Some(TooCostly::Many) => return Err(Bad::TooMany),
+        None => {}
     }
     match serde_json::from_slice::<Envelope>(line) {
         Err(e) if e.is_syntax() || e.is_eof() => Err(Bad::NotJson(e.to_string())),
@@ -173,10 +220,15 @@ where
                 }
             }
             Ok(false) => {}
-            Err(Bad::TooDeep) => {
+            Err(bad @ (Bad::TooDeep | Bad::TooMany)) => {
+                let what = if bad == Bad::TooDeep {
+                    TooCostly::Deep
+                } else {
+                    TooCostly::Many
+                };
                 let _ = fault.set(format!(
-                    "upstream {server} wrote a message nested deeper than {MAX_DEPTH} levels, \
-                     the most read: {}",
+                    "upstream {server} wrote {}, the most read: {}",
+                    what.why(),
                     excerpt(line.strip_suffix(b"\n").unwrap_or(&line))
                 ));
                 tracing::warn!("{}", fault.get().map_or("", String::as_str));
@@ -185,7 +237,7 @@ where
             Err(bad) => {
                 let why = match bad {
                     Bad::NotJson(e) => format!("not JSON: {e}"),
-                    Bad::NotJsonRpc | Bad::TooDeep => {
+                    Bad::NotJsonRpc | Bad::TooDeep | Bad::TooMany => {
                         "JSON, but not a JSON-RPC 2.0 message".to_owned()
                     }
                 };
@@ -230,6 +282,20 @@ mod tests {
         };
         assert_eq!(check(deep(MAX_DEPTH - 1).as_bytes()), Ok(true));
         assert_eq!(check(deep(MAX_DEPTH).as_bytes()), Err(Bad::TooDeep));
+        let many = |n: usize| {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":[{}]}}",
+                vec!["{}"; n].join(",")
+            )
+        };
+        assert_eq!(check(many(MAX_VALUES - 10).as_bytes()), Ok(true));
+        assert_eq!(check(many(MAX_VALUES).as_bytes()), Err(Bad::TooMany));
+        // Commas and brackets inside strings are not values.
+        let text = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":\"{}\"}}",
+            ",".repeat(MAX_VALUES * 2)
+        );
+        assert_eq!(check(text.as_bytes()), Ok(true));
         // Brackets in strings (escaped quotes too) do not count.
         let quoted = format!("{{\"jsonrpc\":\"2.0\",\"s\":\"\\\"{}\"}}", "[".repeat(500));
         assert_eq!(check(quoted.as_bytes()), Ok(true));

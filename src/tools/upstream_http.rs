@@ -149,9 +149,7 @@ impl EndsFirst {
 /// instead, an error response for its request id, so the call it answers
 /// fails at once and says why.
 fn too_deep_answer(data: &str) -> Option<String> {
-    if !super::stdio_tap::too_deep(data.as_bytes()) {
-        return None;
-    }
+    let costly = super::stdio_tap::too_costly(data.as_bytes())?;
     // The id only (the rest is skipped without recursion).
     #[derive(serde::Deserialize)]
     struct Id {
@@ -162,11 +160,7 @@ fn too_deep_answer(data: &str) -> Option<String> {
     Some(
         serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
         "code": -32603,
-        "message": format!(
-            "the upstream MCP server sent a message nested deeper than {} levels, the \
-             most read",
-            super::stdio_tap::MAX_DEPTH
-        )}})
+        "message": format!("the upstream MCP server sent {}, the most read", costly.why())}})
         .to_string(),
     )
 }
