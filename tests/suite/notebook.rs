@@ -742,18 +742,27 @@ async fn a_zygote_dying_in_its_preload_fails_start_pools() {
     assert!(!hygiene(&r).contains("zygote"), "{r:?}");
 }
 
-/// Every zygote of the pool (there is one) is alive and not stalled, and
-/// serves or not as `serving` says.
+/// Every zygote of the pool is alive and not stalled, and serves or not
+/// as `serving` says; a zygote that is to serve may still be taking back
+/// the fork of a cell that just ended, so that is waited for (a while).
 async fn zygotes_are(sup: &Supervisor, serving: bool) {
-    let pools = sup.pool_status().await;
-    assert!(
-        !pools.python.is_empty()
+    let t0 = std::time::Instant::now();
+    loop {
+        let pools = sup.pool_status().await;
+        let ok = !pools.python.is_empty()
             && pools
                 .python
                 .iter()
-                .all(|z| z.alive && z.serving == serving && !z.stalled),
-        "{pools:?}"
-    );
+                .all(|z| z.alive && z.serving == serving && !z.stalled);
+        if ok {
+            return;
+        }
+        assert!(
+            serving && t0.elapsed() < std::time::Duration::from_secs(10),
+            "{pools:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// A live session keeps numpy arrays (and a view sharing one's memory)

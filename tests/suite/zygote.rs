@@ -1076,9 +1076,11 @@ fn logged_pids(lines: &[String], what: &str) -> Vec<i32> {
         .collect()
 }
 
-/// `serve` logs the pools' events at its default level: its zygotes as they
-/// start and, when they are all stopped, each found stalled and replaced and
-/// the cell moved (it still ends `ok` within its limit).
+/// `serve` logs the pools' events an operator needs at its default level:
+/// when the zygotes are all stopped, each found stalled and replaced (WARN)
+/// and the cell moved (INFO; it still ends `ok` within its limit). Their
+/// start is debug chatter, logged here (the pool's target at debug) only
+/// to learn their pids.
 #[test]
 fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
     use std::io::{BufRead, BufReader};
@@ -1086,7 +1088,10 @@ fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
     let (mut child, mut stdin, answers) = serve::json_lines(
         std::process::Command::new(bin())
             .arg("serve")
-            .env_remove("CELLBOX_LOG")
+            .env(
+                "CELLBOX_LOG",
+                cellbox::serve::DEFAULT_LOG.replace("cellbox::pool=info", "cellbox::pool=debug"),
+            )
             .stderr(std::process::Stdio::piped()),
     );
     let stderr = child.stderr.take().unwrap();
@@ -1143,7 +1148,17 @@ fn serve_logs_pool_events_by_default_and_cells_move_off_stopped_zygotes() {
     let result = &r["result"]["structuredContent"];
     assert_eq!(result["status"], "ok", "{r}");
     assert_eq!(result["value"], 42, "{r}");
+    assert!(
+        cellbox::serve::DEFAULT_LOG.contains("cellbox::pool=info"),
+        "the default filter shows the pool's INFO and WARN lines"
+    );
     let lines = wait_for("cell moved", 1);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" INFO ") && l.contains("cell moved")),
+        "{lines:#?}"
+    );
     let stalled = logged_pids(&lines, "stalled");
     assert!(
         started.iter().any(|p| stalled.contains(p)),
