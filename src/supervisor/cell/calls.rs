@@ -230,10 +230,16 @@ async fn perform_call(
                         "the capability did not finish in time".into(),
                     )),
                 },
-                _ = cancelled => Err((
-                    "failed".into(),
-                    "the cell was cancelled while the capability ran".into(),
-                )),
+                // The cell ends killed, as a cancelled cell does: no reply
+                // goes back for it to raise and end on its own first.
+                _ = cancelled => {
+                    record(
+                        "failed",
+                        Some("the cell was cancelled while the capability ran".into()),
+                        result,
+                    );
+                    return Err(Outcome::interrupted());
+                }
             }
         }
         Handler::Source(_) => Err(("unknown".into(), format!("{} is a tool server", call.cap))),
