@@ -187,7 +187,9 @@ pub fn run(env: &Env) -> Result<Outcome, String> {
         };
         let (refused, _, r_said) = measure(env, &serve, &client, shape(name, past))?;
         let named = r_said.contains("over the limit") || r_said.contains("the limit of one call");
-        let cheap = refused.as_secs_f64() <= whole.as_secs_f64() / 4.0 + 0.05;
+        // Reading and counting the input is part of a refusal too (for the
+        // cheap shapes most of the whole's cost): half of it, plus noise.
+        let cheap = refused.as_secs_f64() <= whole.as_secs_f64() / 2.0 + 0.2;
         blocked &= linear && named && cheap;
         controls.push(format!(
             "{name}: a quarter cost {} CPU-s, the whole at the bound {} CPU-s",
