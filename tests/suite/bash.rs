@@ -3,7 +3,7 @@
 //! bash-only features (arrays, `[[ ]]`, `/dev/tcp`) under the same jail.
 
 use super::common::bin;
-use super::common::serve::{json_lines, send_line, PATIENCE};
+use super::common::serve::{json_lines, send_line, spawn_with_input, PATIENCE};
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 
@@ -12,21 +12,12 @@ const BASH_ONLY: &str =
     "a=(x y z); [[ ${a[1]} == y ]] && echo \"n=${#a[@]} major=${BASH_VERSINFO[0]}\"";
 
 fn run(lang: &str, code: &str) -> Value {
-    let mut child = Command::new(bin())
-        .args(["run", "--json", "--lang", lang, "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(code.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = spawn_with_input(
+        Command::new(bin()).args(["run", "--json", "--lang", lang, "-"]),
+        code,
+    )
+    .wait_with_output()
+    .unwrap();
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{e}: {}{}",

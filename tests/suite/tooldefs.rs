@@ -4,6 +4,7 @@
 
 use super::clients::installed;
 use super::common::bin;
+use super::common::serve::spawn_with_input;
 use serde_json::Value;
 use std::io::Write;
 use std::path::Path;
@@ -83,21 +84,12 @@ fn served(config: &Path) -> Value {
 fn check_with_package(api: &str, definitions: &Value) {
     let python = installed("apitypes/bin/python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/tool_types.py");
-    let mut child = Command::new(python)
-        .arg(script)
-        .arg(api)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(definitions.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = spawn_with_input(
+        Command::new(python).arg(script).arg(api),
+        &definitions.to_string(),
+    )
+    .wait_with_output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let n = definitions.as_array().unwrap().len();
     assert!(
